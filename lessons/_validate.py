@@ -1,0 +1,95 @@
+"""Input checks shared by every attention function: clear errors, no silent broadcasting."""
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+
+def as_float_array(x, name: str, ndims: tuple[int, ...]) -> np.ndarray:
+    """Return ``x`` as a float ndarray with one of the allowed ranks, or raise.
+
+    Raises TypeError for non-array-like or non-float input, ValueError for a wrong rank.
+    """
+    if isinstance(x, (str, bytes)) or x is None:
+        raise TypeError(f"{name} must be a float array, got {type(x).__name__}")
+    arr = np.asarray(x)
+    if not np.issubdtype(arr.dtype, np.floating):
+        raise TypeError(
+            f"{name} must have a float dtype (float16/32/64), got dtype {arr.dtype}; "
+            f"convert with {name}.astype(np.float64)"
+        )
+    if arr.ndim not in ndims:
+        want = " or ".join(f"{n}-D" for n in ndims)
+        raise ValueError(f"{name} must be {want}, got shape {arr.shape}")
+    return arr
+
+
+def check_qkv(q, k, v):
+    """Validate ``q (Nq, d) or (d,)``, ``k (Nk, d)``, ``v (Nk, dv)``.
+
+    Returns ``(q2, k, v, single, dtype)``: q as 2-D, whether q was one vector, and
+    the compute dtype (float32 for float16 inputs: accumulation is never fp16).
+    """
+    q = as_float_array(q, "q", (1, 2))
+    k = as_float_array(k, "k", (2,))
+    v = as_float_array(v, "v", (2,))
+    single = q.ndim == 1
+    q2 = q[None, :] if single else q
+    if q2.shape[1] != k.shape[1]:
+        raise ValueError(f"q and k must share the head dim d: q has shape {q.shape}, k has shape {k.shape}")
+    if k.shape[0] != v.shape[0]:
+        raise ValueError(f"k and v must have the same number of keys Nk: k has shape {k.shape}, v has shape {v.shape}")
+    if q2.shape[1] == 0:
+        raise ValueError(f"head dim d must be at least 1, got q shape {q.shape}")
+    dtype = np.result_type(q.dtype, k.dtype, v.dtype, np.float32)
+    return q2.astype(dtype, copy=False), k.astype(dtype, copy=False), v.astype(dtype, copy=False), single, dtype
+
+
+def check_scale(scale, d: int) -> float:
+    """``scale`` or the default ``1/sqrt(d)``; must be a finite real number."""
+    if scale is None:
+        return 1.0 / np.sqrt(d)
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"scale must be a real number or None, got {type(scale).__name__}")
+    if not np.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
+    return float(scale)
+
+
+def check_positive_int(value, name: str) -> int:
+    """An int >= 1 (bools refused)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1, got {value}")
+    return int(value)
+
+
+def check_mask(mask, nq: int, nk: int, single: bool):
+    """A boolean mask broadcastable to (Nq, Nk) (True = may attend), or None.
+
+    For one query vector q (d,), a mask of shape (Nk,) is also accepted.
+    Returns a read-only broadcast view of shape (Nq, Nk).
+    """
+    if mask is None:
+        return None
+    arr = np.asarray(mask)
+    if arr.dtype != np.bool_:
+        raise TypeError(f"mask must be a boolean array (True = may attend), got dtype {arr.dtype}")
+    if arr.ndim > 2:
+        raise ValueError(f"mask must be broadcastable to (Nq, Nk) = ({nq}, {nk}), got shape {arr.shape}")
+    try:
+        return np.broadcast_to(arr, (nq, nk))
+    except ValueError:
+        raise ValueError(
+            f"mask of shape {arr.shape} is not broadcastable to (Nq, Nk) = ({nq}, {nk})"
+        ) from None
+
+
+def causal_visible(rows: np.ndarray, cols: np.ndarray, nq: int, nk: int) -> np.ndarray:
+    """Bottom-right aligned causal mask: query i sees key j iff ``j <= i + Nk - Nq``.
+
+    ``rows`` (R,) and ``cols`` (C,) are index arrays; returns a bool array (R, C).
+    """
+    return cols[None, :] <= rows[:, None] + (nk - nq)

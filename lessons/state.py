@@ -1,0 +1,129 @@
+"""The running softmax state ``(m, l, o)`` and its two operations.
+
+Everything in this series is a schedule of these few lines. For each query row
+we keep
+
+* ``m`` - the running maximum of the scores seen so far (``-inf`` while empty),
+* ``l`` - the running sum of ``exp(s - m)``,
+* ``o`` - the running sum of ``exp(s - m) * v`` (unnormalised output).
+
+``absorb`` folds one tile of scores into the state, ``merge`` combines two
+partial states (flash-decoding, ring attention), ``finalize`` divides once at
+the end. Source: Milakov & Gimelshein 2018 (online softmax), Dao et al. 2022
+(FlashAttention, Alg. 1), Dao 2023 (FlashAttention-2, Alg. 1).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["State", "correction_factor", "absorb", "merge", "finalize"]
+
+
+@dataclass(frozen=True)
+class State:
+    """Running softmax state for ``R`` query rows.
+
+    Attributes
+    ----------
+    m : ndarray, shape (R,)
+        Running maximum of the scores; ``-inf`` for a row that has seen no key.
+    l : ndarray, shape (R,)
+        Running sum of ``exp(s - m)``.
+    o : ndarray, shape (R, dv)
+        Running sum of ``exp(s - m) * v`` (not yet divided by ``l``).
+    """
+
+    m: np.ndarray
+    l: np.ndarray
+    o: np.ndarray
+
+    @classmethod
+    def empty(cls, rows: int, dv: int, dtype=np.float64) -> "State":
+        """The state before any key: ``m = -inf``, ``l = 0``, ``o = 0``.
+
+        ``rows`` and ``dv`` are non-negative ints; ``dtype`` a NumPy float dtype.
+        """
+        return cls(
+            m=np.full(rows, -np.inf, dtype=dtype),
+            l=np.zeros(rows, dtype=dtype),
+            o=np.zeros((rows, dv), dtype=dtype),
+        )
+
+    @property
+    def rows(self) -> int:
+        return self.m.shape[0]
+
+
+def _safe_max(m: np.ndarray) -> np.ndarray:
+    """``m`` with ``-inf`` replaced by 0, so that ``x - m`` never computes ``-inf - -inf``."""
+    return np.where(np.isneginf(m), 0.0, m).astype(m.dtype, copy=False)
+
+
+def correction_factor(m_old: np.ndarray, m_new: np.ndarray) -> np.ndarray:
+    """The rescale ``alpha = exp(m_old - m_new)`` applied to what was accumulated so far.
+
+    ``m_old``, ``m_new``: float arrays of the same shape with ``m_new >= m_old``.
+    Returns an array of that shape with ``0 <= alpha <= 1``. Where both maxima are
+    ``-inf`` (nothing visible yet) it returns 0, not ``exp(nan)``: the state is empty,
+    so there is nothing to rescale (the NaN trap of a fully masked tile).
+    """
+    return np.exp(m_old - _safe_max(m_new))
+
+
+def absorb(state: State, s: np.ndarray, v: np.ndarray) -> State:
+    """Fold one tile of scores into the state (Dao 2023, FA-2 Alg. 1, lines 8-10).
+
+    Parameters
+    ----------
+    state : State for R rows, o of shape (R, dv).
+    s : ndarray, shape (R, T)
+        Scaled scores of the R rows against the T keys of this tile; masked
+        entries are ``-inf``.
+    v : ndarray, shape (T, dv)
+        The tile's values.
+
+    Returns the new State. A tile whose scores are all ``-inf`` for a row leaves
+    that row's state unchanged (and empty rows stay empty, never NaN).
+    """
+    m_new = np.maximum(state.m, s.max(axis=1))
+    alpha = correction_factor(state.m, m_new)
+    p = np.exp(s - _safe_max(m_new)[:, None])
+    l = alpha * state.l + p.sum(axis=1)
+    o = alpha[:, None] * state.o + p @ v
+    return State(m=m_new, l=l, o=o)
+
+
+def merge(a: State, b: State) -> State:
+    """Combine two partial states over disjoint key sets (flash-decoding's reduction).
+
+    ``a`` and ``b`` hold the same R rows and dv. The result equals absorbing both
+    key sets into one state, in either order. Merging two empty states gives an
+    empty state (``m = -inf``, ``l = 0``, ``o = 0``), never NaN.
+    Raises ValueError if the shapes differ.
+    """
+    if a.o.shape != b.o.shape:
+        raise ValueError(f"merge: states have different shapes, a.o {a.o.shape} vs b.o {b.o.shape}")
+    m = np.maximum(a.m, b.m)
+    alpha_a = correction_factor(a.m, m)
+    alpha_b = correction_factor(b.m, m)
+    return State(
+        m=m,
+        l=alpha_a * a.l + alpha_b * b.l,
+        o=alpha_a[:, None] * a.o + alpha_b[:, None] * b.o,
+    )
+
+
+def finalize(state: State) -> tuple[np.ndarray, np.ndarray]:
+    """Normalise once at the end: ``out = o / l`` and ``lse = m + log(l)``.
+
+    Returns ``(out, lse)`` with shapes (R, dv) and (R,). A row that saw no
+    visible key (``l == 0``) gives ``out = 0`` and ``lse = -inf``.
+    """
+    seen = state.l > 0
+    safe_l = np.where(seen, state.l, 1.0)
+    out = np.where(seen[:, None], state.o / safe_l[:, None], 0.0).astype(state.o.dtype, copy=False)
+    with np.errstate(divide="ignore"):
+        lse = np.where(seen, state.m + np.log(safe_l), -np.inf).astype(state.m.dtype, copy=False)
+    return out, lse
