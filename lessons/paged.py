@@ -1,0 +1,215 @@
+"""PagedAttention: the key tiles come from a paged KV cache, through a block table.
+
+A serving engine (vLLM, SGLang, FlashInfer) does not keep a sequence's keys in one
+contiguous array. It keeps a pool of fixed-size *pages* (physical blocks of
+``block_size`` token slots) and, per sequence, a ``block_table`` that says which page
+holds logical block 0, 1, 2, ... The flash loop already walks the keys one tile at
+a time, so the tiles need not be contiguous: make each tile one logical block and
+fetch it through the table. That one look-up is the whole difference.
+
+Source: Kwon et al. 2023, "Efficient Memory Management for Large Language Model
+Serving with PagedAttention", Sec. 4.1-4.2 (block table, paged kernel); the fold is
+Dao 2023, FA-2 Alg. 1.
+"""
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._validate import as_float_array, check_positive_int, check_scale
+from .state import State, absorb, correction_factor, finalize
+from .trace import TileStep, Trace
+
+__all__ = ["paged_flash_attention", "sequence_pages", "PagedStep", "PagedTrace"]
+
+
+@dataclass(frozen=True)
+class PagedStep(TileStep):
+    """One absorbed logical block: a :class:`lessons.trace.TileStep` plus the physical page.
+
+    ``tile`` is the logical block index, ``key_start``/``key_stop`` the token
+    positions ``[logical * block_size, logical * block_size + n)`` in the sequence,
+    and ``page`` the physical block of the cache the keys were read from.
+    """
+
+    page: int
+
+
+@dataclass
+class PagedTrace(Trace):
+    """A :class:`lessons.trace.Trace` whose steps are :class:`PagedStep` records.
+
+    ``tile`` is the ``block_size``; ``num_blocks`` the number of pages in the cache.
+    ``trace.row(i)`` works as for any trace; ``pages`` lists the pages read, in order.
+    """
+
+    num_blocks: int = 0
+
+    @property
+    def pages(self) -> list[int]:
+        """Physical pages read, one per step, in the order they were absorbed."""
+        return [s.page for s in self.steps]
+
+    @property
+    def logical_blocks(self) -> list[int]:
+        """Logical block index of each step (0, 1, 2, ... for one sequence)."""
+        return [s.tile for s in self.steps]
+
+
+def _check_int_scalar(value, name: str, minimum: int) -> int:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {value}")
+    return int(value)
+
+
+def _check_index_array(x, name: str, ndim: int) -> np.ndarray:
+    """An integer array of the given rank (bools and floats refused)."""
+    if isinstance(x, (str, bytes)) or x is None:
+        raise TypeError(f"{name} must be an integer array, got {type(x).__name__}")
+    arr = np.asarray(x)
+    if arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
+        if arr.size == 0 and arr.dtype == np.float64:   # an empty list [] comes in as float64
+            arr = arr.astype(np.int64)
+        else:
+            raise TypeError(f"{name} must hold integers (page indices), got dtype {arr.dtype}")
+    if arr.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {arr.shape}")
+    return arr
+
+
+def sequence_pages(block_table, seq_len, block_size, num_blocks, *, name="block_table"):
+    """The pages one sequence occupies: a list of ``(logical, page, n)`` triples.
+
+    Parameters
+    ----------
+    block_table : int array, shape (num_blocks_per_seq,)
+        Physical page of each logical block. Only the first
+        ``ceil(seq_len / block_size)`` entries are used; entries after them are never
+        read (they may hold padding such as -1).
+    seq_len : int >= 0, tokens in the sequence.
+    block_size : int >= 1, token slots per page.
+    num_blocks : int >= 0, pages in the cache (valid pages are ``0 .. num_blocks-1``).
+    name : str, the argument name used in error messages.
+
+    Returns a list with one ``(logical, page, n)`` per used block, ``n`` the valid
+    slots in it (``block_size`` except possibly the last). ``seq_len`` a multiple of
+    ``block_size`` uses exactly ``seq_len // block_size`` pages, no extra one.
+
+    Raises ValueError if the table is shorter than the blocks ``seq_len`` needs or a
+    used entry is outside ``[0, num_blocks)``; TypeError for a non-integer table.
+    """
+    table = _check_index_array(block_table, name, 1)
+    seq_len = _check_int_scalar(seq_len, "seq_len", 0)
+    block_size = check_positive_int(block_size, "block_size")
+    needed = -(-seq_len // block_size)
+    if table.shape[0] < needed:
+        raise ValueError(
+            f"{name} is too short: seq_len {seq_len} with block_size {block_size} needs "
+            f"{needed} blocks, {name} has {table.shape[0]} (shape {table.shape})")
+    used = table[:needed]
+    bad = np.flatnonzero((used < 0) | (used >= num_blocks))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(
+            f"{name}[{i}] = {int(used[i])} points outside the cache: pages are 0 .. {num_blocks - 1} "
+            f"(num_blocks = {num_blocks})")
+    return [(j, int(used[j]), min(block_size, seq_len - j * block_size)) for j in range(needed)]
+
+
+def _check_caches(k_cache, v_cache, kv_axis: bool):
+    """Float caches ``(num_blocks, block_size[, num_kv_heads], d)`` with matching leading axes."""
+    nd = 4 if kv_axis else 3
+    k_cache = as_float_array(k_cache, "k_cache", (nd,))
+    v_cache = as_float_array(v_cache, "v_cache", (nd,))
+    if k_cache.shape[:-1] != v_cache.shape[:-1]:
+        lead = "(num_blocks, block_size, num_kv_heads)" if kv_axis else "(num_blocks, block_size)"
+        raise ValueError(f"k_cache and v_cache must agree on {lead}: k_cache has shape {k_cache.shape}, "
+                         f"v_cache has shape {v_cache.shape}")
+    if k_cache.shape[-1] == 0:
+        raise ValueError(f"head dim d must be at least 1, got k_cache shape {k_cache.shape}")
+    return k_cache, v_cache
+
+
+def paged_flash_attention(q, block_table, k_cache, v_cache, seq_len, block_size, *, scale=None,
+                          return_lse=False, return_trace=False):
+    """One query attends to one sequence stored in a paged KV cache (one head).
+
+    The flash loop with one extra look-up: for logical block ``j`` the keys are
+    ``k_cache[block_table[j], :n]``, where ``n`` is ``block_size`` except in the last,
+    partly filled block. Each block is one tile absorbed into the state ``(m, l, o)``.
+
+    Parameters
+    ----------
+    q : float array, shape (d,)
+    block_table : int array, shape (num_blocks_per_seq,)
+        Physical page of each logical block of the sequence. Entries past the
+        ``ceil(seq_len / block_size)`` blocks in use are never read.
+    k_cache : float array, shape (num_blocks, block_size, d)
+    v_cache : float array, shape (num_blocks, block_size, dv)
+    seq_len : int >= 0, tokens in the sequence (0 gives ``out = 0``, ``lse = -inf``).
+    block_size : int >= 1, must equal ``k_cache.shape[1]``.
+    scale : float, default ``1/sqrt(d)``
+    return_lse : bool, also return ``lse = m + log(l)`` (a float).
+    return_trace : bool, also return a :class:`PagedTrace` (one :class:`PagedStep`
+        per logical block: logical block, physical page, scores, m, alpha, l, o).
+
+    Returns
+    -------
+    out, or ``(out[, lse][, trace])``; ``out`` has shape (dv,) in the inputs' dtype
+    (float16 is accumulated in float32). Equal to :func:`lessons.attention` on the
+    sequence's keys laid out contiguously.
+
+    Nothing past ``seq_len`` is read: the unused slots of the last page, pages not in
+    the table, and table entries past the blocks in use may hold anything (NaN, inf)
+    without changing the result.
+
+    Raises TypeError for non-float q or caches or a non-integer table; ValueError for
+    wrong ranks, mismatched d or cache shapes, ``block_size != k_cache.shape[1]``, a
+    table too short for ``seq_len``, or a used entry outside ``[0, num_blocks)``.
+
+    Source: Kwon et al. 2023 (PagedAttention), Sec. 4.1; Dao 2023, Alg. 1.
+    """
+    q = as_float_array(q, "q", (1,))
+    k_cache, v_cache = _check_caches(k_cache, v_cache, kv_axis=False)
+    block_size = check_positive_int(block_size, "block_size")
+    if k_cache.shape[1] != block_size:
+        raise ValueError(f"block_size = {block_size} but k_cache has {k_cache.shape[1]} slots per page "
+                         f"(shape {k_cache.shape} = (num_blocks, block_size, d))")
+    if q.shape[0] != k_cache.shape[2]:
+        raise ValueError(f"q and k_cache must share the head dim d: q has shape {q.shape}, "
+                         f"k_cache has shape {k_cache.shape}")
+    num_blocks = k_cache.shape[0]
+    pages = sequence_pages(block_table, seq_len, block_size, num_blocks)
+    seq_len = int(seq_len)
+    out_dtype = np.result_type(q.dtype, k_cache.dtype, v_cache.dtype)
+    dtype = np.result_type(out_dtype, np.float32)
+    scale = dtype.type(check_scale(scale, q.shape[0]))
+    q2 = q.astype(dtype)[None, :]                          # one query row
+    trace = PagedTrace(nq=1, nk=seq_len, tile=block_size, block_q=1, num_blocks=num_blocks) \
+        if return_trace else None
+
+    state = State.empty(1, v_cache.shape[2], dtype)
+    for logical, page, n in pages:                        # the loop: one logical block per tile
+        k_blk = k_cache[page, :n].astype(dtype)            # the block-table look-up: (n, d)
+        v_blk = v_cache[page, :n].astype(dtype)            # only the n valid slots are read
+        s = (q2 @ k_blk.T) * scale                          # (1, n) scores
+        new = absorb(state, s, v_blk)
+        if trace is not None:
+            start = logical * block_size
+            trace.steps.append(PagedStep(
+                tile=logical, row_start=0, row_stop=1, key_start=start, key_stop=start + n,
+                scores=s, m_before=state.m, m=new.m, alpha=correction_factor(state.m, new.m),
+                l=new.l, o=new.o, page=page))
+        state = new
+    out, lse = finalize(state)
+
+    result = (out[0].astype(out_dtype, copy=False),)
+    if return_lse:
+        result += (lse[0],)
+    if return_trace:
+        result += (trace,)
+    return result if len(result) > 1 else result[0]
