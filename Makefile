@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: lab test bench clean-venv
+.PHONY: lab test bench html clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +20,9 @@ test: $(STAMP)  ## every test, notebooks included
 
 bench: $(STAMP)  ## CPU benchmarks (tables and plots under benchmarks/results/)
 	$(PY) benchmarks/memory_time.py
+
+html: $(STAMP)  ## static, executed HTML of the series under _build/html/
+	$(PY) scripts/build_html.py --out _build/html
 
 clean-venv:
 	rm -rf $(VENV)

@@ -22,7 +22,8 @@ from ._validate import as_float_array, check_positive_int, check_scale
 from .state import State, absorb, correction_factor, finalize
 from .trace import TileStep, Trace
 
-__all__ = ["paged_flash_attention", "sequence_pages", "PagedStep", "PagedTrace"]
+__all__ = ["paged_flash_attention", "sequence_pages", "write_paged_cache", "paged_schedule",
+           "PagedStep", "PagedTrace"]
 
 
 @dataclass(frozen=True)
@@ -41,11 +42,13 @@ class PagedStep(TileStep):
 class PagedTrace(Trace):
     """A :class:`lessons.trace.Trace` whose steps are :class:`PagedStep` records.
 
-    ``tile`` is the ``block_size``; ``num_blocks`` the number of pages in the cache.
+    ``tile`` is the ``block_size``; ``num_blocks`` the number of pages in the cache;
+    ``block_table`` the table that was followed (int array, or None if not recorded).
     ``trace.row(i)`` works as for any trace; ``pages`` lists the pages read, in order.
     """
 
     num_blocks: int = 0
+    block_table: np.ndarray = None
 
     @property
     def pages(self) -> list[int]:
@@ -144,7 +147,8 @@ def paged_flash_attention(q, block_table, k_cache, v_cache, seq_len, block_size,
 
     Parameters
     ----------
-    q : float array, shape (d,)
+    q : float array, shape (d,) (one decode query), or (Nq, d) for several queries
+        that all see the whole sequence (no mask).
     block_table : int array, shape (num_blocks_per_seq,)
         Physical page of each logical block of the sequence. Entries past the
         ``ceil(seq_len / block_size)`` blocks in use are never read.
@@ -153,13 +157,13 @@ def paged_flash_attention(q, block_table, k_cache, v_cache, seq_len, block_size,
     seq_len : int >= 0, tokens in the sequence (0 gives ``out = 0``, ``lse = -inf``).
     block_size : int >= 1, must equal ``k_cache.shape[1]``.
     scale : float, default ``1/sqrt(d)``
-    return_lse : bool, also return ``lse = m + log(l)`` (a float).
+    return_lse : bool, also return ``lse = m + log(l)`` (a float, or (Nq,) for 2-D q).
     return_trace : bool, also return a :class:`PagedTrace` (one :class:`PagedStep`
         per logical block: logical block, physical page, scores, m, alpha, l, o).
 
     Returns
     -------
-    out, or ``(out[, lse][, trace])``; ``out`` has shape (dv,) in the inputs' dtype
+    out, or ``(out[, lse][, trace])``; ``out`` has shape (dv,) (or (Nq, dv)) in the inputs' dtype
     (float16 is accumulated in float32). Equal to :func:`lessons.attention` on the
     sequence's keys laid out contiguously.
 
@@ -167,19 +171,20 @@ def paged_flash_attention(q, block_table, k_cache, v_cache, seq_len, block_size,
     the table, and table entries past the blocks in use may hold anything (NaN, inf)
     without changing the result.
 
-    Raises TypeError for non-float q or caches or a non-integer table; ValueError for
-    wrong ranks, mismatched d or cache shapes, ``block_size != k_cache.shape[1]``, a
-    table too short for ``seq_len``, or a used entry outside ``[0, num_blocks)``.
+    Raises TypeError for non-float q or caches, a non-integer table or a non-int
+    ``seq_len``/``block_size``; ValueError for wrong ranks, mismatched d or cache shapes,
+    ``block_size != k_cache.shape[1]``, a negative ``seq_len``, a table too short for
+    ``seq_len``, or a used entry outside ``[0, num_blocks)``.
 
     Source: Kwon et al. 2023 (PagedAttention), Sec. 4.1; Dao 2023, Alg. 1.
     """
-    q = as_float_array(q, "q", (1,))
+    q = as_float_array(q, "q", (1, 2))
     k_cache, v_cache = _check_caches(k_cache, v_cache, kv_axis=False)
     block_size = check_positive_int(block_size, "block_size")
     if k_cache.shape[1] != block_size:
         raise ValueError(f"block_size = {block_size} but k_cache has {k_cache.shape[1]} slots per page "
                          f"(shape {k_cache.shape} = (num_blocks, block_size, d))")
-    if q.shape[0] != k_cache.shape[2]:
+    if q.shape[-1] != k_cache.shape[2]:
         raise ValueError(f"q and k_cache must share the head dim d: q has shape {q.shape}, "
                          f"k_cache has shape {k_cache.shape}")
     num_blocks = k_cache.shape[0]
@@ -187,29 +192,107 @@ def paged_flash_attention(q, block_table, k_cache, v_cache, seq_len, block_size,
     seq_len = int(seq_len)
     out_dtype = np.result_type(q.dtype, k_cache.dtype, v_cache.dtype)
     dtype = np.result_type(out_dtype, np.float32)
-    scale = dtype.type(check_scale(scale, q.shape[0]))
-    q2 = q.astype(dtype)[None, :]                          # one query row
-    trace = PagedTrace(nq=1, nk=seq_len, tile=block_size, block_q=1, num_blocks=num_blocks) \
-        if return_trace else None
+    scale = dtype.type(check_scale(scale, q.shape[-1]))
+    single = q.ndim == 1
+    q2 = q.astype(dtype).reshape(-1, q.shape[-1])          # (Nq, d); Nq = 1 for one decode query
+    nq = q2.shape[0]
+    trace = PagedTrace(nq=nq, nk=seq_len, tile=block_size, block_q=max(nq, 1), num_blocks=num_blocks,
+                       block_table=np.array([p for _, p, _ in pages], dtype=np.int64)) if return_trace else None
 
-    state = State.empty(1, v_cache.shape[2], dtype)
+    state = State.empty(nq, v_cache.shape[2], dtype)
     for logical, page, n in pages:                        # the loop: one logical block per tile
-        k_blk = k_cache[page, :n].astype(dtype)            # the block-table look-up: (n, d)
-        v_blk = v_cache[page, :n].astype(dtype)            # only the n valid slots are read
-        s = (q2 @ k_blk.T) * scale                          # (1, n) scores
+        k_blk = k_cache[page, :n].astype(dtype, copy=False)   # the block-table look-up: (n, d)
+        v_blk = v_cache[page, :n].astype(dtype, copy=False)   # only the n valid slots are read
+        s = (q2 @ k_blk.T) * scale                          # (Nq, n) scores
         new = absorb(state, s, v_blk)
         if trace is not None:
             start = logical * block_size
             trace.steps.append(PagedStep(
-                tile=logical, row_start=0, row_stop=1, key_start=start, key_stop=start + n,
+                tile=logical, row_start=0, row_stop=nq, key_start=start, key_stop=start + n,
                 scores=s, m_before=state.m, m=new.m, alpha=correction_factor(state.m, new.m),
                 l=new.l, o=new.o, page=page))
         state = new
     out, lse = finalize(state)
 
-    result = (out[0].astype(out_dtype, copy=False),)
+    out = out.astype(out_dtype, copy=False)
+    result = (out[0] if single else out,)
     if return_lse:
-        result += (lse[0],)
+        result += (lse[0] if single else lse,)
     if return_trace:
         result += (trace,)
     return result if len(result) > 1 else result[0]
+
+
+def write_paged_cache(k, v, block_size, num_blocks=None, *, seed=0, fill=np.nan):
+    """Store one sequence's contiguous keys and values in a shuffled pool of pages.
+
+    What a serving engine's cache writer does for one sequence: take
+    ``ceil(Nk / block_size)`` free pages from the pool (here: a random choice without
+    repeats), copy block ``j`` of the keys into the page ``block_table[j]``, and leave
+    every other slot as it was (here: ``fill``, NaN by default, to show it is never read).
+
+    Parameters
+    ----------
+    k : float array, shape (Nk, d); v : float array, shape (Nk, dv)
+    block_size : int >= 1, token slots per page.
+    num_blocks : int, pages in the pool, at least the number needed (default: twice
+        that number, at least 4).
+    seed : int, chooses the pages (``numpy.random.default_rng(seed)``).
+    fill : float, the value of every slot the sequence does not use.
+
+    Returns ``(block_table, k_cache, v_cache)``: int64 (ceil(Nk / block_size),),
+    float (num_blocks, block_size, d) and (num_blocks, block_size, dv) in the dtype of
+    k and v. ``paged_flash_attention(q, *result, Nk, block_size)`` equals
+    ``attention(q, k, v)``.
+
+    Raises TypeError / ValueError naming the argument for non-float or mismatched
+    k and v, ``block_size`` < 1 or ``num_blocks`` too small for the sequence.
+    """
+    k = as_float_array(k, "k", (2,))
+    v = as_float_array(v, "v", (2,))
+    if k.shape[0] != v.shape[0]:
+        raise ValueError(f"k and v must have the same number of keys Nk: k has shape {k.shape}, v has shape {v.shape}")
+    block_size = check_positive_int(block_size, "block_size")
+    nk = k.shape[0]
+    needed = -(-nk // block_size)
+    if num_blocks is None:
+        num_blocks = max(2 * needed, 4)
+    num_blocks = _check_int_scalar(num_blocks, "num_blocks", 0)
+    if num_blocks < needed:
+        raise ValueError(f"num_blocks = {num_blocks} is too small: Nk = {nk} keys in pages of {block_size} "
+                         f"need {needed} pages")
+    rng = np.random.default_rng(seed)
+    block_table = rng.choice(num_blocks, size=needed, replace=False).astype(np.int64)
+    dtype = np.result_type(k.dtype, v.dtype)
+    k_cache = np.full((num_blocks, block_size, k.shape[1]), fill, dtype=dtype)
+    v_cache = np.full((num_blocks, block_size, v.shape[1]), fill, dtype=dtype)
+    for j, page in enumerate(block_table):
+        start, stop = j * block_size, min((j + 1) * block_size, nk)
+        k_cache[page, :stop - start] = k[start:stop]
+        v_cache[page, :stop - start] = v[start:stop]
+    return block_table, k_cache, v_cache
+
+
+def paged_schedule(q, k, v, block_size, *, num_blocks=None, seed=0, scale=None):
+    """All query rows of ``q`` through :func:`paged_flash_attention`, as one :class:`PagedTrace`.
+
+    The keys and values are first written into a shuffled page pool
+    (:func:`write_paged_cache` with ``num_blocks`` and ``seed``); then all query rows
+    run the paged loop together, one step per page. So
+    ``trace.row(i)`` replays row i page by page (for a tile stepper) and
+    ``trace.pages`` says which page each step read.
+
+    Parameters: q (Nq, d), k (Nk, d), v (Nk, dv) float arrays; ``block_size`` int >= 1;
+    ``num_blocks``, ``seed`` as in :func:`write_paged_cache`; ``scale`` as in
+    :func:`paged_flash_attention`.
+
+    Returns the PagedTrace (``tile = block_size``, ``block_q = Nq``) with the
+    ``block_table`` used stored as ``trace.block_table``.
+    Raises the errors of :func:`write_paged_cache` and :func:`paged_flash_attention`.
+    """
+    q = as_float_array(q, "q", (2,))
+    block_table, k_cache, v_cache = write_paged_cache(k, v, block_size, num_blocks, seed=seed)
+    nk = np.asarray(k).shape[0]
+    _, trace = paged_flash_attention(q, block_table, k_cache, v_cache, nk, block_size, scale=scale,
+                                     return_trace=True)
+    return trace

@@ -1,0 +1,66 @@
+"""The classic mistakes the grader knows by name, with the advice shown for each.
+
+A grading test lists the mistakes its failure points to with
+``@pytest.mark.catches("key", ...)``; when it fails, the score card shows
+``"<title>: <advice>"`` for each. Every file in ``mutants/`` makes exactly one of
+these mistakes, and ``tests/test_grader.py`` proves the grader names it.
+"""
+
+MISTAKES = {
+    "alpha_missing_on_o": (
+        "alpha missing on o",
+        "when the running max moves, the accumulated output must be rescaled too: "
+        "o = alpha * o + p @ v with alpha = exp(m_old - m_new)"),
+    "alpha_missing_on_l": (
+        "alpha missing on l",
+        "when the running max moves, the running sum must be rescaled: "
+        "l = alpha * l + sum(p) with alpha = exp(m_old - m_new)"),
+    "no_guard": (
+        "no guard on exp(-inf - -inf)",
+        "a row whose max is still -inf (fully masked tile, empty split, empty state) gives "
+        "exp(-inf - -inf) = NaN; subtract 0 instead of -inf there so the state stays empty "
+        "(m = -inf, l = 0, o = 0)"),
+    "top_left_causal": (
+        "top-left causal mask",
+        "causal is aligned bottom-right: query i sees key j iff j <= i + Nk - Nq "
+        "(j <= i is only right when Nq == Nk)"),
+    "last_partial_tile_dropped": (
+        "last partial tile dropped",
+        "when N (or seq_len) is not a multiple of the tile (block_size), the last tile is "
+        "partial and must still be processed: ceil(N / tile) tiles, not N // tile"),
+    "zero_padding_as_mask": (
+        "zero padding used as a mask",
+        "a zero-filled key still scores 0 and gets weight exp(0 - m); positions past seq_len "
+        "must be left out (or scored -inf), not zeroed"),
+    "reads_past_seq_len": (
+        "reads past seq_len",
+        "the slots of the last page past seq_len hold stale data (even NaN): read only the "
+        "first n = seq_len - j * block_size slots of logical block j"),
+    "lse_inf_for_empty": (
+        "lse = +inf for an empty row",
+        "an empty state (no keys) is o = 0, lse = -inf: it is the identity of the merge; "
+        "+inf would swamp every other partial"),
+    "head_modulo": (
+        "h % num_kv_heads head mapping",
+        "consecutive query heads share a kv head: query head h reads kv head "
+        "h // (num_heads // num_kv_heads), not h % num_kv_heads"),
+    "scale_1_over_d": (
+        "scale 1/d",
+        "scores are q . k / sqrt(d): the default scale is 1/sqrt(d), not 1/d"),
+    "current_not_peak": (
+        "current memory instead of peak",
+        "measure the peak during the call (tracemalloc.reset_peak() before, "
+        "tracemalloc.get_traced_memory()[1] after), not what is still allocated after it returns"),
+    "causal_offset_ignored": (
+        "causal mask on local indices",
+        "a device's KV block starts at k_start and its queries at q_start: compare global "
+        "positions, key k_start + j is visible to query q_start + i iff k_start + j <= q_start + i"),
+}
+
+
+def hint_text(key: str) -> str:
+    """``"<title>: <advice>"`` for a mistake key; KeyError names the known keys."""
+    if key not in MISTAKES:
+        raise KeyError(f"unknown mistake {key!r}; known: {', '.join(MISTAKES)}")
+    title, advice = MISTAKES[key]
+    return f"{title}: {advice}"

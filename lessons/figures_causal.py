@@ -1,0 +1,231 @@
+"""The score matrix as a grid of tiles, and a stepper over the FA-2 loop with a causal mask.
+
+:func:`schedule_figure` draws the (Nq, Nk) score matrix cut into ``block_q x block_k``
+tiles at one step of the loop: the tile in SRAM now, the tiles processed and
+discarded, those not reached yet, and those never materialised (skipped, wholly
+above the causal diagonal). :class:`BlockStepper` replays a
+:class:`lessons.trace.Trace` over that picture and shows the running ``(m, l)``
+of every row of the current query block. Both only draw what
+:func:`lessons.causal.tile_schedule` and :func:`lessons.flash_attention` recorded.
+"""
+from __future__ import annotations
+
+import ipywidgets as widgets
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.collections import PolyCollection
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch, Rectangle
+
+from .causal import DIAGONAL, SKIPPED, TileVisit, causal_mask
+from .figures import TILE_COLOURS
+from .figures_softmax import figure_png
+from .stepper import format_value
+from .trace import Trace
+
+__all__ = ["GRID_LABELS", "tile_state", "schedule_figure", "BlockStepper"]
+
+#: Legend text of each tile state in the grid.
+GRID_LABELS = {
+    "current": "in SRAM now",
+    "done": "processed and discarded",
+    "pending": "not reached yet",
+    "skipped": "never materialised (skipped)",
+}
+_MASKED = "#4b2a7a"          # masked scores inside a computed diagonal tile (drawn at alpha 0.35)
+_DIAGONAL_LINE = "#c0392b"
+
+
+def _check_visits(visits):
+    visits = list(visits)
+    if not visits or not all(isinstance(t, TileVisit) for t in visits):
+        raise TypeError("visits must be a non-empty list of TileVisit (lessons.causal.tile_schedule)")
+    return visits
+
+
+def _computed(visits):
+    return sum(t.step is not None for t in visits)
+
+
+def tile_state(visit, step):
+    """State of one tile after ``step`` computed tiles (0 = before the loop).
+
+    ``"skipped"`` for a skipped tile; else ``"done"`` if its step is before the
+    current one, ``"current"`` if it is the ``step``-th computed tile, ``"pending"`` after.
+    """
+    if visit.step is None:
+        return "skipped"
+    if visit.step < step - 1:
+        return "done"
+    return "current" if visit.step == step - 1 else "pending"
+
+
+def _rect(x0, x1, y0, y1):
+    return [(x0, y0), (x0, y1), (x1, y1), (x1, y0)]
+
+
+def schedule_figure(visits, step, *, causal=True, figsize=(6.4, 5.6), dpi=90, title=True):
+    """The score matrix grid after ``step`` computed tiles of the FA-2 loop.
+
+    Parameters
+    ----------
+    visits : list of :class:`lessons.causal.TileVisit` from :func:`lessons.causal.tile_schedule`.
+    step : int in ``0..number of computed tiles``.
+    causal : bool, draw the causal boundary and the masked scores inside diagonal tiles
+        (pass what the schedule was made with).
+    figsize, dpi : the Figure's size; title : draw a title naming the current tile.
+
+    Returns a Figure: keys along x, query rows down y, one rectangle per tile in
+    the colours of :data:`lessons.figures.TILE_COLOURS`; the current query block is
+    marked on the left (its rows' ``m, l, o`` live on chip while its key tiles stream by).
+    Raises TypeError for bad visits, ValueError for a step out of range.
+    """
+    visits = _check_visits(visits)
+    total = _computed(visits)
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or not 0 <= step <= total:
+        raise ValueError(f"step must be an int in 0..{total}, got {step!r}")
+    nq, nk = visits[-1].row_stop, max(t.key_stop for t in visits)
+    fig = Figure(figsize=figsize, dpi=dpi)
+    FigureCanvasAgg(fig)
+    height = fig.get_figheight()
+    ax = fig.add_axes([0.1, 0.55 / height, 0.76, 1 - 1.65 / height])    # room for the title and legend above
+    states = [tile_state(t, step) for t in visits]
+    polys = [_rect(t.key_start, t.key_stop, t.row_start, t.row_stop) for t in visits]
+    ax.add_collection(PolyCollection(polys, facecolors=[TILE_COLOURS[s] for s in states], edgecolors="white",
+                                     linewidths=2.0, zorder=1))
+    skipped = [p for p, s in zip(polys, states) if s == "skipped"]
+    if skipped:
+        ax.add_collection(PolyCollection(skipped, facecolors="none", edgecolors="#9a9a9a", hatch="////",
+                                         linewidths=0.0, zorder=2))
+    if causal:
+        mask = causal_mask(nq, nk)
+        cells = [_rect(j, j + 1, i, i + 1) for t, s in zip(visits, states) if t.kind == DIAGONAL
+                 for i in range(t.row_start, t.row_stop) for j in range(t.key_start, t.key_stop) if not mask[i, j]]
+        if cells:
+            ax.add_collection(PolyCollection(cells, facecolors=_MASKED, alpha=0.35, linewidths=0, zorder=2))
+        offset = nk - nq                                   # query i sees keys j <= i + offset
+        xs, ys = [], []
+        for i in range(nq):
+            edge = min(max(i + offset + 1, 0), nk)
+            xs += [edge, edge]
+            ys += [i, i + 1]
+        ax.plot(xs, ys, color=_DIAGONAL_LINE, lw=1.6, zorder=3)
+    if step:
+        cur = next(t for t in visits if t.step == step - 1)
+        ax.add_patch(Rectangle((nk * 1.015, cur.row_start), 0.025 * nk, cur.row_stop - cur.row_start,
+                               color=TILE_COLOURS["current"], clip_on=False, zorder=4))
+        ax.text(nk * 1.055, (cur.row_start + cur.row_stop) / 2, "m, l, o of\nthese rows\non chip", fontsize=8,
+                va="center", ha="left", color="#7a3b00", clip_on=False)
+        ax.add_patch(Rectangle((cur.key_start, cur.row_start), cur.key_stop - cur.key_start,
+                               cur.row_stop - cur.row_start, fill=False, edgecolor="#7a3b00", lw=2.0, zorder=5))
+    if len(visits) <= 64:
+        for t in visits:
+            if t.step is not None:
+                ax.text((t.key_start + t.key_stop) / 2, (t.row_start + t.row_stop) / 2, str(t.step + 1),
+                        ha="center", va="center", fontsize=9, color="#333333", zorder=6)
+    ax.set_xlim(0, nk)
+    ax.set_ylim(nq, 0)
+    ax.set_aspect("equal" if 0.25 < nq / nk < 4 else "auto")
+    ax.set_xlabel(f"key j  ({nk} keys, tiles of {visits[0].key_stop - visits[0].key_start})", fontsize=9.5)
+    ax.set_ylabel(f"query row i  (blocks of {visits[0].row_stop - visits[0].row_start})", fontsize=9.5)
+    ax.tick_params(labelsize=8.5)
+    handles = [Patch(facecolor=TILE_COLOURS[s], edgecolor="#888888", lw=0.6, hatch="////" if s == "skipped" else None,
+                     label=GRID_LABELS[s]) for s in ("current", "done", "pending", "skipped")]
+    if causal:
+        handles.append(Patch(facecolor=_MASKED, alpha=0.35, label="masked score (computed, set to −inf)"))
+    fig.legend(handles=handles, loc="upper left", bbox_to_anchor=(0.01, 1 - 0.3 / height), ncol=2, frameon=False,
+               fontsize=8.5)
+    if title:
+        if step:
+            kind = "on the diagonal: masked inside" if cur.kind == DIAGONAL else "full: no mask needed"
+            text = f"step {step} of {total}: query block {cur.q_block}, key tile {cur.k_block} ({kind})"
+        else:
+            text = f"before the loop: {total} tiles to compute"
+        fig.text(0.02, 1 - 0.06 / height, text, fontsize=10, ha="left", va="top", color="#7a3b00", fontweight="bold")
+    return fig
+
+
+class BlockStepper:
+    """Step through the FA-2 loop over the score-matrix grid (ipywidgets).
+
+    A view: the grid comes from ``visits`` (:func:`lessons.causal.tile_schedule`), the
+    numbers from ``trace`` (:func:`lessons.flash_attention` with
+    ``return_trace=True``, made with the same sizes and ``causal``).
+
+    Parameters
+    ----------
+    trace : :class:`lessons.trace.Trace`; visits : list of :class:`lessons.causal.TileVisit`;
+    causal : bool (as both were made); step : the first step shown (default 1).
+
+    Attributes: ``slider`` (IntSlider over computed steps), ``play`` (Play),
+    ``image`` (widgets.Image, PNG of :func:`schedule_figure`), ``table`` (HTML:
+    per row of the current query block, ``m`` before and after, ``alpha``, ``l``),
+    ``readouts`` (dict of widgets.HTML: ``scores_in_sram``, ``textbook_scores``,
+    ``skipped``), ``widget`` (the whole box).
+
+    Raises ValueError if the trace's steps are not the schedule's computed tiles.
+    """
+
+    def __init__(self, trace, visits, *, causal=True, step=1, interval=900):
+        if not isinstance(trace, Trace):
+            raise TypeError(f"trace must be a lessons.trace.Trace, got {type(trace).__name__}")
+        self.visits = _check_visits(visits)
+        computed = [t for t in self.visits if t.step is not None]
+        if [(s.row_start, s.key_start, s.key_stop) for s in trace.steps] != \
+                [(t.row_start, t.key_start, t.key_stop) for t in computed]:
+            raise ValueError("trace steps do not match the schedule's computed tiles (same sizes and causal?)")
+        self.trace, self.causal = trace, bool(causal)
+        n = len(computed)
+        style = {"description_width": "initial"}
+        self.slider = widgets.IntSlider(value=min(max(step, 1), n), min=1, max=n, description="tiles computed",
+                                        style=style, layout={"width": "480px"})
+        self.play = widgets.Play(value=self.slider.value, min=1, max=n, interval=interval)
+        widgets.jslink((self.play, "value"), (self.slider, "value"))
+        self.image = widgets.Image(format="png")
+        self.table = widgets.HTML(layout={"width": "360px"})
+        self.readouts = {k: widgets.HTML(layout={"border": "1px solid #dddddd", "padding": "2px 10px",
+                                                 "margin": "2px"})
+                         for k in ("scores_in_sram", "textbook_scores", "skipped")}
+        self._render()
+        self.slider.observe(lambda change: self._render(), names="value")
+        self.widget = widgets.VBox([widgets.HBox([self.play, self.slider]),
+                                    widgets.HBox(list(self.readouts.values()), layout={"flex_flow": "row wrap"}),
+                                    widgets.HBox([self.image, self.table],
+                                                 layout={"flex_flow": "row wrap", "align_items": "flex-start"})])
+
+    def _repr_mimebundle_(self, **kwargs):
+        return self.widget._repr_mimebundle_(**kwargs)
+
+    def _render(self):
+        step = self.slider.value
+        s = self.trace.steps[step - 1]
+        rows, keys = s.row_stop - s.row_start, s.key_stop - s.key_start
+        skipped_total = sum(t.kind == SKIPPED for t in self.visits)
+        cur = next(t for t in self.visits if t.step == step - 1)
+        skipped_so_far = sum(t.kind == SKIPPED and t.order < cur.order for t in self.visits)
+        r = self.readouts
+        r["scores_in_sram"].value = f"scores in SRAM now: <b>{format_value(rows)} × {format_value(keys)}</b>"
+        r["textbook_scores"].value = (f"textbook S: <b>{format_value(self.trace.nq)} × "
+                                      f"{format_value(self.trace.nk)}</b>")
+        r["skipped"].value = (f"tiles skipped so far: <b>{format_value(skipped_so_far)}</b> "
+                              f"of {format_value(skipped_total)}")
+        self.table.value = self._table(s)
+        self.image.value = figure_png(schedule_figure(self.visits, step, causal=self.causal))
+
+    @staticmethod
+    def _table(s):
+        head = "".join(f"<th style='padding:1px 6px'>{h}</th>" for h in ("row", "m before", "m", "α", "l"))
+        body = []
+        for r in range(s.row_stop - s.row_start):
+            moved = s.m[r] > s.m_before[r] and np.isfinite(s.m_before[r])
+            al = "color:#a34a00;font-weight:bold;" if moved else ""
+            cells = [format_value(s.row_start + r), format_value(float(s.m_before[r])), format_value(float(s.m[r])),
+                     f"<span style='{al}'>{format_value(float(s.alpha[r]))}</span>", format_value(float(s.l[r]))]
+            body.append("<tr>" + "".join(f"<td style='padding:1px 6px;text-align:right'>{c}</td>" for c in cells)
+                        + "</tr>")
+        return (f"<div style='font-size:12px;margin-bottom:3px'><b>query block rows {s.row_start}–{s.row_stop - 1}"
+                f"</b> after key tile {s.tile} (keys {s.key_start}–{s.key_stop - 1})</div>"
+                "<table style='border-collapse:collapse;font-size:12px;font-family:monospace'>"
+                f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+                "<div style='font-size:11px;color:#666;margin-top:4px'>m = −inf, l = 0: the row has seen no "
+                "visible key yet. α in bold orange: the max moved.</div>")

@@ -1,0 +1,36 @@
+"""The series' algorithms as CUDA kernels (CuPy RawKernels), compiled with NVRTC.
+
+Kernels (CUDA C in ``lessons/gpu/kernels/``, one launcher each):
+
+* :func:`online_softmax_gpu` - softmax streaming over tiles, one block per row;
+* :func:`flash_attention_gpu` - FlashAttention-2 forward, causal bottom-right, fp32/fp16/bf16;
+* :func:`paged_decode_gpu` - decoding over a paged KV cache (vLLM layout) with GQA;
+* :func:`flash_decoding_gpu` - the same split over the keys, partial states merged.
+
+Each has a trace build (``-DFA_TRACE``) that records ``(m, alpha, l)`` per tile for chosen
+rows; :func:`first_divergence` compares such a trace with NumPy's. Without a GPU the
+kernels still compile (:func:`compile_report` gives registers and shared memory per
+kernel for sm_80 and sm_90, :func:`gpu_status` says what happened), and
+``backend="emulator"`` runs the same CUDA C on CPU threads. Importing this package
+needs neither CuPy nor a GPU.
+"""
+from .bfloat16 import from_bfloat16_bits, to_bfloat16_bits
+from .compile import (ARCHS, CompiledKernel, KernelCompileError, KernelResources, compile_kernel,
+                      compile_report, compile_report_table, device_available, device_name, find_ptxas,
+                      gpu_status, nvrtc_available, ptxas_resources)
+from .emulator import EmulatorError, EmulatorMemoryError, emulator_available
+from .launch import (BACKENDS, SplitTraces, flash_attention_gpu, flash_decoding_gpu, online_softmax_gpu,
+                     paged_decode_gpu)
+from .source import (KERNELS, KernelBuild, default_builds, flash_attention_build, flash_attention_config,
+                     kernel_source, online_softmax_build, paged_decode_build, paged_decode_config)
+from .trace_compare import GpuRowTrace, GpuTrace, TraceDivergence, first_divergence
+
+__all__ = [
+    "online_softmax_gpu", "flash_attention_gpu", "paged_decode_gpu", "flash_decoding_gpu", "SplitTraces",
+    "BACKENDS", "compile_kernel", "compile_report", "compile_report_table", "gpu_status", "device_available",
+    "device_name", "nvrtc_available", "find_ptxas", "ptxas_resources", "ARCHS", "KernelResources",
+    "CompiledKernel", "KernelCompileError", "KERNELS", "KernelBuild", "default_builds", "kernel_source",
+    "flash_attention_config", "flash_attention_build", "paged_decode_config", "paged_decode_build",
+    "online_softmax_build", "GpuTrace", "GpuRowTrace", "TraceDivergence", "first_divergence",
+    "to_bfloat16_bits", "from_bfloat16_bits", "emulator_available", "EmulatorError", "EmulatorMemoryError",
+]

@@ -1,0 +1,490 @@
+"""Launchers: check the inputs in Python, pick the compiled variant, run the kernel.
+
+Each launcher validates shapes, dtypes and contiguity *before* touching a device, so
+bad input gets a clear TypeError/ValueError on any machine. Then it runs on one of
+two backends:
+
+* ``backend="cupy"`` (default): the kernel is compiled by CuPy's ``RawModule`` (NVRTC)
+  for the GPU at hand and launched there. CuPy inputs give CuPy outputs; NumPy inputs
+  are copied to the device and the results copied back. Without a CUDA device this
+  raises RuntimeError saying so.
+* ``backend="emulator"``: the same CUDA C runs on CPU threads
+  (:mod:`lessons.gpu.emulator`), slowly, with NumPy in and out: for tests and for
+  stepping through the kernel on a laptop.
+
+Storage dtypes: float32 or float16 arrays; bfloat16 as uint16 bit patterns with
+``bfloat16=True`` (see :mod:`lessons.gpu.bfloat16`). Arithmetic is float32 throughout;
+``lse`` is always float32.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from .._validate import check_scale
+from .compile import device_available
+from .source import (MAX_HEAD_DIM, flash_attention_build, flash_attention_config,
+                     kernel_signature, kernel_source, online_softmax_build, paged_decode_build)
+from .trace_compare import GpuTrace
+
+__all__ = ["flash_attention_gpu", "online_softmax_gpu", "paged_decode_gpu", "flash_decoding_gpu",
+           "SplitTraces", "BACKENDS", "MAX_TRACE_ROWS"]
+
+BACKENDS = ("cupy", "emulator")
+#: most rows one launch may trace (each traced row is looked up by every thread)
+MAX_TRACE_ROWS = 64
+_GRID_YZ_LIMIT = 65535
+
+
+# ---------------------------------------------------------------------------
+# input checks (metadata only: no device needed)
+# ---------------------------------------------------------------------------
+
+def _array_kind(x, name: str) -> str:
+    if isinstance(x, np.ndarray):
+        return "numpy"
+    if type(x).__module__.split(".")[0] == "cupy" and hasattr(x, "shape") and hasattr(x, "dtype"):
+        return "cupy"
+    raise TypeError(f"{name} must be a NumPy or CuPy array, got {type(x).__name__}")
+
+
+def _check_arrays(arrays: dict) -> str:
+    """All arrays NumPy or all CuPy, each C-contiguous; returns 'numpy' or 'cupy'."""
+    kinds = {name: _array_kind(x, name) for name, x in arrays.items()}
+    if len(set(kinds.values())) > 1:
+        raise TypeError(f"inputs must be all NumPy or all CuPy arrays, got {kinds}")
+    for name, x in arrays.items():
+        if not x.flags.c_contiguous:
+            raise ValueError(f"{name} must be C-contiguous (got strides {x.strides} for shape {x.shape}); "
+                             f"pass {name}.copy() or xp.ascontiguousarray({name})")
+    return next(iter(kinds.values()))
+
+
+def _storage_dtype(arrays: dict, bfloat16: bool) -> str:
+    """'float32', 'float16' or 'bfloat16' for float arrays that share one dtype."""
+    if not isinstance(bfloat16, (bool, np.bool_)):
+        raise TypeError(f"bfloat16 must be a bool, got {type(bfloat16).__name__}")
+    dtypes = {name: np.dtype(x.dtype) for name, x in arrays.items()}
+    if bfloat16:
+        bad = {n: str(d) for n, d in dtypes.items() if d != np.uint16}
+        if bad:
+            raise TypeError(f"with bfloat16=True, {', '.join(arrays)} must hold bfloat16 bits as uint16 "
+                            f"(lessons.gpu.to_bfloat16_bits), got {bad}")
+        return "bfloat16"
+    if len(set(dtypes.values())) > 1:
+        raise TypeError(f"{', '.join(arrays)} must share one dtype, got "
+                        f"{ {n: str(d) for n, d in dtypes.items()} }")
+    dtype = next(iter(dtypes.values()))
+    if dtype == np.float32:
+        return "float32"
+    if dtype == np.float16:
+        return "float16"
+    hint = " (for bfloat16 bits pass bfloat16=True)" if dtype == np.uint16 else ""
+    raise TypeError(f"{', '.join(arrays)} must be float32 or float16, got {dtype}{hint}")
+
+
+def _check_index_array(x, name: str, ndim: int) -> None:
+    _array_kind(x, name)
+    if np.dtype(x.dtype) != np.int32:
+        raise TypeError(f"{name} must be an int32 array, got dtype {x.dtype}; use {name}.astype(np.int32)")
+    if x.ndim != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {x.shape}")
+
+
+def _check_bool(value, name: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def _check_backend(backend) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    return backend
+
+
+def _check_rows(rows, name: str, limit: int) -> list:
+    """trace_rows: a sequence of distinct ints in [0, limit)."""
+    arr = np.asarray(rows)
+    if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or arr.size == 0):
+        raise TypeError(f"{name} must be a 1-D sequence of ints, got {rows!r}")
+    out = [int(r) for r in arr]
+    if not 1 <= len(out) <= MAX_TRACE_ROWS:
+        raise ValueError(f"{name} must name 1..{MAX_TRACE_ROWS} rows, got {len(out)}")
+    bad = [r for r in out if not 0 <= r < limit]
+    if bad:
+        raise ValueError(f"{name} must be in [0, {limit}), got {bad}")
+    if len(set(out)) != len(out):
+        raise ValueError(f"{name} must not repeat a row, got {out}")
+    return out
+
+
+def _check_pairs(pairs, num_seqs: int, num_heads: int) -> list:
+    """trace_rows of the decode kernels: (seq, head) pairs -> flat rows seq * num_heads + head."""
+    arr = np.asarray(pairs)
+    if arr.ndim != 2 or arr.shape[1] != 2 or not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"trace_rows must be a sequence of (seq, head) int pairs, got {pairs!r}")
+    for s, h in arr:
+        if not (0 <= s < num_seqs and 0 <= h < num_heads):
+            raise ValueError(f"trace_rows entry ({s}, {h}) is outside num_seqs={num_seqs}, num_heads={num_heads}")
+    return _check_rows(arr[:, 0] * num_heads + arr[:, 1], "trace_rows", num_seqs * num_heads)
+
+
+# ---------------------------------------------------------------------------
+# backends
+# ---------------------------------------------------------------------------
+
+@lru_cache(maxsize=64)
+def _raw_module(build):
+    import cupy
+
+    return cupy.RawModule(code=kernel_source(build.kernel), options=("--std=c++17", "-lineinfo") + build.options)
+
+
+class _Runner:
+    """Moves arrays to where the kernel runs and launches it there."""
+
+    def __init__(self, backend: str, kind: str):
+        self.backend = backend
+        self.return_numpy = backend == "emulator" or kind == "numpy"
+        if backend == "cupy":
+            try:
+                import cupy
+            except ImportError:
+                cupy = None
+            if cupy is None or not device_available():
+                why = "no CUDA device" if cupy else "CuPy is not installed (pip install cupy-cuda12x nvidia-cuda-nvrtc-cu12)"
+                raise RuntimeError(f"cannot run the CUDA kernel: {why}. To run the same kernel on CPU "
+                                   f"threads, pass backend='emulator'.")
+            self.xp = cupy
+        else:
+            self.xp = np
+
+    def put(self, x):
+        if self.backend == "cupy":
+            return self.xp.asarray(x)
+        return x if isinstance(x, np.ndarray) else x.get()
+
+    def get(self, x):
+        """A result, as the caller gets it (NumPy for NumPy inputs or the emulator)."""
+        if self.return_numpy and not isinstance(x, np.ndarray):
+            return x.get()
+        return x
+
+    @staticmethod
+    def host(x) -> np.ndarray:
+        """Always a NumPy copy (traces are NumPy objects)."""
+        return x if isinstance(x, np.ndarray) else x.get()
+
+    def launch(self, build, entry: str, grid, args) -> None:
+        params = kernel_signature(build.kernel, entry)
+        grid = tuple(int(g) for g in grid)
+        if min(grid) <= 0:
+            return                                   # nothing to do (CUDA refuses empty grids)
+        if self.backend == "emulator":
+            from .emulator import EmulatedModule
+
+            EmulatedModule(build).launch(entry, grid, (build.threads_per_block,), args)
+            return
+        typed = []
+        for (kind, _), value in zip(params, args):
+            typed.append(value if kind == "pointer" else (np.int32(value) if kind == "int" else np.float32(value)))
+        fn = _raw_module(build).get_function(entry)
+        fn(grid, (build.threads_per_block,), tuple(typed))
+
+
+def _trace_buffer(runner, shape, tracing: bool):
+    if tracing:
+        return runner.xp.full(shape, np.nan, dtype=np.float32)
+    return runner.xp.zeros(1, dtype=np.float32)      # unused by a build without FA_TRACE
+
+
+def _rows_buffer(runner, rows):
+    return runner.xp.asarray(np.asarray(rows if rows else [0], dtype=np.int32))
+
+
+# ---------------------------------------------------------------------------
+# online softmax
+# ---------------------------------------------------------------------------
+
+def online_softmax_gpu(x, *, tile: int = 256, bfloat16: bool = False, trace_rows=None, backend: str = "cupy"):
+    """Softmax of each row of ``x`` by the online-softmax kernel (one block per row).
+
+    Parameters
+    ----------
+    x : float32/float16 array (n_cols,) or (n_rows, n_cols), C-contiguous (NumPy or CuPy);
+        uint16 bfloat16 bits with ``bfloat16=True``. ``-inf`` entries are masked columns.
+    tile : columns per tile = threads per block, a multiple of 32 up to 1024.
+    trace_rows : optional sequence of row indices; the trace build then records
+        ``(m, alpha, l)`` after each tile for those rows.
+    backend : ``"cupy"`` (GPU) or ``"emulator"`` (CPU threads).
+
+    Returns ``(y, lse)`` or ``(y, lse, trace)``: ``y`` like ``x``; ``lse`` float32 of shape
+    ``x.shape[:-1]`` (-inf for a row with nothing visible, whose y is 0); ``trace`` a
+    :class:`GpuTrace` labelled ``(row,)``.
+    Raises TypeError/ValueError for bad input, RuntimeError with backend "cupy" and no device.
+    Source: Milakov & Gimelshein 2018, Alg. 3.
+    """
+    backend = _check_backend(backend)
+    kind = _check_arrays({"x": x})
+    dtype = _storage_dtype({"x": x}, bfloat16)
+    if x.ndim not in (1, 2):
+        raise ValueError(f"x must be 1-D (n_cols,) or 2-D (n_rows, n_cols), got shape {x.shape}")
+    n_rows, n_cols = (1, x.shape[0]) if x.ndim == 1 else x.shape
+    tracing = trace_rows is not None
+    rows = _check_rows(trace_rows, "trace_rows", n_rows) if tracing else []
+    build = online_softmax_build(tile, dtype, tracing)
+    if n_rows > 2**31 - 1 or n_cols > 2**31 - 1:
+        raise ValueError(f"x of shape {x.shape} is too large for int32 indexing")
+
+    run = _Runner(backend, kind)
+    xd = run.put(x)
+    y = run.xp.empty(x.shape, dtype=x.dtype)
+    lse = run.xp.empty(x.shape[:-1], dtype=np.float32)
+    n_tiles = -(-n_cols // tile)
+    trace = _trace_buffer(run, (len(rows), n_tiles, 3), tracing)
+    run.launch(build, "online_softmax", (n_rows,),
+               [xd, y, lse, n_rows, n_cols, _rows_buffer(run, rows), len(rows), trace])
+    result = (run.get(y), run.get(lse))
+    if tracing:
+        result += (GpuTrace(tuple((r,) for r in rows), run.host(trace)),)
+    return result
+
+
+# ---------------------------------------------------------------------------
+# flash attention forward
+# ---------------------------------------------------------------------------
+
+def flash_attention_gpu(q, k, v, *, scale=None, causal: bool = False, block_q: int | None = None,
+                        block_k: int | None = None, bfloat16: bool = False, trace_rows=None,
+                        backend: str = "cupy"):
+    """FlashAttention-2 forward on the GPU (or its CPU emulation).
+
+    Parameters
+    ----------
+    q : (Nq, d), (heads, Nq, d) or (batch, heads, Nq, d); float32/float16, C-contiguous.
+    k, v : (Nk, d) / (heads, Nk, d) / (batch, heads, Nk, d) with the same leading dims and
+        dtype as q; the kernel needs ``dv == d``; any Nq, Nk >= 0 and 1 <= d <= 256.
+    scale : float, default ``1/sqrt(d)``.
+    causal : bool, bottom-right aligned: query i sees key j iff ``j <= i + Nk - Nq``; rows
+        that see no key give out 0 and lse -inf.
+    block_q, block_k : tile sizes Br, Bc (default per d: :func:`lessons.gpu.flash_attention_config`).
+    bfloat16 : inputs are uint16 bfloat16 bits (output too).
+    trace_rows : optional query row indices to trace (every batch and head).
+    backend : ``"cupy"`` or ``"emulator"``.
+
+    Returns ``(out, lse)`` or ``(out, lse, trace)``: ``out`` shaped and typed like ``q``;
+    ``lse`` float32 of shape ``q.shape[:-1]``; ``trace`` a :class:`GpuTrace` labelled
+    ``(*leading_index, row)``, one record per key tile of ``block_k`` keys, comparable with
+    ``lessons.flash_attention(q, k, v, tile=block_k, block_q=block_q, return_trace=True).row(i)``.
+    Raises TypeError/ValueError naming the argument for wrong dtypes, shapes, strides or
+    sizes; RuntimeError with backend "cupy" and no CUDA device.
+    Source: Dao 2023 (FlashAttention-2), Alg. 1.
+    """
+    backend = _check_backend(backend)
+    arrays = {"q": q, "k": k, "v": v}
+    kind = _check_arrays(arrays)
+    dtype = _storage_dtype(arrays, bfloat16)
+    if q.ndim not in (2, 3, 4):
+        raise ValueError(f"q must be (Nq, d), (heads, Nq, d) or (batch, heads, Nq, d), got shape {q.shape}")
+    if k.ndim != q.ndim or v.ndim != q.ndim:
+        raise ValueError(f"q, k, v must have the same rank, got shapes {q.shape}, {k.shape}, {v.shape}")
+    lead = tuple(q.shape[:-2])
+    if tuple(k.shape[:-2]) != lead or tuple(v.shape[:-2]) != lead:
+        raise ValueError(f"q, k, v must share the leading (batch, heads) dims, got shapes "
+                         f"{q.shape}, {k.shape}, {v.shape}")
+    n_q, d = q.shape[-2:]
+    n_k = k.shape[-2]
+    if k.shape[-1] != d:
+        raise ValueError(f"q and k must share the head dim d: q has shape {q.shape}, k has shape {k.shape}")
+    if v.shape != k.shape:
+        raise ValueError(f"v must have the shape of k (this kernel needs dv == d): k {k.shape}, v {v.shape}")
+    if not 1 <= d <= MAX_HEAD_DIM:
+        raise ValueError(f"head dim d must be in 1..{MAX_HEAD_DIM}, got q shape {q.shape}")
+    scale = check_scale(scale, d)
+    causal = _check_bool(causal, "causal")
+    block_q, block_k = flash_attention_config(d, block_q, block_k)
+    batch_heads = math.prod(lead)
+    if batch_heads > _GRID_YZ_LIMIT:
+        raise ValueError(f"batch * heads must be at most {_GRID_YZ_LIMIT}, got {batch_heads}")
+    if max(n_q, n_k) > 2**31 - 1:
+        raise ValueError(f"Nq and Nk must fit in int32, got Nq={n_q}, Nk={n_k}")
+    tracing = trace_rows is not None
+    rows = _check_rows(trace_rows, "trace_rows", n_q) if tracing else []
+    build = flash_attention_build(d, dtype, tracing, block_q, block_k)
+
+    run = _Runner(backend, kind)
+    qd, kd, vd = run.put(q), run.put(k), run.put(v)
+    out = run.xp.empty(q.shape, dtype=q.dtype)
+    lse = run.xp.empty(q.shape[:-1], dtype=np.float32)
+    n_tiles = -(-n_k // block_k)
+    trace = _trace_buffer(run, (batch_heads, len(rows), n_tiles, 3), tracing)
+    run.launch(build, "flash_attention_forward", (-(-n_q // block_q), batch_heads),
+               [qd, kd, vd, out, lse, n_q, n_k, scale, int(causal), _rows_buffer(run, rows), len(rows),
+                n_tiles, trace])
+    result = (run.get(out), run.get(lse))
+    if tracing:
+        labels = tuple((*idx, r) for idx in np.ndindex(*lead) for r in rows)
+        records = run.host(trace).reshape(batch_heads * len(rows), n_tiles, 3)
+        result += (GpuTrace(labels, records),)
+    return result
+
+
+# ---------------------------------------------------------------------------
+# paged decode with GQA, and flash-decoding
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SplitTraces:
+    """Traces of a flash-decoding launch: ``tiles`` (per page, within each split's own
+    state, labelled ``(seq, head)``) and ``merge`` (per split folded in by the merge kernel)."""
+
+    tiles: GpuTrace
+    merge: GpuTrace
+
+
+def _check_paged(q, k_cache, v_cache, block_tables, seq_lens, bfloat16, check_tables):
+    arrays = {"q": q, "k_cache": k_cache, "v_cache": v_cache}
+    kind = _check_arrays({**arrays, "block_tables": block_tables, "seq_lens": seq_lens})
+    dtype = _storage_dtype(arrays, bfloat16)
+    if q.ndim != 3:
+        raise ValueError(f"q must be (num_seqs, num_heads, d), got shape {q.shape}")
+    if k_cache.ndim != 4:
+        raise ValueError(f"k_cache must be (num_blocks, block_size, num_kv_heads, d), got shape {k_cache.shape}")
+    if v_cache.shape != k_cache.shape:
+        raise ValueError(f"v_cache must have the shape of k_cache: k_cache {k_cache.shape}, v_cache {v_cache.shape}")
+    num_seqs, num_heads, d = q.shape
+    num_blocks, block_size, num_kv_heads, d_cache = k_cache.shape
+    if d_cache != d:
+        raise ValueError(f"q and k_cache must share the head dim d: q {q.shape}, k_cache {k_cache.shape}")
+    if not 1 <= d <= MAX_HEAD_DIM:
+        raise ValueError(f"head dim d must be in 1..{MAX_HEAD_DIM}, got q shape {q.shape}")
+    _check_index_array(block_tables, "block_tables", 2)
+    _check_index_array(seq_lens, "seq_lens", 1)
+    if block_tables.shape[0] != num_seqs:
+        raise ValueError(f"block_tables must have one row per sequence: q has {num_seqs} sequences, "
+                         f"block_tables has shape {block_tables.shape}")
+    if seq_lens.shape != (num_seqs,):
+        raise ValueError(f"seq_lens must have shape ({num_seqs},), got {seq_lens.shape}")
+    if num_seqs > _GRID_YZ_LIMIT:
+        raise ValueError(f"num_seqs must be at most {_GRID_YZ_LIMIT}, got {num_seqs}")
+    max_blocks = block_tables.shape[1]
+    if check_tables and num_seqs:
+        lens = np.asarray(seq_lens if isinstance(seq_lens, np.ndarray) else seq_lens.get())
+        tables = np.asarray(block_tables if isinstance(block_tables, np.ndarray) else block_tables.get())
+        for s, n in enumerate(lens):
+            if not 0 <= n <= max_blocks * block_size:
+                raise ValueError(f"seq_lens[{s}] = {n} must be in [0, {max_blocks * block_size}] "
+                                 f"(max_blocks_per_seq {max_blocks} x block_size {block_size})")
+            used = tables[s, :-(-int(n) // block_size)]
+            bad = used[(used < 0) | (used >= num_blocks)]
+            if bad.size:
+                raise ValueError(f"block_tables[{s}] points at pages {bad.tolist()} outside the cache's "
+                                 f"{num_blocks} blocks")
+    return kind, dtype, num_seqs, num_heads, d, block_size, num_kv_heads, max_blocks
+
+
+def paged_decode_gpu(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, bfloat16: bool = False,
+                     trace_rows=None, check_tables: bool = True, backend: str = "cupy"):
+    """Decoding attention over a paged KV cache with grouped-query heads, in one pass.
+
+    Parameters
+    ----------
+    q : (num_seqs, num_heads, d), one new query per sequence and head; float32/float16.
+    k_cache, v_cache : (num_blocks, block_size, num_kv_heads, d) pages (vLLM layout), q's dtype;
+        ``block_size`` <= 32, ``num_heads`` a multiple of ``num_kv_heads``.
+    block_tables : int32 (num_seqs, max_blocks_per_seq): page of each logical block.
+    seq_lens : int32 (num_seqs,): tokens per sequence; slots at or past it are never read.
+    scale : float, default ``1/sqrt(d)``.
+    trace_rows : optional ``(seq, head)`` pairs; one record per page absorbed.
+    check_tables : check on the host that seq_lens fit and the used pages exist (copies them back).
+    backend : ``"cupy"`` or ``"emulator"``.
+
+    Returns ``(out, lse)`` or ``(out, lse, trace)``: out (num_seqs, num_heads, d) in q's dtype;
+    lse float32 (num_seqs, num_heads), -inf (and out 0) for a sequence of length 0.
+    Query head h reads kv head ``h // (num_heads // num_kv_heads)``.
+    Raises TypeError/ValueError for bad input, RuntimeError with backend "cupy" and no device.
+    Source: Kwon et al. 2023 (PagedAttention), Sec. 4; Ainslie et al. 2023 (GQA); Dao 2023, Alg. 1.
+    """
+    backend = _check_backend(backend)
+    kind, dtype, num_seqs, num_heads, d, block_size, num_kv_heads, max_blocks = _check_paged(
+        q, k_cache, v_cache, block_tables, seq_lens, bfloat16, _check_bool(check_tables, "check_tables"))
+    scale = check_scale(scale, d)
+    tracing = trace_rows is not None
+    rows = _check_pairs(trace_rows, num_seqs, num_heads) if tracing else []
+    build = paged_decode_build(d, block_size, num_heads, num_kv_heads, dtype, tracing)
+    hpb = dict(build.defines)["HEADS_PER_BLOCK"]
+
+    run = _Runner(backend, kind)
+    args_in = [run.put(x) for x in (q, k_cache, v_cache, block_tables, seq_lens)]
+    out = run.xp.empty(q.shape, dtype=q.dtype)
+    lse = run.xp.empty((num_seqs, num_heads), dtype=np.float32)
+    trace = _trace_buffer(run, (len(rows), max_blocks, 3), tracing)
+    run.launch(build, "paged_decode", (num_heads // hpb, num_seqs),
+               [*args_in, max_blocks, num_heads, num_kv_heads, scale, out, lse,
+                _rows_buffer(run, rows), len(rows), trace])
+    result = (run.get(out), run.get(lse))
+    if tracing:
+        labels = tuple(divmod(r, num_heads) for r in rows)
+        result += (GpuTrace(labels, run.host(trace)),)
+    return result
+
+
+def flash_decoding_gpu(q, k_cache, v_cache, block_tables, seq_lens, num_splits: int, *, scale=None,
+                       bfloat16: bool = False, trace_rows=None, return_partials: bool = False,
+                       check_tables: bool = True, backend: str = "cupy"):
+    """Flash-decoding: the paged GQA decode split over the keys, then the partial states merged.
+
+    Arguments as :func:`paged_decode_gpu`, plus ``num_splits`` (int, 1..65535): each
+    (sequence, head group) is handled by ``num_splits`` blocks, split ``s`` taking pages
+    ``[s * per, (s + 1) * per)`` with ``per = ceil(pages / num_splits)``; splits past the end are
+    empty and contribute nothing. ``merge_splits`` then folds the partial states in split order.
+
+    Returns ``(out, lse[, partials][, traces])``: as paged_decode_gpu; ``partials`` (with
+    ``return_partials``) a dict of float32 ``m``, ``l`` (num_seqs, num_heads, num_splits) and
+    ``o`` (..., num_splits, d), unnormalised; ``traces`` a :class:`SplitTraces`.
+    Raises TypeError/ValueError for bad input, RuntimeError with backend "cupy" and no device.
+    Source: Dao, Haziza, Massa, Sizov 2023, "Flash-Decoding for long-context inference".
+    """
+    backend = _check_backend(backend)
+    kind, dtype, num_seqs, num_heads, d, block_size, num_kv_heads, max_blocks = _check_paged(
+        q, k_cache, v_cache, block_tables, seq_lens, bfloat16, _check_bool(check_tables, "check_tables"))
+    if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral):
+        raise TypeError(f"num_splits must be an int, got {type(num_splits).__name__} {num_splits!r}")
+    if not 1 <= num_splits <= _GRID_YZ_LIMIT:
+        raise ValueError(f"num_splits must be in 1..{_GRID_YZ_LIMIT}, got {num_splits}")
+    num_splits = int(num_splits)
+    scale = check_scale(scale, d)
+    return_partials = _check_bool(return_partials, "return_partials")
+    tracing = trace_rows is not None
+    rows = _check_pairs(trace_rows, num_seqs, num_heads) if tracing else []
+    build = paged_decode_build(d, block_size, num_heads, num_kv_heads, dtype, tracing)
+    hpb = dict(build.defines)["HEADS_PER_BLOCK"]
+
+    run = _Runner(backend, kind)
+    args_in = [run.put(x) for x in (q, k_cache, v_cache, block_tables, seq_lens)]
+    part_m = run.xp.empty((num_seqs, num_heads, num_splits), dtype=np.float32)
+    part_l = run.xp.empty((num_seqs, num_heads, num_splits), dtype=np.float32)
+    part_o = run.xp.empty((num_seqs, num_heads, num_splits, d), dtype=np.float32)
+    out = run.xp.empty(q.shape, dtype=q.dtype)
+    lse = run.xp.empty((num_seqs, num_heads), dtype=np.float32)
+    rows_d = _rows_buffer(run, rows)
+    tile_trace = _trace_buffer(run, (len(rows), max_blocks, 3), tracing)
+    merge_trace = _trace_buffer(run, (len(rows), num_splits, 3), tracing)
+    run.launch(build, "paged_decode_split", (num_heads // hpb, num_seqs, num_splits),
+               [*args_in, max_blocks, num_heads, num_kv_heads, scale, num_splits, part_m, part_l, part_o,
+                rows_d, len(rows), tile_trace])
+    run.launch(build, "merge_splits", (num_heads, num_seqs),
+               [part_m, part_l, part_o, num_heads, num_splits, out, lse, rows_d, len(rows), merge_trace])
+    result = (run.get(out), run.get(lse))
+    if return_partials:
+        result += ({"m": run.get(part_m), "l": run.get(part_l), "o": run.get(part_o)},)
+    if tracing:
+        labels = tuple(divmod(r, num_heads) for r in rows)
+        result += (SplitTraces(GpuTrace(labels, run.host(tile_trace)),
+                               GpuTrace(labels, run.host(merge_trace), unit="split")),)
+    return result

@@ -1,0 +1,146 @@
+"""Small GPU runs of each kernel, for compute-sanitizer (memcheck, racecheck, initcheck).
+
+    compute-sanitizer --tool memcheck python -m lessons.gpu.sanitize flash_attention
+
+Each driver runs its kernel on a few awkward shapes (partial tiles, causal with
+Nq != Nk, empty sequences, empty splits, the trace build) and compares with NumPy, so a
+clean sanitizer report comes with a correct answer. CuPy's memory pool is switched off:
+every array is its own cudaMalloc, so a read or write past an array's end is outside
+an allocation and memcheck sees it. For the paged kernels the unused slots of the
+cache are left *uninitialised* (never written), so initcheck reports any read past
+``seq_len``. Exit status 0 when every result matches, 1 otherwise, 2 without a device.
+``--emulator`` runs the same drivers on CPU threads (NumPy arrays), a dry run of this script.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+from .. import attention
+from . import launch
+from .compile import device_available
+
+KERNELS = ("online_softmax", "flash_attention", "paged_decode", "flash_decoding")
+
+
+def host(x) -> np.ndarray:
+    return x.get() if hasattr(x, "get") else np.asarray(x)
+
+
+def _close(name, got, ref, atol, rtol=1e-3) -> bool:
+    got = host(got).astype(np.float64)
+    ok = bool(np.all(np.isfinite(got) == np.isfinite(ref))) and np.allclose(got, ref, atol=atol, rtol=rtol,
+                                                                            equal_nan=False)
+    err = np.nanmax(np.abs(np.where(np.isfinite(ref), got - ref, 0.0))) if got.size else 0.0
+    print(f"  {name}: {'ok' if ok else 'MISMATCH'} (max |diff| {err:.2e})")
+    return ok
+
+
+def run_online_softmax(cp, backend) -> bool:
+    rng = np.random.default_rng(0)
+    x = 3 * rng.standard_normal((3, 300))
+    x[1] = -np.inf
+    x = x.astype(np.float32)
+    y, lse, _ = launch.online_softmax_gpu(cp.asarray(x), trace_rows=[0, 1], backend=backend)
+    m = x.max(axis=1, keepdims=True)
+    with np.errstate(invalid="ignore"):
+        p = np.exp(x - m)
+        ref = np.where(np.isfinite(m), p / p.sum(axis=1, keepdims=True), 0.0)
+    return _close("online_softmax", y, ref, 1e-6)
+
+
+def run_flash_attention(cp, backend) -> bool:
+    rng = np.random.default_rng(1)
+    ok = True
+    for lead, nq, nk, d, causal, dtype in [((2,), 70, 45, 64, True, np.float16), ((), 33, 100, 80, False, np.float32),
+                                           ((), 5, 3, 3, True, np.float32)]:
+        q, k, v = (rng.standard_normal((*lead, n, d)).astype(dtype) for n in (nq, nk, nk))
+        rows = [0, nq - 1]
+        out, lse, _ = launch.flash_attention_gpu(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal=causal,
+                                                 trace_rows=rows, backend=backend)
+        for idx in np.ndindex(*lead):
+            ref = attention(q[idx].astype(np.float64), k[idx].astype(np.float64), v[idx].astype(np.float64),
+                            causal=causal)
+            ok &= _close(f"flash {lead} {nq}x{nk} d={d} causal={causal} {np.dtype(dtype).name}",
+                         host(out)[idx], ref, 2e-3 if dtype == np.float16 else 1e-5)
+    return ok
+
+
+def _paged(cp, rng, seq_lens, num_heads=8, num_kv_heads=2, d=64, block_size=16):
+    pages = [-(-n // block_size) for n in seq_lens]
+    num_blocks = sum(pages) + 2
+    tables = np.full((len(seq_lens), max(pages) + 1), -1, np.int32)
+    k_host = np.zeros((num_blocks, block_size, num_kv_heads, d), np.float32)
+    v_host = np.zeros_like(k_host)
+    k_dev = cp.empty(k_host.shape, np.float32)           # left uninitialised where unused
+    v_dev = cp.empty(v_host.shape, np.float32)
+    free = iter(rng.permutation(num_blocks))
+    for s, n in enumerate(seq_lens):
+        for b in range(pages[s]):
+            page = int(next(free))
+            tables[s, b] = page
+            used = min(block_size, n - b * block_size)
+            k_host[page, :used] = rng.standard_normal((used, num_kv_heads, d))
+            v_host[page, :used] = rng.standard_normal((used, num_kv_heads, d))
+            k_dev[page, :used] = cp.asarray(k_host[page, :used])
+            v_dev[page, :used] = cp.asarray(v_host[page, :used])
+    q = rng.standard_normal((len(seq_lens), num_heads, d)).astype(np.float32)
+    group = num_heads // num_kv_heads
+    ref = np.zeros(q.shape)
+    for s, n in enumerate(seq_lens):
+        t = np.arange(n)
+        for h in range(num_heads):
+            kk = k_host[tables[s, t // block_size], t % block_size, h // group].astype(np.float64)
+            vv = v_host[tables[s, t // block_size], t % block_size, h // group].astype(np.float64)
+            ref[s, h] = attention(q[s, h].astype(np.float64), kk, vv)
+    args = (cp.asarray(q), k_dev, v_dev, cp.asarray(tables), cp.asarray(np.array(seq_lens, np.int32)))
+    return args, ref
+
+
+def run_paged_decode(cp, backend) -> bool:
+    args, ref = _paged(cp, np.random.default_rng(2), [37, 0, 16, 1])
+    out, _, _ = launch.paged_decode_gpu(*args, trace_rows=[(0, 0), (3, 7)], backend=backend)
+    return _close("paged_decode", out, ref, 1e-5)
+
+
+def run_flash_decoding(cp, backend) -> bool:
+    args, ref = _paged(cp, np.random.default_rng(3), [37, 0, 16, 1])
+    ok = True
+    for num_splits in (1, 3, 8):                          # 8 splits > 3 pages: empty splits
+        out, _, _ = launch.flash_decoding_gpu(*args, num_splits, trace_rows=[(0, 1)], backend=backend)
+        ok &= _close(f"flash_decoding num_splits={num_splits}", out, ref, 1e-5)
+    return ok
+
+
+def main(argv=None) -> int:
+    """Command line: ``python -m lessons.gpu.sanitize KERNEL``; returns the exit status."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("kernel", choices=KERNELS + ("all",))
+    parser.add_argument("--emulator", action="store_true", help="run on CPU threads instead of a GPU")
+    args = parser.parse_args(argv)
+    if args.emulator:
+        xp, backend = np, "emulator"
+    else:
+        if not device_available():
+            print("no CUDA device: nothing to sanitize")
+            return 2
+        import cupy as xp
+
+        backend = "cupy"
+        xp.cuda.set_allocator(None)                        # one cudaMalloc per array
+        xp.cuda.set_pinned_memory_allocator(None)
+    names = KERNELS if args.kernel == "all" else (args.kernel,)
+    ok = True
+    for name in names:
+        print(f"{name}:")
+        ok &= globals()[f"run_{name}"](xp, backend)
+    if backend == "cupy":
+        xp.cuda.runtime.deviceSynchronize()
+    print("all results match NumPy" if ok else "SOME RESULTS DIFFER FROM NUMPY")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

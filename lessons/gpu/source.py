@@ -1,0 +1,306 @@
+"""CUDA C sources of the kernels, and the compile-time configuration of each.
+
+The ``.cu`` files in ``lessons/gpu/kernels/`` are package data. :func:`kernel_source`
+returns one of them with ``#include "common.cuh"`` pasted in (with ``#line``
+directives, so compiler messages still name the right file and line), which lets
+NVRTC compile it with no include path and no CUDA headers.
+
+Every kernel is specialised at compile time (``-D`` options): the head dim, the tile
+sizes and the storage dtype are constants, so loops unroll and the state ``o`` stays
+in registers. The functions here choose those constants and compute the static
+shared memory they imply, in bytes, so the launcher can refuse a configuration
+that would not fit before asking the compiler.
+"""
+from __future__ import annotations
+
+import numbers
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+__all__ = [
+    "KERNEL_DIR", "KERNELS", "DTYPES", "STATIC_SMEM_LIMIT", "NUM_THREADS", "MAX_HEAD_DIM",
+    "KernelBuild", "kernel_source", "flash_attention_config", "flash_attention_smem_bytes",
+    "paged_decode_config", "paged_decode_smem_bytes", "online_softmax_smem_bytes", "default_builds",
+]
+
+KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
+
+#: kernel file -> the ``extern "C"`` entry points it defines
+KERNELS = {
+    "online_softmax": ("online_softmax",),
+    "flash_attention": ("flash_attention_forward",),
+    "paged_decode": ("paged_decode", "paged_decode_split", "merge_splits"),
+}
+
+#: storage dtype name -> value of the FA_DTYPE define (arithmetic is always float32)
+DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2}
+
+#: bytes of static shared memory one block may declare (``__shared__``) on any GPU
+STATIC_SMEM_LIMIT = 48 * 1024
+#: threads per block of the attention kernels
+NUM_THREADS = 128
+#: largest head dim the kernels are written for
+MAX_HEAD_DIM = 256
+#: largest page (block_size) of the decode kernels: one warp lane per token of a page
+MAX_BLOCK_SIZE = 32
+#: most scores one thread of the forward kernel keeps per tile (block_k // (128 // block_q))
+MAX_SCORES_PER_THREAD = 16
+#: most query heads one decode block serves
+MAX_HEADS_PER_BLOCK = 8
+
+_INCLUDE = re.compile(r"^[ \t]*#include[ \t]+\"([^\"]+)\"[ \t]*$", re.MULTILINE)
+
+
+@lru_cache(maxsize=None)
+def kernel_source(kernel: str) -> str:
+    """The CUDA C source of ``kernel`` (a key of :data:`KERNELS`) with its includes inlined.
+
+    Returns a str. Raises ValueError for an unknown kernel name.
+    """
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {sorted(KERNELS)}, got {kernel!r}")
+    return _inline(f"{kernel}.cu", seen=frozenset())
+
+
+def _inline(name: str, seen: frozenset) -> str:
+    text = (KERNEL_DIR / name).read_text()
+    out, pos = [], 0
+    for match in _INCLUDE.finditer(text):
+        header = match.group(1)
+        out.append(text[pos:match.start()])
+        if header not in seen:
+            out.append(f'#line 1 "{header}"\n')
+            out.append(_inline(header, seen | {name, header}))
+            line = text.count("\n", 0, match.end()) + 2
+            out.append(f'\n#line {line} "{name}"\n')
+        pos = match.end() + 1
+    out.append(text[pos:])
+    return "".join(out)
+
+
+# ---------------------------------------------------------------------------
+# flash attention forward
+# ---------------------------------------------------------------------------
+
+def flash_attention_smem_bytes(head_dim: int, block_q: int, block_k: int) -> int:
+    """Static shared memory of ``flash_attention_forward`` in bytes.
+
+    float32 arrays ``q_s[block_q][d+1]``, ``k_s[block_k][d+1]``, ``v_s[block_k][d+1]``,
+    ``p_s[block_q][block_k+1]`` (the +1 columns avoid shared-memory bank conflicts).
+    """
+    return 4 * (block_q * (head_dim + 1) + 2 * block_k * (head_dim + 1) + block_q * (block_k + 1))
+
+
+def _check_int(value, name: str, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} must be in {lo}..{hi}, got {value}")
+    return int(value)
+
+
+def flash_attention_config(head_dim: int, block_q: int | None = None,
+                           block_k: int | None = None) -> tuple[int, int]:
+    """Tile sizes ``(block_q, block_k)`` (Br, Bc) of the forward kernel for head dim ``d``.
+
+    By default ``block_q`` is 64, 32 or 16 rows for d <= 64, <= 128, <= 256 (so each
+    of the 128 threads holds about 32 output columns in registers), and ``block_k`` is the
+    largest of 64, 32, 16, 8 keys whose tiles fit in 48 KiB of shared memory and leave each
+    thread at most 16 scores in registers (more makes ptxas spill for small d).
+    Either may be given instead: ``block_q`` must divide 128 into a power of two number
+    of lanes per row (so one of 4, 8, 16, 32, 64, 128) and ``block_k`` must be a positive
+    multiple of ``128 // block_q``. Raises ValueError / TypeError naming the argument,
+    including when the tiles would need more than 48 KiB of shared memory.
+    """
+    d = _check_int(head_dim, "head_dim", 1, MAX_HEAD_DIM)
+    if block_q is None:
+        block_q = 64 if d <= 64 else 32 if d <= 128 else 16
+    block_q = _check_int(block_q, "block_q", 4, NUM_THREADS)
+    if block_q not in (4, 8, 16, 32, 64, 128):
+        raise ValueError(f"block_q must be one of 4, 8, 16, 32, 64, 128 (a power of two dividing 128), got {block_q}")
+    lanes = NUM_THREADS // block_q
+    if block_k is None:
+        fits = [bk for bk in (64, 32, 16, 8) if bk % lanes == 0 and bk // lanes <= MAX_SCORES_PER_THREAD
+                and flash_attention_smem_bytes(d, block_q, bk) <= STATIC_SMEM_LIMIT]
+        if not fits:
+            raise ValueError(f"no block_k fits 48 KiB of shared memory with head_dim={d}, block_q={block_q}")
+        block_k = fits[0]
+    block_k = _check_int(block_k, "block_k", 1, 1024)
+    if block_k % lanes:
+        raise ValueError(f"block_k must be a multiple of 128 // block_q = {lanes}, got block_k={block_k}")
+    smem = flash_attention_smem_bytes(d, block_q, block_k)
+    if smem > STATIC_SMEM_LIMIT:
+        raise ValueError(f"block_q={block_q}, block_k={block_k} with head_dim={d} need {smem} bytes of "
+                         f"shared memory, more than the {STATIC_SMEM_LIMIT} allowed; use smaller tiles")
+    return block_q, block_k
+
+
+# ---------------------------------------------------------------------------
+# paged decode (one pass and split-KV)
+# ---------------------------------------------------------------------------
+
+def paged_decode_smem_bytes(head_dim: int, block_size: int, heads_per_block: int) -> int:
+    """Static shared memory of the paged decode kernels in bytes (the ``DecodeShared`` struct).
+
+    float32 ``q[h][d+1]``, ``k[bs][d+1]``, ``v[bs][d+1]``, ``s[h][bs+1]``, ``m[h]``, ``l[h]``, ``alpha[h]``.
+    """
+    h, d, bs = heads_per_block, head_dim, block_size
+    return 4 * (h * (d + 1) + 2 * bs * (d + 1) + h * (bs + 1) + 3 * h)
+
+
+def paged_decode_config(head_dim: int, block_size: int, num_heads: int, num_kv_heads: int) -> int:
+    """``heads_per_block``: how many query heads of one GQA group a decode block serves.
+
+    The largest divisor of the group size ``num_heads // num_kv_heads`` that is at most
+    8 and keeps the shared memory within 48 KiB. Raises ValueError when ``num_heads``
+    is not a multiple of ``num_kv_heads``, when ``block_size`` is outside 1..32 or
+    ``head_dim`` outside 1..256, or when one page of K and V does not fit.
+    """
+    d = _check_int(head_dim, "head_dim", 1, MAX_HEAD_DIM)
+    bs = _check_int(block_size, "block_size", 1, MAX_BLOCK_SIZE)
+    nh = _check_int(num_heads, "num_heads", 1, 1 << 20)
+    nkv = _check_int(num_kv_heads, "num_kv_heads", 1, 1 << 20)
+    if nh % nkv:
+        raise ValueError(f"num_heads must be a multiple of num_kv_heads (GQA groups), got "
+                         f"num_heads={nh}, num_kv_heads={nkv}")
+    group = nh // nkv
+    for hpb in range(min(group, MAX_HEADS_PER_BLOCK), 0, -1):
+        if group % hpb == 0 and paged_decode_smem_bytes(d, bs, hpb) <= STATIC_SMEM_LIMIT:
+            return hpb
+    raise ValueError(f"one page of block_size={bs} tokens with head_dim={d} needs "
+                     f"{paged_decode_smem_bytes(d, bs, 1)} bytes of shared memory, more than "
+                     f"{STATIC_SMEM_LIMIT}; use a smaller block_size")
+
+
+def online_softmax_smem_bytes(tile: int) -> int:
+    """Static shared memory of ``online_softmax`` in bytes: one float per warp."""
+    return 4 * (tile // 32)
+
+
+# ---------------------------------------------------------------------------
+# builds: one kernel file + its -D options
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class KernelBuild:
+    """One compile-time specialisation of a kernel file.
+
+    ``kernel`` is a key of :data:`KERNELS`; ``dtype`` a key of :data:`DTYPES`;
+    ``trace`` turns on ``-DFA_TRACE``; ``defines`` holds the other ``-D`` constants
+    (HEAD_DIM, BLOCK_Q, BLOCK_K, BLOCK_SIZE, HEADS_PER_BLOCK, TILE).
+    """
+
+    kernel: str
+    dtype: str = "float32"
+    trace: bool = False
+    defines: tuple = field(default_factory=tuple)   # sorted (name, int) pairs
+
+    def __post_init__(self):
+        if self.kernel not in KERNELS:
+            raise ValueError(f"kernel must be one of {sorted(KERNELS)}, got {self.kernel!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
+
+    @classmethod
+    def make(cls, kernel: str, dtype: str = "float32", trace: bool = False, **defines) -> "KernelBuild":
+        return cls(kernel, dtype, bool(trace), tuple(sorted((k, int(v)) for k, v in defines.items())))
+
+    @property
+    def entries(self) -> tuple:
+        return KERNELS[self.kernel]
+
+    @property
+    def options(self) -> tuple:
+        """The compiler options, e.g. ``('-DFA_DTYPE=1', '-DHEAD_DIM=128', ...)``."""
+        opts = [f"-DFA_DTYPE={DTYPES[self.dtype]}"] + [f"-D{k}={v}" for k, v in self.defines]
+        if self.trace:
+            opts.append("-DFA_TRACE")
+        return tuple(opts)
+
+    @property
+    def smem_bytes(self) -> int:
+        """Static shared memory this build declares, computed from its constants (bytes)."""
+        d = dict(self.defines)
+        if self.kernel == "flash_attention":
+            return flash_attention_smem_bytes(d["HEAD_DIM"], d["BLOCK_Q"], d["BLOCK_K"])
+        if self.kernel == "paged_decode":
+            return paged_decode_smem_bytes(d["HEAD_DIM"], d["BLOCK_SIZE"], d["HEADS_PER_BLOCK"])
+        return online_softmax_smem_bytes(d.get("TILE", 256))
+
+    @property
+    def threads_per_block(self) -> int:
+        return dict(self.defines).get("TILE", 256) if self.kernel == "online_softmax" else NUM_THREADS
+
+    def describe(self) -> str:
+        """A short label such as ``flash_attention float16 HEAD_DIM=128 BLOCK_Q=32 BLOCK_K=16``."""
+        return " ".join([self.kernel, self.dtype] + [f"{k}={v}" for k, v in self.defines]
+                        + (["FA_TRACE"] if self.trace else []))
+
+
+def flash_attention_build(head_dim: int, dtype: str = "float32", trace: bool = False,
+                          block_q: int | None = None, block_k: int | None = None) -> KernelBuild:
+    """The :class:`KernelBuild` of the forward kernel for one head dim (see :func:`flash_attention_config`)."""
+    bq, bk = flash_attention_config(head_dim, block_q, block_k)
+    return KernelBuild.make("flash_attention", dtype, trace, HEAD_DIM=head_dim, BLOCK_Q=bq, BLOCK_K=bk)
+
+
+def paged_decode_build(head_dim: int, block_size: int, num_heads: int, num_kv_heads: int,
+                       dtype: str = "float32", trace: bool = False) -> KernelBuild:
+    """The :class:`KernelBuild` of the paged decode kernels (see :func:`paged_decode_config`)."""
+    hpb = paged_decode_config(head_dim, block_size, num_heads, num_kv_heads)
+    return KernelBuild.make("paged_decode", dtype, trace, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+                            HEADS_PER_BLOCK=hpb)
+
+
+def online_softmax_build(tile: int = 256, dtype: str = "float32", trace: bool = False) -> KernelBuild:
+    """The :class:`KernelBuild` of the online softmax kernel; ``tile`` is a multiple of 32 up to 1024."""
+    tile = _check_int(tile, "tile", 32, 1024)
+    if tile % 32:
+        raise ValueError(f"tile must be a multiple of 32 (whole warps), got {tile}")
+    return KernelBuild.make("online_softmax", dtype, trace, TILE=tile)
+
+
+def default_builds(head_dim: int = 128, dtype: str = "float16", trace: bool = False) -> list[KernelBuild]:
+    """One representative build per kernel file: online softmax (tile 256), flash attention
+    (``head_dim``), paged decode (``head_dim``, block_size 16, 32 query heads on 8 kv heads)."""
+    return [
+        online_softmax_build(256, dtype, trace),
+        flash_attention_build(head_dim, dtype, trace),
+        paged_decode_build(head_dim, 16, 32, 8, dtype, trace),
+    ]
+
+
+# ---------------------------------------------------------------------------
+# entry-point signatures (so launchers pass each scalar with the C type it expects)
+# ---------------------------------------------------------------------------
+
+_SIGNATURE = r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s+)?{name}\s*\(([^)]*)\)'
+
+
+@lru_cache(maxsize=None)
+def kernel_signature(kernel: str, entry: str) -> tuple:
+    """Parameters of an entry point as ``((kind, name), ...)``, kind one of
+    ``'pointer'``, ``'int'``, ``'float'``, parsed from the CUDA source.
+
+    Raises ValueError if the entry point is not found or a parameter type is not one of those.
+    """
+    text = kernel_source(kernel)
+    m = re.search(_SIGNATURE.format(name=re.escape(entry)), text)
+    if m is None:
+        raise ValueError(f"entry point {entry!r} not found in {kernel}.cu")
+    params = []
+    for raw in m.group(1).split(","):
+        words = raw.replace("*", " * ").split()
+        name = words[-1]
+        if "*" in words:
+            kind = "pointer"
+        elif words[-2] == "int":
+            kind = "int"
+        elif words[-2] == "float":
+            kind = "float"
+        else:
+            raise ValueError(f"unsupported parameter {raw.strip()!r} of {entry}")
+        params.append((kind, name))
+    return tuple(params)

@@ -1,0 +1,398 @@
+"""Grading the exercises: the exercise list, the score card, a live check, and reset.
+
+The grader is pytest: the tests in ``grading/`` import each answer module by path
+from a folder (``exercises/`` by default, ``solutions/`` for the reference answers)
+and a small plugin (``grading/conftest.py``) prints a score card at the end, one
+line per exercise: passed, failed (with a hint naming the likely mistake), or not
+attempted (the stub still raises ``NotImplementedError``).
+
+Command line (``python -m lessons.grade ...``)::
+
+    run [--answers DIR] [NAME ...]   grade, print the score card (same as ``make grade``)
+    check NAME [--file PATH]         grade one exercise, print one line
+    reset NAME                       restore the stub; your file is kept as NAME.py.bak-YYYYmmdd-HHMMSS
+    list                             the exercises, in lesson order
+
+The plain pytest command is ``python -m pytest grading --answers exercises``.
+Grading only reads the answer files: nothing is written into ``exercises/``
+(not even ``__pycache__``).
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+__all__ = [
+    "Exercise", "EXERCISES", "ExerciseResult", "CheckResult", "STATUSES",
+    "repo_root", "get_exercise", "summarise", "format_score_card",
+    "pytest_command", "run", "check", "reset", "main",
+]
+
+STATUSES = ("passed", "failed", "incomplete", "not attempted")
+"""What an exercise can be: every check passed; at least one failed; some passed and the
+rest are still stubs; every check hit a stub (``NotImplementedError``)."""
+
+
+@dataclass(frozen=True)
+class Exercise:
+    """One exercise: ``name`` (the module ``exercises/<name>.py``), the ``notebook`` that
+    teaches it (e.g. ``"02_flash_attention_tile_by_tile"``) and a one-line ``title``."""
+
+    name: str
+    notebook: str
+    title: str
+
+
+EXERCISES: tuple[Exercise, ...] = (
+    Exercise("online_softmax", "01_online_softmax",
+             "online softmax: running max and sum, 1-D and row-wise"),
+    Exercise("absorb", "02_flash_attention_tile_by_tile",
+             "the absorb step: fold one tile into (m, l, o)"),
+    Exercise("causal", "03_query_blocks_and_causal",
+             "causal mask in the tiled loop; the NaN of a fully masked tile"),
+    Exercise("peak_memory", "04_io_awareness",
+             "peak memory of textbook vs flash: quadratic vs linear"),
+    Exercise("paged", "05_paged_attention",
+             "paged lookup through a block table, partial last block"),
+    Exercise("flash_decoding", "06_flash_decoding_and_ring",
+             "flash-decoding: four workers, merged (m, l, o) triples"),
+    Exercise("merge_states", "06_flash_decoding_and_ring",
+             "merge_states in the normalised (o, lse) form, empty states"),
+    Exercise("ring_step", "06_flash_decoding_and_ring",
+             "one ring-attention step: fold the KV block a device holds"),
+    Exercise("gqa_decode", "07_paged_gqa_decode",
+             "GQA head mapping in a paged decode"),
+)
+
+
+def repo_root() -> Path:
+    """The repository root: the folder holding ``lessons/``, ``grading/`` and ``exercises/``.
+
+    Raises FileNotFoundError if ``grading/`` is not beside the ``lessons`` package
+    (the grader runs from a checkout of the repository, not from an installed wheel).
+    """
+    root = Path(__file__).resolve().parents[1]
+    if not (root / "grading" / "conftest.py").is_file():
+        raise FileNotFoundError(f"grading/ not found under {root}: run the grader from a checkout of the repository")
+    return root
+
+
+def get_exercise(name: str) -> Exercise:
+    """The :class:`Exercise` called ``name``; ValueError listing the valid names otherwise."""
+    for ex in EXERCISES:
+        if ex.name == name:
+            return ex
+    raise ValueError(f"unknown exercise {name!r}; the exercises are: {', '.join(e.name for e in EXERCISES)}")
+
+
+# --- results -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ExerciseResult:
+    """How one exercise did: counts of checks ``passed``/``failed``/``not_attempted``,
+    its ``status`` (one of :data:`STATUSES`), the ``hints`` to show (most frequent first)
+    and the names of the ``failed_tests``."""
+
+    name: str
+    status: str
+    passed: int
+    failed: int
+    not_attempted: int
+    hints: tuple[str, ...] = ()
+    failed_tests: tuple[str, ...] = ()
+
+    @property
+    def total(self) -> int:
+        return self.passed + self.failed + self.not_attempted
+
+
+def _ranked(lists) -> list[str]:
+    """Distinct strings of ``lists``, the one in the most lists first (ties: first seen first)."""
+    lists = [list(dict.fromkeys(x)) for x in lists]
+    count = Counter(h for x in lists for h in x)
+    first = {h: i for i, h in enumerate(dict.fromkeys(h for x in lists for h in x))}
+    return sorted(count, key=lambda h: (-count[h], first[h]))
+
+
+def summarise(records, *, max_hints: int = 3) -> list[ExerciseResult]:
+    """Fold per-test records into one :class:`ExerciseResult` per exercise, in lesson order.
+
+    ``records``: iterable of dicts with keys ``exercise`` (str), ``test`` (str),
+    ``outcome`` (``"passed"``, ``"failed"``, ``"not attempted"`` or ``"skipped"``; a
+    plain skip counts for nothing), and for failures ``hints`` (list of str: the named
+    mistakes the check points to) and ``advice`` (list of str: other advice, or the
+    failure message). An exercise is ``failed`` if any check failed, ``not attempted``
+    if every check hit a stub, ``incomplete`` if some passed and the rest hit a stub,
+    else ``passed``. The hints shown are the distinct named mistakes of the failed
+    checks, the one named by the most failures first, then the other advice ranked the
+    same way; at most ``max_hints``. Raises ValueError for an unknown outcome.
+    """
+    by_name: dict[str, list[dict]] = {}
+    for rec in records:
+        if rec["outcome"] not in ("passed", "failed", "not attempted", "skipped"):
+            raise ValueError(f"unknown outcome {rec['outcome']!r} in record {rec!r}")
+        by_name.setdefault(rec["exercise"], []).append(rec)
+    order = {ex.name: i for i, ex in enumerate(EXERCISES)}
+    results = []
+    for name in sorted(by_name, key=lambda n: (order.get(n, len(order)), n)):
+        recs = by_name[name]
+        count = Counter(r["outcome"] for r in recs)
+        failed = [r for r in recs if r["outcome"] == "failed"]
+        hints = (_ranked(r.get("hints") or () for r in failed)
+                 + _ranked(r.get("advice") or () for r in failed))
+        hints = list(dict.fromkeys(hints))[:max_hints]
+        if count["failed"]:
+            status = "failed"
+        elif count["not attempted"] and count["passed"]:
+            status = "incomplete"
+        elif count["not attempted"]:
+            status = "not attempted"
+        else:
+            status = "passed"
+        results.append(ExerciseResult(name=name, status=status, passed=count["passed"], failed=count["failed"],
+                                      not_attempted=count["not attempted"], hints=tuple(hints),
+                                      failed_tests=tuple(r["test"] for r in failed)))
+    return results
+
+
+def _status_text(r: ExerciseResult) -> str:
+    if r.status == "passed":
+        return f"passed ({r.passed}/{r.total})"
+    if r.status == "failed":
+        return f"FAILED ({r.failed}/{r.total})"
+    if r.status == "incomplete":
+        return f"incomplete ({r.passed}/{r.total})"
+    return "not attempted"
+
+
+def format_score_card(results, *, answers: str = "exercises", width: int = 100) -> str:
+    """The score card as plain text (a rich table): one row per exercise.
+
+    ``results``: list of :class:`ExerciseResult`; ``answers``: the folder graded, for
+    the title. Failed rows show their hints (see :func:`summarise`).
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    lesson = {ex.name: ex.notebook[:2] for ex in EXERCISES}
+    table = Table(title=f"score card: {answers}", title_justify="left", show_lines=False, expand=False)
+    table.add_column("nb", no_wrap=True)
+    table.add_column("exercise", no_wrap=True)
+    table.add_column("result", no_wrap=True)
+    table.add_column("hint / next step", overflow="fold")
+    for r in results:
+        if r.status == "failed":
+            note = "\n".join(f"- {h}" for h in r.hints) or "see the failures above"
+        elif r.status == "not attempted":
+            note = f"open exercises/{r.name}.py"
+        elif r.status == "incomplete":
+            note = f"{r.not_attempted} check(s) still hit NotImplementedError"
+        else:
+            note = ""
+        table.add_row(lesson.get(r.name, "--"), r.name, _status_text(r), note)
+    tally = Counter(r.status for r in results)
+    buf = io.StringIO()
+    console = Console(file=buf, width=width, color_system=None, force_terminal=False, soft_wrap=False)
+    console.print(table)
+    console.print("exercises: " + (", ".join(f"{tally[s]} {s}" for s in STATUSES if tally[s]) or "none graded"))
+    return buf.getvalue()
+
+
+# --- running the grader ---------------------------------------------------------------------
+
+def pytest_command(answers=None, names=(), *, answer_files=None, report=None, extra=()) -> list[str]:
+    """The pytest command line that grades ``names`` (all exercises if empty).
+
+    ``answers``: folder of answer modules (default ``exercises``); ``answer_files``: a
+    dict ``{name: path}`` grading one file for one exercise instead; ``report``: a path
+    for the JSON report; ``extra``: more pytest arguments. Run it from :func:`repo_root`.
+    """
+    root = repo_root()
+    for n in names:
+        get_exercise(n)
+    targets = [str(root / "grading" / f"test_{n}.py") for n in names] or [str(root / "grading")]
+    cmd = [sys.executable, "-m", "pytest", *targets, "-q", "--tb=short"]
+    if answers is not None:
+        cmd += ["--answers", str(answers)]
+    for n, path in (answer_files or {}).items():
+        get_exercise(n)
+        cmd += ["--answer", f"{n}={path}"]
+    if report is not None:
+        cmd += ["--grade-report", str(report)]
+    return cmd + list(extra)
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def run(answers="exercises", names=()) -> int:
+    """Grade ``names`` (default: all) from the folder ``answers`` and print the score card.
+
+    Returns pytest's exit status (0: nothing failed; 1: a check failed).
+    """
+    return subprocess.call(pytest_command(answers, names), cwd=repo_root(), env=_env())
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """The outcome of :func:`check` for one exercise; prints as one short line.
+
+    ``status`` is one of :data:`STATUSES` or ``"error"`` (the grader could not run);
+    ``hint`` the first hint of a failure (or the error); ``result`` the full
+    :class:`ExerciseResult` when grading ran.
+    """
+
+    name: str
+    status: str
+    hint: str = ""
+    result: ExerciseResult | None = field(default=None, repr=False)
+
+    def __str__(self) -> str:
+        r = self.result
+        if self.status == "passed":
+            return f"{self.name}: passed ({r.passed} checks)"
+        if self.status == "not attempted":
+            return f"{self.name}: not attempted (write your answer in exercises/{self.name}.py, then run this cell again)"
+        if self.status == "incomplete":
+            return (f"{self.name}: incomplete ({r.passed} checks pass, {r.not_attempted} still hit "
+                    f"NotImplementedError)")
+        if self.status == "failed":
+            return f"{self.name}: failed ({r.failed} of {r.total} checks): {self.hint}"
+        return f"{self.name}: could not grade: {self.hint}"
+
+    __repr__ = __str__
+
+    def _repr_pretty_(self, p, cycle):  # IPython shows the one line
+        p.text(str(self))
+
+
+def check(name: str, *, file=None, timeout: float = 600.0) -> CheckResult:
+    """Grade one exercise now and return a one-line :class:`CheckResult` (for a notebook cell).
+
+    ``name``: an exercise name (see :data:`EXERCISES`); ``file``: grade this file instead of
+    ``exercises/<name>.py``. Runs the grader in a subprocess, so the file on disk is graded
+    as it is now (save it first). Never raises for the learner's code: a stub gives
+    ``not attempted``, a broken module or a grader crash gives ``failed`` or ``error``.
+    Raises ValueError only for an unknown ``name``.
+    """
+    get_exercise(name)
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        files = {name: Path(file).resolve()} if file is not None else None
+        cmd = pytest_command(None, [name], answer_files=files, report=report)
+        try:
+            proc = subprocess.run(cmd, cwd=repo_root(), env=_env(), capture_output=True, text=True,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return CheckResult(name, "error", f"the grader took longer than {timeout:.0f} s")
+        if not report.is_file():
+            tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
+            return CheckResult(name, "error", " | ".join(tail) or f"pytest exited with {proc.returncode}")
+        data = json.loads(report.read_text())
+    results = {r.name: r for r in summarise(data["records"])}
+    if name not in results:
+        return CheckResult(name, "error", "no checks were collected")
+    r = results[name]
+    return CheckResult(name, r.status, r.hints[0] if r.hints else "", r)
+
+
+# --- reset -----------------------------------------------------------------------------------
+
+def _backup_path(target: Path, now: datetime) -> Path:
+    stamp = now.strftime("%Y%m%d-%H%M%S")
+    candidate = target.with_name(f"{target.name}.bak-{stamp}")
+    n = 2
+    while candidate.exists():
+        candidate = target.with_name(f"{target.name}.bak-{stamp}-{n}")
+        n += 1
+    return candidate
+
+
+def reset(name: str, *, exercises_dir=None, stubs_dir=None, now: datetime | None = None) -> Path | None:
+    """Restore ``exercises/<name>.py`` to its stub, first saving the current file beside it.
+
+    The learner's file is copied to ``<name>.py.bak-YYYYmmdd-HHMMSS`` (``-2``, ``-3``... if
+    that exists; an existing backup is never overwritten), then the stub from
+    ``grading/stubs/`` replaces it. A file that already is the stub is left alone.
+    ``exercises_dir``/``stubs_dir`` default to the repository's folders; ``now`` to the
+    current time. Returns the backup's path, or None when no backup was needed.
+    Raises ValueError for an unknown ``name``, FileNotFoundError if the stub is missing.
+    """
+    get_exercise(name)
+    root = None if exercises_dir is not None and stubs_dir is not None else repo_root()
+    exercises_dir = Path(exercises_dir) if exercises_dir is not None else root / "exercises"
+    stubs_dir = Path(stubs_dir) if stubs_dir is not None else root / "grading" / "stubs"
+    stub = stubs_dir / f"{name}.py"
+    if not stub.is_file():
+        raise FileNotFoundError(f"no stub for {name!r} at {stub}")
+    stub_bytes = stub.read_bytes()
+    target = exercises_dir / f"{name}.py"
+    backup = None
+    if target.exists():
+        mine = target.read_bytes()
+        if mine == stub_bytes:
+            return None
+        backup = _backup_path(target, now or datetime.now())
+        with open(backup, "xb") as fh:          # "x": fails rather than overwrite
+            fh.write(mine)
+        if backup.read_bytes() != mine:
+            raise OSError(f"backup {backup} does not match {target}; {target} left as it was")
+    tmp = target.with_name(f".{target.name}.reset-tmp")
+    tmp.write_bytes(stub_bytes)
+    os.replace(tmp, target)
+    return backup
+
+
+# --- command line ----------------------------------------------------------------------------
+
+def main(argv=None) -> int:
+    """``python -m lessons.grade {run,check,reset,list}``; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m lessons.grade", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_run = sub.add_parser("run", help="grade and print the score card")
+    p_run.add_argument("--answers", default="exercises", help="folder of answer modules (default: exercises)")
+    p_run.add_argument("names", nargs="*", help="exercises to grade (default: all)")
+    p_check = sub.add_parser("check", help="grade one exercise, print one line")
+    p_check.add_argument("name")
+    p_check.add_argument("--file", default=None, help="grade this file instead of exercises/NAME.py")
+    p_reset = sub.add_parser("reset", help="restore a stub, keeping your file as NAME.py.bak-...")
+    p_reset.add_argument("name")
+    sub.add_parser("list", help="list the exercises")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "run":
+            return run(args.answers, args.names)
+        if args.command == "check":
+            res = check(args.name, file=args.file)
+            print(res)
+            return 0 if res.status in ("passed",) else 1
+        if args.command == "reset":
+            backup = reset(args.name)
+            target = repo_root() / "exercises" / f"{args.name}.py"
+            if backup is None:
+                print(f"{target} already is the stub (or was missing and has been restored); nothing saved")
+            else:
+                print(f"saved your file as {backup}\nrestored the stub {target}")
+            return 0
+        for ex in EXERCISES:
+            print(f"{ex.notebook[:2]}  {ex.name:<16} {ex.title}")
+        return 0
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""Ring attention: the key/value blocks travel around a ring of devices.
+
+A sequence too long for one device is cut into ``world_size`` blocks. Device ``r``
+keeps query block ``r`` and its running state ``(m, l, o)``, and starts with KV block
+``r``. At each of ``world_size`` ring steps every device folds the KV block it holds
+into its state, then passes that block to device ``r + 1`` and receives one from
+device ``r - 1``. After the last step each device has seen every KV block once and
+finalises its rows. No device ever holds more than one query block, one KV block
+and one state: the fold does not care where its tiles come from.
+
+This module simulates the devices in one process (a loop over ``r``), in the order a
+real ring would run them, and can record which block each device holds at each step.
+
+Source: Liu, Zaharia, Abbeel 2023, "Ring Attention with Blockwise Transformers for
+Near-Infinite Context", Sec. 3 and Alg. 1; Dao 2023, FA-2 Alg. 1 (the fold).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._validate import causal_visible, check_positive_int, check_qkv, check_scale
+from .decoding import split_ranges
+from .reference import _all_float, _shape_result
+from .state import State, absorb, correction_factor, finalize
+from .trace import TileStep, Trace
+
+__all__ = ["ring_attention", "RingStep", "RingTrace"]
+
+
+@dataclass(frozen=True)
+class RingStep(TileStep):
+    """One absorb on one device: a :class:`lessons.trace.TileStep` plus where and when.
+
+    ``tile`` is the KV block index, ``row_start``/``row_stop`` the device's query rows,
+    ``key_start``/``key_stop`` the keys of the KV block; ``ring_step`` (0-based) and
+    ``device`` say when and on which device the block was folded in.
+    """
+
+    ring_step: int
+    device: int
+
+
+@dataclass
+class RingTrace(Trace):
+    """What each device held and did at each ring step.
+
+    ``steps`` holds one :class:`RingStep` per absorb (``trace.row(i)`` replays query
+    row i as for any trace). ``tile`` is the KV block size and ``block_q`` the query
+    block size (the last blocks may be shorter or empty).
+
+    ``holds`` : int array (world_size, world_size); ``holds[t, r]`` is the KV block
+    device r holds at ring step t, ``(r - t) mod world_size``.
+    ``folded`` : bool array (world_size, world_size); True where device r absorbed
+    its block at step t, False where it had nothing to do (the whole block is above
+    the causal diagonal for its rows, or its query or KV block is empty).
+    ``q_ranges`` / ``kv_ranges`` : the ``[start, stop)`` rows / keys of each block.
+    """
+
+    world_size: int = 1
+    holds: np.ndarray = None
+    folded: np.ndarray = None
+    q_ranges: list = None
+    kv_ranges: list = None
+
+
+def ring_attention(q, k, v, world_size, *, causal=False, scale=None, return_lse=False, return_trace=False):
+    """Exact attention computed by ``world_size`` simulated devices passing KV blocks around a ring.
+
+    The queries and the keys are each cut into ``world_size`` contiguous blocks of
+    ``ceil(N / world_size)`` (trailing blocks may be shorter or empty). Device ``r``
+    owns query block ``r``; at ring step ``t`` it holds KV block ``(r - t) mod
+    world_size``, absorbs it into its state, and passes it on to device ``r + 1``.
+
+    Parameters
+    ----------
+    q : float array, shape (Nq, d) or (d,)
+    k : float array, shape (Nk, d)
+    v : float array, shape (Nk, dv); Nq and Nk may differ.
+    world_size : int >= 1, the number of devices in the ring.
+    causal : bool
+        Bottom-right aligned (query i sees key j iff ``j <= i + Nk - Nq``), as in
+        :func:`lessons.attention`. A device skips a KV block that lies wholly above
+        the diagonal for its rows; a row that sees no key outputs 0 (lse ``-inf``).
+    scale : float, default ``1/sqrt(d)``
+    return_lse : bool, also return ``lse`` per query row.
+    return_trace : bool, also return a :class:`RingTrace`.
+
+    Returns
+    -------
+    out, or ``(out[, lse][, trace])``; ``out`` has shape (Nq, dv), or (dv,) for a
+    single query, in the inputs' dtype (float16 is accumulated in float32).
+
+    Raises TypeError / ValueError naming the argument for non-float input, wrong
+    ranks, mismatched d or Nk, or ``world_size`` < 1.
+
+    Source: Liu et al. 2023 (Ring Attention), Alg. 1; Dao 2023, Alg. 1.
+    """
+    out_dtype = np.result_type(*(np.asarray(x).dtype for x in (q, k, v))) if _all_float(q, k, v) else None
+    q2, k, v, single, dtype = check_qkv(q, k, v)
+    world_size = check_positive_int(world_size, "world_size")
+    if not isinstance(causal, (bool, np.bool_)):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__} {causal!r}")
+    nq, nk, dv = q2.shape[0], k.shape[0], v.shape[1]
+    scale = dtype.type(check_scale(scale, q2.shape[1]))
+    q_ranges = split_ranges(nq, world_size)
+    kv_ranges = split_ranges(nk, world_size)
+
+    states = [State.empty(r1 - r0, dv, dtype) for r0, r1 in q_ranges]   # one state per device
+    holds = np.empty((world_size, world_size), dtype=int)
+    folded = np.zeros((world_size, world_size), dtype=bool)
+    trace = RingTrace(nq=nq, nk=nk, tile=kv_ranges[0][1] - kv_ranges[0][0],
+                      block_q=q_ranges[0][1] - q_ranges[0][0], world_size=world_size, holds=holds,
+                      folded=folded, q_ranges=q_ranges, kv_ranges=kv_ranges) if return_trace else None
+
+    for t in range(world_size):                          # ring steps
+        for r in range(world_size):                      # every device, in parallel on real hardware
+            b = (r - t) % world_size                     # the KV block device r holds now
+            holds[t, r] = b
+            (r0, r1), (c0, c1) = q_ranges[r], kv_ranges[b]
+            if r1 == r0 or c1 == c0:
+                continue                                 # nothing to fold
+            if causal and c0 > (r1 - 1) + nk - nq:       # block wholly above the diagonal
+                continue
+            s = (q2[r0:r1] @ k[c0:c1].T) * scale
+            if causal:
+                s = np.where(causal_visible(np.arange(r0, r1), np.arange(c0, c1), nq, nk), s, -np.inf)
+            new = absorb(states[r], s, v[c0:c1])
+            folded[t, r] = True
+            if trace is not None:
+                trace.steps.append(RingStep(
+                    tile=b, row_start=r0, row_stop=r1, key_start=c0, key_stop=c1, scores=s,
+                    m_before=states[r].m, m=new.m, alpha=correction_factor(states[r].m, new.m),
+                    l=new.l, o=new.o, ring_step=t, device=r))
+            states[r] = new
+        # (here every device sends its KV block to device r + 1)
+
+    out = np.zeros((nq, dv), dtype)
+    lse = np.full(nq, -np.inf, dtype)
+    for (r0, r1), state in zip(q_ranges, states):
+        out[r0:r1], lse[r0:r1] = finalize(state)
+
+    out, lse = _shape_result(out, lse, single, out_dtype, True)
+    result = (out,)
+    if return_lse:
+        result += (lse,)
+    if return_trace:
+        result += (trace,)
+    return result if len(result) > 1 else result[0]

@@ -1,0 +1,364 @@
+"""A widget that replays a tiled attention trace one key tile at a time.
+
+:class:`TileStepper` is a view: it asks a schedule (by default
+:func:`lessons.flash_attention` with ``return_trace=True``) for a
+:class:`lessons.trace.Trace` and the reference (:func:`lessons.attention`) for
+the exact output, then only *displays* what the trace recorded. No attention
+arithmetic happens in this module; every number shown is a trace value passed
+through :func:`format_value`.
+
+Later lessons reuse it with another data source, schedule or options, e.g.
+``TileStepper(schedule=paged_schedule, options={"causal": True})``.
+
+The loop being replayed: Dao et al. 2022, Alg. 1; Dao 2023 (FlashAttention-2), Alg. 1.
+"""
+from __future__ import annotations
+
+import html
+import numbers
+
+import ipywidgets as widgets
+import numpy as np
+
+from .figures import TILE_COLOURS, StepFigure
+from .flash import flash_attention
+from .reference import attention
+
+__all__ = ["TileStepper", "format_value", "DATA_CHOICES", "DEFAULT_ROWS"]
+
+#: The data choices of :func:`lessons.data.make_case`, as (label, kind) pairs.
+DATA_CHOICES = (("real text", "real"), ("random", "random"), ("late maximum", "late-max"))
+
+#: The query row shown first for each data choice: in the real sample (layer 0, head 0)
+#: row 93 (the token "and") moves its running max in 5 of its 8 tiles of 16 keys;
+#: the late-maximum case is built around row 0.
+DEFAULT_ROWS = {"real": 93, "random": 0, "late-max": 0}
+
+_TABLE_ROWS = 12   # the table shows the latest tiles; older ones are summarised
+
+
+def format_value(x) -> str:
+    """The one way the stepper prints a number, so tests can compare text exactly.
+
+    * ints (Python or NumPy): thousands separators, e.g. ``16384 -> '16,384'``;
+    * floats: 6 significant digits (``'%.6g'``), e.g. ``0.0312456``, ``1.11022e-16``;
+      ``-inf``/``inf``/``nan`` print as ``'-inf'``, ``'inf'``, ``'nan'``.
+
+    Raises TypeError for anything that is not a real number (bools included).
+    """
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Real):
+        raise TypeError(f"format_value takes a real number, got {type(x).__name__} {x!r}")
+    if isinstance(x, numbers.Integral):
+        return f"{int(x):,}"
+    return f"{float(x):.6g}"
+
+
+def _default_make_case(kind, *, layer=0, head=0, tile=16, seed=0):
+    from . import data
+    return data.make_case(kind, layer=layer, head=head, tile=tile, seed=seed)
+
+
+def _flash_schedule(q, k, v, tile, **options):
+    """The default schedule: FlashAttention's loop, keeping its trace."""
+    out, trace = flash_attention(q, k, v, tile, return_trace=True, **options)
+    return trace
+
+
+def _count(value, name, low=0):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < low:
+        raise ValueError(f"{name} must be at least {low}, got {value}")
+    return int(value)
+
+
+class TileStepper:
+    """Step one query row through a tiled attention loop, tile by tile (ipywidgets).
+
+    Parameters
+    ----------
+    make_case : callable ``(kind, *, layer, head, tile, seed) -> (q (N, d), k (N, d), v (N, dv))``
+        Where the data comes from; default :func:`lessons.data.make_case`.
+    kind : str, the initial data choice (a value of ``choices``), default ``"real"``.
+    choices : sequence of (label, kind) pairs for the data buttons, default :data:`DATA_CHOICES`.
+        Layer and head are only enabled for ``kind == "real"``.
+    tile : int >= 1, initial keys per tile (block_k); clipped to the number of keys.
+    row : int, initial query row (default: ``default_rows[kind]``, else 0).
+    default_rows : mapping kind -> the row shown when that data is chosen, default
+        :data:`DEFAULT_ROWS` (kinds not in it keep the current row).
+    layer, head : ints >= 0, the initial layer and head of the real data.
+    layers, heads : ints >= 1, the ranges of the layer and head controls (default:
+        read from :func:`lessons.data.load_sample` when ``make_case`` is the default, else 1).
+    seed : int, passed to ``make_case`` for the synthetic choices.
+    schedule : callable ``(q, k, v, tile, **options) -> Trace``; default FlashAttention's
+        loop (:func:`lessons.flash_attention` with ``return_trace=True``).
+    reference : callable ``(q, k, v, **options) -> out (Nq, dv)``; default :func:`lessons.attention`.
+    options : dict of keyword arguments for both (e.g. ``{"causal": True}``).
+    interval : int, milliseconds per tile when Play runs.
+
+    Attributes (stable names, for notebooks and tests)
+    --------------------------------------------------
+    slider : IntSlider over steps ``1..len(row_trace)`` (tiles absorbed by the row).
+    play : Play button, linked to ``slider`` in the browser.
+    tile_size, row, layer, head : IntSliders; data : ToggleButtons (value = kind).
+    readouts : dict of widgets.HTML with keys ``tile, keys, m, alpha, l, max_error,
+        scores_in_memory, naive_scores, rescales``; each ``.value`` holds the number
+        formatted by :func:`format_value`.
+    table : HTML table of the tiles absorbed so far (tile number from 1, keys, m, alpha, l).
+    image : widgets.Image holding the PNG of the current step (see lessons.figures).
+    caption : HTML line saying what happened at this step.
+    trace, row_trace, exact : the current Trace, RowTrace and exact output row (dv,).
+    widget : the whole VBox (the object itself displays as that box).
+
+    Raises TypeError/ValueError for a bad ``tile``, ``row``, ``layer``, ``head`` or
+    ``kind``, and whatever ``make_case``/``schedule`` raise for their inputs.
+    """
+
+    def __init__(self, make_case=None, *, kind="real", choices=DATA_CHOICES, tile=16, row=None, layer=0,
+                 head=0, layers=None, heads=None, seed=0, schedule=None, reference=None, options=None,
+                 default_rows=None, interval=700):
+        self._make_case = _default_make_case if make_case is None else make_case
+        self._schedule = _flash_schedule if schedule is None else schedule
+        self._reference = attention if reference is None else reference
+        self._options = dict(options or {})
+        self._seed = seed
+        self._default_rows = dict(DEFAULT_ROWS if default_rows is None else default_rows)
+        choices = tuple(choices)
+        kinds = [c[1] for c in choices]
+        if kind not in kinds:
+            raise ValueError(f"kind must be one of {kinds}, got {kind!r}")
+        _count(tile, "tile", 1)
+        _count(layer, "layer")
+        _count(head, "head")
+        self._sample = None
+        if make_case is None and (layers is None or heads is None) and "real" in kinds:
+            from . import data
+            self._sample = data.load_sample()
+            layers = self._sample.q.shape[0] if layers is None else layers
+            heads = self._sample.q.shape[1] if heads is None else heads
+        layers = _count(1 if layers is None else layers, "layers", 1)
+        heads = _count(1 if heads is None else heads, "heads", 1)
+        if layer >= layers or head >= heads:
+            raise ValueError(f"layer {layer} / head {head} out of range for {layers} layers, {heads} heads")
+
+        style = {"description_width": "initial"}
+        self.data = widgets.ToggleButtons(options=list(choices), value=kind, description="data",
+                                          style={"button_width": "120px", **style})
+        self.layer = widgets.IntSlider(value=layer, min=0, max=layers - 1, description="layer",
+                                       continuous_update=False, style=style, layout={"width": "220px"})
+        self.head = widgets.IntSlider(value=head, min=0, max=heads - 1, description="head",
+                                      continuous_update=False, style=style, layout={"width": "220px"})
+        self.row = widgets.IntSlider(value=0, min=0, max=0, description="query row", continuous_update=False,
+                                     style=style, layout={"width": "340px"})
+        self.tile_size = widgets.IntSlider(value=tile, min=1, max=max(tile, 1), description="keys per tile",
+                                           continuous_update=False, style=style, layout={"width": "340px"})
+        self.slider = widgets.IntSlider(value=1, min=1, max=1, description="tiles absorbed", style=style,
+                                        layout={"width": "520px"})
+        self.play = widgets.Play(value=1, min=1, max=1, step=1, interval=interval, description="play")
+        widgets.jslink((self.play, "value"), (self.slider, "value"))
+        self.caption = widgets.HTML()
+        self.image = widgets.Image(format="png")
+        self.table = widgets.HTML(layout={"width": "300px"})
+        names = ["tile", "keys", "m", "alpha", "l", "max_error", "scores_in_memory", "naive_scores", "rescales"]
+        self.readouts = {n: widgets.HTML() for n in names}
+
+        self._figure = None
+        self._busy = False
+        self._load(row=self._default_rows.get(kind, 0) if row is None else row)
+        self.slider.value = 1
+        self._render()
+
+        self.slider.observe(self._on_step, names="value")
+        self.row.observe(self._on_row, names="value")
+        for w in (self.data, self.layer, self.head, self.tile_size):
+            w.observe(self._on_data, names="value")
+        self.widget = self._layout()
+
+    # -- building the view ----------------------------------------------------------------
+    def _layout(self):
+        card = {"border": "1px solid #dddddd", "padding": "2px 10px", "margin": "2px"}
+        for r in self.readouts.values():
+            r.layout = widgets.Layout(**card)
+        memory = widgets.HBox([self.readouts[k] for k in ("scores_in_memory", "naive_scores", "rescales",
+                                                          "max_error")], layout={"flex_flow": "row wrap"})
+        state = widgets.HBox([self.readouts[k] for k in ("tile", "keys", "m", "alpha", "l")],
+                             layout={"flex_flow": "row wrap"})
+        controls = widgets.VBox([
+            self.data,
+            widgets.HBox([self.layer, self.head, self.row, self.tile_size], layout={"flex_flow": "row wrap"}),
+            widgets.HBox([self.play, self.slider]),
+        ])
+        body = widgets.HBox([self.image, self.table], layout={"flex_flow": "row wrap", "align_items": "flex-start"})
+        return widgets.VBox([controls, self.caption, state, memory, body])
+
+    def _repr_mimebundle_(self, **kwargs):
+        return self.widget._repr_mimebundle_(**kwargs)
+
+    # -- data and trace (computed by the schedule and the reference, never here) --------------
+    def _keys_seen(self):
+        """Keys absorbed at the current step (to keep the place when the tiling changes)."""
+        if self._figure is None or not len(self.row_trace):
+            return None
+        return int(self.row_trace.key_stop[min(self.slider.value, len(self.row_trace)) - 1])
+
+    def _load(self, row=None, keep="step"):
+        """Make the data, the trace and the exact output for the controls' values.
+
+        ``keep``: after reloading show the same step number (``"step"``), the step
+        that has absorbed the same keys (``"keys"``, for a new tile size), or step 1
+        (``"start"``, for new data).
+        """
+        kind = self.data.value
+        real = kind == "real"
+        self.layer.disabled = self.head.disabled = not real
+        tile = self.tile_size.value
+        keys_seen = self._keys_seen() if keep == "keys" else None
+        q, k, v = self._make_case(kind, layer=self.layer.value, head=self.head.value, tile=tile, seed=self._seed)
+        nq, nk = q.shape[0], k.shape[0]
+        if tile > nk:
+            tile = nk
+        self.q, self.k, self.v = q, k, v
+        self.trace = self._schedule(q, k, v, tile, **self._options)
+        self.exact_all = np.asarray(self._reference(q, k, v, **self._options))
+        self._tokens = (list(self._sample.tokens) if (real and self._sample is not None
+                                                      and len(self._sample.tokens) == nk) else None)
+        self._busy = True
+        try:
+            self.tile_size.max = nk
+            self.tile_size.value = tile
+            self.row.max = nq - 1
+            if row is not None:
+                _count(row, "row")
+                if row >= nq:
+                    raise ValueError(f"row must be in 0..{nq - 1} (Nq = {nq}), got {row}")
+                self.row.value = row
+        finally:
+            self._busy = False
+        if keep == "start":
+            self._busy = True
+            try:
+                self.slider.value = 1
+            finally:
+                self._busy = False
+        self._select_row(keys_seen)
+
+    def _select_row(self, keys_seen=None):
+        """Take the current row's steps from the trace; keep the step, or the keys seen if given."""
+        self.row_trace = self.trace.row(self.row.value)
+        self.exact = self.exact_all[self.row.value]
+        n = len(self.row_trace)
+        if self._figure is None:
+            self._figure = StepFigure(self.row_trace, self.exact, min(1, n), titles=False, figsize=(9.0, 5.4))
+        else:
+            self._figure.set_trace(self.row_trace, self.exact, min(1, n))
+        self._errors = self.row_trace.errors(self.exact)
+        self._rescales = np.cumsum(self.row_trace.rescaled)
+        self._busy = True
+        try:
+            top = max(n, 1)
+            step = min(self.slider.value, top)
+            if keys_seen is not None and n:
+                step = min(int(np.searchsorted(self.row_trace.key_stop, keys_seen)) + 1, n)
+            self.slider.max = self.play.max = top
+            self.slider.value = self.play.value = step
+        finally:
+            self._busy = False
+
+    # -- callbacks ------------------------------------------------------------------------
+    def _on_step(self, change):
+        if not self._busy:
+            self._render()
+
+    def _on_row(self, change):
+        if not self._busy:
+            self._select_row()
+            self._render()
+
+    def _on_data(self, change):
+        if self._busy:
+            return
+        owner = change["owner"]
+        row = self._default_rows.get(self.data.value) if owner is self.data else None
+        keep = {id(self.data): "start", id(self.tile_size): "keys"}.get(id(owner), "step")
+        try:
+            self._load(row=row, keep=keep)
+        except (ValueError, TypeError) as err:        # e.g. a tile size the data cannot use
+            self._busy = True
+            try:
+                change["owner"].value = change["old"]
+            finally:
+                self._busy = False
+            self._load()
+            self._render()
+            self.caption.value = (f"<span style='color:#b00'>Kept {change['owner'].description} = "
+                                  f"{change['old']}: {html.escape(str(err))}</span><br>" + self.caption.value)
+            return
+        self._render()
+
+    # -- drawing --------------------------------------------------------------------------
+    def _token(self, j):
+        return "" if self._tokens is None else html.escape(str(self._tokens[j]))
+
+    def _render(self):
+        rt = self.row_trace
+        n = len(rt)
+        step = min(self.slider.value, n)
+        r = self.readouts
+        naive = (self.trace.nq, self.trace.nk)
+        r["naive_scores"].value = (f"textbook S holds <b>{format_value(naive[0])} × {format_value(naive[1])}"
+                                   f" = {format_value(naive[0] * naive[1])}</b> scores")
+        if step == 0:   # a row that sees no key at all (fully masked)
+            for key in ("tile", "keys", "m", "alpha", "l", "max_error", "scores_in_memory", "rescales"):
+                r[key].value = f"{key}: —"
+            self.caption.value = f"<b>Query row {rt.row}</b> sees no key: nothing is absorbed, the output is 0."
+            self.table.value = ""
+            self.image.value = self._figure.show(0).png()
+            return
+        i = step - 1
+        a, b = int(rt.key_start[i]), int(rt.key_stop[i])
+        r["tile"].value = f"<b>tile</b> {format_value(step)} of {format_value(n)}"
+        r["keys"].value = f"<b>keys</b> {format_value(a)}–{format_value(b - 1)}"
+        r["m"].value = f"<b>m</b> (running max) = {format_value(rt.m[i])}"
+        r["alpha"].value = f"<b>α</b> = exp(m<sub>old</sub> − m<sub>new</sub>) = {format_value(rt.alpha[i])}"
+        r["l"].value = f"<b>l</b> (running sum) = {format_value(rt.l[i])}"
+        r["scores_in_memory"].value = f"scores in memory now: <b>{format_value(b - a)}</b>"
+        r["rescales"].value = f"rescales so far: <b>{format_value(int(self._rescales[i]))}</b>"
+        r["max_error"].value = f"max |o/l − exact| = <b>{format_value(self._errors[i])}</b>"
+
+        token = f" ({self._token(rt.row)!r})" if self._tokens is not None else ""
+        if rt.rescaled[i]:
+            what = (f"a new max: m moved {format_value(rt.m_before[i])} → {format_value(rt.m[i])}, "
+                    f"so l and o are multiplied by α = {format_value(rt.alpha[i])}")
+        elif step == 1:
+            what = "the first tile: m, l and o start from it"
+        else:
+            what = "the max did not move: α = 1, nothing to rescale"
+        last = " This was the last tile: o / l is now the exact output." if step == n else ""
+        self.caption.value = (f"<b>Query row {rt.row}{token}, tile {step} of {n}</b> "
+                              f"(keys {a}–{b - 1}): {what}.{last}")
+        self.table.value = self._table(step)
+        self.image.value = self._figure.show(step).png()
+
+    def _table(self, step):
+        rt = self.row_trace
+        first = max(0, step - _TABLE_ROWS)
+        head = "".join(f"<th style='padding:1px 6px'>{h}</th>" for h in ("tile", "keys", "m", "α", "l"))
+        rows = []
+        if first:
+            rows.append(f"<tr><td colspan='5' style='color:#888'>… {first} earlier tiles</td></tr>")
+        for i in range(first, step):
+            a, b = int(rt.key_start[i]), int(rt.key_stop[i])
+            bg = f"background:{TILE_COLOURS['current']}40;" if i == step - 1 else ""
+            al = "color:#a34a00;font-weight:bold;" if rt.rescaled[i] else ""
+            keys = f"{a}–{b - 1}" if b - a > 1 else f"{a}"
+            if self._tokens is not None:
+                words = " ".join(self._token(j) for j in range(a, min(b, a + 3))) + (" …" if b - a > 3 else "")
+                keys = f"<span title='{words}'>{keys}</span>"
+            cells = [format_value(i + 1), keys, format_value(rt.m[i]),
+                     f"<span style='{al}'>{format_value(rt.alpha[i])}</span>", format_value(rt.l[i])]
+            rows.append(f"<tr style='{bg}'>" + "".join(f"<td style='padding:1px 6px;text-align:right'>{c}</td>"
+                                                          for c in cells) + "</tr>")
+        return ("<table style='border-collapse:collapse;font-size:12px;font-family:monospace'>"
+                f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+                "<div style='font-size:11px;color:#666;margin-top:4px'>α in bold orange: the max moved and "
+                "everything accumulated so far was rescaled.</div>")

@@ -1,0 +1,80 @@
+"""Known-wrong answer to the exercise ``peak_memory`` (mistake ``current_not_peak``).
+
+The mistake: peak_bytes returns what is still allocated after the call, not the peak.
+Everything else is the reference answer (solutions/peak_memory.py). The grader must fail
+this file and its hint must name the mistake (tests/test_grader.py checks both).
+"""
+EXERCISE = "peak_memory"
+MISTAKE = "current_not_peak"
+
+import tracemalloc
+
+import numpy as np
+
+from lessons import attention, flash_attention
+
+
+def peak_bytes(fn, *args, **kwargs):
+    """Peak memory allocated while ``fn(*args, **kwargs)`` runs, in bytes (an int).
+
+    Rule: measure with :mod:`tracemalloc`. Count only what the call adds: take the
+    memory already traced when the call starts as the baseline, reset the peak
+    (``tracemalloc.reset_peak()``), run the call, and return the peak during it minus
+    the baseline. Not what is still allocated after it returns: a call that allocates
+    8 MB, frees it and returns a small result has a peak of about 8 MB. Start
+    tracemalloc if it is not running and stop it afterwards only if you started it.
+    The value ``fn`` returns is discarded.
+    """
+    started = not tracemalloc.is_tracing()
+    if started:
+        tracemalloc.start()
+    try:
+        baseline = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        fn(*args, **kwargs)
+        peak = tracemalloc.get_traced_memory()[0]
+    finally:
+        if started:
+            tracemalloc.stop()
+    return int(max(peak - baseline, 0))
+
+
+def loglog_slope(ns, values):
+    """The exponent k of a power law ``values ~ c * ns**k``: the least-squares slope
+    of ``log(values)`` against ``log(ns)``.
+
+    ``ns``, ``values``: sequences of positive numbers, the same length, at least 2.
+    Returns a float. (Exactly ``c * n**k`` data gives exactly ``k``.)
+    """
+    x = np.log(np.asarray(ns, dtype=np.float64))
+    y = np.log(np.asarray(values, dtype=np.float64))
+    x0, y0 = x - x.mean(), y - y.mean()
+    return float((x0 * y0).sum() / (x0 * x0).sum())
+
+
+def measure(sizes=(512, 2048, 8192), *, d=64, tile=64, seed=0):
+    """Peak memory of :func:`lessons.attention` and :func:`lessons.flash_attention`.
+
+    For each N in ``sizes`` make random float32 ``q, k, v`` of shape (N, d) (before
+    measuring: the inputs are not counted), then measure :func:`peak_bytes` of
+    ``attention(q, k, v)`` and of ``flash_attention(q, k, v, tile)``.
+
+    Returns a dict::
+
+        {"sizes": [N, ...], "textbook": [bytes, ...], "flash": [bytes, ...],
+         "textbook_slope": float, "flash_slope": float}
+
+    the slopes from :func:`loglog_slope`. Expect about 2 for the textbook (the N x N
+    scores, 4 bytes each, at least) and about 1 for flash: its peak is the (N, d)
+    output plus a constant working set of one ``block_q x tile`` tile, and that
+    constant pulls the fitted slope a little below 1 at small N.
+    (N = 8192 takes about a gigabyte and some seconds for the textbook version.)
+    """
+    g = np.random.default_rng(seed)
+    textbook, flash = [], []
+    for n in sizes:
+        q, k, v = (g.standard_normal((n, d)).astype(np.float32) for _ in range(3))
+        textbook.append(peak_bytes(attention, q, k, v))
+        flash.append(peak_bytes(flash_attention, q, k, v, tile))
+    return {"sizes": [int(n) for n in sizes], "textbook": textbook, "flash": flash,
+            "textbook_slope": loglog_slope(sizes, textbook), "flash_slope": loglog_slope(sizes, flash)}

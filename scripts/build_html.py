@@ -1,0 +1,105 @@
+"""Build a static, executed HTML version of the notebook series.
+
+Every notebook in ``notebooks/`` is run top to bottom (a fresh ``python3``
+kernel each, working directory ``notebooks/``) and written as one HTML page
+under the output folder, with its figures inlined as PNG data; an
+``index.html`` links the pages in order. The notebooks themselves are not
+modified. Widgets need a live kernel, so a page shows the static figures the
+lessons draw next to them.
+
+    python scripts/build_html.py                 # -> _build/html/
+    python scripts/build_html.py --out DIR NB... # only some notebooks
+
+Exit status 1 (and the failing cell's traceback) when a notebook raises.
+"""
+from __future__ import annotations
+
+import argparse
+import html
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+from nbconvert import HTMLExporter
+from nbconvert.preprocessors import CellExecutionError, ExecutePreprocessor
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+DEFAULT_OUT = ROOT / "_build" / "html"
+
+
+def notebook_title(nb, fallback: str) -> str:
+    """The first Markdown heading of NB, or FALLBACK."""
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            for line in cell.source.splitlines():
+                if line.startswith("#"):
+                    return line.lstrip("#").strip()
+    return fallback
+
+
+def build_page(path: Path, out_dir: Path, timeout: float = 600) -> tuple[Path, object, float]:
+    """Execute notebook PATH and write OUT_DIR/<stem>.html.
+
+    Returns (html path, executed notebook node, seconds). Raises
+    nbconvert's CellExecutionError when a cell fails.
+    """
+    t0 = time.perf_counter()
+    nb = nbformat.read(path, as_version=4)
+    ExecutePreprocessor(timeout=timeout, kernel_name="python3").preprocess(
+        nb, {"metadata": {"path": str(path.parent)}})
+    body, _ = HTMLExporter(template_name="lab").from_notebook_node(
+        nb, resources={"metadata": {"name": notebook_title(nb, path.stem)}})
+    out = out_dir / f"{path.stem}.html"
+    out.write_text(body, encoding="utf-8")
+    return out, nb, time.perf_counter() - t0
+
+
+def write_index(pages: list[tuple[Path, str]], out_dir: Path) -> Path:
+    """OUT_DIR/index.html linking PAGES ((html path, title) pairs) in order."""
+    items = "\n".join(f'  <li><a href="{html.escape(p.name)}">{html.escape(t)}</a></li>' for p, t in pages)
+    index = out_dir / "index.html"
+    index.write_text(
+        "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>Flash Attention, tile by tile</title>"
+        "</head>\n<body>\n<h1>Flash Attention, tile by tile</h1>\n<ol>\n" + items + "\n</ol>\n</body></html>\n",
+        encoding="utf-8")
+    return index
+
+
+def build(out_dir: Path = DEFAULT_OUT, notebooks=None, log=print) -> dict:
+    """Build every notebook (or the given paths) into OUT_DIR.
+
+    Returns {notebook path: (html path, executed notebook, seconds)}; raises
+    CellExecutionError on the first failing notebook.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [Path(p) for p in notebooks] if notebooks else sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+    if not paths:
+        raise FileNotFoundError(f"no notebooks found under {NOTEBOOKS}")
+    built = {}
+    for path in paths:
+        page, nb, seconds = build_page(path, out_dir)
+        built[path] = (page, nb, seconds)
+        log(f"{path.name}: {seconds:.1f} s -> {page.relative_to(out_dir.parent) if out_dir.parent in page.parents else page}")
+    write_index([(page, notebook_title(nb, p.stem)) for p, (page, nb, _) in built.items()], out_dir)
+    return built
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: _build/html)")
+    parser.add_argument("notebooks", nargs="*", type=Path, help="notebooks to build (default: all)")
+    args = parser.parse_args(argv)
+    try:
+        build(args.out, args.notebooks)
+    except CellExecutionError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    print(f"open {args.out / 'index.html'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

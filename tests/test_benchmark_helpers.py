@@ -1,0 +1,79 @@
+"""The measurement helpers behind benchmarks/memory_time.py (memory only: no timing asserts)."""
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lessons.measure import CaseResult, measure_case, peak_bytes, time_call
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_peak_bytes_sees_a_known_allocation():
+    n = 1_000_000
+    peak = peak_bytes(lambda: np.ones(n))                    # 8 MB of float64, freed on return
+    assert 8 * n <= peak < 8 * n + 64 * 1024
+
+
+def test_peak_bytes_counts_temporaries_not_inputs():
+    a = np.ones(500_000)                                     # 4 MB made before: not counted
+    peak = peak_bytes(lambda: float((a * 2.0).sum()))        # one 4 MB temporary
+    assert 4_000_000 <= peak < 4_000_000 + 64 * 1024
+
+
+def test_time_call_returns_one_positive_time_per_repeat():
+    times = time_call(lambda: None, repeats=3)
+    assert len(times) == 3 and all(isinstance(t, float) and t >= 0 for t in times)
+    with pytest.raises(ValueError, match="repeats"):
+        time_call(lambda: None, repeats=0)
+    with pytest.raises(TypeError, match="fn"):
+        time_call(3)
+
+
+def test_measure_case_structure_and_memory_at_512():
+    steps = []
+    r = measure_case(512, 64, dtype="float64", tile=128, block_q=128, repeats=2, on_step=steps.append)
+    assert isinstance(r, CaseResult)
+    assert (r.n, r.d, r.dtype, r.tile, r.block_q) == (512, 64, "float64", 128, 128)
+    assert len(r.times_textbook) == len(r.times_flash) == 2
+    assert len(steps) == 2 * (1 + 2)
+    assert r.max_abs_diff < 1e-12                             # both are exact attention
+    # textbook must hold at least the (N, N) score matrix: 512 * 512 * 8 bytes = 2 MiB
+    assert r.peak_textbook >= r.score_bytes == 512 * 512 * 8
+    # flash holds the (N, d) output plus a few (block_q, tile) tiles, far less than one S
+    assert r.peak_flash < r.peak_textbook
+    assert r.peak_flash < 512 * 64 * 8 + 8 * 128 * 128 * 8
+    assert r.memory_ratio == pytest.approx(r.peak_textbook / r.peak_flash)
+
+
+def test_measure_case_float32_halves_the_score_matrix():
+    r64 = measure_case(256, 16, dtype="float64", tile=64, block_q=64, repeats=1)
+    r32 = measure_case(256, 16, dtype="float32", tile=64, block_q=64, repeats=1)
+    assert r32.score_bytes * 2 == r64.score_bytes
+    assert r32.peak_textbook == pytest.approx(r64.peak_textbook / 2, rel=0.1)
+
+
+def test_measure_case_rejects_bad_input():
+    with pytest.raises(ValueError, match="n"):
+        measure_case(0)
+    with pytest.raises(TypeError, match="dtype"):
+        measure_case(16, dtype="int32")
+
+
+def test_benchmark_script_quick(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "memory_time.py"), "--quick",
+                           "--ns", "64", "256", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    with open(tmp_path / "memory_time.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["n"], r["dtype"]) for r in rows] == [
+        ("64", "float64"), ("64", "float32"), ("256", "float64"), ("256", "float32")]
+    for r in rows:
+        assert int(r["peak_bytes_textbook"]) >= int(r["n"]) ** 2 * np.dtype(r["dtype"]).itemsize
+    md = (tmp_path / "memory_time.md").read_text()
+    assert "| N | dtype | peak MiB textbook | peak MiB flash |" in md and "Machine:" in md
+    assert (tmp_path / "memory_time.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

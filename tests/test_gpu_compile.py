@@ -1,0 +1,415 @@
+"""The CUDA kernels compile without a GPU, report their resources, and check their inputs.
+
+Runs on every machine: NVRTC (pip wheels) compiles each kernel for sm_80 and sm_90 and
+its ptxas report gives registers and shared memory; a compile error fails the suite.
+The launchers' input checks, the trace comparison and the bfloat16 helpers are plain
+Python and are tested here too. The kernels' numbers are in tests/test_gpu_kernels.py.
+"""
+import os
+import re
+
+import numpy as np
+import pytest
+
+import lessons
+import lessons.gpu as gpu
+from lessons.gpu import source
+from lessons.gpu.compile import parse_ptxas_log
+
+# CI must compile the kernels (CuPy + NVRTC are in the [test] extra): there a missing
+# CuPy is a failure. Elsewhere it is a skip with the install command.
+if not os.environ.get("CI"):
+    pytest.importorskip("cupy_backends.cuda.libs.nvrtc",
+                        reason="CuPy/NVRTC not installed: pip install cupy-cuda12x nvidia-cuda-nvrtc-cu12")
+
+ARCHS = ("sm_80", "sm_90")
+
+# Every kernel file in every storage dtype, with and without the trace build, at the
+# default head dim; then the head dims the tests use, to catch a configuration that
+# only breaks at some d (unrolling, register arrays, shared-memory sizes).
+BUILDS = [
+    source.online_softmax_build(256, "float32"),
+    source.online_softmax_build(256, "float16", trace=True),
+    source.online_softmax_build(128, "bfloat16"),
+    source.flash_attention_build(128, "float32", trace=True),
+    source.flash_attention_build(128, "float16"),
+    source.flash_attention_build(128, "bfloat16", trace=True),
+    source.paged_decode_build(128, 16, 32, 8, "float32"),
+    source.paged_decode_build(128, 16, 32, 8, "float16", trace=True),
+    source.paged_decode_build(128, 16, 32, 8, "bfloat16"),
+]
+HEAD_DIM_BUILDS = [source.flash_attention_build(d, "float16") for d in (1, 3, 64, 80, 256)] + [
+    source.paged_decode_build(d, 16, 8, 1, "float16") for d in (1, 80, 256)]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("build", BUILDS, ids=lambda b: b.describe())
+def test_kernel_compiles_with_nvrtc(build, arch):
+    compiled = gpu.compile_kernel(build, arch)
+    assert compiled.cubin[:4] == b"\x7fELF"                 # a real cubin for that architecture
+    assert set(compiled.resources) == set(build.entries)
+    for r in compiled.resources.values():
+        assert r.arch == arch
+        assert 1 <= r.registers <= 255
+        assert r.smem_bytes == (0 if r.entry == "merge_splits" else build.smem_bytes)
+
+
+@pytest.mark.parametrize("build", HEAD_DIM_BUILDS, ids=lambda b: b.describe())
+def test_every_head_dim_compiles_with_at_most_a_few_spilled_bytes(build):
+    compiled = gpu.compile_kernel(build, "sm_90")
+    for r in compiled.resources.values():
+        assert r.smem_bytes <= 48 * 1024
+        # the state o lives in registers: at some sizes ptxas parks one or two rarely used
+        # 64-bit values in local memory (a few bytes), never the per-column accumulators
+        assert r.spill_store_bytes <= 32 and r.spill_load_bytes <= 32, r
+
+
+def test_compile_report_covers_every_kernel_and_arch():
+    rows = gpu.compile_report()
+    entries = [e for es in gpu.KERNELS.values() for e in es]
+    assert sorted((r.entry, r.arch) for r in rows) == sorted((e, a) for e in entries for a in ARCHS)
+    builds = {b.kernel: b for b in source.default_builds()}
+    for r in rows:
+        expected = 0 if r.entry == "merge_splits" else builds[r.kernel].smem_bytes
+        assert r.smem_bytes == expected, r
+        assert r.spill_store_bytes == 0, r
+        assert r.device_present == gpu.device_available()
+    table = gpu.compile_report_table(rows)
+    assert table.row_count == len(rows)
+
+
+def test_gpu_status_is_one_plain_sentence():
+    status = gpu.gpu_status()
+    assert "\n" not in status
+    if gpu.device_available():
+        assert status.startswith("CUDA kernels compiled for sm_80/sm_90 with NVRTC") and " run on " in status
+    else:
+        assert re.fullmatch(r"CUDA kernels compiled for sm_80/sm_90 with NVRTC [\d.]+, but not run: no CUDA device",
+                            status)
+
+
+def test_a_compile_error_is_reported_with_the_log():
+    bad = gpu.KernelBuild.make("flash_attention", "float32", HEAD_DIM=64, BLOCK_Q=48, BLOCK_K=16)
+    with pytest.raises(gpu.KernelCompileError, match="BLOCK_Q must divide 128"):
+        gpu.compile_kernel(bad, "sm_90")
+
+
+def test_standalone_ptxas_agrees_on_shared_memory():
+    ptxas = gpu.find_ptxas()
+    if ptxas is None:
+        pytest.skip("no standalone ptxas (pip install nvidia-cuda-nvcc-cu12 or a CUDA toolkit)")
+    build = source.flash_attention_build(64, "float16")
+    theirs = gpu.ptxas_resources(build, "sm_90", ptxas)["flash_attention_forward"]
+    ours = gpu.compile_kernel(build, "sm_90").resources["flash_attention_forward"]
+    assert theirs["smem_bytes"] == ours.smem_bytes == source.flash_attention_smem_bytes(64, 64, 32)
+    assert 1 <= theirs["registers"] <= 255
+
+
+def test_parse_ptxas_log_reads_each_entry():
+    log = ("ptxas info    : 0 bytes gmem\n"
+           "ptxas info    : Compiling entry function 'a' for 'sm_80'\n"
+           "ptxas info    : Function properties for a\n"
+           "    8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads\n"
+           "ptxas info    : Used 40 registers, used 1 barriers, 2048 bytes smem, 376 bytes cmem[0]\n"
+           "ptxas info    : Compiling entry function 'b' for 'sm_80'\n"
+           "ptxas info    : Function properties for b\n"
+           "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+           "ptxas info    : Used 12 registers, 376 bytes cmem[0]\n")
+    assert parse_ptxas_log(log) == {
+        "a": dict(registers=40, smem_bytes=2048, stack_bytes=8, spill_store_bytes=4, spill_load_bytes=12),
+        "b": dict(registers=12, smem_bytes=0, stack_bytes=0, spill_store_bytes=0, spill_load_bytes=0),
+    }
+
+
+# ---------------------------------------------------------------------------
+# sources and configurations
+# ---------------------------------------------------------------------------
+
+def test_kernel_source_inlines_the_common_header_with_line_directives():
+    text = gpu.kernel_source("flash_attention")
+    assert "#include" not in text
+    assert '#line 1 "common.cuh"' in text
+    # after the header, line numbers point back into flash_attention.cu
+    m = re.search(r'#line (\d+) "flash_attention.cu"\n(.*)\n', text)
+    original = (source.KERNEL_DIR / "flash_attention.cu").read_text().splitlines()
+    assert original[int(m.group(1)) - 1] == m.group(2)
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        gpu.kernel_source("nope")
+
+
+@pytest.mark.parametrize("d, expected", [(1, (64, 32)), (64, (64, 32)), (80, (32, 32)), (128, (32, 16)),
+                                         (256, (16, 8))])
+def test_flash_tiles_are_the_largest_that_fit_48_kib(d, expected):
+    block_q, block_k = gpu.flash_attention_config(d)
+    assert (block_q, block_k) == expected
+    assert source.flash_attention_smem_bytes(d, block_q, block_k) <= 48 * 1024
+    lanes = 128 // block_q
+    assert block_k // lanes <= 16                               # scores per thread, in registers
+    if block_k < 64 and 2 * block_k // lanes <= 16:            # the next larger tile would not fit
+        assert source.flash_attention_smem_bytes(d, block_q, 2 * block_k) > 48 * 1024
+
+
+def test_flash_smem_formula_by_hand():
+    # d = 128, Br = 32, Bc = 16: Q 32x129, K and V 16x129, P 32x17 floats
+    assert source.flash_attention_smem_bytes(128, 32, 16) == 4 * (32 * 129 + 2 * 16 * 129 + 32 * 17) == 35200
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(head_dim=0), ValueError, "head_dim must be in 1..256"),
+    (dict(head_dim=257), ValueError, "head_dim must be in 1..256"),
+    (dict(head_dim=64.0), TypeError, "head_dim must be an int"),
+    (dict(head_dim=64, block_q=48), ValueError, "block_q must be one of"),
+    (dict(head_dim=64, block_q=32, block_k=6), ValueError, "multiple of 128 // block_q = 4"),
+    (dict(head_dim=256, block_q=16, block_k=64), ValueError, "more than the 49152 allowed"),
+])
+def test_flash_config_errors(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        gpu.flash_attention_config(**kwargs)
+
+
+@pytest.mark.parametrize("num_heads, num_kv_heads, expected", [(8, 8, 1), (8, 4, 2), (8, 1, 8), (12, 1, 6),
+                                                                (7, 1, 7), (32, 2, 8), (6, 2, 3)])
+def test_heads_per_block_divides_the_gqa_group(num_heads, num_kv_heads, expected):
+    assert gpu.paged_decode_config(64, 16, num_heads, num_kv_heads) == expected
+
+
+@pytest.mark.parametrize("args, match", [
+    ((64, 16, 8, 3), "num_heads must be a multiple of num_kv_heads"),
+    ((64, 33, 8, 8), "block_size must be in 1..32"),
+    ((256, 32, 8, 8), "use a smaller block_size"),
+])
+def test_paged_config_errors(args, match):
+    with pytest.raises(ValueError, match=match):
+        gpu.paged_decode_config(*args)
+
+
+def test_paged_smem_formula_by_hand():
+    # d = 128, block_size 16, 4 heads: q 4x129, k and v 16x129, s 4x17, m/l/alpha 3x4 floats
+    assert source.paged_decode_smem_bytes(128, 16, 4) == 4 * (4 * 129 + 2 * 16 * 129 + 4 * 17 + 12) == 18896
+
+
+def test_kernel_signature_is_read_from_the_source():
+    sig = source.kernel_signature("paged_decode", "merge_splits")
+    assert [n for _, n in sig][:5] == ["part_m", "part_l", "part_o", "num_heads", "num_splits"]
+    assert dict((n, k) for k, n in sig)["num_heads"] == "int"
+    with pytest.raises(ValueError, match="not found"):
+        source.kernel_signature("paged_decode", "missing")
+
+
+# ---------------------------------------------------------------------------
+# launcher input checks: all before any device is touched
+# ---------------------------------------------------------------------------
+
+def f32(*shape):
+    return np.zeros(shape, dtype=np.float32)
+
+
+@pytest.mark.parametrize("q, k, v, kwargs, error, match", [
+    (f32(4, 8), f32(5, 8), f32(5, 8), dict(backend="gpu"), ValueError, "backend must be one of"),
+    ([[0.0]], f32(1, 1), f32(1, 1), {}, TypeError, "q must be a NumPy or CuPy array, got list"),
+    (f32(8), f32(5, 8), f32(5, 8), {}, ValueError, r"q must be \(Nq, d\)"),
+    (f32(4, 8), f32(2, 5, 8), f32(2, 5, 8), {}, ValueError, "same rank"),
+    (f32(2, 4, 8), f32(3, 5, 8), f32(3, 5, 8), {}, ValueError, "leading"),
+    (f32(4, 8), f32(5, 6), f32(5, 6), {}, ValueError, "share the head dim"),
+    (f32(4, 8), f32(5, 8), f32(5, 4), {}, ValueError, "dv == d"),
+    (f32(4, 300), f32(5, 300), f32(5, 300), {}, ValueError, r"head dim d must be in 1..256"),
+    (f32(4, 8), f32(5, 8).astype(np.float16), f32(5, 8), {}, TypeError, "must share one dtype"),
+    (f32(4, 8).astype(np.float64), f32(5, 8).astype(np.float64), f32(5, 8).astype(np.float64), {},
+     TypeError, "must be float32 or float16, got float64"),
+    (f32(4, 8).view(np.uint16)[:, :8], f32(5, 8).view(np.uint16)[:, :8], f32(5, 8).view(np.uint16)[:, :8], {},
+     ValueError, "C-contiguous"),
+    (np.zeros((4, 8), np.uint16), np.zeros((5, 8), np.uint16), np.zeros((5, 8), np.uint16), {},
+     TypeError, "pass bfloat16=True"),
+    (f32(4, 8), f32(5, 8), f32(5, 8), dict(bfloat16=True), TypeError, "bfloat16 bits as uint16"),
+    (f32(16, 8)[::2], f32(5, 8), f32(5, 8), {}, ValueError, "q must be C-contiguous"),
+    (f32(4, 8), f32(5, 8), f32(5, 8), dict(causal=1), TypeError, "causal must be a bool"),
+    (f32(4, 8), f32(5, 8), f32(5, 8), dict(scale=float("nan")), ValueError, "scale must be finite"),
+    (f32(4, 8), f32(5, 8), f32(5, 8), dict(block_q=24), ValueError, "block_q must be one of"),
+    (f32(4, 8), f32(5, 8), f32(5, 8), dict(trace_rows=[4]), ValueError, r"trace_rows must be in \[0, 4\)"),
+    (f32(4, 8), f32(5, 8), f32(5, 8), dict(trace_rows=[1, 1]), ValueError, "must not repeat"),
+    (f32(4, 8), f32(5, 8), f32(5, 8), dict(trace_rows=[]), ValueError, "1..64 rows"),
+    (f32(4, 8), f32(5, 8), f32(5, 8), dict(trace_rows=[0.5]), TypeError, "sequence of ints"),
+])
+def test_flash_attention_gpu_rejects_bad_input(q, k, v, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        gpu.flash_attention_gpu(q, k, v, **kwargs)
+
+
+def paged_inputs(num_seqs=2, num_heads=4, num_kv_heads=2, d=8, block_size=4, num_blocks=6, max_blocks=3):
+    return dict(q=f32(num_seqs, num_heads, d), k_cache=f32(num_blocks, block_size, num_kv_heads, d),
+                v_cache=f32(num_blocks, block_size, num_kv_heads, d),
+                block_tables=np.zeros((num_seqs, max_blocks), np.int32),
+                seq_lens=np.full(num_seqs, 5, np.int32))
+
+
+@pytest.mark.parametrize("change, error, match", [
+    (dict(q=f32(2, 4)), ValueError, r"q must be \(num_seqs, num_heads, d\)"),
+    (dict(k_cache=f32(6, 4, 8)), ValueError, "k_cache must be"),
+    (dict(v_cache=f32(6, 4, 1, 8)), ValueError, "v_cache must have the shape of k_cache"),
+    (dict(q=f32(2, 3, 8)), ValueError, "num_heads must be a multiple of num_kv_heads"),
+    (dict(q=f32(2, 4, 6)), ValueError, "share the head dim"),
+    (dict(k_cache=f32(6, 64, 2, 8), v_cache=f32(6, 64, 2, 8)), ValueError, "block_size must be in 1..32"),
+    (dict(block_tables=np.zeros((2, 3), np.int64)), TypeError, "block_tables must be an int32 array"),
+    (dict(block_tables=np.zeros((3, 3), np.int32)), ValueError, "one row per sequence"),
+    (dict(seq_lens=np.array([5, 13], np.int32)), ValueError, r"seq_lens\[1\] = 13 must be in \[0, 12\]"),
+    (dict(seq_lens=np.array([-1, 5], np.int32)), ValueError, r"seq_lens\[0\] = -1"),
+    (dict(block_tables=np.array([[0, 6, 0], [0, 0, 0]], np.int32)), ValueError, r"block_tables\[0\] points at pages \[6\]"),
+    (dict(q=f32(2, 4, 8).astype(np.float16)), TypeError, "must share one dtype"),
+])
+def test_paged_launchers_reject_bad_input(change, error, match):
+    inputs = {**paged_inputs(), **change}
+    with pytest.raises(error, match=match):
+        gpu.paged_decode_gpu(**inputs)
+    with pytest.raises(error, match=match):
+        gpu.flash_decoding_gpu(**inputs, num_splits=2)
+
+
+def test_unused_block_table_entries_are_not_checked():
+    # seq_len 5 with block_size 4 uses two pages; the third entry may be anything
+    inputs = paged_inputs()
+    inputs["block_tables"][:, 2] = -7
+    with pytest.raises(ValueError, match="trace_rows entry"):      # it got past the table check
+        gpu.paged_decode_gpu(**inputs, trace_rows=[(2, 0)])
+
+
+@pytest.mark.parametrize("num_splits, error", [(0, ValueError), (True, TypeError), (2.0, TypeError),
+                                                (70000, ValueError)])
+def test_flash_decoding_checks_num_splits(num_splits, error):
+    with pytest.raises(error, match="num_splits"):
+        gpu.flash_decoding_gpu(**paged_inputs(), num_splits=num_splits)
+
+
+def test_online_softmax_gpu_rejects_bad_input():
+    with pytest.raises(ValueError, match="x must be 1-D"):
+        gpu.online_softmax_gpu(f32(2, 3, 4))
+    with pytest.raises(ValueError, match="tile must be a multiple of 32"):
+        gpu.online_softmax_gpu(f32(2, 3), tile=48)
+    with pytest.raises(ValueError, match=r"trace_rows must be in \[0, 2\)"):
+        gpu.online_softmax_gpu(f32(2, 3), trace_rows=[2])
+
+
+@pytest.mark.skipif(gpu.device_available(), reason="a CUDA device is present")
+def test_without_a_device_the_cupy_backend_says_so():
+    with pytest.raises(RuntimeError, match="no CUDA device.*backend='emulator'"):
+        gpu.flash_attention_gpu(f32(4, 8), f32(5, 8), f32(5, 8))
+
+
+# ---------------------------------------------------------------------------
+# comparing a GPU trace with NumPy's (pure NumPy)
+# ---------------------------------------------------------------------------
+
+def numpy_trace(causal=False):
+    rng = np.random.default_rng(0)
+    q, k, v = rng.standard_normal((6, 4)), rng.standard_normal((9, 4)) * 3, rng.standard_normal((9, 4))
+    _, trace = lessons.flash_attention(q, k, v, tile=2, block_q=3, causal=causal, return_trace=True)
+    return trace
+
+
+def as_gpu_trace(trace, rows, perturb=None):
+    """Write a NumPy trace into the GPU's buffer layout (NaN = not absorbed), optionally perturbed."""
+    n_tiles = -(-trace.nk // trace.tile)
+    records = np.full((len(rows), n_tiles, 3), np.nan, dtype=np.float32)
+    for slot, row in enumerate(rows):
+        r = trace.row(row)
+        records[slot, r.tile] = np.stack([r.m, r.alpha, r.l], axis=1)
+    if perturb:
+        slot, tile, field, delta = perturb
+        records[slot, tile, field] += delta
+    return gpu.GpuTrace(tuple((r,) for r in rows), records)
+
+
+def test_a_faithful_trace_has_no_divergence():
+    trace = numpy_trace()
+    g = as_gpu_trace(trace, [0, 4])
+    assert len(g.row(4)) == len(trace.row(4)) == 5
+    assert gpu.first_divergence(g.row(4), trace.row(4), rtol=1e-6) is None
+
+
+def test_the_first_perturbed_tile_is_named():
+    trace = numpy_trace()
+    g = as_gpu_trace(trace, [1], perturb=(0, 3, 1, 1e-3))         # alpha of tile 3
+    div = gpu.first_divergence(g.row(1), trace.row(1))
+    assert (div.step, div.tile, div.quantity) == (3, 3, "alpha")
+    assert div.numpy == pytest.approx(trace.row(1).alpha[3])
+    assert div.gpu == pytest.approx(trace.row(1).alpha[3] + 1e-3, rel=1e-6)
+    assert "tile 3" in str(div) and "alpha" in str(div)
+    # within a looser tolerance the same trace agrees
+    assert gpu.first_divergence(g.row(1), trace.row(1), atol=2e-3) is None
+
+
+def test_perturbations_later_in_the_trace_are_reported_at_their_tile():
+    trace = numpy_trace()
+    g = as_gpu_trace(trace, [2], perturb=(0, 4, 2, 0.5))         # l of the last tile
+    div = gpu.first_divergence(g.row(2), trace.row(2))
+    assert (div.tile, div.quantity) == (4, "l")
+
+
+def test_causal_traces_with_empty_rows_match_on_minus_infinity():
+    trace = numpy_trace(causal=True)        # Nq 6 < Nk 9: every row sees some key, but tiles are skipped
+    for row in range(6):
+        r = trace.row(row)
+        assert gpu.first_divergence(as_gpu_trace(trace, [row]).row(row), r) is None
+    # a row whose m stays -inf in the first tile: masked rows in a mask-only trace
+    q, k, v = np.ones((2, 1)), np.ones((4, 1)), np.ones((4, 1))
+    _, t = lessons.flash_attention(q, k, v, tile=2, block_q=2, mask=np.array([[0, 0, 1, 1], [1, 1, 1, 1]], bool),
+                                   return_trace=True)
+    assert np.isneginf(t.row(0).m[0])
+    g = as_gpu_trace(t, [0])
+    assert gpu.first_divergence(g.row(0), t.row(0)) is None
+    records = g.records.copy()
+    records[0, 0, 0] = 0.0                                   # a finite m where NumPy has -inf
+    div = gpu.first_divergence(gpu.GpuTrace(g.labels, records).row(0), t.row(0))
+    assert (div.tile, div.quantity) == (0, "m")
+
+
+def test_a_missing_or_extra_tile_is_a_divergence():
+    trace = numpy_trace()
+    g = as_gpu_trace(trace, [0])
+    records = g.records.copy()
+    records[0, 4] = np.nan                                    # the GPU "skipped" the last tile
+    div = gpu.first_divergence(gpu.GpuTrace(g.labels, records).row(0), trace.row(0))
+    assert (div.step, div.tile, div.quantity) == (4, 4, "length")
+    records = g.records.copy()
+    records[0, 2] = np.nan                                    # ... or a middle one
+    div = gpu.first_divergence(gpu.GpuTrace(g.labels, records).row(0), trace.row(0))
+    assert (div.step, div.quantity) == (2, "tile")
+
+
+def test_gpu_trace_checks_its_inputs():
+    with pytest.raises(ValueError, match=r"\(rows, tiles, 3\)"):
+        gpu.GpuTrace(((0,),), np.zeros((1, 2, 2)))
+    with pytest.raises(ValueError, match="2 labels for 1 traced rows"):
+        gpu.GpuTrace(((0,), (1,)), np.zeros((1, 2, 3)))
+    with pytest.raises(KeyError, match="was not traced"):
+        gpu.GpuTrace(((0,),), np.zeros((1, 2, 3))).row(3)
+    trace = numpy_trace()
+    with pytest.raises(ValueError, match="rtol must be a non-negative"):
+        gpu.first_divergence(trace.row(0), trace.row(0), rtol=-1)
+
+
+# ---------------------------------------------------------------------------
+# bfloat16 bits
+# ---------------------------------------------------------------------------
+
+def test_bfloat16_rounds_to_nearest_even_by_hand():
+    one = 1.0
+    ulp = 2.0 ** -7                                           # bfloat16 spacing just above 1
+    x = np.array([one, one + ulp / 2, one + 3 * ulp / 2, one + ulp / 2 + 2.0 ** -20, -2.0, np.inf, 3.399e38],
+                 dtype=np.float32)
+    bits = gpu.to_bfloat16_bits(x)
+    # 1.0 = 0x3F80; halfway to 0x3F81 ties to even 0x3F80; 1.5 ulp ties up to 0x3F82;
+    # just above halfway rounds up; -2 = 0xC000; inf stays; 3.399e38 is past bfloat16's
+    # max 0x7F7F = 3.3895e38 by more than half a step (2^119 = 6.6e35), so it rounds to inf
+    assert bits.tolist() == [0x3F80, 0x3F80, 0x3F82, 0x3F81, 0xC000, 0x7F80, 0x7F80]
+    assert gpu.to_bfloat16_bits(np.array([np.nan], np.float32))[0] == 0x7FC0
+    assert gpu.from_bfloat16_bits(bits[:5]).tolist() == [1.0, 1.0, 1.0 + 2 * ulp, 1.0 + ulp, -2.0]
+
+
+def test_bfloat16_round_trip_error_is_within_half_an_ulp():
+    x = np.random.default_rng(1).standard_normal(1000).astype(np.float32)
+    back = gpu.from_bfloat16_bits(gpu.to_bfloat16_bits(x))
+    assert np.all(np.abs(back - x) <= np.abs(x) * 2.0 ** -8)
+    with pytest.raises(TypeError, match="uint16"):
+        gpu.from_bfloat16_bits(np.zeros(2, np.int16))
+    with pytest.raises(TypeError, match="float array"):
+        gpu.to_bfloat16_bits(np.zeros(2, np.int32))

@@ -1,0 +1,437 @@
+"""Every CUDA kernel against the NumPy reference.
+
+Each test runs on two backends:
+
+* ``cupy`` - the kernel on a CUDA device. Without one these cases are skipped, and the
+  skip says so; ``scripts/gpu_check.sh`` runs them on a GPU machine.
+* ``emulator`` - the very same CUDA C on CPU threads (:mod:`lessons.gpu.emulator`), with
+  guard zones around every buffer and blocks run last-first. It checks the kernels'
+  indexing, bounds, barriers and -inf handling on any machine with g++.
+
+References: :func:`lessons.attention` (textbook softmax attention) per head or per
+sequence and head, :func:`lessons.flash_attention` for traces, :func:`lessons.merge`
+for the flash-decoding reduction.
+"""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import lessons
+import lessons.gpu as gpu
+from lessons.state import State, correction_factor, merge
+
+NO_DEVICE = ("no CUDA device: the kernels are compiled by tests/test_gpu_compile.py but cannot run here; "
+             "the same cases run on CPU threads under the 'emulator' backend")
+BACKENDS = [
+    pytest.param("emulator", marks=pytest.mark.skipif(not gpu.emulator_available(),
+                                                      reason="no C++ compiler (g++) for the CPU emulation")),
+    pytest.param("cupy", marks=pytest.mark.skipif(not gpu.device_available(), reason=NO_DEVICE)),
+]
+gpu_only = pytest.mark.skipif(not gpu.device_available(), reason=NO_DEVICE)
+
+# float32 kernels against a float64 reference; 16-bit outputs are rounded once at the end
+TOL = {"float32": dict(atol=2e-5, rtol=2e-5), "float16": dict(atol=2e-3, rtol=4e-3),
+       "bfloat16": dict(atol=2e-2, rtol=2e-2)}
+TRACE_TOL = dict(rtol=2e-5, atol=1e-6)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    return request.param
+
+
+def stored(x, dtype):
+    """(array as the kernel stores it, its exact values as float64)."""
+    if dtype == "bfloat16":
+        bits = gpu.to_bfloat16_bits(x)
+        return bits, gpu.from_bfloat16_bits(bits).astype(np.float64)
+    arr = np.ascontiguousarray(x, dtype=dtype)
+    return arr, arr.astype(np.float64)
+
+
+def values(out, dtype):
+    """Kernel output as float64 (decoding bfloat16 bits)."""
+    out = out.get() if hasattr(out, "get") else out
+    return (gpu.from_bfloat16_bits(out) if dtype == "bfloat16" else out).astype(np.float64)
+
+
+def assert_lse_close(lse, ref, atol=2e-5):
+    lse = np.asarray(lse, dtype=np.float64)
+    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(ref))
+    seen = np.isfinite(ref)
+    np.testing.assert_allclose(lse[seen], ref[seen], atol=atol, rtol=2e-5)
+
+
+# ---------------------------------------------------------------------------
+# flash attention forward
+# ---------------------------------------------------------------------------
+
+def flash_reference(q, k, v, causal, scale=None):
+    lead = q.shape[:-2]
+    out = np.zeros(q.shape)
+    lse = np.zeros(q.shape[:-1])
+    for idx in np.ndindex(*lead):
+        out[idx], lse[idx] = lessons.attention(q[idx], k[idx], v[idx], scale=scale, causal=causal,
+                                               return_lse=True)
+    return out, lse
+
+
+FLASH_CASES = [
+    # lead dims, Nq, Nk, d, causal, dtype                          what it covers
+    pytest.param((), 100, 100, 64, False, "float32", id="N-not-a-multiple-of-the-tile"),
+    pytest.param((), 5, 7, 64, False, "float32", id="N-below-one-tile"),
+    pytest.param((2,), 37, 53, 1, False, "float32", id="d1"),
+    pytest.param((2,), 37, 53, 3, True, "float32", id="d3-causal-Nq<Nk"),
+    pytest.param((1, 2), 70, 45, 80, True, "float32", id="d80-causal-Nq>Nk-masked-rows"),
+    pytest.param((), 33, 90, 128, True, "float32", id="d128-causal"),
+    pytest.param((2,), 65, 65, 64, True, "float16", id="fp16-causal"),
+    pytest.param((), 40, 50, 64, False, "bfloat16", id="bf16"),
+]
+
+
+@pytest.mark.parametrize("lead, nq, nk, d, causal, dtype", FLASH_CASES)
+def test_flash_attention_matches_the_reference(backend, lead, nq, nk, d, causal, dtype):
+    rng = np.random.default_rng(nq * 1000 + nk + d)
+    (q, q64), (k, k64), (v, v64) = (stored(rng.standard_normal((*lead, n, d)), dtype) for n in (nq, nk, nk))
+    out, lse = gpu.flash_attention_gpu(q, k, v, causal=causal, bfloat16=dtype == "bfloat16", backend=backend)
+    ref, ref_lse = flash_reference(q64, k64, v64, causal)
+    assert out.shape == q.shape and out.dtype == q.dtype and lse.shape == q.shape[:-1]
+    got = values(out, dtype)
+    assert not np.isnan(got).any()
+    np.testing.assert_allclose(got, ref, **TOL[dtype])
+    assert_lse_close(lse, ref_lse)
+
+
+def test_rows_that_see_no_key_give_zero_and_minus_infinity(backend):
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((20, 8)).astype(np.float32)
+    k, v = rng.standard_normal((2, 5, 8)).astype(np.float32)
+    out, lse = gpu.flash_attention_gpu(q, k, v, causal=True, backend=backend)
+    # bottom-right causal, Nq 20 > Nk 5: row i sees keys j <= i - 15, so rows 0..14 see nothing
+    assert np.all(out[:15] == 0) and np.all(np.isneginf(lse[:15]))
+    assert np.isfinite(lse[15:]).all() and not np.isnan(out).any()
+    ref, ref_lse = lessons.attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),
+                                     causal=True, return_lse=True)
+    np.testing.assert_allclose(out, ref, **TOL["float32"])
+    # no keys at all: every row is empty
+    out, lse = gpu.flash_attention_gpu(q, k[:0], v[:0], backend=backend)
+    assert np.all(out == 0) and np.all(np.isneginf(lse))
+
+
+def test_fp16_with_large_scores_stays_finite(backend):
+    rng = np.random.default_rng(4)
+    # entries up to ~30: raw scores in the hundreds, exp() overflows unless the max is subtracted
+    q, q64 = stored(6 * rng.standard_normal((70, 64)), "float16")
+    k, k64 = stored(6 * rng.standard_normal((70, 64)), "float16")
+    v, v64 = stored(rng.standard_normal((70, 64)), "float16")
+    out, lse = gpu.flash_attention_gpu(q, k, v, backend=backend)
+    ref, ref_lse = lessons.attention(q64, k64, v64, return_lse=True)
+    assert np.abs(q64 @ k64.T / 8).max() > 100
+    assert np.isfinite(values(out, "float16")).all()
+    np.testing.assert_allclose(values(out, "float16"), ref, **TOL["float16"])
+    assert_lse_close(lse, ref_lse, atol=1e-3)
+
+
+def test_the_last_query_block_writes_nothing_into_the_next_head(backend):
+    # Nq = 70 is one full block of 64 rows and 6 rows in a second block whose 58 other
+    # rows do not exist; each head's values are far apart, so a stray write shows.
+    rng = np.random.default_rng(5)
+    heads = 3
+    q = rng.standard_normal((heads, 70, 64)).astype(np.float32)
+    k = rng.standard_normal((heads, 40, 64)).astype(np.float32)
+    v = (rng.standard_normal((heads, 40, 64)) + 100 * np.arange(heads)[:, None, None]).astype(np.float32)
+    out, lse = gpu.flash_attention_gpu(q, k, v, backend=backend)
+    ref, ref_lse = flash_reference(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), False)
+    np.testing.assert_allclose(out, ref, atol=2e-4, rtol=2e-5)
+    assert_lse_close(lse, ref_lse)
+
+
+def test_flash_attention_is_bitwise_reproducible(backend):
+    rng = np.random.default_rng(6)
+    q, k, v = (rng.standard_normal((2, 50, 64)).astype(np.float32) for _ in range(3))
+    runs = [gpu.flash_attention_gpu(q, k, v, causal=True, backend=backend) for _ in range(3)]
+    for out, lse in runs[1:]:
+        assert out.tobytes() == runs[0][0].tobytes() and lse.tobytes() == runs[0][1].tobytes()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_trace_matches_the_numpy_trace_tile_by_tile(backend, causal):
+    rng = np.random.default_rng(7)
+    q = rng.standard_normal((2, 70, 64)).astype(np.float32)
+    k = (2 * rng.standard_normal((2, 100, 64))).astype(np.float32)
+    v = rng.standard_normal((2, 100, 64)).astype(np.float32)
+    block_q, block_k = gpu.flash_attention_config(64)
+    rows = [0, 5, 63, 64, 69]
+    _, _, trace = gpu.flash_attention_gpu(q, k, v, causal=causal, trace_rows=rows, backend=backend)
+    for h in range(2):
+        _, ref = lessons.flash_attention(q[h].astype(np.float64), k[h].astype(np.float64), v[h].astype(np.float64),
+                                         tile=block_k, block_q=block_q, causal=causal, return_trace=True)
+        for row in rows:
+            mine, theirs = trace.row(h, row), ref.row(row)
+            assert len(mine) == len(theirs) > 0
+            assert gpu.first_divergence(mine, theirs, **TRACE_TOL) is None, (h, row)
+
+
+# ---------------------------------------------------------------------------
+# online softmax
+# ---------------------------------------------------------------------------
+
+def softmax_reference(x):
+    x = np.asarray(x, dtype=np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    seen = np.isfinite(m)
+    p = np.exp(x - np.where(seen, m, 0.0))
+    l = p.sum(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        lse = np.where(seen, m + np.log(np.where(seen, l, 1.0)), -np.inf)[..., 0]
+    return np.where(seen, p / np.where(seen, l, 1.0), 0.0), lse
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_online_softmax_matches_the_reference(backend, dtype):
+    rng = np.random.default_rng(8)
+    x = 3 * rng.standard_normal((4, 700))               # 700 columns: two full tiles of 256 and a partial one
+    x[1] = -np.inf                                      # a row with nothing visible
+    x[2, 300:] = -np.inf                                # a row whose last tiles are all masked
+    xs, x64 = stored(x, dtype)
+    y, lse = gpu.online_softmax_gpu(xs, backend=backend)
+    ref, ref_lse = softmax_reference(x64)
+    np.testing.assert_allclose(values(y, dtype), ref, **TOL[dtype])
+    assert_lse_close(lse, ref_lse)
+    # one short row, fewer columns than threads
+    y, lse = gpu.online_softmax_gpu(xs[0, :10], backend=backend)
+    ref, ref_lse = softmax_reference(x64[0, :10])
+    np.testing.assert_allclose(values(y, dtype), ref, **TOL[dtype])
+    assert lse.shape == () and abs(float(lse) - ref_lse) < 2e-5
+
+
+def test_online_softmax_trace_matches_numpy(backend):
+    rng = np.random.default_rng(9)
+    x = (3 * rng.standard_normal((3, 600))).astype(np.float32)
+    x[2, 256:512] = -np.inf                             # a fully masked middle tile
+    _, _, trace = gpu.online_softmax_gpu(x, tile=256, trace_rows=[0, 2], backend=backend)
+    for row in (0, 2):
+        # softmax of a row is attention of one query q = 1 over keys k_j = x_j with scale 1
+        _, ref = lessons.flash_attention(np.ones((1, 1)), x[row].astype(np.float64)[:, None], np.zeros((600, 1)),
+                                         tile=256, block_q=1, scale=1.0, return_trace=True)
+        assert len(trace.row(row)) == 3
+        assert gpu.first_divergence(trace.row(row), ref.row(0), **TRACE_TOL) is None
+
+
+# ---------------------------------------------------------------------------
+# paged decode with GQA, flash-decoding
+# ---------------------------------------------------------------------------
+
+def paged_case(seed, num_heads, num_kv_heads, d, block_size, seq_lens, dtype="float32", num_blocks=None):
+    """A paged cache whose unused slots (past each seq_len, and unused pages) hold NaN."""
+    rng = np.random.default_rng(seed)
+    pages = [-(-n // block_size) for n in seq_lens]
+    num_blocks = num_blocks or sum(pages) + 3
+    max_blocks = max(pages + [1]) + 1
+    k64 = np.full((num_blocks, block_size, num_kv_heads, d), np.nan)
+    v64 = np.full_like(k64, np.nan)
+    tables = np.full((len(seq_lens), max_blocks), -1, np.int32)      # unused entries: invalid pages
+    free = iter(rng.permutation(num_blocks))
+    for s, n in enumerate(seq_lens):
+        for b in range(pages[s]):
+            page = next(free)
+            tables[s, b] = page
+            used = min(block_size, n - b * block_size)
+            k64[page, :used] = rng.standard_normal((used, num_kv_heads, d))
+            v64[page, :used] = rng.standard_normal((used, num_kv_heads, d))
+    q, q64 = stored(rng.standard_normal((len(seq_lens), num_heads, d)), dtype)
+    k, k64 = stored(k64, dtype)
+    v, v64 = stored(v64, dtype)
+    return SimpleNamespace(q=q, k=k, v=v, q64=q64, k64=k64, v64=v64, tables=tables,
+                           seq_lens=np.array(seq_lens, np.int32), dtype=dtype)
+
+
+def sequence_kv(c, s, kv_head):
+    """Keys and values of sequence s for one kv head, gathered through the block table: (n, d)."""
+    block_size = c.k64.shape[1]
+    t = np.arange(c.seq_lens[s])
+    pages, slots = c.tables[s, t // block_size], t % block_size
+    return c.k64[pages, slots, kv_head], c.v64[pages, slots, kv_head]
+
+
+def decode_reference(c):
+    num_seqs, num_heads, d = c.q64.shape
+    group = num_heads // c.k64.shape[2]
+    out, lse = np.zeros((num_seqs, num_heads, d)), np.zeros((num_seqs, num_heads))
+    for s in range(num_seqs):
+        for h in range(num_heads):
+            k, v = sequence_kv(c, s, h // group)            # query head h reads kv head h // group
+            out[s, h], lse[s, h] = lessons.attention(c.q64[s, h], k, v, return_lse=True)
+    return out, lse
+
+
+def decode_args(c):
+    return (c.q, c.k, c.v, c.tables, c.seq_lens)
+
+
+SEQ_LENS = [37, 0, 16, 1]       # several pages with a partial last one, empty, exactly one page, one token
+
+
+@pytest.mark.parametrize("num_heads, num_kv_heads", [(8, 8), (8, 4), (8, 2), (8, 1), (6, 2)],
+                         ids=["MHA", "group2", "group4", "MQA-group8", "group3"])
+def test_paged_decode_every_gqa_ratio(backend, num_heads, num_kv_heads):
+    c = paged_case(10, num_heads, num_kv_heads, 64, 16, SEQ_LENS)
+    out, lse = gpu.paged_decode_gpu(*decode_args(c), backend=backend)
+    ref, ref_lse = decode_reference(c)
+    assert not np.isnan(out).any()                      # nothing stale (NaN) past seq_len was read
+    np.testing.assert_allclose(out, ref, **TOL["float32"])
+    assert_lse_close(lse, ref_lse)
+    assert np.all(out[1] == 0) and np.all(np.isneginf(lse[1]))    # the empty sequence
+
+
+@pytest.mark.parametrize("d, block_size, dtype, seq_lens", [
+    (3, 8, "float16", SEQ_LENS), (80, 32, "bfloat16", SEQ_LENS), (128, 16, "float32", SEQ_LENS),
+    (1, 1, "float32", [5, 0, 2, 1]),                    # one token per page
+])
+def test_paged_decode_head_dims_page_sizes_and_dtypes(backend, d, block_size, dtype, seq_lens):
+    c = paged_case(11, 8, 2, d, block_size, seq_lens, dtype)
+    out, lse = gpu.paged_decode_gpu(*decode_args(c), bfloat16=dtype == "bfloat16", backend=backend)
+    ref, ref_lse = decode_reference(c)
+    got = values(out, dtype)
+    assert not np.isnan(got).any()
+    np.testing.assert_allclose(got, ref, **TOL[dtype])
+    assert_lse_close(lse, ref_lse)
+
+
+def test_paged_decode_trace_matches_numpy(backend):
+    c = paged_case(12, 4, 2, 64, 16, SEQ_LENS)
+    _, _, trace = gpu.paged_decode_gpu(*decode_args(c), trace_rows=[(0, 3), (3, 0), (1, 1)], backend=backend)
+    for s, h in [(0, 3), (3, 0)]:
+        k, v = sequence_kv(c, s, h // 2)
+        # one tile per page, in logical order
+        _, ref = lessons.flash_attention(c.q64[s, h][None], k, v, tile=16, block_q=1, return_trace=True)
+        assert len(trace.row(s, h)) == -(-c.seq_lens[s] // 16)
+        assert gpu.first_divergence(trace.row(s, h), ref.row(0), **TRACE_TOL) is None
+    assert len(trace.row(1, 1)) == 0                     # seq_len 0: no page absorbed
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 16])    # 16 splits > 3 pages: most splits are empty
+def test_flash_decoding_matches_reference_and_partial_states(backend, num_splits):
+    c = paged_case(13, 8, 2, 64, 16, SEQ_LENS)
+    out, lse, parts = gpu.flash_decoding_gpu(*decode_args(c), num_splits, return_partials=True, backend=backend)
+    ref, ref_lse = decode_reference(c)
+    assert not np.isnan(out).any()
+    np.testing.assert_allclose(out, ref, **TOL["float32"])
+    assert_lse_close(lse, ref_lse)
+    # each split's unnormalised state (m, l, o) over its own pages, computed by hand
+    block_size, scale = 16, 1 / 8
+    for s in range(len(SEQ_LENS)):
+        n_pages = -(-int(c.seq_lens[s]) // block_size)
+        per = -(-n_pages // num_splits)
+        for h in range(8):
+            k, v = sequence_kv(c, s, h // 4)
+            for split in range(num_splits):
+                lo, hi = split * per * block_size, min((split + 1) * per * block_size, int(c.seq_lens[s]))
+                m, l, o = (float(parts[key][s, h, split]) if key != "o" else parts["o"][s, h, split]
+                           for key in ("m", "l", "o"))
+                if lo >= hi:                             # an empty split is the empty state
+                    assert np.isneginf(m) and l == 0 and np.all(o == 0)
+                    continue
+                scores = k[lo:hi] @ c.q64[s, h] * scale
+                p = np.exp(scores - scores.max())
+                assert m == pytest.approx(scores.max(), abs=1e-5)
+                assert l == pytest.approx(p.sum(), rel=2e-5)
+                np.testing.assert_allclose(o, p @ v[lo:hi], atol=1e-4, rtol=2e-5)
+
+
+def test_flash_decoding_traces_match_numpy(backend):
+    c = paged_case(14, 4, 4, 64, 8, [45, 9], num_blocks=12)
+    num_splits, block_size = 3, 8
+    out, lse, parts, traces = gpu.flash_decoding_gpu(*decode_args(c), num_splits, return_partials=True,
+                                                     trace_rows=[(0, 2), (1, 0)], backend=backend)
+    for s, h in [(0, 2), (1, 0)]:
+        k, v = sequence_kv(c, s, h)
+        n_pages = -(-int(c.seq_lens[s]) // block_size)
+        per = -(-n_pages // num_splits)
+        row = traces.tiles.row(s, h)
+        assert list(row.tile) == list(range(n_pages))
+        # within split sp, the pages fold into a fresh state: NumPy's trace over that split's keys
+        for split in range(num_splits):
+            first, last = split * per, min((split + 1) * per, n_pages)
+            if first >= last:
+                continue
+            lo, hi = first * block_size, min(last * block_size, int(c.seq_lens[s]))
+            _, ref = lessons.flash_attention(c.q64[s, h][None], k[lo:hi], v[lo:hi], tile=block_size, block_q=1,
+                                             return_trace=True)
+            mine = row.tile >= first
+            mine &= row.tile < last
+            part = SimpleNamespace(tile=row.tile[mine] - first, m=row.m[mine], alpha=row.alpha[mine], l=row.l[mine])
+            assert gpu.first_divergence(part, ref.row(0), **TRACE_TOL) is None, (s, h, split)
+        # the merge kernel folds the partial states in split order, as lessons.merge does
+        state = State.empty(1, 64)
+        m_ref, alpha_ref, l_ref = [], [], []
+        for split in range(num_splits):
+            incoming = State(m=parts["m"][s, h, split][None].astype(np.float64),
+                             l=parts["l"][s, h, split][None].astype(np.float64),
+                             o=parts["o"][s, h, split][None].astype(np.float64))
+            new = merge(state, incoming)
+            m_ref.append(new.m[0]), alpha_ref.append(correction_factor(state.m, new.m)[0]), l_ref.append(new.l[0])
+            state = new
+        ref_merge = SimpleNamespace(m=np.array(m_ref), alpha=np.array(alpha_ref), l=np.array(l_ref))
+        assert len(traces.merge.row(s, h)) == num_splits
+        assert gpu.first_divergence(traces.merge.row(s, h), ref_merge, **TRACE_TOL) is None
+
+
+def test_decode_kernels_are_bitwise_reproducible(backend):
+    c = paged_case(15, 8, 2, 64, 16, SEQ_LENS)
+    first = gpu.paged_decode_gpu(*decode_args(c), backend=backend)
+    again = gpu.paged_decode_gpu(*decode_args(c), backend=backend)
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(first, again))
+    first = gpu.flash_decoding_gpu(*decode_args(c), 3, backend=backend)
+    again = gpu.flash_decoding_gpu(*decode_args(c), 3, backend=backend)
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(first, again))
+
+
+# ---------------------------------------------------------------------------
+# the emulator's own safety net, and GPU-only checks
+# ---------------------------------------------------------------------------
+
+@pytest.mark.skipif(not gpu.emulator_available(), reason="no C++ compiler (g++) for the CPU emulation")
+def test_the_emulator_catches_a_write_past_a_buffer():
+    from lessons.gpu.emulator import EmulatedModule
+
+    module = EmulatedModule(gpu.online_softmax_build(256, "float32"))
+    x = np.zeros((2, 300), np.float32)
+    y_too_small = np.zeros((1, 300), np.float32)     # the kernel writes two rows
+    with pytest.raises(gpu.EmulatorMemoryError, match="outside argument y"):
+        module.launch("online_softmax", (2,), (256,),
+                      [x, y_too_small, np.zeros(2, np.float32), 2, 300, np.zeros(1, np.int32), 0,
+                       np.zeros(1, np.float32)])
+
+
+@pytest.mark.skipif(not gpu.emulator_available(), reason="no C++ compiler (g++) for the CPU emulation")
+def test_the_sanitizer_drivers_check_their_results(capsys):
+    from lessons.gpu import sanitize
+
+    assert sanitize.main(["paged_decode", "--emulator"]) == 0
+    assert "paged_decode: ok" in capsys.readouterr().out
+
+
+@gpu_only
+def test_cupy_inputs_give_cupy_outputs():
+    import cupy
+
+    rng = np.random.default_rng(16)
+    q, k, v = (cupy.asarray(rng.standard_normal((2, 130, 128)).astype(np.float16)) for _ in range(3))
+    out, lse = gpu.flash_attention_gpu(q, k, v, causal=True)
+    assert isinstance(out, cupy.ndarray) and isinstance(lse, cupy.ndarray)
+    ref, ref_lse = flash_reference(*(x.get().astype(np.float64) for x in (q, k, v)), True)
+    np.testing.assert_allclose(out.get().astype(np.float64), ref, **TOL["float16"])
+
+
+@gpu_only
+@pytest.mark.parametrize("n, d", [(1000, 128), (2048, 64)])
+def test_larger_problems_on_the_gpu(n, d):
+    rng = np.random.default_rng(17)
+    (q, q64), (k, k64), (v, v64) = (stored(rng.standard_normal((2, n, d)), "float16") for _ in range(3))
+    for causal in (False, True):
+        out, lse = gpu.flash_attention_gpu(q, k, v, causal=causal)
+        ref, ref_lse = flash_reference(q64, k64, v64, causal)
+        np.testing.assert_allclose(values(out, "float16"), ref, **TOL["float16"])
+        assert_lse_close(lse, ref_lse, atol=1e-4)

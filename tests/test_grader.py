@@ -1,0 +1,325 @@
+"""The grader is tested too: it passes the reference answers, fails every known-wrong answer
+with a hint that names its mistake, and grades untouched stubs as "not attempted".
+
+The grader runs for real, in a subprocess (``python -m pytest -c grading/pytest.ini ...``),
+exactly as ``make grade`` runs it; the JSON report it writes is what these tests read.
+"""
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import os
+import subprocess
+from collections import defaultdict
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from lessons import grade
+from lessons.grade import EXERCISES, ExerciseResult, check, format_score_card, reset, summarise
+
+ROOT = Path(__file__).resolve().parents[1]
+NAMES = [ex.name for ex in EXERCISES]
+
+# The classic mistakes that must each have a known-wrong answer in mutants/.
+REQUIRED_MISTAKES = {
+    "alpha_missing_on_o", "alpha_missing_on_l", "top_left_causal", "zero_padding_as_mask",
+    "lse_inf_for_empty", "head_modulo", "scale_1_over_d", "no_guard", "last_partial_tile_dropped",
+}
+
+
+def _load_mistakes():
+    spec = importlib.util.spec_from_file_location("_grading_mistakes", ROOT / "grading" / "mistakes.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+MISTAKES = _load_mistakes()
+
+
+def _mutants():
+    """(path, exercise, mistake) for every file in mutants/, read without importing it."""
+    found = []
+    for path in sorted((ROOT / "mutants").glob("*.py")):
+        consts = {}
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
+                for target in node.targets:
+                    if isinstance(target, ast.Name):
+                        consts[target.id] = node.value.value
+        found.append((path, consts.get("EXERCISE"), consts.get("MISTAKE")))
+    return found
+
+
+MUTANTS = _mutants()
+
+
+def run_grader(tmp_path, *, answers=None, files=None, names=()):
+    """Run the grader as ``make grade`` does; return (report dict, return code, stdout)."""
+    report = tmp_path / f"report-{len(list(tmp_path.iterdir()))}.json"
+    cmd = grade.pytest_command(answers, names, answer_files=files, report=report)
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert report.is_file(), f"the grader wrote no report:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return json.loads(report.read_text()), proc.returncode, proc.stdout
+
+
+def _listing(folder: Path):
+    return sorted((str(p.relative_to(folder)), p.stat().st_mtime_ns) for p in folder.rglob("*"))
+
+
+# --- the pieces are all there and agree ---------------------------------------------------
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_exercise_has_stub_solution_and_checks(name):
+    for path in (ROOT / "exercises" / f"{name}.py", ROOT / "solutions" / f"{name}.py",
+                 ROOT / "grading" / "stubs" / f"{name}.py", ROOT / "grading" / f"test_{name}.py"):
+        assert path.is_file(), f"missing {path.relative_to(ROOT)}"
+    assert f'EXERCISE = "{name}"' in (ROOT / "grading" / f"test_{name}.py").read_text()
+
+
+def test_no_stray_exercises():
+    for folder in ("exercises", "solutions", "grading/stubs"):
+        found = {p.stem for p in (ROOT / folder).glob("*.py")}
+        assert found == set(NAMES), f"{folder}/ holds {sorted(found)}, the registry lists {NAMES}"
+
+
+def _functions(path):
+    tree = ast.parse(path.read_text())
+    return {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")}
+
+
+def _signature(fn: ast.FunctionDef) -> str:
+    return ast.unparse(fn.args)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_stub_and_solution_have_the_same_functions(name):
+    stub = _functions(ROOT / "grading" / "stubs" / f"{name}.py")
+    sol = _functions(ROOT / "solutions" / f"{name}.py")
+    assert stub.keys() == sol.keys()
+    for fname in stub:
+        assert _signature(stub[fname]) == _signature(sol[fname]), f"{name}.{fname}"
+        assert ast.get_docstring(stub[fname]) == ast.get_docstring(sol[fname]), f"{name}.{fname} docstring"
+        body = stub[fname].body
+        assert len(body) == 2 and isinstance(body[1], ast.Raise) and \
+            ast.unparse(body[1].exc) == "NotImplementedError", f"stub {name}.{fname} must only raise"
+        doc = ast.get_docstring(stub[fname])
+        assert doc and "Rule" in doc, f"{name}.{fname}: the docstring states the rule to obey"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_shipped_exercise_is_the_stub(name):
+    mine = (ROOT / "exercises" / f"{name}.py").read_bytes()
+    if mine != (ROOT / "grading" / "stubs" / f"{name}.py").read_bytes():
+        pytest.skip(f"exercises/{name}.py has been edited (your work); its stub is grading/stubs/{name}.py")
+
+
+def test_every_classic_mistake_has_a_mutant():
+    assert MUTANTS, "mutants/ is empty"
+    for path, exercise, mistake in MUTANTS:
+        assert exercise in NAMES, f"{path.name} declares EXERCISE = {exercise!r}"
+        assert mistake in MISTAKES.MISTAKES, f"{path.name} declares MISTAKE = {mistake!r}, not in grading/mistakes.py"
+    missing = REQUIRED_MISTAKES - {m for _, _, m in MUTANTS}
+    assert not missing, f"no mutant makes these mistakes: {sorted(missing)}"
+
+
+# --- the grader against the reference answers, the stubs and the mutants ---------------------
+
+@pytest.fixture(scope="module")
+def module_tmp(tmp_path_factory):
+    return tmp_path_factory.mktemp("grader")
+
+
+@pytest.fixture(scope="module")
+def solutions_run(module_tmp):
+    return run_grader(module_tmp, answers=ROOT / "solutions")
+
+
+def test_reference_solutions_pass_every_check(solutions_run):
+    report, code, stdout = solutions_run
+    records = report["records"]
+    not_passed = [(r["exercise"], r["test"], r["outcome"], r["message"]) for r in records if r["outcome"] != "passed"]
+    assert not not_passed, not_passed
+    assert code == 0
+    per_exercise = defaultdict(int)
+    for r in records:
+        per_exercise[r["exercise"]] += 1
+    assert set(per_exercise) == set(NAMES)
+    assert min(per_exercise.values()) >= 5, dict(per_exercise)
+    assert [r["status"] for r in report["results"]] == ["passed"] * len(NAMES)
+    assert "score card" in stdout and f"{len(NAMES)} passed" in stdout
+
+
+def test_every_named_mistake_is_checked_for(solutions_run):
+    named = {k for r in solutions_run[0]["records"] for k in r["catches"]}
+    assert named == set(MISTAKES.MISTAKES), (
+        f"never checked: {sorted(set(MISTAKES.MISTAKES) - named)}; unknown: {sorted(named - set(MISTAKES.MISTAKES))}")
+
+
+@pytest.fixture(scope="module")
+def exercises_run(module_tmp):
+    before = _listing(ROOT / "exercises")
+    result = run_grader(module_tmp, answers=ROOT / "exercises")
+    return result, before, _listing(ROOT / "exercises")
+
+
+def test_grading_writes_nothing_into_exercises(exercises_run):
+    _, before, after = exercises_run
+    assert after == before, "grading changed the exercises/ folder"
+
+
+def test_untouched_stubs_grade_as_not_attempted(exercises_run):
+    (report, code, stdout), _, _ = exercises_run
+    pristine = {n for n in NAMES
+                if (ROOT / "exercises" / f"{n}.py").read_bytes() == (ROOT / "grading" / "stubs" / f"{n}.py").read_bytes()}
+    if not pristine:
+        pytest.skip("every exercise has been edited")
+    for r in report["records"]:
+        if r["exercise"] in pristine:
+            assert r["outcome"] == "not attempted", (r["exercise"], r["test"], r["outcome"], r["message"])
+    status = {r["name"]: r["status"] for r in report["results"]}
+    assert {status[n] for n in pristine} == {"not attempted"}
+    assert "Traceback" not in stdout
+    if pristine == set(NAMES):
+        assert code == 0 and f"{len(NAMES)} not attempted" in stdout
+
+
+def _rounds():
+    """Group the mutants so that each grader run holds at most one per exercise."""
+    rounds: list[dict] = []
+    for path, exercise, mistake in MUTANTS:
+        for r in rounds:
+            if exercise not in r:
+                r[exercise] = (path, mistake)
+                break
+        else:
+            rounds.append({exercise: (path, mistake)})
+    return rounds
+
+
+@pytest.fixture(scope="module")
+def mutant_runs(module_tmp):
+    """{mutant file name: (its ExerciseResult dict, its records, the score card text)}."""
+    out = {}
+    for r in _rounds():
+        report, code, stdout = run_grader(module_tmp, names=sorted(r), files={ex: p for ex, (p, _) in r.items()})
+        assert code == 1, f"the grader should exit 1 when checks fail, got {code}"
+        results = {x["name"]: x for x in report["results"]}
+        for exercise, (path, _) in r.items():
+            records = [x for x in report["records"] if x["exercise"] == exercise]
+            out[path.name] = (results[exercise], records, report["score_card"])
+    return out
+
+
+@pytest.mark.parametrize("path, exercise, mistake", MUTANTS, ids=[p.stem for p, _, _ in MUTANTS])
+def test_mutant_fails_with_a_hint_naming_its_mistake(mutant_runs, path, exercise, mistake):
+    result, records, card = mutant_runs[path.name]
+    assert result["status"] == "failed", f"{path.name} was graded {result['status']}"
+    failed = [r for r in records if r["outcome"] == "failed"]
+    assert any(mistake in r["catches"] for r in failed), (
+        f"{path.name}: no failing check names {mistake!r}; failing: {[(r['test'], r['catches']) for r in failed]}")
+    text = MISTAKES.hint_text(mistake)
+    assert result["hints"] and result["hints"][0] == text, (
+        f"{path.name}: the first hint should name {mistake!r}, got {result['hints']}")
+    flat = " ".join(card.replace("│", " ").split())          # the table's wrapped hint column, unwrapped
+    assert exercise in flat and " ".join(text.split()) in flat, f"the score card does not show the hint:\n{card}"
+
+
+# --- summarise, score card, check and reset, in process ------------------------------------
+
+def _rec(ex, outcome, hints=(), advice=(), test="t"):
+    return {"exercise": ex, "test": test, "outcome": outcome, "hints": list(hints), "advice": list(advice)}
+
+
+def test_summarise_statuses_and_hint_order():
+    results = {r.name: r for r in summarise([
+        _rec("absorb", "passed"), _rec("absorb", "failed", ["B"], ["x"]), _rec("absorb", "failed", ["A", "B"]),
+        _rec("causal", "not attempted"), _rec("causal", "not attempted"),
+        _rec("paged", "passed"), _rec("paged", "not attempted"),
+        _rec("gqa_decode", "passed"), _rec("gqa_decode", "skipped"),
+    ])}
+    assert results["absorb"] == ExerciseResult("absorb", "failed", 1, 2, 0, ("B", "A", "x"), ("t", "t"))
+    assert results["causal"].status == "not attempted"
+    assert results["paged"].status == "incomplete"
+    assert results["gqa_decode"].status == "passed" and results["gqa_decode"].total == 1
+    assert [r.name for r in summarise([_rec("gqa_decode", "passed"), _rec("online_softmax", "passed")])] == \
+        ["online_softmax", "gqa_decode"]
+    with pytest.raises(ValueError, match="unknown outcome"):
+        summarise([_rec("absorb", "xfailed")])
+
+
+def test_score_card_has_one_line_per_exercise():
+    results = summarise([_rec("absorb", "failed", ["alpha missing on o: rescale o"]), _rec("causal", "not attempted"),
+                         _rec("paged", "passed")])
+    card = format_score_card(results, answers="exercises/")
+    assert "alpha missing on o" in card and "not attempted" in card and "passed (1/1)" in card
+    assert "exercises: 1 passed, 1 failed, 1 not attempted" in card
+
+
+@pytest.fixture()
+def workspace(tmp_path):
+    """A temporary copy of the stubs as an exercises folder."""
+    ex = tmp_path / "exercises"
+    ex.mkdir()
+    for n in NAMES:
+        (ex / f"{n}.py").write_bytes((ROOT / "grading" / "stubs" / f"{n}.py").read_bytes())
+    return ex
+
+
+def test_reset_keeps_the_learners_file(workspace):
+    target = workspace / "absorb.py"
+    mine = target.read_text() + "\n# my answer\n"
+    target.write_text(mine)
+    when = datetime(2024, 5, 6, 7, 8, 9)
+    backup = reset("absorb", exercises_dir=workspace, stubs_dir=ROOT / "grading" / "stubs", now=when)
+    assert backup == workspace / "absorb.py.bak-20240506-070809"
+    assert backup.read_text() == mine
+    assert target.read_bytes() == (ROOT / "grading" / "stubs" / "absorb.py").read_bytes()
+
+
+def test_reset_never_overwrites_a_backup(workspace):
+    when = datetime(2024, 5, 6, 7, 8, 9)
+    existing = workspace / "absorb.py.bak-20240506-070809"
+    existing.write_text("an older backup")
+    (workspace / "absorb.py").write_text("attempt two")
+    backup = reset("absorb", exercises_dir=workspace, stubs_dir=ROOT / "grading" / "stubs", now=when)
+    assert backup == workspace / "absorb.py.bak-20240506-070809-2"
+    assert existing.read_text() == "an older backup" and backup.read_text() == "attempt two"
+    (workspace / "absorb.py").write_text("attempt three")
+    third = reset("absorb", exercises_dir=workspace, stubs_dir=ROOT / "grading" / "stubs", now=when)
+    assert third.name == "absorb.py.bak-20240506-070809-3" and third.read_text() == "attempt three"
+
+
+def test_reset_of_an_untouched_stub_or_unknown_name(workspace):
+    before = _listing(workspace)
+    assert reset("causal", exercises_dir=workspace, stubs_dir=ROOT / "grading" / "stubs") is None
+    assert _listing(workspace) == before
+    with pytest.raises(ValueError, match="unknown exercise"):
+        reset("nope", exercises_dir=workspace, stubs_dir=ROOT / "grading" / "stubs")
+    (workspace / "paged.py").unlink()                      # a deleted exercise is simply restored
+    assert reset("paged", exercises_dir=workspace, stubs_dir=ROOT / "grading" / "stubs") is None
+    assert (workspace / "paged.py").read_bytes() == (ROOT / "grading" / "stubs" / "paged.py").read_bytes()
+
+
+def test_command_line_list_and_bad_name(capsys):
+    assert grade.main(["list"]) == 0
+    assert all(n in capsys.readouterr().out for n in NAMES)
+    assert grade.main(["reset", "nope"]) == 2
+    assert "unknown exercise" in capsys.readouterr().err
+
+
+def test_check_reports_each_state_in_one_line(workspace):
+    stub = check("absorb", file=workspace / "absorb.py")
+    assert stub.status == "not attempted" and str(stub).startswith("absorb: not attempted")
+    good = check("absorb", file=ROOT / "solutions" / "absorb.py")
+    assert good.status == "passed" and str(good).startswith("absorb: passed")
+    bad = check("absorb", file=ROOT / "mutants" / "absorb__alpha_missing_on_o.py")
+    assert bad.status == "failed" and "alpha missing on o" in str(bad)
+    (workspace / "absorb.py").write_text("def absorb(:\n")
+    broken = check("absorb", file=workspace / "absorb.py")
+    assert broken.status == "failed" and "could not import" in str(broken)
+    assert sorted(p.name for p in workspace.iterdir()) == sorted(f"{n}.py" for n in NAMES)

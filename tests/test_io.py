@@ -1,0 +1,181 @@
+"""HBM traffic and FLOP counts against hand computations; measured peak memory against array sizes."""
+import math
+
+import numpy as np
+import pytest
+
+from lessons.io import (ELEMENT_SIZES, H200, flash_block_sizes, flash_io, loglog_slope, measure_peak_memory,
+                        roofline_points, textbook_io)
+
+
+# --- hand-counted small case: N = 4, d = 2, fp32, M = 64 bytes = 16 elements -----------------------
+
+def test_textbook_hand_count_n4_d2():
+    c = textbook_io(4, 2, element_size=4)
+    # step 1: read Q (8) and K (8), write S (16); step 2: read S (16), write P (16);
+    # step 3: read P (16) and V (8), write O (8)
+    assert c.read_elements == 8 + 8 + 16 + 16 + 8 == 56
+    assert c.write_elements == 16 + 16 + 8 == 40
+    assert (c.read_bytes, c.write_bytes, c.hbm_bytes) == (224, 160, 384)
+    assert c.flops_qk == c.flops_pv == 2 * 4 * 4 * 2 == 64
+    assert dict((w, (r, wr)) for w, r, wr in c.steps)["S"] == (16, 16)
+
+
+def test_flash_block_sizes_hand():
+    assert flash_block_sizes(2, 64, 4) == (2, 2)                 # M = 16: Bc = ceil(16/8) = 2, Br = min(2, 2)
+    assert flash_block_sizes(64, 227 * 1024, 2) == (64, 454)     # M = 116224: Bc = ceil(116224/256) = 454
+    assert flash_block_sizes(128, 227 * 1024, 4) == (114, 114)   # M = 58112: Bc = ceil(58112/512) = 114
+    assert flash_block_sizes(4, 100, 4) == (2, 2)                # M = 25: Bc = ceil(25/16) = 2, Br = min(2, 4)
+    assert flash_block_sizes(2, 400, 4) == (2, 13)               # M = 100: Bc = ceil(100/8) = 13, Br = min(13, 2)
+
+
+def test_flash_fa1_hand_count_n4_d2():
+    c = flash_io(4, 2, m_bytes=64, element_size=4)
+    assert (c.block_q, c.block_k) == (2, 2)                      # Tr = Tc = 2
+    # line 2: write O (8), l (4), m (4). Per key block j (2 of them): read K_j, V_j (4 + 4).
+    # Per (i, j) pair (4 of them): read Q_i (4), O_i (4), l_i, m_i (2 + 2); write O_i (4), l_i, m_i (4).
+    assert c.read_elements == 2 * (4 + 4) + 4 * (4 + 4 + 4) == 64
+    assert c.write_elements == 16 + 4 * (4 + 4) == 48
+    assert c.flops_qk == c.flops_pv == 4 * (2 * 2 * 2 * 2) == 64
+    assert c.algorithm == "flash-fa1" and c.m_bytes == 64
+
+
+def test_flash_fa2_hand_count_n4_d2():
+    c = flash_io(4, 2, m_bytes=64, element_size=4, order="fa2")
+    # per query block i (2): read Q_i (4), then per key block j (2): read K_j, V_j (4 + 4);
+    # write O_i (4) and L_i (2)
+    assert c.read_elements == 2 * (4 + 2 * 8) == 40
+    assert c.write_elements == 2 * (4 + 2) == 12
+    assert c.flops == 128
+
+
+@pytest.mark.parametrize("n, d, m_bytes, es", [(4, 2, 64, 4), (100, 8, 1000, 2), (257, 16, 4096, 4),
+                                              (1000, 64, 227 * 1024, 2), (33, 3, 50, 1)])
+def test_flops_equal_and_fa1_closed_form(n, d, m_bytes, es):
+    t = textbook_io(n, d, element_size=es)
+    for order in ("fa1", "fa2"):
+        f = flash_io(n, d, m_bytes=m_bytes, element_size=es, order=order)
+        assert f.flops_qk == t.flops_qk == 2 * n * n * d          # flash does not reduce FLOPs
+        assert f.flops_pv == t.flops_pv == 2 * n * n * d
+    f = flash_io(n, d, m_bytes=m_bytes, element_size=es)
+    tc = math.ceil(n / f.block_k)
+    assert f.read_elements == 2 * n * d + tc * (2 * n * d + 2 * n)
+    assert f.write_elements == (tc + 1) * (n * d + 2 * n)
+    assert t.read_elements == 3 * n * d + 2 * n * n and t.write_elements == 2 * n * n + n * d
+    g = flash_io(n, d, m_bytes=m_bytes, element_size=es, order="fa2")
+    tr = math.ceil(n / g.block_q)
+    assert g.read_elements == n * d + tr * 2 * n * d and g.write_elements == n * d + n
+
+
+def test_theorem_2_scaling():
+    # textbook: 4N^2 + 4Nd accesses; FA-1: about 12 N^2 d^2 / M (Tc = 4Nd/M, 3Nd per key block),
+    # plus lower-order terms (l and m: 4N per key block, i.e. a factor 1 + 4/(3d))
+    n, d, m_bytes, es = 32768, 128, 256 * 1024, 2
+    M = m_bytes // es
+    f, t = flash_io(n, d, m_bytes=m_bytes, element_size=es), textbook_io(n, d, element_size=es)
+    assert (f.read_elements + f.write_elements) / (n * n * d * d / M) == pytest.approx(12, rel=0.05)
+    assert (t.read_elements + t.write_elements) == 4 * n * n + 4 * n * d
+    # doubling N: textbook traffic x4 (N^2), flash traffic x4 too (N^2 d^2 / M) but 1/(d/M) smaller
+    f2 = flash_io(2 * n, d, m_bytes=m_bytes, element_size=es)
+    assert f2.hbm_bytes / f.hbm_bytes == pytest.approx(4, rel=0.01)
+    # doubling M halves flash traffic (to first order), leaves textbook unchanged
+    fm = flash_io(n, d, m_bytes=2 * m_bytes, element_size=es)
+    assert f.hbm_bytes / fm.hbm_bytes == pytest.approx(2, rel=0.05)
+
+
+@pytest.mark.parametrize("call, exc, word", [
+    (lambda: textbook_io(0, 2), ValueError, "n"),
+    (lambda: textbook_io(4, 2.0), TypeError, "d"),
+    (lambda: textbook_io(4, 2, element_size=0), ValueError, "element_size"),
+    (lambda: flash_io(4, 2, m_bytes=64, order="fa3"), ValueError, "order"),
+    (lambda: flash_io(4, 2, m_bytes=0), ValueError, "m_bytes"),
+    (lambda: flash_io(4, 8, m_bytes=60, element_size=2), ValueError, "4d"),
+    (lambda: flash_io(4, 2, m_bytes=64, block_q=0), ValueError, "block_q"),
+    (lambda: loglog_slope([1], [1]), ValueError, "length"),
+    (lambda: loglog_slope([1, 2], [1, 0]), ValueError, "positive"),
+    (lambda: roofline_points(precisions=("int8",)), ValueError, "precision"),
+])
+def test_bad_input_is_refused_by_name(call, exc, word):
+    with pytest.raises(exc, match=word):
+        call()
+
+
+# --- roofline -----------------------------------------------------------------------------------------
+
+def test_h200_ridge_points():
+    assert H200.ridge("bf16") == pytest.approx(989e12 / 4.8e12)     # about 206 FLOP/byte
+    assert H200.ridge("fp32") == pytest.approx(67e12 / 4.8e12)      # about 14 FLOP/byte
+    assert H200.attainable(1.0, "bf16") == 4.8e12
+    assert H200.attainable(1e6, "bf16") == 989e12
+
+
+def test_roofline_places_textbook_memory_bound_and_flash_compute_bound_at_d64_bf16():
+    pts = {p.label: p for p in roofline_points(8192, (64, 128))}
+    n, d = 8192, 64
+    text = pts["textbook d=64 bf16"]
+    # hand: 4 N^2 d FLOPs over (4 N^2 + 4 N d) * 2 bytes
+    assert text.intensity == pytest.approx(4 * n * n * d / ((4 * n * n + 4 * n * d) * 2))
+    assert text.bound == "memory" and text.attainable == pytest.approx(4.8e12 * text.intensity)
+    flash = pts["flash d=64 bf16"]
+    assert flash.intensity > H200.ridge("bf16") and flash.bound == "compute" and flash.attainable == 989e12
+    assert flash.count.flops == text.count.flops
+    assert flash.seconds < text.seconds
+    assert {p.precision for p in pts.values()} == {"bf16", "fp32"} and len(pts) == 8
+    assert ELEMENT_SIZES["bf16"] == 2 and flash.count.element_size == 2
+
+
+# --- log-log slope and measured peak memory ----------------------------------------------------------
+
+def test_loglog_slope_of_power_laws():
+    xs = [512, 2048, 8192]
+    assert loglog_slope(xs, [3 * x ** 2 for x in xs]) == pytest.approx(2.0)
+    assert loglog_slope(xs, [7 * x for x in xs]) == pytest.approx(1.0)
+    assert loglog_slope([1, 10], [5, 5]) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_measured_peak_memory_quadratic_vs_linear():
+    ns, d = (256, 512, 1024), 16
+    r = measure_peak_memory(ns, d, tile=32, block_q=32)
+    assert r.ns == list(ns) and r.score_bytes == [n * n * 4 for n in ns]
+    # textbook materialises the (N, N) scores: at least one full matrix at its peak, at most a few
+    for t, s in zip(r.textbook_bytes, r.score_bytes):
+        assert s <= t <= 4 * s
+    assert 1.9 < r.textbook_slope < 2.1
+    # flash grows by one output row and its lse per token: (d + 1) * 4 bytes
+    a, b = r.flash_linear_fit
+    assert b == pytest.approx((d + 1) * 4, rel=0.1)
+    assert 0 < a < 32 * 32 * 4 * 16                    # a handful of block_q x tile buffers, not N-sized
+    assert r.flash_slope < 1.05
+    assert r.flash_bytes[-1] < r.score_bytes[-1] / 4
+
+
+# --- the pictures draw the counts and measurements ---------------------------------------------------
+
+def test_traffic_figure_plots_the_counts():
+    from lessons.figures_io import traffic_figure
+    ns = [256, 1024, 4096]
+    ax, axf = traffic_figure(ns, 64, m_bytes=64 * 1024, element_size=2).axes
+    np.testing.assert_array_equal(ax.lines[0].get_ydata(), [textbook_io(n, 64).hbm_bytes for n in ns])
+    np.testing.assert_array_equal(ax.lines[1].get_ydata(),
+                                  [flash_io(n, 64, m_bytes=64 * 1024).hbm_bytes for n in ns])
+    np.testing.assert_array_equal(axf.lines[0].get_ydata(), axf.lines[1].get_ydata())   # equal FLOPs
+
+
+def test_peak_memory_figure_labels_the_fitted_slopes():
+    from lessons.figures_io import peak_memory_figure
+    from lessons.io import PeakMemory
+    ns = [512, 2048, 8192]
+    r = PeakMemory(ns=ns, d=64, dtype="float32", tile=64, block_q=64, textbook_bytes=[3 * 4 * n * n for n in ns],
+                   flash_bytes=[260 * n for n in ns], score_bytes=[4 * n * n for n in ns])
+    labels = [line.get_label() for line in peak_memory_figure(r).axes[0].lines]
+    assert "textbook: fit, slope 2.00" in labels and "flash: fit, slope 1.00" in labels
+    assert r.flash_linear_fit == pytest.approx((0.0, 260.0), abs=1e-6)
+    assert r.textbook_per_score_matrix == [3.0, 3.0, 3.0]
+
+
+def test_roofline_figure_places_each_point_at_its_intensity():
+    from lessons.figures_io import roofline_figure
+    pts = roofline_points(8192, (64,), precisions=("bf16",))
+    ax = roofline_figure(pts).axes[0]
+    marks = [line for line in ax.lines if line.get_label().startswith(("textbook", "flash"))]
+    assert [(m.get_xdata()[0], m.get_ydata()[0]) for m in marks] == [(p.intensity, p.attainable) for p in pts]

@@ -1,0 +1,137 @@
+"""Ring attention (simulated devices) against the textbook reference."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lessons import attention, ring_attention
+from lessons.ring import RingTrace
+
+ATOL = 1e-12
+
+
+def qkv(nq, nk, d=5, dv=3, seed=0):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal(d) if nq is None else rng.standard_normal((nq, d))
+    return q, rng.standard_normal((nk, d)), rng.standard_normal((nk, dv))
+
+
+@pytest.mark.parametrize("nq, nk", [(1, 1), (8, 8), (7, 7), (5, 12), (12, 5), (16, 16), (3, 20)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_world_size_gives_the_textbook_answer(nq, nk, causal):
+    q, k, v = qkv(nq, nk, seed=nq * 31 + nk)
+    ref, ref_lse = attention(q, k, v, causal=causal, return_lse=True)
+    for world_size in range(1, max(nq, nk) + 3):           # includes devices with empty blocks
+        out, lse = ring_attention(q, k, v, world_size, causal=causal, return_lse=True)
+        np.testing.assert_allclose(out, ref, rtol=0, atol=ATOL)
+        np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=ATOL)
+
+
+def test_causal_rows_that_see_nothing_output_zero():
+    # Nq > Nk bottom-right: query i sees keys j <= i - 4, so rows 0..3 see nothing.
+    q, k, v = qkv(10, 6, seed=3)
+    with np.errstate(all="raise"):
+        out, lse = ring_attention(q, k, v, 3, causal=True, return_lse=True)
+    np.testing.assert_array_equal(out[:4], 0.0)
+    np.testing.assert_array_equal(lse[:4], -np.inf)
+    assert np.all(np.isfinite(out))
+
+
+def test_single_query_vector():
+    q, k, v = qkv(None, 9, seed=4)
+    out = ring_attention(q, k, v, 4)
+    assert out.shape == (3,)
+    np.testing.assert_allclose(out, attention(q, k, v), rtol=0, atol=ATOL)
+
+
+def test_schedule_each_device_holds_each_block_once():
+    q, k, v = qkv(8, 8, seed=5)
+    out, trace = ring_attention(q, k, v, 4, return_trace=True)
+    assert isinstance(trace, RingTrace)
+    # at step t device r holds block (r - t) mod 4: written out by hand
+    np.testing.assert_array_equal(trace.holds, [[0, 1, 2, 3],
+                                                [3, 0, 1, 2],
+                                                [2, 3, 0, 1],
+                                                [1, 2, 3, 0]])
+    assert trace.folded.all()
+    assert len(trace) == 16
+    assert trace.q_ranges == [(0, 2), (2, 4), (4, 6), (6, 8)] == trace.kv_ranges
+    for step in trace.steps:                                # each absorb folds the block it holds
+        assert trace.holds[step.ring_step, step.device] == step.tile
+        assert (step.key_start, step.key_stop) == trace.kv_ranges[step.tile]
+        assert (step.row_start, step.row_stop) == trace.q_ranges[step.device]
+
+
+def test_causal_schedule_skips_blocks_above_the_diagonal():
+    # Nq = Nk = 8, four devices: device r needs KV blocks 0..r only, 10 absorbs out of 16.
+    q, k, v = qkv(8, 8, seed=6)
+    out, trace = ring_attention(q, k, v, 4, causal=True, return_trace=True)
+    expected = trace.holds <= np.arange(4)[None, :]         # block index <= device index
+    np.testing.assert_array_equal(trace.folded, expected)
+    assert trace.folded.sum() == 4 * 5 // 2
+    np.testing.assert_allclose(out, attention(q, k, v, causal=True), rtol=0, atol=ATOL)
+
+
+def test_row_trace_replays_the_ring_for_one_row():
+    q, k, v = qkv(6, 9, seed=8)
+    out, trace = ring_attention(q, k, v, 3, return_trace=True)
+    row = trace.row(4)                                      # device 2 owns rows 4, 5
+    assert list(row.tile) == [2, 1, 0]                      # it sees its own block first, then 1, then 0
+    seen = np.concatenate([np.arange(*trace.kv_ranges[b]) for b in row.tile])
+    s = (k @ q[4]) / np.sqrt(5)
+    for j in range(len(row)):                              # m after each step: the max over blocks seen so far
+        keys = np.concatenate([np.arange(*trace.kv_ranges[b]) for b in row.tile[:j + 1]])
+        assert row.m[j] == pytest.approx(s[keys].max(), abs=ATOL)
+        np.testing.assert_allclose(row.output[j], attention(q[4], k[keys], v[keys]), rtol=0, atol=ATOL)
+    assert sorted(seen) == list(range(9))
+    np.testing.assert_allclose(row.output[-1], out[4], rtol=0, atol=ATOL)
+
+
+def test_float16_inputs_keep_their_dtype():
+    q, k, v = qkv(6, 6, seed=1)
+    out = ring_attention(q.astype(np.float16), k.astype(np.float16), v.astype(np.float16), 3, causal=True)
+    assert out.dtype == np.float16
+    np.testing.assert_allclose(out.astype(float), attention(q, k, v, causal=True), rtol=0, atol=1e-2)
+
+
+@pytest.mark.parametrize("kwargs, exc, word", [
+    (dict(world_size=0), ValueError, "world_size"),
+    (dict(world_size=1.5), TypeError, "world_size"),
+    (dict(world_size=2, causal="yes"), TypeError, "causal"),
+    (dict(world_size=2, k=np.zeros((4, 6))), ValueError, "head dim"),
+    (dict(world_size=2, v=np.zeros((3, 3))), ValueError, "Nk"),
+    (dict(world_size=2, q=np.zeros((2, 5), dtype=int)), TypeError, "q"),
+])
+def test_bad_input(kwargs, exc, word):
+    q, k, v = qkv(4, 4)
+    args = dict(q=q, k=k, v=v)
+    args.update(kwargs)
+    with pytest.raises(exc, match=word):
+        ring_attention(args.pop("q"), args.pop("k"), args.pop("v"), **args)
+
+
+@settings(max_examples=50, deadline=None)
+@given(nq=st.integers(1, 24), nk=st.integers(0, 24), world_size=st.integers(1, 10), causal=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_property_ring_equals_textbook(nq, nk, world_size, causal, seed):
+    q, k, v = qkv(nq, nk, d=3, dv=2, seed=seed)
+    out, lse = ring_attention(q, k, v, world_size, causal=causal, return_lse=True)
+    ref, ref_lse = attention(q, k, v, causal=causal, return_lse=True)
+    np.testing.assert_allclose(out, ref, rtol=0, atol=ATOL)
+    np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=ATOL)
+
+
+def test_ring_figure_shows_the_schedule_of_the_trace():
+    from lessons.figures_decoding import ring_figure
+    q, k, v = qkv(8, 8, seed=9)
+    _, trace = ring_attention(q, k, v, 4, causal=True, return_trace=True)
+    fig = ring_figure(trace, step=1)
+    cells = [p for p in fig.axes[1].patches if p.get_width() == 1 and p.get_height() == 1]
+    assert len(cells) == 16
+    for p in cells:
+        t, r = int(p.get_x()), int(p.get_y())
+        assert (p.get_hatch() is None) == bool(trace.folded[t, r])   # hatched = nothing folded
+    labels = [txt.get_text() for txt in fig.axes[1].texts]
+    assert labels == [str(trace.holds[t, r]) for t in range(4) for r in range(4)]
+    with pytest.raises(ValueError, match="step"):
+        ring_figure(trace, step=4)

@@ -1,0 +1,200 @@
+"""The tile stepper, driven headlessly: every readout against values computed another way.
+
+Two independent sources: the trace of ``lessons.flash_attention(..., return_trace=True)``
+(the text must be exactly its values through ``format_value``), and a from-scratch
+computation over the key prefix (one row of S, its max, its exp-sum, and textbook
+attention over the keys absorbed so far).
+"""
+import math
+import re
+
+import numpy as np
+import pytest
+
+from lessons import attention, flash_attention
+from lessons.data import make_case
+from lessons.stepper import DEFAULT_ROWS, TileStepper, format_value
+
+NAMES = ["tile", "keys", "m", "alpha", "l", "max_error", "scores_in_memory", "naive_scores", "rescales"]
+
+
+def text(widget):
+    """The readout as plain text (tags removed)."""
+    return re.sub(r"<[^>]+>", "", widget.value)
+
+
+def number_after_equals(widget):
+    return float(text(widget).rsplit("=", 1)[1].strip().split()[0].replace(",", ""))
+
+
+def prefix_values(q_row, k, v, stops):
+    """m, l, alpha, o/l and the rescale count after each prefix of keys, without any tiling code."""
+    s = (q_row @ k.T) / math.sqrt(q_row.shape[0])
+    exact = attention(q_row, k, v)
+    out, m_prev, rescales = [], None, 0
+    for stop in stops:
+        m = s[:stop].max()
+        alpha = 0.0 if m_prev is None else math.exp(m_prev - m)
+        rescales += m_prev is not None and m > m_prev
+        o_over_l = attention(q_row, k[:stop], v[:stop])
+        out.append(dict(m=m, l=np.exp(s[:stop] - m).sum(), alpha=alpha, rescales=rescales,
+                        error=np.abs(o_over_l - exact).max()))
+        m_prev = m
+    return out
+
+
+def check_every_step(st, q, k, v, row, tile, steps=None):
+    """Move the slider through ``steps`` and compare every readout with both sources."""
+    _, trace = flash_attention(q, k, v, tile, return_trace=True)
+    rt = trace.row(row)
+    exact = attention(q, k, v)[row]
+    errors = rt.errors(exact)
+    n = len(rt)
+    nk = k.shape[0]
+    assert n == -(-nk // tile)
+    assert (st.slider.min, st.slider.max) == (1, n) and st.play.max == n
+    stops = [min(tile * t, nk) for t in range(1, n + 1)]
+    scratch = prefix_values(q[row], k, v, stops)
+    for t in (range(1, n + 1) if steps is None else steps):
+        st.slider.value = t
+        i = t - 1
+        r = st.readouts
+        a, b = tile * i, stops[i]
+        assert sorted(r) == sorted(NAMES)
+        # exactly the trace's numbers, formatted by the one function
+        assert f"{format_value(t)} of {format_value(n)}" in text(r["tile"])
+        assert f"{format_value(a)}–{format_value(b - 1)}" in text(r["keys"])
+        assert format_value(rt.m[i]) in text(r["m"])
+        assert format_value(rt.alpha[i]) in text(r["alpha"])
+        assert format_value(rt.l[i]) in text(r["l"])
+        assert format_value(errors[i]) in text(r["max_error"])
+        assert format_value(b - a) in text(r["scores_in_memory"])
+        assert format_value(q.shape[0] * nk) in text(r["naive_scores"])
+        assert format_value(int(rt.rescaled[:t].sum())) in text(r["rescales"])
+        # and the same numbers from scratch (6 significant digits are shown)
+        want = scratch[i]
+        assert number_after_equals(r["m"]) == pytest.approx(want["m"], rel=1e-5, abs=1e-12)
+        assert number_after_equals(r["l"]) == pytest.approx(want["l"], rel=1e-5)
+        assert number_after_equals(r["alpha"]) == pytest.approx(want["alpha"], rel=1e-5, abs=1e-12)
+        assert int(text(r["rescales"]).rsplit(":", 1)[1]) == want["rescales"]
+        assert int(text(r["scores_in_memory"]).rsplit(":", 1)[1]) == b - a
+        err = number_after_equals(r["max_error"])
+        if t < n:
+            assert err == pytest.approx(want["error"], rel=1e-5)
+        else:
+            assert err <= 1e-12 and want["error"] <= 1e-12
+        # the table lists the tiles so far (at most 12), the current one last
+        assert st.table.value.count("<tr") == 1 + min(t, 12) + (t > 12)
+        assert bytes(st.image.value).startswith(b"\x89PNG")
+    return rt, errors
+
+
+@pytest.fixture(scope="module")
+def real_qkv():
+    return make_case("real")
+
+
+def test_format_value():
+    assert format_value(16384) == "16,384"
+    assert format_value(np.int64(7)) == "7"
+    assert format_value(0.0312456789) == "0.0312457"
+    assert format_value(np.float64(1.1102230246251565e-16)) == "1.11022e-16"
+    assert format_value(-np.inf) == "-inf"
+    for bad in (True, "1", None, np.array([1.0])):
+        with pytest.raises(TypeError, match="real number"):
+            format_value(bad)
+
+
+def test_real_sample_every_step_and_error_only_vanishes_at_the_last_tile(real_qkv):
+    st = TileStepper()
+    assert (st.data.value, st.tile_size.value, st.row.value) == ("real", 16, DEFAULT_ROWS["real"])
+    assert (st.layer.value, st.head.value) == (0, 0) and not st.layer.disabled
+    assert (st.row.max, st.tile_size.max, st.layer.max, st.head.max) == (127, 128, 5, 11)
+    assert "application/vnd.jupyter.widget-view+json" in st._repr_mimebundle_()
+    q, k, v = real_qkv
+    rt, errors = check_every_step(st, q, k, v, DEFAULT_ROWS["real"], 16)
+    assert errors[-1] <= 1e-12 and (errors[:-1] > 1e-6).all()
+    assert "last tile" in st.caption.value
+    pictures = set()                           # every step draws a different picture
+    for t in range(1, st.slider.max + 1):
+        st.slider.value = t
+        pictures.add(bytes(st.image.value))
+    assert len(pictures) == st.slider.max
+
+
+@pytest.mark.parametrize("tile", [5, 128, 1])
+def test_changing_the_tile_size_reslices(real_qkv, tile):
+    st = TileStepper()
+    st.slider.value = 4                                  # 64 keys absorbed with tiles of 16
+    st.tile_size.value = tile
+    n = -(-128 // tile)
+    assert st.slider.max == st.play.max == n == len(st.row_trace)
+    # the place is kept: the first step that has seen the same 64 keys
+    assert st.slider.value == min(n, -(-64 // tile))
+    q, k, v = real_qkv
+    steps = sorted({1, 2, n - 1, n} - {0}) if n > 2 else None
+    check_every_step(st, q, k, v, DEFAULT_ROWS["real"], tile, steps)
+
+
+def test_other_rows_layers_and_heads(real_qkv):
+    st = TileStepper(tile=32)
+    q, k, v = real_qkv
+    for row in (0, 127):
+        st.row.value = row
+        check_every_step(st, q, k, v, row, 32, steps=[1, 4])
+    st.layer.value, st.head.value = 2, 3
+    q2, k2, v2 = make_case("real", layer=2, head=3)
+    rt, errors = check_every_step(st, q2, k2, v2, 127, 32, steps=[1, 3, 4])
+    assert errors[-1] <= 1e-12 and (errors[:-1] > 1e-6).all()
+
+
+@pytest.mark.parametrize("kind, tile, steps", [("random", 16, None), ("late-max", 16, None),
+                                               ("late-max", 8, [1, 7, 8])])
+def test_synthetic_data_choices(kind, tile, steps):
+    st = TileStepper(tile=tile)
+    st.data.value = kind
+    assert st.row.value == DEFAULT_ROWS[kind] and st.slider.value == 1
+    assert st.layer.disabled and st.head.disabled
+    q, k, v = make_case(kind, tile=tile)
+    rt, errors = check_every_step(st, q, k, v, DEFAULT_ROWS[kind], tile, steps)
+    if kind == "late-max":
+        # the case's point: the max moves only in the last tile, by alpha = exp(1 - 4)
+        assert list(rt.rescaled) == [False] * (len(rt) - 1) + [True]
+        assert format_value(math.exp(1.0 - 4.0)) in text(st.readouts["alpha"])
+        assert "new max" in st.caption.value
+    st.data.value = "real"
+    assert not st.layer.disabled and st.row.value == DEFAULT_ROWS["real"]
+
+
+def test_a_tile_size_the_data_cannot_use_is_refused_and_kept():
+    st = TileStepper(kind="late-max", tile=8)
+    st.tile_size.value = 64                   # the late-max case needs at least two tiles
+    assert st.tile_size.value == 8 and st.slider.max == 8
+    assert "at least two tiles" in st.caption.value
+
+
+def test_reusable_with_another_data_source_and_options():
+    rng = np.random.default_rng(5)
+    qkv = tuple(rng.standard_normal((40, 6)) for _ in range(3))
+    st = TileStepper(lambda kind, **kw: qkv, kind="toy", choices=[("toy", "toy")], tile=8, row=3,
+                     options={"causal": True})
+    q, k, v = qkv
+    _, trace = flash_attention(q, k, v, 8, causal=True, return_trace=True)
+    rt = trace.row(3)
+    assert st.slider.max == len(rt) and st.layer.disabled
+    st.slider.value = len(rt)
+    exact = attention(q, k, v, causal=True)[3]
+    assert format_value(rt.errors(exact)[-1]) in text(st.readouts["max_error"])
+    assert number_after_equals(st.readouts["max_error"]) <= 1e-12
+
+
+@pytest.mark.parametrize("kwargs, exc, word", [
+    (dict(kind="nope"), ValueError, "kind"),
+    (dict(tile=0), ValueError, "tile"),
+    (dict(tile=2.5), TypeError, "tile"),
+    (dict(row=128), ValueError, "row"),
+    (dict(layer=6), ValueError, "layer"),
+])
+def test_bad_arguments(kwargs, exc, word):
+    with pytest.raises(exc, match=word):
+        TileStepper(**kwargs)
