@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: lab test bench html clean-venv
+.PHONY: lab test bench html grade reset-exercise clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,14 @@ bench: $(STAMP)  ## CPU benchmarks (tables and plots under benchmarks/results/)
 
 html: $(STAMP)  ## static, executed HTML of the series under _build/html/
 	$(PY) scripts/build_html.py --out _build/html
+
+ANSWERS ?= exercises
+grade: $(STAMP)  ## grade your answers in exercises/ and print a score card (ANSWERS=solutions: the reference)
+	PYTHONDONTWRITEBYTECODE=1 $(PY) -m pytest -c grading/pytest.ini grading --answers $(ANSWERS) -q --tb=short
+
+reset-exercise: $(STAMP)  ## restore one stub, your file kept as NAME.py.bak-...: make reset-exercise NAME=absorb
+	@test -n "$(NAME)" || { echo "usage: make reset-exercise NAME=<exercise>  (python -m lessons.grade list)"; exit 2; }
+	$(PY) -m lessons.grade reset $(NAME)
 
 clean-venv:
 	rm -rf $(VENV)

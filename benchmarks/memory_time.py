@@ -84,6 +84,8 @@ def machine_info() -> str:
         except Exception:                           # older NumPy: no dict mode
             blas = "unknown"
     parts.append(f"BLAS {blas}")
+    if os.environ.get("OPENBLAS_CORETYPE"):
+        parts.append(f"OPENBLAS_CORETYPE={os.environ['OPENBLAS_CORETYPE']}")
     return "; ".join(parts)
 
 
@@ -209,7 +211,7 @@ def plot(path, results, info, *, tile, block_q):
         ax.yaxis.set_minor_formatter(ticker.NullFormatter())
         ax.grid(True, which="both", alpha=0.3)
     ax_m.set_ylabel("peak memory during the call (MiB)")
-    ax_m.set_title("Peak memory: textbook ~ N², flash ~ its (N, d) output")
+    ax_m.set_title("Peak memory: textbook ~ N², flash ~ tiles + (N, d) output")
     ax_m.legend(fontsize=8, title="log-log slope of peak vs N", title_fontsize=8)
     ax_t.set_ylabel("time per call (s, best of repeats)")
     ax_t.set_title("Time: the same arithmetic, done tile by tile")

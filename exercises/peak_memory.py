@@ -40,6 +40,10 @@ def loglog_slope(ns, values):
 
     ``ns``, ``values``: sequences of positive numbers, the same length, at least 2.
     Returns a float. (Exactly ``c * n**k`` data gives exactly ``k``.)
+
+    Rule: fit a straight line to the points ``(log n, log value)`` by least squares
+    (``np.polyfit`` of degree 1, or the formula) and return its slope; use every point,
+    not just the first and the last.
     """
     raise NotImplementedError
 
@@ -47,8 +51,8 @@ def loglog_slope(ns, values):
 def measure(sizes=(512, 2048, 8192), *, d=64, tile=64, seed=0):
     """Peak memory of :func:`lessons.attention` and :func:`lessons.flash_attention`.
 
-    For each N in ``sizes`` make random float32 ``q, k, v`` of shape (N, d) (before
-    measuring: the inputs are not counted), then measure :func:`peak_bytes` of
+    Rule: for each N in ``sizes`` make random float32 ``q, k, v`` of shape (N, d) first
+    (the inputs are not counted), then measure :func:`peak_bytes` of
     ``attention(q, k, v)`` and of ``flash_attention(q, k, v, tile)``.
 
     Returns a dict::

@@ -6,6 +6,7 @@ Options (besides pytest's own):
                           or the GRADE_ANSWERS environment variable)
     --answer NAME=PATH    grade the file PATH as the answer to exercise NAME (repeatable)
     --grade-report PATH   also write the per-check results as JSON
+    --no-shrink           report failing Hypothesis examples unshrunk (faster, same verdicts)
 
 Each ``test_<name>.py`` sets ``EXERCISE = "<name>"`` and takes the ``answer`` fixture:
 the answer module, imported by path without writing bytecode, whose functions turn
@@ -24,7 +25,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 sys.dont_write_bytecode = True        # never write __pycache__ next to an answer
 
@@ -37,7 +38,11 @@ NOT_ATTEMPTED = "not attempted"
 
 settings.register_profile(
     "grading", max_examples=20, deadline=None, derandomize=True, database=None, print_blob=False,
+    report_multiple_bugs=False, phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink],
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.differing_executors])
+settings.register_profile(        # same examples, same verdicts; a failing example is reported unshrunk
+    "grading-no-shrink", parent=settings.get_profile("grading"),
+    phases=[Phase.explicit, Phase.reuse, Phase.generate])
 settings.load_profile("grading")
 
 
@@ -48,6 +53,8 @@ def pytest_addoption(parser):
     group.addoption("--answer", action="append", default=[], metavar="NAME=PATH",
                     help="grade PATH as the answer to exercise NAME (overrides --answers for it)")
     group.addoption("--grade-report", default=None, metavar="PATH", help="write the results as JSON")
+    group.addoption("--no-shrink", action="store_true",
+                    help="do not shrink failing Hypothesis examples (faster; same verdicts, larger examples)")
 
 
 def _resolve(path: str) -> Path:
@@ -74,6 +81,8 @@ def pytest_configure(config):
     config._grading = {"answers": _resolve(config.getoption("--answers")), "overrides": overrides,
                        "modules": {}}
     config.pluginmanager.register(ScoreCard(config), "grading-score-card")
+    if config.getoption("--no-shrink"):
+        settings.load_profile("grading-no-shrink")
 
 
 def answer_path(config, name: str) -> Path:
@@ -166,9 +175,9 @@ def _skip_reason(report) -> str:
 
 def _failure_message(report) -> str:
     crash = getattr(report.longrepr, "reprcrash", None)
-    if crash is not None:
-        return crash.message.strip().splitlines()[0] if crash.message.strip() else ""
-    return str(report.longrepr).strip().splitlines()[-1] if report.longrepr else ""
+    text = crash.message if crash is not None else (str(report.longrepr).strip().splitlines() or [""])[-1]
+    text = " ".join(text.split())
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 class ScoreCard:

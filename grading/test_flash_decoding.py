@@ -95,7 +95,8 @@ def test_merge_is_the_state_of_the_union(answer, seed, na, nb):
     assert_close(merged[2], o, "o of the merge")
 
 
-@pytest.mark.hint("merging is order-free: merge(a, b) == merge(b, a) and merge(merge(a, b), c) == merge(a, merge(b, c))")
+@pytest.mark.hint("merging is order-free: merge(a, b) == merge(b, a) and "
+                  "merge(merge(a, b), c) == merge(a, merge(b, c))")
 @given(seed=seeds, sizes=st.tuples(st.integers(0, 6), st.integers(0, 6), st.integers(0, 6)))
 def test_merge_order_does_not_matter(answer, seed, sizes):
     s, v = normal(seed, sum(sizes), scale=3.0), normal(seed + 1, sum(sizes), 3)

@@ -310,8 +310,9 @@ class VariantExplorer:
             ax.plot(tiles[:step][finite], y[finite], color=OUTPUT_COLOUR, marker="o", ms=4, lw=1.3,
                     label="this variant" if j == 0 else None)
             if (~finite).any():
-                ax.plot(tiles[:step][~finite], np.zeros((~finite).sum()), ls="none", marker="x", ms=9, mew=2,
-                        color="#b00020", label="inf / NaN" if j == 0 else None)
+                ax.plot(tiles[:step][~finite], np.full((~finite).sum(), 0.94), ls="none", marker="x", ms=9, mew=2,
+                        color="#b00020", label="inf / NaN (drawn at the top)" if j == 0 else None,
+                        transform=ax.get_xaxis_transform())
         ax.axvline(step - 1, color=TILE_COLOURS["current"], lw=1.2, zorder=0)
         ax.set_xticks(tiles)
         ax.set_xlabel("tile", fontsize=9)

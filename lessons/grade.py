@@ -220,7 +220,7 @@ def pytest_command(answers=None, names=(), *, answer_files=None, report=None, ex
     for n in names:
         get_exercise(n)
     targets = [str(root / "grading" / f"test_{n}.py") for n in names] or [str(root / "grading")]
-    cmd = [sys.executable, "-m", "pytest", *targets, "-q", "--tb=short"]
+    cmd = [sys.executable, "-m", "pytest", "-c", str(root / "grading" / "pytest.ini"), *targets, "-q", "--tb=short"]
     if answers is not None:
         cmd += ["--answers", str(answers)]
     for n, path in (answer_files or {}).items():
@@ -234,6 +234,7 @@ def pytest_command(answers=None, names=(), *, answer_files=None, report=None, ex
 def _env() -> dict:
     env = dict(os.environ)
     env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env.pop("PYTEST_ADDOPTS", None)          # the grader has its own options (grading/pytest.ini)
     return env
 
 
@@ -264,7 +265,7 @@ class CheckResult:
         if self.status == "passed":
             return f"{self.name}: passed ({r.passed} checks)"
         if self.status == "not attempted":
-            return f"{self.name}: not attempted (write your answer in exercises/{self.name}.py, then run this cell again)"
+            return f"{self.name}: not attempted (write your answer in exercises/{self.name}.py and save it)"
         if self.status == "incomplete":
             return (f"{self.name}: incomplete ({r.passed} checks pass, {r.not_attempted} still hit "
                     f"NotImplementedError)")
@@ -291,7 +292,7 @@ def check(name: str, *, file=None, timeout: float = 600.0) -> CheckResult:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         files = {name: Path(file).resolve()} if file is not None else None
-        cmd = pytest_command(None, [name], answer_files=files, report=report)
+        cmd = pytest_command(None, [name], answer_files=files, report=report, extra=["--no-shrink"])
         try:
             proc = subprocess.run(cmd, cwd=repo_root(), env=_env(), capture_output=True, text=True,
                                   timeout=timeout)
@@ -379,12 +380,16 @@ def main(argv=None) -> int:
             print(res)
             return 0 if res.status in ("passed",) else 1
         if args.command == "reset":
-            backup = reset(args.name)
+            get_exercise(args.name)
             target = repo_root() / "exercises" / f"{args.name}.py"
-            if backup is None:
-                print(f"{target} already is the stub (or was missing and has been restored); nothing saved")
-            else:
+            existed = target.exists()
+            backup = reset(args.name)
+            if backup is not None:
                 print(f"saved your file as {backup}\nrestored the stub {target}")
+            elif existed:
+                print(f"{target} is already the stub; nothing to do")
+            else:
+                print(f"{target} was missing; restored the stub")
             return 0
         for ex in EXERCISES:
             print(f"{ex.notebook[:2]}  {ex.name:<16} {ex.title}")

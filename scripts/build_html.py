@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import html
+import os
 import sys
 import time
 from pathlib import Path
@@ -82,7 +83,7 @@ def build(out_dir: Path = DEFAULT_OUT, notebooks=None, log=print) -> dict:
     for path in paths:
         page, nb, seconds = build_page(path, out_dir)
         built[path] = (page, nb, seconds)
-        log(f"{path.name}: {seconds:.1f} s -> {page.relative_to(out_dir.parent) if out_dir.parent in page.parents else page}")
+        log(f"{path.name}: {seconds:.1f} s -> {os.path.relpath(page)}")
     write_index([(page, notebook_title(nb, p.stem)) for p, (page, nb, _) in built.items()], out_dir)
     return built
 

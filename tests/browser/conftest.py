@@ -13,7 +13,6 @@ they fail, so CI never passes by silently skipping them.
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import pytest
@@ -21,30 +20,27 @@ import pytest
 import jlab
 
 _TIMINGS: dict[str, float] = {}
-_SESSION_START: list[float] = []
-
-
-def in_ci() -> bool:
-    """True when the environment variable CI is set to anything but an explicit no."""
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
 @pytest.fixture(scope="session")
 def browser_requirements():
     """Skip (or, under CI, fail) when Chromium or Playwright is missing."""
-    reason = jlab.missing_requirements()
-    if reason:
-        if in_ci():
-            pytest.fail(f"browser tests cannot run under CI: {reason}", pytrace=False)
+    action, reason = jlab.requirement_outcome()
+    if action == "fail":
+        pytest.fail(reason, pytrace=False)
+    if action == "skip":
         pytest.skip(reason)
 
 
 @pytest.fixture(scope="session")
 def lab(browser_requirements):
     """A running :class:`jlab.LabServer`; its kernels and process end with the session."""
-    _SESSION_START.append(time.perf_counter())
-    with jlab.lab_server() as server:
-        yield server
+    t0 = time.perf_counter()
+    try:
+        with jlab.lab_server() as server:
+            yield server
+    finally:
+        _TIMINGS["browser tests: server start to server stopped"] = time.perf_counter() - t0
 
 
 @pytest.fixture(scope="session")
@@ -82,8 +78,8 @@ def lab_page(request, lab, browser):
             lab.shutdown_kernels()
 
 
-@pytest.fixture
-def timings(request):
+@pytest.fixture(scope="session")
+def timings():
     """Record named durations (seconds) printed at the end of the run and written to artifacts/."""
     def record(name: str, seconds: float) -> None:
         _TIMINGS[name] = seconds
@@ -91,13 +87,9 @@ def timings(request):
 
 
 def pytest_terminal_summary(terminalreporter):
-    if not _TIMINGS and not _SESSION_START:
+    if not _TIMINGS:
         return
     lines = [f"{name:60s} {seconds:7.1f} s" for name, seconds in _TIMINGS.items()]
-    if _SESSION_START:
-        total = time.perf_counter() - _SESSION_START[0]
-        lines.append(f"{'browser tests, server start to end of run':60s} {total:7.1f} s")
-        _TIMINGS["browser tests total"] = total
     terminalreporter.write_sep("-", "browser timings")
     for line in lines:
         terminalreporter.write_line(line)

@@ -58,6 +58,21 @@ def missing_requirements() -> str | None:
     return None
 
 
+def in_ci() -> bool:
+    """True when the environment variable CI is set to anything but an explicit no."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def requirement_outcome() -> tuple[str, str]:
+    """("run", "") when the browser tests can run; else ("skip", why), or ("fail", why) under CI."""
+    reason = missing_requirements()
+    if reason is None:
+        return "run", ""
+    if in_ci():
+        return "fail", f"browser tests cannot run under CI: {reason}"
+    return "skip", reason
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -148,9 +163,10 @@ class LabServer:
     def log_errors(self, since: int = 0) -> list[str]:
         """Tracebacks written to the server log after byte offset SINCE.
 
-        An exception raised inside a widget callback never reaches a cell output:
-        ipykernel logs it ("Exception in comm_msg ...") on the kernel's stderr,
-        which is this log.
+        The log holds the server's own errors and the kernels' stderr, e.g. an
+        exception in a comm handler that ipywidgets did not catch ("Exception in
+        comm_msg ..."). Exceptions in widget callbacks go to the log console
+        instead (:func:`log_console_errors`).
         """
         try:
             with open(self.log_path, "rb") as f:
@@ -348,11 +364,6 @@ def broken_images(page) -> list[str]:
           .map(i => i.alt || i.src.slice(0, 40))""")
 
 
-def count_figures(page) -> int:
-    """Figures (PNG/SVG images) shown as cell outputs of the visible notebook."""
-    return notebook_panel(page).locator(".jp-RenderedImage img, .jp-RenderedSVG svg").count()
-
-
 def log_console_errors(page) -> list[str]:
     """Errors raised in widget callbacks of the visible notebook.
 
@@ -361,7 +372,7 @@ def log_console_errors(page) -> list[str]:
     console is opened and its error entries are returned.
     """
     item = page.locator(".jp-LogConsoleStatusItem")
-    if not item.count() or not item.first.is_visible() or not item.first.inner_text().strip():
+    if not item.count() or not item.first.is_visible() or not (item.first.text_content() or "").strip():
         return []
     if not page.locator(".jp-LogConsolePanel").count():
         click_menu(page, "View", "Show Log Console")
@@ -385,14 +396,26 @@ def save(page) -> None:
     page.wait_for_function("""() => !document.querySelector('.jp-mod-current.jp-mod-dirty')""", timeout=30_000)
 
 
-def screenshot_notebook(page, name: str, max_height: int = 12_000) -> Path:
-    """Save the whole visible notebook (grown to its full height, up to MAX_HEIGHT px) as one PNG."""
+def screenshot_notebook(page, name: str, max_height: int = 16_000) -> Path:
+    """Save the whole visible notebook, top to bottom, as one PNG (up to MAX_HEIGHT px).
+
+    The window is grown to the notebook's height; cells off screen are only laid
+    out once visible, so the height is measured again until it settles.
+    """
     panel = notebook_panel(page)
-    height = panel.locator(".jp-WindowedPanel-outer").first.evaluate("e => e.scrollHeight")
+    inner = panel.locator(".jp-WindowedPanel-inner").first
+    outer = panel.locator(".jp-WindowedPanel-outer").first
     old = page.viewport_size
-    page.set_viewport_size({"width": old["width"], "height": int(min(max_height, height + 160))})
     try:
-        page.wait_for_timeout(700)              # off-screen cells paint once they are in view
+        height = 0
+        for _ in range(6):
+            new = int(min(max_height, inner.evaluate("e => e.offsetHeight") + 200))
+            if new == height:
+                break
+            height = new
+            page.set_viewport_size({"width": old["width"], "height": height})
+            outer.evaluate("e => { e.scrollTop = 0; }")
+            page.wait_for_timeout(500)          # off-screen cells paint once they are in view
         return screenshot(panel, name)
     finally:
         page.set_viewport_size(old)
@@ -473,10 +496,10 @@ class StepperView:
         return self.cell.locator(f'[data-readout="{self.id}:{name}"]')
 
     def readout_texts(self) -> dict:
-        return {name: self.readout(name).inner_text().strip() for name in READOUT_PATTERNS}
+        return {name: self.readout(name).text_content().strip() for name in READOUT_PATTERNS}
 
     def data_kind_label(self) -> str:
-        return self.cell.locator(".widget-toggle-buttons .mod-active").inner_text().strip()
+        return self.cell.locator(".widget-toggle-buttons .mod-active").text_content().strip()
 
     def image_src(self) -> str:
         return self.image.get_attribute("src") if self.image.count() else ""
@@ -513,6 +536,7 @@ class StepperView:
         """Drag the handle of slider LABEL with the mouse to where VALUE sits on its track."""
         slider = self.slider(label)
         handle = slider.locator(".noUi-handle")
+        handle.scroll_into_view_if_needed()
         lo = float(handle.get_attribute("aria-valuemin"))
         hi = float(handle.get_attribute("aria-valuemax"))
         track = slider.locator(".noUi-base").bounding_box()
@@ -692,3 +716,27 @@ def latency_report(samples: list[dict], title: str, context: str = "") -> str:
         lines.append(f"| key press -> step picture replaced | {im['n']} | {im['median_ms']:.0f} | {im['worst_ms']:.0f} |")
     lines += ["", "Per move (ms): " + ", ".join(f"{s['readouts_ms']:.0f}" for s in samples), ""]
     return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- checks shared by the tests
+
+def problems_after_run_all(page, name: str) -> list[str]:
+    """What is wrong with the visible notebook after Run All (empty when nothing is)."""
+    problems = [f"{name}: error output after Run All:\n{e}" for e in error_outputs(page)]
+    not_run = [src[:80] for prompt, src in cell_prompts(page) if src and not re.fullmatch(r"\[\d+\]:", prompt)]
+    if not_run:
+        problems.append(f"{name}: cells that did not run: {not_run}")
+    problems += [f"{name}: widget did not render: {w}" for w in widget_problems(page)]
+    problems += [f"{name}: figure did not decode: {i}" for i in broken_images(page)]
+    return problems
+
+
+def problems_at_the_end(page, server: LabServer, name: str, log_mark: int = 0) -> list[str]:
+    """Errors that only show outside the cells: widget callbacks (log console), the kernel's
+    stderr (server log since LOG_MARK), and error outputs in the notebook as JupyterLab saves it."""
+    problems = [f"{name}: a widget callback raised:\n{e}" for e in log_console_errors(page)]
+    problems += [f"{name}: the kernel logged:\n{e}" for e in server.log_errors(log_mark)]
+    problems += [f"{name}: error outputs in other cells: {e}" for e in error_outputs(page)]
+    save(page)
+    problems += [f"{name}: the saved notebook holds an error: {e}" for e in saved_errors(server.saved_notebook(name))]
+    return problems

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import pytest
 
@@ -25,23 +26,30 @@ NOTEBOOK = next(iter(sorted(p.name for p in jlab.NOTEBOOKS.glob("02_*.ipynb"))),
 
 
 @pytest.fixture(scope="module")
-def stepper(lab, browser):
-    """Notebook 02 after Run All, and a view of its (first) stepper; kernels shut down afterwards."""
+def stepper(lab, browser, timings):
+    """Notebook 02 after Run All (checked as every notebook is), and a view of its first stepper.
+
+    Its kernel is shut down at the end of the module, whatever happened.
+    """
     if NOTEBOOK is None:
         pytest.fail("notebooks/02_*.ipynb (the tile-by-tile lesson) is missing")
     context = browser.new_context(viewport=jlab.VIEWPORT)
     context.set_default_timeout(60_000)
     try:
-        log_mark = lab.log_mark()
+        t0, log_mark = time.perf_counter(), lab.log_mark()
         page = context.new_page()
         jlab.open_notebook(page, lab, NOTEBOOK)
-        jlab.run_all(page)
-        assert not jlab.error_outputs(page), jlab.error_outputs(page)
+        run_s = jlab.run_all(page)
+        problems = jlab.problems_after_run_all(page, NOTEBOOK)
+        assert not problems, "\n---\n".join(problems)
+        jlab.screenshot_notebook(page, f"{NOTEBOOK.removesuffix('.ipynb')}-run-all")
         cells = jlab.stepper_cells(page)
         assert cells.count() >= 1, f"{NOTEBOOK} shows no tile stepper after Run All"
         view = jlab.StepperView(page, cells.first, "s0", server=lab)
         view.log_mark = log_mark
         view.wait_idle()
+        timings(f"{NOTEBOOK}: Run All (kernel busy to idle)", run_s)
+        timings(f"{NOTEBOOK}: open + Run All + checks + screenshot", time.perf_counter() - t0)
         yield view
     finally:
         try:
@@ -158,3 +166,9 @@ def test_tile_size_control_reslices_the_tiles(stepper):
     stepper.wait_idle()
     _check_no_errors(stepper)
     stepper.screenshot("02-stepper-retiled")
+
+
+def test_notebook_02_ends_without_errors(stepper):
+    """After all that stepping: no callback error, nothing in the kernel log, a clean saved notebook."""
+    problems = jlab.problems_at_the_end(stepper.page, stepper.server, NOTEBOOK, stepper.log_mark)
+    assert not problems, "\n---\n".join(problems)

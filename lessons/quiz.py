@@ -1,0 +1,310 @@
+"""Self-test quizzes, one per notebook, as data, and a small widget that asks them.
+
+Answer first, then read the explanation: a wrong answer is worth more than a right one,
+because the explanation says which part of the notebook to reread.
+
+``QUIZZES[key]`` is a tuple of :class:`Question` for the notebook ``key`` (e.g.
+``"02_flash_attention_tile_by_tile"``). :func:`quiz_widget` shows one notebook's
+questions with radio buttons and a *Check* button; the widget only displays the data.
+"""
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass
+
+__all__ = ["Question", "QUIZZES", "quiz_widget", "check_answer"]
+
+
+@dataclass(frozen=True)
+class Question:
+    """One multiple-choice question.
+
+    ``question`` (str); ``choices`` (tuple of at least 2 distinct str); ``answer`` (int, the
+    index of the one right choice); ``explanation`` (str: why, and which part of the notebook
+    to reread). Raises ValueError when one of these does not hold.
+    """
+
+    question: str
+    choices: tuple[str, ...]
+    answer: int
+    explanation: str
+
+    def __post_init__(self):
+        if not isinstance(self.question, str) or not self.question.strip():
+            raise ValueError(f"question must be a non-empty str, got {self.question!r}")
+        if not isinstance(self.choices, tuple) or len(self.choices) < 2:
+            raise ValueError(f"choices must be a tuple of at least 2 str, got {self.choices!r}")
+        if len(set(self.choices)) != len(self.choices) or not all(isinstance(c, str) and c for c in self.choices):
+            raise ValueError(f"choices must be distinct non-empty str, got {self.choices!r}")
+        if (isinstance(self.answer, bool) or not isinstance(self.answer, int)
+                or not 0 <= self.answer < len(self.choices)):
+            raise ValueError(f"answer must be an index into the {len(self.choices)} choices, got {self.answer!r}")
+        if not isinstance(self.explanation, str) or not self.explanation.strip():
+            raise ValueError("explanation must be a non-empty str")
+
+
+Q = Question
+
+QUIZZES: dict[str, tuple[Question, ...]] = {
+    "01_online_softmax": (
+        Q("Why does a safe softmax subtract the row maximum before taking exponentials?",
+          ("To make the result exact instead of approximate",
+           "To save floating-point operations",
+           "So that every exponent is <= 0 and exp cannot overflow; the result is unchanged",
+           "Because the softmax is undefined for positive scores"),
+          2,
+          "Subtracting the same number from every score changes nothing (the factor e^-c cancels between "
+          "top and bottom), and subtracting the maximum makes every exponent <= 0, so exp cannot overflow "
+          "and the largest term is exactly 1. Reread section 1, 'Why the maximum is subtracted'."),
+        Q("A new tile raises the running maximum from m_old to m_new. What must happen to the running sum l?",
+          ("Multiply it by exp(m_old - m_new) before adding the tile's terms",
+           "Nothing: the old terms are still right",
+           "Multiply it by exp(m_new - m_old)",
+           "Reset it to zero and start again"),
+          0,
+          "Every term already in l was measured against the old maximum; against the new one each is "
+          "e^(x - m_new) = e^(x - m_old) * e^(m_old - m_new). One multiplication by alpha = "
+          "exp(m_old - m_new) <= 1 corrects all of them. Reread section 3, 'The online update'."),
+        Q("How many sweeps over the scores does the online softmax need to write normalised probabilities "
+          "(without fusing with V)?",
+          ("One", "One per tile", "Three", "Two"),
+          3,
+          "One sweep keeps the running max and sum, a second writes exp(x - m) / l; the safe softmax needs "
+          "three. Only when the probabilities are consumed at once (fused with V) does a single sweep "
+          "suffice. Reread sections 2 to 4."),
+        Q("A row's scores are all -inf (it may see no key). What should the online softmax give?",
+          ("NaN, because the softmax is undefined",
+           "m = -inf, l = 0 and an all-zero output, never NaN",
+           "Uniform weights 1/N",
+           "m = 0 and l = 1"),
+          1,
+          "The convention of this series and of FlashAttention-2 is zeros, never NaN. A careless update "
+          "computes exp(-inf - -inf) = NaN on the first fully masked tile. Reread section 5, "
+          "'A row that sees nothing'."),
+    ),
+    "02_flash_attention_tile_by_tile": (
+        Q("What does FlashAttention actually reduce?",
+          ("The number of FLOPs: it skips most of the arithmetic",
+           "The number of keys each query attends to",
+           "The accuracy needed: it is a fast approximation of softmax attention",
+           "Memory traffic (HBM reads and writes) and the O(N^2) memory of the score matrix, not the FLOPs"),
+          3,
+          "Every score, every exponential and every p * v is still computed once, as in the textbook "
+          "version. What disappears is the N x N score matrix in HBM and the traffic to and from it: memory "
+          "drops from O(N^2) to O(N), and the 2-4x speed-ups come from the avoided round trips. The result "
+          "is exact, up to floating-point rounding. Reread section 5, 'What it does not do, and what it "
+          "unlocks' (and notebook 04 for the byte counts)."),
+        Q("Which state does each query row carry from one key tile to the next?",
+          ("(m, l, o): running max, running sum of exp(s - m), unnormalised output",
+           "Its whole row of scores",
+           "The softmax probabilities of the keys seen so far",
+           "Only the running max m"),
+          0,
+          "Three things' worth of state per row: m, l and the vector o (not yet divided by l). The scores of "
+          "a tile are dropped once it is absorbed. Reread section 2, 'The recurrence'."),
+        Q("After absorbing t of T key tiles (t < T), what is o / l for a row?",
+          ("The final output already",
+           "Meaningless until the last tile",
+           "The exact softmax-weighted mean of the values over the keys seen so far",
+           "An upper bound on the final output"),
+          2,
+          "It is a perfectly good softmax over the keys seen so far, which is not the answer we want: the "
+          "loop can never stop early. Reread section 3, 'Step through it', and the check 'Wrong at every "
+          "step before the last' in section 4."),
+        Q("What changes if you set keys per tile to 1?",
+          ("The loop breaks: a tile must hold several keys",
+           "Nothing in the output; the running max moves more often, so there are more rescales",
+           "The output becomes an approximation",
+           "There are fewer rescales"),
+          1,
+          "The tile size only decides how many keys fit in fast memory at once. Any tile size gives the same "
+          "output up to rounding; smaller tiles rescale more often. Reread section 4, 'The claims, checked'."),
+    ),
+    "03_query_blocks_and_causal": (
+        Q("With Nq = 2 queries and Nk = 5 keys, which keys does query 0 see under FlashAttention-2's causal mask?",
+          ("Keys 0 to 3 (j <= i + Nk - Nq)",
+           "Key 0 only (j <= i)",
+           "All five keys",
+           "None"),
+          0,
+          "The mask is aligned bottom-right: the last query is the newest token and sees every key, so query "
+          "i sees keys j <= i + Nk - Nq = i + 3. Reread section 2, 'Bottom-right alignment'."),
+        Q("A row meets a fully masked key tile while its m is still -inf, and the update is written literally. "
+          "What happens?",
+          ("Nothing: the tile adds zero",
+           "The row is skipped automatically",
+           "An overflow to +inf",
+           "exp(-inf - -inf) = NaN, and the NaN stays in (m, l, o) for every later tile"),
+          3,
+          "m_new is still -inf, so alpha = exp(-inf - -inf) = NaN, and NaN * 0 is still NaN. The fix is to "
+          "subtract 0 instead of m_new while it is -inf (or start from a large finite negative number). "
+          "Reread section 5, 'The NaN trap'."),
+        Q("Why is a causal tiled loop cheaper than a full one?",
+          ("Masked scores are cheaper to exponentiate",
+           "The softmax of a causal row needs no maximum",
+           "Key tiles wholly above the diagonal are skipped: never loaded, never computed",
+           "Causal attention has a shorter output"),
+          2,
+          "For N x N in T x T tiles, T(T-1)/2 tiles lie above the diagonal and are skipped, close to half; "
+          "the diagonal tiles are computed in full and partly thrown away. Reread section 3, 'How much a "
+          "causal mask saves'."),
+    ),
+    "04_io_awareness": (
+        Q("Textbook attention and FlashAttention do the same FLOPs. Why is FlashAttention faster on a GPU?",
+          ("It uses cheaper instructions for the exponentials",
+           "It moves far fewer bytes between HBM and on-chip SRAM, and attention is memory-bound",
+           "It skips the small scores",
+           "It computes the softmax in lower precision"),
+          1,
+          "The textbook kernel writes the N x N scores to HBM and reads them back, the probabilities too: "
+          "the score matrix crosses the bus four times. The tiled kernel keeps each tile on chip. Reread "
+          "sections 2 and 3, the byte counts, and section 5, 'The roofline'."),
+        Q("Measured peak memory grows with slope about 2 (textbook) and about 1 (flash) on a log-log plot. "
+          "Why is the flash slope a little below 1 at small N?",
+          ("Measurement noise",
+           "Flash keeps part of the score matrix",
+           "The flash output shrinks as N grows",
+           "A constant working set (one block_q x tile step) is still a large part of the total"),
+          3,
+          "Flash's peak is the (N, d) output, linear in N, plus a constant: the arrays of one 64 x 64 step. "
+          "At small N the constant weighs a lot and flattens the fitted slope. Reread section 4, "
+          "'Peak memory, measured'."),
+        Q("On the roofline of a GPU, where does textbook attention in bf16 sit?",
+          ("Above the ridge: compute-bound",
+           "Exactly at the ridge point",
+           "On the bandwidth slope: memory-bound, at any sequence length",
+           "Compute-bound for long sequences only"),
+          2,
+          "Its arithmetic intensity is about d divided by the element size, whatever N is, far below the "
+          "bf16 ridge of about 206 FLOP/byte. Reread section 5, 'The roofline'."),
+    ),
+    "05_paged_attention": (
+        Q("What is the one difference between the paged loop and the flash loop?",
+          ("Each tile's keys are fetched through the block table: page = block_table[j]",
+           "A different softmax",
+           "The tiles must be processed in page order",
+           "The state is reset at every page"),
+          0,
+          "A page is just a tile: the fold, the rescales and the output are the same; only the address of "
+          "each tile comes from a table look-up. Reread section 2, 'The loop: the flash loop with one look-up'."),
+        Q("seq_len = 10 and block_size = 4. How many pages does the loop read, and how many slots of the last?",
+          ("2 pages, all 4 slots", "3 pages, 2 slots of the last", "3 pages, all 4 slots of the last",
+           "2 pages, 2 slots of the last"),
+          1,
+          "ceil(10 / 4) = 3 pages; the last holds n = 10 - 2 * 4 = 2 valid slots, and the 2 slots after them "
+          "are never read. Reread section 2 (the line n = min(block_size, seq_len - j * block_size)) and "
+          "section 1 on the partly filled last page."),
+        Q("Why not read the whole last page and zero the slots past seq_len instead?",
+          ("Zeros would overflow exp",
+           "It makes lse = +inf",
+           "It would be slower but give the same output",
+           "A zero key still scores 0 and gets weight exp(0 - m): the output changes"),
+          3,
+          "Padding is not masking: a zero key is a key. Past seq_len the page holds stale data (even NaN), "
+          "and the loop must not let any of it into the softmax. Reread section 4, 'The claims, checked' "
+          "(the paragraph 'Nothing past seq_len is read')."),
+    ),
+    "06_flash_decoding_and_ring": (
+        Q("Why does flash-decoding split the keys over workers rather than the queries?",
+          ("At decode time there is one query per sequence, so too few query blocks to keep the GPU busy",
+           "The keys are smaller than the queries",
+           "Splitting the queries would not be exact",
+           "To save memory"),
+          0,
+          "With batch 1 and one query, parallelising over query blocks gives only as many thread blocks as "
+          "heads. Splitting the keys gives every streaming multiprocessor work, and a short merge at the "
+          "end. Reread section 2, 'Flash-decoding: split the keys, merge the partials'."),
+        Q("A worker got no keys. Which partial state should it write in the normalised (o, lse) form?",
+          ("o = 0, lse = +inf", "o = NaN, lse = NaN", "o = 0, lse = -inf",
+           "Nothing: the merge must skip it"),
+          2,
+          "Zero mass: lse = -inf. It is the identity of the merge, and two empty states merge to an empty "
+          "one, provided exp(-inf - -inf) is guarded. Reread section 1, the paragraph 'The empty state'."),
+        Q("Does the order in which the partial states are merged change the result?",
+          ("Yes: they must be merged left to right",
+           "No: the merge is associative and commutative, so any order agrees up to rounding",
+           "Only with a causal mask",
+           "Yes: a tree reduction is an approximation"),
+          1,
+          "A left fold (one loop) and a tree (log2 rounds, as a GPU reduction does) give the same output up "
+          "to rounding. Reread section 2, 'Flash-decoding: split the keys, merge the partials' (the "
+          "paragraph 'Any merge order gives the same output')."),
+        Q("In ring attention, what travels around the ring?",
+          ("The query blocks", "The states (m, l, o)",
+           "The key/value blocks; each device keeps its query block and its states", "The score matrix"),
+          2,
+          "Device r keeps query block r and its (m, l, o); at every step it folds the KV block it holds and "
+          "passes that block on. After world_size steps every device has seen every block. Reread section "
+          "3, 'Ring attention: the blocks travel, the states stay'."),
+    ),
+    "07_paged_gqa_decode": (
+        Q("num_heads = 8 query heads share num_kv_heads = 2 KV heads. Which KV head does query head 3 read?",
+          ("KV head 0: heads 0-3 form its group (3 // 4 = 0)",
+           "KV head 1: heads alternate between KV heads (3 % 2 = 1)",
+           "Both KV heads",
+           "KV head 3"),
+          0,
+          "The query heads are cut into consecutive groups of num_heads // num_kv_heads = 4; head h reads KV "
+          "head h // 4. Reread section 2, 'Which KV head does a query head read?'."),
+        Q("Why share key/value heads at all?",
+          ("It makes the softmax faster",
+           "It removes the need for a block table",
+           "It improves accuracy",
+           "It shrinks the KV cache, and the bytes each decode step reads, by num_heads / num_kv_heads"),
+          3,
+          "The cache grows with num_kv_heads, and a decode step is bandwidth-bound: reading a cache four "
+          "times smaller is four times faster. Reread section 1, 'Why share key/value heads'."),
+        Q("In the decode loop, how often is a page of one KV head loaded for its group of query heads?",
+          ("Once per query head", "Once: every head of the group uses the same load", "Once per token",
+           "Never: it stays in SRAM between steps"),
+          1,
+          "The group's query heads are the rows of one small matrix product against the page, so the page is "
+          "loaded once and used num_heads / num_kv_heads times. Reread section 3, 'The loop', and section 5."),
+    ),
+}
+
+
+def check_answer(question: Question, choice: int | None) -> tuple[bool | None, str]:
+    """The feedback for picking choice index ``choice`` (None: nothing picked yet).
+
+    Returns ``(correct, html)``: ``correct`` is None when nothing was picked, and the html
+    holds the verdict and, once an answer is given, the explanation.
+    """
+    if choice is None:
+        return None, "<i>Pick an answer first.</i>"
+    right = choice == question.answer
+    verdict = ("<b>Right.</b>" if right else
+               f"<b>Not quite.</b> The answer is: {html.escape(question.choices[question.answer])}.")
+    return right, f"{verdict}<br>{html.escape(question.explanation)}"
+
+
+def quiz_widget(key: str):
+    """An ipywidgets view of the quiz of notebook ``key``: per question, radio buttons, a
+    *Check* button and a feedback line that reveals the explanation once answered.
+
+    Returns a ``VBox``; its ``questions`` attribute lists, per question, a dict with the
+    ``radio``, ``button`` and ``feedback`` widgets. Raises ValueError naming the known keys.
+    """
+    import ipywidgets as widgets
+
+    if key not in QUIZZES:
+        raise ValueError(f"key must name a notebook's quiz, got {key!r}; quizzes: {', '.join(QUIZZES)}")
+    boxes, views = [], []
+    for i, q in enumerate(QUIZZES[key], 1):
+        title = widgets.HTML(f"<b>{i}. {html.escape(q.question)}</b>")
+        radio = widgets.RadioButtons(options=[(c, j) for j, c in enumerate(q.choices)], value=None,
+                                     layout=widgets.Layout(width="max-content"))
+        button = widgets.Button(description="Check", button_style="info")
+        feedback = widgets.HTML("")
+
+        def on_click(_, q=q, radio=radio, feedback=feedback):
+            _, text = check_answer(q, radio.value)
+            feedback.value = text
+
+        button.on_click(on_click)
+        boxes.append(widgets.VBox([title, radio, button, feedback]))
+        views.append({"radio": radio, "button": button, "feedback": feedback})
+    box = widgets.VBox([widgets.HTML("<h4>Self-test</h4><i>Answer first, then check: the explanation says "
+                                     "what to reread.</i>"), *boxes])
+    box.questions = views
+    return box

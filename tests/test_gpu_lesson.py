@@ -1,0 +1,375 @@
+"""The "On the GPU" section of every notebook (lessons.gpu.lesson), checked on CPU.
+
+Without a CUDA device each section must say that its kernel was compiled but not run,
+report registers and shared memory for sm_80 and sm_90, and run the same CUDA C on the
+CPU emulator. Here the emulator's numbers are checked against values computed another
+way: the textbook reference (lessons.attention) on the notebook's data, hand-computed
+split ranges, and the shared-memory formulas of the kernels' tiles.
+
+The GPU branch is exercised too, with a stand-in device that runs the launchers on the
+emulator backend (every check it makes is labelled "GPU"), so its bookkeeping is
+tested on every machine; with a real device the last test runs every section on it.
+"""
+import os
+import time
+
+import numpy as np
+import pytest
+
+import lessons
+import lessons.gpu as gpu
+from lessons.causal import causal_mask
+from lessons.gpu import lesson, source
+
+needs_nvrtc = pytest.mark.skipif(not gpu.nvrtc_available() and not os.environ.get("CI"),
+                                 reason="CuPy/NVRTC not installed: pip install cupy-cuda12x nvidia-cuda-nvrtc-cu12")
+needs_emulator = pytest.mark.skipif(not gpu.emulator_available(), reason="no C++ compiler (g++) for the emulator")
+TOL = dict(atol=2e-5, rtol=2e-5)
+
+
+def run(fn, **kwargs):
+    return fn(use_device=False, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def results():
+    """Every notebook's section, run once without a device (use_device=False, so also on a GPU machine)."""
+    return {
+        "01": run(lesson.online_softmax_on_gpu),
+        "02": run(lesson.flash_attention_on_gpu),
+        "03": run(lesson.causal_on_gpu),
+        "04": run(lesson.io_on_gpu),
+        "05": run(lesson.paged_decode_on_gpu),
+        "06": run(lesson.flash_decoding_on_gpu),
+        "07": run(lesson.paged_gqa_on_gpu),
+    }
+
+
+NOTEBOOKS = ["01", "02", "03", "04", "05", "06", "07"]
+
+
+def emulator_check(result, index=0):
+    checks = result.checks_on("emulator")
+    assert checks, result.summary
+    return checks[index]
+
+
+# ---------------------------------------------------------------------------
+# without a device: compiled, not run, resources
+# ---------------------------------------------------------------------------
+
+@needs_nvrtc
+@pytest.mark.parametrize("nb", NOTEBOOKS)
+def test_without_a_device_the_kernel_is_compiled_but_not_run(results, nb):
+    r = results[nb]
+    assert r.compiled
+    assert "compiled for sm_80 and sm_90 with NVRTC" in r.status and "but not run" in r.status
+    assert r.summary.splitlines()[1] == r.status
+    assert not r.ran_on_device and not r.checks_on("GPU")
+    assert "Nothing was timed" in r.summary
+    archs = {}
+    for res in r.resources:
+        archs.setdefault(res.entry, set()).add(res.arch)
+        assert not res.device_present
+    assert archs and all(a == {"sm_80", "sm_90"} for a in archs.values())
+    for res in r.resources:                       # every row of the table is printed
+        assert f"{res.registers}" in r.summary and f"{res.smem_bytes:,}" in r.summary
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("nb", NOTEBOOKS)
+def test_reported_shared_memory_is_what_the_tiles_need(results, nb):
+    for res in results[nb].resources:
+        d = dict(kv.split("=") for kv in res.config.replace(" FA_TRACE", "").split())
+        d = {k: int(v) for k, v in d.items()}
+        if res.entry == "online_softmax":
+            expected = 4 * (d["TILE"] // 32)                                   # one float per warp
+        elif res.entry == "flash_attention_forward":
+            hd, bq, bk = d["HEAD_DIM"], d["BLOCK_Q"], d["BLOCK_K"]
+            expected = 4 * (bq * (hd + 1) + 2 * bk * (hd + 1) + bq * (bk + 1))  # q, k, v, p tiles
+        elif res.entry == "merge_splits":
+            expected = 0
+        else:
+            hd, bs, h = d["HEAD_DIM"], d["BLOCK_SIZE"], d["HEADS_PER_BLOCK"]
+            expected = 4 * (h * (hd + 1) + 2 * bs * (hd + 1) + h * (bs + 1) + 3 * h)
+        assert res.smem_bytes == expected, res
+        assert 1 <= res.registers <= 255
+
+
+def test_each_section_reports_only_the_entry_points_it_runs(results):
+    if not results["05"].resources:
+        pytest.skip("CuPy/NVRTC not installed")
+    assert {r.entry for r in results["05"].resources} == {"paged_decode"}
+    assert {r.entry for r in results["06"].resources} == {"paged_decode_split", "merge_splits"}
+    assert {r.entry for r in results["07"].resources} == {"paged_decode"}
+    assert {r.entry for r in results["04"].resources} == {"online_softmax", "flash_attention_forward", "paged_decode",
+                                                          "paged_decode_split", "merge_splits"}
+
+
+def test_resources_text_has_one_line_per_row():
+    if not gpu.nvrtc_available():
+        pytest.skip("CuPy/NVRTC not installed")
+    rows = gpu.compile_report(("sm_90",), builds=[source.online_softmax_build(128, "float32")])
+    text = lesson.resources_text(rows)
+    lines = text.splitlines()
+    assert len(lines) == 2 and lines[0].split()[:4] == ["kernel", "arch", "dtype", "config"]
+    assert lines[1].split() == ["online_softmax", "sm_90", "float32", "TILE=128", "128", str(rows[0].registers),
+                                "16", str(rows[0].spill_store_bytes + rows[0].spill_load_bytes)]
+    assert lesson.resources_text([]) == ""
+
+
+# ---------------------------------------------------------------------------
+# the emulator's numbers, against references computed another way
+# ---------------------------------------------------------------------------
+
+@needs_emulator
+def test_online_softmax_emulator_equals_the_textbook_softmax(results):
+    r = results["01"]
+    c = emulator_check(r)
+    x = lesson.softmax_demo_rows().astype(np.float64)
+    np.testing.assert_allclose(c.output, lessons.safe_softmax(x), **TOL)
+    for i in (0, 1):                              # lse by hand: m + log(sum exp(x - m)) over the visible entries
+        row = x[i][np.isfinite(x[i])]
+        m = row.max()
+        assert c.lse[i] == pytest.approx(m + np.log(np.exp(row - m).sum()), rel=2e-6)
+    assert (c.output[2] == 0).all() and np.isneginf(c.lse[2])     # a row that sees nothing
+    assert (c.output[1, :300] == 0).all() and np.isfinite(c.output).all()
+    assert c.agrees and r.ok and "emulator (the same CUDA C on CPU threads, not the GPU)" in r.summary
+
+
+@needs_emulator
+def test_flash_attention_emulator_equals_attention_on_the_real_sample(results):
+    c = emulator_check(results["02"])
+    q, k, v = lessons.load_sample().qkv(0, 0)
+    out, lse = lessons.attention(q, k, v, return_lse=True)
+    np.testing.assert_allclose(c.output, out, **TOL)
+    np.testing.assert_allclose(c.lse, lse, **TOL)
+    assert c.agrees
+
+
+@needs_emulator
+def test_flash_attention_trace_matches_numpy_tile_by_tile(results):
+    r = results["02"]
+    det = r.details
+    assert det["block_q"] == 64 and det["block_k"] == 16 and det["row"] == 93 and det["token"] == "and"
+    q, k, v = lessons.load_sample().qkv(0, 0)
+    _, trace = lessons.flash_attention(q, k, v, tile=16, block_q=64, return_trace=True)
+    rt = trace.row(93)
+    g = det["gpu_row"]
+    np.testing.assert_array_equal(g.tile, np.arange(8))
+    np.testing.assert_allclose(g.m, rt.m, rtol=1e-5)
+    np.testing.assert_allclose(g.alpha, rt.alpha, rtol=1e-5)
+    np.testing.assert_allclose(g.l, rt.l, rtol=1e-5)
+    assert det["divergence"] is None and det["max_relative_difference"] < 1e-4
+    # forgetting alpha on l first shows where the max moves while l > 0
+    first_rescale = int(np.flatnonzero(rt.rescaled)[0])
+    assert det["broken_divergence"].tile == first_rescale and det["broken_divergence"].quantity == "l"
+    table = lesson.trace_table(g, rt, "emulator").splitlines()
+    assert len(table) == 1 + len(rt) and table[1].split()[:2] == ["0", "0-15"]
+    assert "first_divergence: none" in r.summary and f"names tile {first_rescale}" in r.summary
+
+
+@needs_emulator
+def test_causal_emulator_equals_attention_and_empty_rows_are_zero(results):
+    r = results["03"]
+    q, k, v = lessons.load_sample().qkv(0, 0)
+    checks = r.checks_on("emulator")
+    assert [c.case.split(", causal")[0] for c in checks] == ["Nq=40, Nk=128", "Nq=128, Nk=96"]
+    for c, (nq, nk) in zip(checks, lesson.CAUSAL_CASES):
+        out, lse = lessons.attention(q[-nq:], k[:nk], v[:nk], causal=True, return_lse=True)
+        np.testing.assert_allclose(c.output, out, **TOL)
+        empty = (causal_mask(nq, nk).sum(axis=1) == 0)
+        assert r.details["empty_rows"][(nq, nk)] == int(empty.sum())
+        assert (c.output[empty] == 0).all() and np.isneginf(c.lse[empty]).all()
+        np.testing.assert_allclose(c.lse[~empty], lse[~empty], **TOL)
+        assert not np.isnan(c.output).any()
+    assert r.details["empty_rows"][(128, 96)] == 32
+    assert "rows that see no key: 32 - the kernel wrote out = 0 there: True, lse = -inf: True" in r.summary
+
+
+@needs_nvrtc
+def test_io_report_checks_the_shared_memory_formula(results):
+    r = results["04"]
+    assert not r.checks and r.details["timings"] == ()
+    formula = r.details["smem_formula"]
+    assert len(formula) == 2                     # the series' d = 128 build and the d = 64 one that is timed
+    for name, (bytes_, reported) in formula.items():
+        assert reported == [bytes_, bytes_], name
+    assert 4 * (64 * 65 + 2 * 32 * 65 + 64 * 33) in [b for b, _ in formula.values()]   # d=64, 64 x 32 tiles
+
+
+@needs_emulator
+def test_paged_decode_emulator_equals_attention_on_contiguous_keys(results):
+    r = results["05"]
+    c = emulator_check(r)
+    q_all, k_all, v_all = lessons.load_sample().qkv(0, 0)
+    out, lse = lessons.attention(q_all[99], k_all[:100], v_all[:100], return_lse=True)
+    np.testing.assert_allclose(c.output, out, **TOL)
+    assert c.lse == pytest.approx(lse, rel=2e-5)
+    assert r.details["garbage_identical"] is True and r.details["used_slots"] == 100
+
+
+def test_paged_decode_needs_all_or_none_of_its_arguments():
+    with pytest.raises(ValueError, match="all of q, block_table"):
+        lesson.paged_decode_on_gpu(np.zeros(4), use_device=False, emulate=False)
+    with pytest.raises(ValueError, match="all of q, k, v"):
+        lesson.flash_decoding_on_gpu(np.zeros(4), use_device=False, emulate=False)
+    with pytest.raises(ValueError, match="all of q, k_cache"):
+        lesson.paged_gqa_on_gpu(np.zeros((1, 1, 4)), use_device=False, emulate=False)
+    with pytest.raises(ValueError, match="cases must hold"):
+        lesson.causal_on_gpu(cases=((0, 8),), use_device=False, emulate=False)
+
+
+def test_split_pages_by_hand():
+    assert lesson.split_pages(8, 6) == [(0, 2), (2, 4), (4, 6), (6, 8), (8, 8), (8, 8)]
+    assert lesson.split_pages(7, 3) == [(0, 3), (3, 6), (6, 7)]
+    assert lesson.split_pages(0, 2) == [(0, 0), (0, 0)]
+    with pytest.raises(ValueError):
+        lesson.split_pages(4, 0)
+
+
+@needs_emulator
+def test_flash_decoding_emulator_partials_and_merge(results):
+    r = results["06"]
+    c = emulator_check(r)
+    q_all, k, v = lessons.load_sample().qkv(0, 0)
+    q = q_all[-1]
+    out, lse = lessons.attention(q, k, v, return_lse=True)
+    np.testing.assert_allclose(c.output, out, **TOL)
+    assert c.lse == pytest.approx(lse, rel=2e-5)
+    splits = r.details["splits"]
+    assert [s["keys"] for s in splits] == [(0, 32), (32, 64), (64, 96), (96, 128), (128, 128), (128, 128)]
+    for s in splits[:4]:
+        a, b = s["keys"]
+        assert s["lse"] == pytest.approx(float(lessons.attention(q, k[a:b], v[a:b], return_lse=True)[1]), rel=2e-5)
+    assert all(np.isneginf(s["lse"]) for s in splits[4:]) and all(s["agrees"] for s in splits)
+    assert r.details["numpy_flash_decoding_difference"] < 2e-5
+
+
+@needs_emulator
+def test_gqa_emulator_equals_attention_head_by_head(results):
+    r = results["07"]
+    c = emulator_check(r)
+    rng = np.random.default_rng(0)                 # notebook 07's data, drawn in the notebook's order
+    lengths, num_heads, num_kv_heads, d = [1, 15, 16, 37], 8, 2, 64
+    keys = [rng.standard_normal((n, num_kv_heads, d)) for n in lengths]
+    values = [rng.standard_normal((n, num_kv_heads, d)) for n in lengths]
+    q = rng.standard_normal((len(lengths), num_heads, d))
+    group = num_heads // num_kv_heads
+    for b in range(len(lengths)):
+        for h in range(num_heads):
+            ref, ref_lse = lessons.attention(q[b, h], keys[b][:, h // group], values[b][:, h // group],
+                                             return_lse=True)
+            np.testing.assert_allclose(c.output[b, h], ref, **TOL)
+            assert c.lse[b, h] == pytest.approx(ref_lse, rel=2e-5)
+    assert r.details["heads_per_block"] == 4 and r.details["group"] == 4
+
+
+def test_emulate_false_runs_nothing_and_says_so():
+    r = lesson.paged_gqa_on_gpu(use_device=False, emulate=False)
+    assert r.checks == () and r.ok and "Nothing was timed" in r.summary
+
+
+# ---------------------------------------------------------------------------
+# the GPU branch, with a stand-in device (the emulator backend, NumPy arrays)
+# ---------------------------------------------------------------------------
+
+class StandInDevice:
+    backend = "emulator"
+    xp = np
+    name = "a stand-in device (the CPU emulator)"
+
+    def put(self, x):
+        return np.ascontiguousarray(x)
+
+    @staticmethod
+    def get(x):
+        return np.asarray(x)
+
+    def kernel(self, launcher):
+        return lambda *a, **kw: launcher(*a, backend=self.backend, **kw)
+
+    def median_seconds(self, fn, *, warmup=0, repeats=1):
+        start = time.perf_counter()
+        fn()
+        return time.perf_counter() - start
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    monkeypatch.setattr(lesson, "_open_device", lambda use_device: (StandInDevice(), None))
+    monkeypatch.setattr(lesson, "_benchmark_module", lambda: None)
+
+
+@needs_emulator
+@needs_nvrtc
+@pytest.mark.parametrize("fn, kwargs", [
+    (lesson.online_softmax_on_gpu, dict(timing_shape=(2, 300))),
+    (lesson.flash_attention_on_gpu, dict(all_heads=False)),
+    (lesson.causal_on_gpu, dict(all_heads=False)),
+    (lesson.paged_decode_on_gpu, {}),
+    (lesson.flash_decoding_on_gpu, {}),
+    (lesson.paged_gqa_on_gpu, {}),
+], ids=lambda x: getattr(x, "__name__", "-"))
+def test_gpu_branch_checks_times_and_labels(stand_in, fn, kwargs):
+    r = fn(**kwargs)
+    assert r.ran_on_device and r.ok, r.summary
+    assert "and run on a stand-in device" in r.status and "On the GPU (a stand-in device" in r.summary
+    assert not r.checks_on("emulator")            # the emulator runs only where the GPU did not
+    timed = [c.median_seconds for c in r.checks_on("GPU") if c.median_seconds is not None]
+    assert timed and all(t > 0 for t in timed)
+    assert "Nothing was timed" not in r.summary and "median time" in r.summary
+
+
+@needs_emulator
+@needs_nvrtc
+def test_gpu_branch_of_the_io_section_times_naive_and_kernel(stand_in):
+    r = lesson.io_on_gpu(ns=(32, 64), d=16, heads=2, repeats=1)
+    rows = r.details["timings"]
+    assert [t["n"] for t in rows] == [32, 64] and r.ran_on_device
+    assert all(t["max_difference"] < 2e-3 for t in rows)          # float16 outputs of the same attention
+    assert "naive CuPy" in r.summary
+
+
+def test_the_naive_benchmark_is_reused_and_is_textbook_attention():
+    bench = lesson._benchmark_module()
+    assert bench is not None and hasattr(bench, "time_cupy")
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal((2, 16, 8)) for _ in range(3))
+    got = bench.naive_attention(np, q, k, v, False)
+    for h in range(2):
+        np.testing.assert_allclose(got[h], lessons.attention(q[h], k[h], v[h]), atol=1e-6)
+    np.testing.assert_allclose(lesson._naive_cupy(np, q, k, v), got, atol=1e-6)
+
+
+@needs_nvrtc
+def test_a_failing_gpu_run_is_reported_not_raised(monkeypatch):
+    class FailingDevice(StandInDevice):
+        def kernel(self, launcher):
+            def launch(*args, **kwargs):
+                raise RuntimeError("launch failed")
+            return launch
+
+    monkeypatch.setattr(lesson, "_open_device", lambda use_device: (FailingDevice(), None))
+    r = lesson.paged_gqa_on_gpu(emulate=False)
+    assert not r.ran_on_device and r.checks == ()
+    assert "but the run on a stand-in device (the CPU emulator) failed" in r.status
+    assert "The GPU run failed: RuntimeError: launch failed" in r.summary
+
+
+# ---------------------------------------------------------------------------
+# a real device
+# ---------------------------------------------------------------------------
+
+@pytest.mark.skipif(not gpu.device_available(), reason="no CUDA device: the sections run on the emulator above")
+@pytest.mark.parametrize("fn", [lesson.online_softmax_on_gpu, lesson.flash_attention_on_gpu, lesson.causal_on_gpu,
+                                lesson.io_on_gpu, lesson.paged_decode_on_gpu, lesson.flash_decoding_on_gpu,
+                                lesson.paged_gqa_on_gpu], ids=lambda f: f.__name__)
+def test_every_section_on_the_device(fn):
+    r = fn()
+    assert "and run on" in r.status and r.ok and r.ran_on_device, r.summary
+    if fn is lesson.io_on_gpu:
+        assert len(r.details["timings"]) == 3
+    else:
+        assert any(c.median_seconds for c in r.checks_on("GPU"))
+
