@@ -66,6 +66,13 @@ def check_positive_int(value, name: str) -> int:
     return int(value)
 
 
+def check_flag(value, name: str) -> bool:
+    """A real bool (Python or NumPy); anything else is a TypeError naming the argument."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
 def check_mask(mask, nq: int, nk: int, single: bool):
     """A boolean mask broadcastable to (Nq, Nk) (True = may attend), or None.
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validate import causal_visible, check_mask, check_positive_int, check_qkv, check_scale
+from ._validate import causal_visible, check_flag, check_mask, check_positive_int, check_qkv, check_scale
 from .reference import _all_float, _shape_result
 from .state import State, absorb, correction_factor, finalize
 from .trace import TileStep, Trace
@@ -55,6 +55,8 @@ def flash_attention(q, k, v, tile=64, *, block_q=64, scale=None, causal=False, m
     """
     out_dtype = np.result_type(*(np.asarray(x).dtype for x in (q, k, v))) if _all_float(q, k, v) else None
     q2, k, v, single, dtype = check_qkv(q, k, v)
+    causal = check_flag(causal, "causal")
+    return_lse, return_trace = check_flag(return_lse, "return_lse"), check_flag(return_trace, "return_trace")
     tile = check_positive_int(tile, "tile")
     block_q = check_positive_int(block_q, "block_q")
     nq, nk = q2.shape[0], k.shape[0]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validate import causal_visible, check_mask, check_qkv, check_scale
+from ._validate import causal_visible, check_flag, check_mask, check_qkv, check_scale
 
 __all__ = ["attention"]
 
@@ -41,6 +41,7 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, return_lse=False)
     """
     out_dtype = np.result_type(*(np.asarray(x).dtype for x in (q, k, v))) if _all_float(q, k, v) else None
     q2, k, v, single, dtype = check_qkv(q, k, v)
+    causal, return_lse = check_flag(causal, "causal"), check_flag(return_lse, "return_lse")
     nq, nk = q2.shape[0], k.shape[0]
     scale = check_scale(scale, q2.shape[1])
     visible = check_mask(mask, nq, nk, single)
@@ -52,7 +53,7 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, return_lse=False)
     if visible is not None:
         s = np.where(visible, s, -np.inf)
     m = s.max(axis=1) if nk else np.full(nq, -np.inf, dtype=dtype)
-    seen = np.isfinite(m)
+    seen = ~np.isneginf(m)                                 # -inf: nothing visible; NaN/+inf propagate
     p = np.exp(s - np.where(seen, m, 0.0)[:, None])       # safe softmax: subtract the row max
     l = p.sum(axis=1)
     out = np.where(seen[:, None], (p @ v) / np.where(seen, l, 1.0)[:, None], 0.0)

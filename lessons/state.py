@@ -58,7 +58,32 @@ class State:
 
 def _safe_max(m: np.ndarray) -> np.ndarray:
     """``m`` with ``-inf`` replaced by 0, so that ``x - m`` never computes ``-inf - -inf``."""
+    m = np.asarray(m)
     return np.where(np.isneginf(m), 0.0, m).astype(m.dtype, copy=False)
+
+
+def _check_state(state, name: str) -> None:
+    if not isinstance(state, State):
+        raise TypeError(f"{name} must be a lessons.State, got {type(state).__name__}")
+    m, l, o = (np.asarray(x) for x in (state.m, state.l, state.o))
+    if m.ndim != 1 or l.shape != m.shape or o.ndim != 2 or o.shape[0] != m.shape[0]:
+        raise ValueError(f"{name} must hold m (R,), l (R,), o (R, dv); got m {m.shape}, l {l.shape}, o {o.shape}")
+
+
+def _check_tile(state: State, s, v):
+    """``s`` (R, T) and ``v`` (T, dv) as float arrays that fit ``state``; no broadcasting."""
+    _check_state(state, "state")
+    s, v = np.asarray(s), np.asarray(v)
+    for name, x in (("s", s), ("v", v)):
+        if not np.issubdtype(x.dtype, np.floating):
+            raise TypeError(f"{name} must have a float dtype, got {x.dtype}")
+    rows, dv = state.o.shape
+    if s.ndim != 2 or s.shape[0] != rows:
+        raise ValueError(f"s must have shape (R, T) with R = {rows} rows of the state, got {s.shape}")
+    if v.shape != (s.shape[1], dv):
+        raise ValueError(f"v must have shape (T, dv) = ({s.shape[1]}, {dv}) to match s {s.shape} "
+                         f"and the state's o {state.o.shape}, got {v.shape}")
+    return s, v
 
 
 def correction_factor(m_old: np.ndarray, m_new: np.ndarray) -> np.ndarray:
@@ -69,7 +94,7 @@ def correction_factor(m_old: np.ndarray, m_new: np.ndarray) -> np.ndarray:
     ``-inf`` (nothing visible yet) it returns 0, not ``exp(nan)``: the state is empty,
     so there is nothing to rescale (the NaN trap of a fully masked tile).
     """
-    return np.exp(m_old - _safe_max(m_new))
+    return np.exp(np.asarray(m_old) - _safe_max(m_new))
 
 
 def absorb(state: State, s: np.ndarray, v: np.ndarray) -> State:
@@ -85,8 +110,13 @@ def absorb(state: State, s: np.ndarray, v: np.ndarray) -> State:
         The tile's values.
 
     Returns the new State. A tile whose scores are all ``-inf`` for a row leaves
-    that row's state unchanged (and empty rows stay empty, never NaN).
+    that row's state unchanged (and empty rows stay empty, never NaN); a tile of
+    T = 0 keys changes nothing. Raises TypeError / ValueError naming ``s``, ``v`` or
+    ``state`` when the shapes do not fit (nothing is broadcast).
     """
+    s, v = _check_tile(state, s, v)
+    if s.shape[1] == 0:
+        return state
     m_new = np.maximum(state.m, s.max(axis=1))
     alpha = correction_factor(state.m, m_new)
     p = np.exp(s - _safe_max(m_new)[:, None])
@@ -103,6 +133,8 @@ def merge(a: State, b: State) -> State:
     empty state (``m = -inf``, ``l = 0``, ``o = 0``), never NaN.
     Raises ValueError if the shapes differ.
     """
+    _check_state(a, "a")
+    _check_state(b, "b")
     if a.o.shape != b.o.shape:
         raise ValueError(f"merge: states have different shapes, a.o {a.o.shape} vs b.o {b.o.shape}")
     m = np.maximum(a.m, b.m)
@@ -119,9 +151,11 @@ def finalize(state: State) -> tuple[np.ndarray, np.ndarray]:
     """Normalise once at the end: ``out = o / l`` and ``lse = m + log(l)``.
 
     Returns ``(out, lse)`` with shapes (R, dv) and (R,). A row that saw no
-    visible key (``l == 0``) gives ``out = 0`` and ``lse = -inf``.
+    visible key (``l == 0``) gives ``out = 0`` and ``lse = -inf``; NaN in the
+    state stays NaN (bad data is never reported as an empty row).
     """
-    seen = state.l > 0
+    _check_state(state, "state")
+    seen = state.l != 0
     safe_l = np.where(seen, state.l, 1.0)
     out = np.where(seen[:, None], state.o / safe_l[:, None], 0.0).astype(state.o.dtype, copy=False)
     with np.errstate(divide="ignore"):

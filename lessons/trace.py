@@ -107,7 +107,9 @@ class Trace:
         return len(self.steps)
 
     def row(self, i: int) -> RowTrace:
-        """The steps of query row ``i`` (0 <= i < Nq); raises IndexError outside."""
+        """The steps of query row ``i`` (0 <= i < Nq); raises IndexError outside, TypeError for a non-int."""
+        if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
+            raise TypeError(f"row index i must be an int, got {type(i).__name__} {i!r}")
         if not -self.nq <= i < self.nq:
             raise IndexError(f"row {i} out of range for Nq = {self.nq}")
         i %= self.nq

@@ -314,3 +314,54 @@ def test_bad_block_q_and_scale():
         attention(*GOOD, scale="0.5")
     with pytest.raises(ValueError, match="scale must be finite"):
         flash_attention(*GOOD, scale=float("nan"))
+
+
+# --- bad data is never reported as an empty row ---------------------------------------------
+
+@pytest.mark.parametrize("fn", [attention, lambda *a, **kw: flash_attention(*a, tile=1, **kw)])
+def test_nan_and_overflow_propagate_instead_of_looking_empty(fn):
+    with np.errstate(invalid="ignore", over="ignore"):
+        out, lse = fn(np.array([[np.nan, 0.0]]), np.eye(2), np.eye(2), return_lse=True)
+        assert np.isnan(out).all() and np.isnan(lse).all()
+        out = fn(np.array([[1e200, 0.0]]), np.array([[1e200, 0.0], [0.0, 0.0]]), np.eye(2))
+        assert np.isnan(out).all()
+
+
+@pytest.mark.parametrize("fn", [attention, flash_attention])
+@pytest.mark.parametrize("name,value", [("causal", "no"), ("causal", np.array([True, False])),
+                                        ("return_lse", "yes"), ("causal", 1)])
+def test_flags_must_be_bools(fn, name, value):
+    with pytest.raises(TypeError, match=f"{name} must be True or False"):
+        fn(*GOOD, **{name: value})
+
+
+def test_absorb_refuses_shapes_that_do_not_fit():
+    st = State.empty(2, 3)
+    with pytest.raises(ValueError, match=r"s must have shape \(R, T\) with R = 2"):
+        absorb(st, np.zeros((1, 4)), np.ones((4, 3)))
+    with pytest.raises(ValueError, match=r"v must have shape \(T, dv\) = \(4, 3\)"):
+        absorb(st, np.zeros((2, 4)), np.ones((4, 1)))
+    with pytest.raises(TypeError, match="s must have a float dtype"):
+        absorb(st, np.zeros((2, 4), int), np.ones((4, 3)))
+    with pytest.raises(TypeError, match="state must be a lessons.State"):
+        absorb((0, 0, 0), np.zeros((2, 4)), np.ones((4, 3)))
+    same = absorb(st, np.zeros((2, 0)), np.zeros((0, 3)))   # an empty tile changes nothing
+    assert np.isneginf(same.m).all() and (same.l == 0).all()
+    bad = State(m=np.zeros(3), l=np.zeros(2), o=np.zeros((2, 3)))
+    with pytest.raises(ValueError, match="a must hold m"):
+        merge(bad, st)
+
+
+def test_correction_factor_takes_plain_floats():
+    from lessons import correction_factor
+    assert correction_factor(-np.inf, -np.inf) == 0.0
+    assert correction_factor(1.0, 3.0) == pytest.approx(np.exp(-2.0))
+
+
+def test_trace_row_index_must_be_int():
+    _, tr = flash_attention(*GOOD, 2, return_trace=True)
+    with pytest.raises(TypeError, match="row index i must be an int"):
+        tr.row(True)
+    with pytest.raises(TypeError, match="row index i must be an int"):
+        tr.row(2.0)
+    assert tr.row(np.int64(1)).row == 1
