@@ -133,6 +133,10 @@ def load_answer(config, name: str) -> Answer:
     except NotImplementedError:
         del sys.modules[modname]
         pytest.skip(f"{NOT_ATTEMPTED}: importing {path.name} raises NotImplementedError")
+    except SystemExit as exc:                            # a BaseException; KeyboardInterrupt still stops the run
+        del sys.modules[modname]
+        pytest.fail(f"could not import {path} (it called sys.exit({exc.code!r}) at import; "
+                    f"keep such code under `if __name__ == \"__main__\":`)", pytrace=False)
     except Exception as exc:
         del sys.modules[modname]
         pytest.fail(f"could not import {path}: {type(exc).__name__}: {exc}", pytrace=False)

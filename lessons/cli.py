@@ -79,7 +79,8 @@ def _add_trace(sub) -> None:
     p.add_argument("--data", choices=("real", "random", "late-max"), default="real",
                    help="real: q, k, v of all-MiniLM-L6-v2 reading a sentence (N = 128, d = 32); "
                         "random: Gaussian (N = 128, d = 32); late-max: a made-up case whose row 0 "
-                        "meets its largest score in the last tile (N = 64, d = 8). Default: real")
+                        "meets its largest score in the last tile (N = max(64, 2 * tile), d = 8: "
+                        "at least two tiles for any --tile). Default: real")
     p.add_argument("--layer", type=int, default=None, help="model layer, 0-based (--data real only; default 0)")
     p.add_argument("--head", type=int, default=None, help="attention head, 0-based (--data real only; default 0)")
     p.add_argument("--row", type=int, default=None,
@@ -106,7 +107,8 @@ def trace_rows(q, k, v, row: int, *, tile: int, block_q: int = 64, causal: bool 
     tile : keys per tile (int >= 1); block_q : query rows per block (int >= 1).
     causal : bottom-right aligned causal mask, as in :func:`lessons.flash_attention`.
 
-    Returns one dict per absorbed tile with keys ``tile`` (int), ``key_start``,
+    Returns one dict per absorbed tile with keys ``tile`` (int, the key tile's number
+    counted from 1, as the tile stepper counts: keys ``[(tile-1)*T, tile*T)``), ``key_start``,
     ``key_stop`` (ints, keys ``[key_start, key_stop)``), ``visible`` (int, how many of
     those keys this row may see: fewer under a causal mask), ``m``, ``alpha``, ``l`` and
     ``error`` (floats; ``error`` = max |o/l - exact| after that tile, exact being
@@ -121,7 +123,7 @@ def trace_rows(q, k, v, row: int, *, tile: int, block_q: int = 64, causal: bool 
     rt = trace.row(row)
     exact = attention(*(np.asarray(x, dtype=np.float64) for x in (q, k, v)), causal=causal)[rt.row]
     errors = rt.errors(exact)
-    return [dict(tile=int(rt.tile[i]), key_start=int(rt.key_start[i]), key_stop=int(rt.key_stop[i]),
+    return [dict(tile=int(rt.tile[i]) + 1, key_start=int(rt.key_start[i]), key_stop=int(rt.key_stop[i]),
                  visible=int(np.isfinite(rt.scores[i]).sum()),
                  m=float(rt.m[i]), alpha=float(rt.alpha[i]), l=float(rt.l[i]), error=float(errors[i]),
                  rescaled=bool(rt.rescaled[i]))

@@ -27,7 +27,7 @@ import numpy as np
 
 from ._validate import check_positive_int
 
-__all__ = ["Sample", "load_sample", "random_case", "late_max_case", "make_case", "CASE_KINDS"]
+__all__ = ["Sample", "load_sample", "random_case", "late_max_case", "late_max_keys", "make_case", "CASE_KINDS"]
 
 CASE_KINDS = ("real", "random", "late-max")
 _NPZ = "minilm_sample.npz"
@@ -273,8 +273,11 @@ def make_case(kind: str, *, layer: int = 0, head: int = 0, tile: int = 16, seed:
     ----------
     kind : ``"real"`` (one head of the all-MiniLM-L6-v2 sample: N = 128, d = 32; uses
         ``layer`` and ``head``), ``"random"`` (:func:`random_case` with n = 128, d = 32;
-        uses ``seed``) or ``"late-max"`` (:func:`late_max_case` with n = 64, d = 8; uses
-        ``tile`` and ``seed``). Arguments a kind does not use are ignored.
+        uses ``seed``) or ``"late-max"`` (:func:`late_max_case` with
+        n = :func:`late_max_keys` ``(tile)`` = max(64, 2 * tile), d = 8; uses ``tile``
+        and ``seed``: 64 keys up to tiles of 32, and always at least two tiles, so
+        every tile size gets a case). Arguments a kind does not use are ignored.
+    tile : int >= 1, keys per tile (only ``"late-max"`` uses it).
 
     Returns
     -------
@@ -289,7 +292,17 @@ def make_case(kind: str, *, layer: int = 0, head: int = 0, tile: int = 16, seed:
         return load_sample().qkv(layer, head, dtype=np.float64)
     if kind == "random":
         return random_case(seed=seed)
-    return late_max_case(tile=tile, seed=seed)
+    return late_max_case(late_max_keys(tile), tile=tile, seed=seed)
+
+
+def late_max_keys(tile: int) -> int:
+    """The number of keys (and queries) of ``make_case("late-max", tile=tile)``: max(64, 2 * tile).
+
+    64 for the usual tile sizes (up to 32); for larger tiles exactly two tiles, so the
+    late maximum always has a first tile to be late after. Raises TypeError/ValueError
+    for a ``tile`` that is not an int >= 1.
+    """
+    return max(64, 2 * check_positive_int(tile, "tile"))
 
 
 def _seed(seed) -> int:

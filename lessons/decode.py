@@ -26,12 +26,11 @@ import numpy as np
 
 from ._validate import as_float_array, check_scale
 from .paged import _check_caches, _check_index_array, sequence_pages
+from .sizes import element_size
 from .state import State, absorb, finalize
 
 __all__ = ["paged_decode", "write_paged_batch", "kv_head_of", "kv_cache_bytes"]
 
-# Element sizes (bytes) of dtypes that NumPy does not have.
-_EXTRA_ITEMSIZE = {"bfloat16": 2, "bf16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8": 1}
 
 
 def kv_head_of(num_heads: int, num_kv_heads: int) -> np.ndarray:
@@ -103,6 +102,10 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, ret
     if block_tables.shape[0] != num_seqs or seq_lens.shape[0] != num_seqs:
         raise ValueError(f"q, block_tables and seq_lens must agree on num_seqs: q has shape {q.shape}, "
                          f"block_tables {block_tables.shape}, seq_lens {seq_lens.shape}")
+    negative = np.flatnonzero(seq_lens < 0)
+    if negative.size:
+        b = int(negative[0])
+        raise ValueError(f"seq_lens[{b}] must be at least 0 (tokens in sequence {b}), got {int(seq_lens[b])}")
     group = num_heads // num_kv_heads                     # query heads per KV head
     out_dtype = np.result_type(q.dtype, k_cache.dtype, v_cache.dtype)
     dtype = np.result_type(out_dtype, np.float32)
@@ -208,11 +211,14 @@ def kv_cache_bytes(seq_len, num_layers, num_kv_heads, head_dim, dtype, *, batch_
     ----------
     seq_len, num_layers, num_kv_heads, head_dim, batch_size : ints (seq_len >= 0, the
         others >= 1).
-    dtype : a NumPy dtype or its name (``np.float16``, ``"float32"``), or one of
-        ``"bfloat16"``/``"bf16"`` (2 bytes), ``"fp8"``/``"float8_e4m3fn"``/``"float8_e5m2"`` (1 byte).
+    dtype : a float or int NumPy dtype or its name (``np.float16``, ``"float32"``,
+        ``np.int8`` for a quantised cache), or one of ``"bfloat16"``/``"bf16"``
+        (2 bytes), ``"fp8"``/``"float8_e4m3fn"``/``"float8_e5m2"`` (1 byte)
+        (:func:`lessons.sizes.element_size`).
 
-    Returns an int, in bytes. Raises TypeError for non-int counts or an unknown
-    dtype, ValueError for counts out of range.
+    Returns an int, in bytes. Raises TypeError for non-int counts or a dtype that
+    is unknown or not a number type (None, object, str, void, bool, complex),
+    ValueError for counts out of range.
 
     Source: Ainslie et al. 2023 (GQA), Sec. 1-2; Kwon et al. 2023, Sec. 3 (KV cache size).
     """
@@ -223,13 +229,5 @@ def kv_cache_bytes(seq_len, num_layers, num_kv_heads, head_dim, dtype, *, batch_
             raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
         if value < (0 if name == "seq_len" else 1):
             raise ValueError(f"{name} must be at least {0 if name == 'seq_len' else 1}, got {value}")
-    if dtype is None:
-        raise TypeError(f"dtype must be a NumPy dtype or one of {sorted(_EXTRA_ITEMSIZE)}, got None")
-    if isinstance(dtype, str) and dtype.lower() in _EXTRA_ITEMSIZE:
-        itemsize = _EXTRA_ITEMSIZE[dtype.lower()]
-    else:
-        try:
-            itemsize = np.dtype(dtype).itemsize
-        except TypeError:
-            raise TypeError(f"dtype must be a NumPy dtype or one of {sorted(_EXTRA_ITEMSIZE)}, got {dtype!r}") from None
+    itemsize = element_size(dtype, integers=True)
     return 2 * int(batch_size) * int(seq_len) * int(num_layers) * int(num_kv_heads) * int(head_dim) * itemsize

@@ -85,7 +85,7 @@ def merge_states(o_a, lse_a, o_b, lse_b):
     lse_a, lse_b : float arrays, shape (...) = ``o.shape[:-1]``; finite or ``-inf``.
 
     Returns ``(o, lse)`` of the same shapes, float dtype of the inputs (at least
-    float32). The empty state is ``o = 0``, ``lse = -inf``: it is the identity of the
+    float32); ``dv = 0`` works too (``o`` is then empty, ``lse`` still merged). The empty state is ``o = 0``, ``lse = -inf``: it is the identity of the
     merge, and merging two empties gives an empty state (no NaN).
 
     Raises TypeError for non-float input; ValueError if the shapes differ, ``lse`` does
@@ -103,9 +103,10 @@ def merge_states(o_a, lse_a, o_b, lse_b):
         raise ValueError(f"o_a and o_b must have the same shape, got {o_a.shape} and {o_b.shape}")
     dtype = np.result_type(o_a.dtype, lse_a.dtype, o_b.dtype, lse_b.dtype, np.float32)
     lead, dv = o_a.shape[:-1], o_a.shape[-1]
+    rows = int(np.prod(lead, dtype=np.int64))            # explicit: reshape(-1, 0) cannot infer it
 
     def flat(o, lse):
-        return _as_state(o.astype(dtype).reshape(-1, dv), lse.astype(dtype).reshape(-1))
+        return _as_state(o.astype(dtype).reshape(rows, dv), lse.astype(dtype).reshape(rows))
 
     o, lse = finalize(merge(flat(o_a, lse_a), flat(o_b, lse_b)))
     return o.reshape(*lead, dv), lse.reshape(lead)

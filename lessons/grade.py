@@ -328,8 +328,11 @@ def reset(name: str, *, exercises_dir=None, stubs_dir=None, now: datetime | None
     that exists; an existing backup is never overwritten), then the stub from
     ``grading/stubs/`` replaces it. A file that already is the stub is left alone.
     ``exercises_dir``/``stubs_dir`` default to the repository's folders; ``now`` to the
-    current time. Returns the backup's path, or None when no backup was needed.
-    Raises ValueError for an unknown ``name``, FileNotFoundError if the stub is missing.
+    current time. A missing exercises folder is created again. Returns the backup's path,
+    or None when no backup was needed.
+    Raises ValueError for an unknown ``name``, FileNotFoundError if the stub is missing,
+    IsADirectoryError if ``<name>.py`` is a folder (nothing is changed then), and the
+    OSError of a folder that cannot be created or written.
     """
     get_exercise(name)
     root = None if exercises_dir is not None and stubs_dir is not None else repo_root()
@@ -340,6 +343,10 @@ def reset(name: str, *, exercises_dir=None, stubs_dir=None, now: datetime | None
         raise FileNotFoundError(f"no stub for {name!r} at {stub}")
     stub_bytes = stub.read_bytes()
     target = exercises_dir / f"{name}.py"
+    if target.is_dir():
+        raise IsADirectoryError(f"{target} is a folder, not your answer file: move or rename it, "
+                                f"then reset again")
+    exercises_dir.mkdir(parents=True, exist_ok=True)     # deleted by hand: make it again
     backup = None
     if target.exists():
         mine = target.read_bytes()
@@ -382,8 +389,11 @@ def main(argv=None) -> int:
         if args.command == "reset":
             get_exercise(args.name)
             target = repo_root() / "exercises" / f"{args.name}.py"
+            folder_existed = target.parent.is_dir()
             existed = target.exists()
             backup = reset(args.name)
+            if not folder_existed:
+                print(f"the folder {target.parent} was missing; created it")
             if backup is not None:
                 print(f"saved your file as {backup}\nrestored the stub {target}")
             elif existed:
@@ -394,7 +404,7 @@ def main(argv=None) -> int:
         for ex in EXERCISES:
             print(f"{ex.notebook[:2]}  {ex.name:<16} {ex.title}")
         return 0
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, OSError) as exc:                 # OSError: FileNotFoundError, IsADirectoryError, ...
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -161,21 +161,27 @@ def flash_io(n, d, *, m_bytes, element_size=2, order="fa1", block_q=None, block_
         blocks; K_j, V_j read once per query block; Q_i read and O_i, L_i
         written once).
     block_q, block_k : int >= 1, override Br and Bc; default :func:`flash_block_sizes`.
+        When both are given, M is only recorded (it need not hold ``4d`` elements).
 
     Returns an :class:`IOCount`; its ``block_q``/``block_k`` are the sizes used.
     With ``Tc = ceil(N/Bc)`` the FA-1 count is ``reads = 2Nd + Tc(2Nd + 2N)``,
     ``writes = (Tc + 1)(Nd + 2N)``, i.e. about ``12 N^2 d^2 / M`` (Theorem 2).
     FLOPs equal the textbook's: ``2 N^2 d`` each for ``Q K^T`` and ``P V``.
 
-    Raises TypeError/ValueError for bad sizes or an unknown order.
+    Raises TypeError/ValueError for bad sizes or an unknown order, and ValueError
+    when a block size must be derived from an M below ``4d`` elements.
     """
     n, d = check_positive_int(n, "n"), check_positive_int(d, "d")
     es = _check_element_size(element_size)
     if order not in ("fa1", "fa2"):
         raise ValueError(f"order must be 'fa1' or 'fa2', got {order!r}")
-    br, bc = flash_block_sizes(d, m_bytes, es)
-    br = br if block_q is None else check_positive_int(block_q, "block_q")
-    bc = bc if block_k is None else check_positive_int(block_k, "block_k")
+    m_bytes = check_positive_int(m_bytes, "m_bytes")
+    br = None if block_q is None else check_positive_int(block_q, "block_q")
+    bc = None if block_k is None else check_positive_int(block_k, "block_k")
+    if br is None or bc is None:                        # only sizes derived from M need M >= 4d
+        br_m, bc_m = flash_block_sizes(d, m_bytes, es)
+        br = br_m if br is None else br
+        bc = bc_m if bc is None else bc
     q_blocks = [(r0, min(r0 + br, n)) for r0 in range(0, n, br)]
     k_blocks = [(c0, min(c0 + bc, n)) for c0 in range(0, n, bc)]
     ledger, flops = _Ledger(), 0
@@ -254,8 +260,20 @@ def roofline_points(n=8192, ds=(64, 128), *, hardware=H200, precisions=("bf16", 
     For each precision in ``precisions`` (keys of :data:`ELEMENT_SIZES` and of
     ``hardware.peak_flops``) and each head dim in ``ds``, counts both algorithms
     (:func:`textbook_io`, :func:`flash_io` with ``m_bytes = hardware.sram_bytes``)
-    and returns a list of :class:`RooflinePoint`. Raises ValueError for an unknown precision.
+    and returns a list of :class:`RooflinePoint`. A single string (``precisions="fp32"``)
+    is one precision. Raises ValueError for an unknown precision, TypeError naming
+    ``precisions`` when it is neither a string nor an iterable of strings.
     """
+    if isinstance(precisions, str):
+        precisions = (precisions,)
+    try:
+        precisions = tuple(precisions)
+    except TypeError:
+        raise TypeError(f"precisions must be a string or a sequence of strings, "
+                        f"got {type(precisions).__name__} {precisions!r}") from None
+    for precision in precisions:
+        if not isinstance(precision, str):
+            raise TypeError(f"precisions must hold strings, got {type(precision).__name__} {precision!r}")
     points = []
     for precision in precisions:
         if precision not in ELEMENT_SIZES or precision not in hardware.peak_flops:
@@ -278,14 +296,28 @@ def roofline_points(n=8192, ds=(64, 128), *, hardware=H200, precisions=("bf16", 
 def loglog_slope(xs, ys):
     """Least-squares slope of ``log(ys)`` against ``log(xs)`` (the exponent k in ``y ~ x^k``).
 
-    ``xs``, ``ys``: sequences of equal length >= 2 of positive numbers. Returns a float.
-    Raises ValueError for mismatched lengths, fewer than 2 points or non-positive values.
+    ``xs``, ``ys``: 1-D sequences of equal length >= 2 of positive finite numbers;
+    ``xs`` must hold at least two distinct values (else there is no slope). Returns a float.
+    Raises ValueError naming the argument for mismatched shapes, fewer than 2 points,
+    non-numeric, non-positive or non-finite values, or ``xs`` all equal.
     """
-    xs, ys = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
+    arrays = []
+    for name, a in (("xs", xs), ("ys", ys)):
+        try:
+            arrays.append(np.asarray(a, dtype=float))
+        except (TypeError, ValueError):
+            raise ValueError(f"{name} must be a sequence of numbers, got {a!r}") from None
+    xs, ys = arrays
     if xs.ndim != 1 or xs.shape != ys.shape or xs.size < 2:
         raise ValueError(f"xs and ys must be 1-D of equal length >= 2, got shapes {xs.shape} and {ys.shape}")
-    if (xs <= 0).any() or (ys <= 0).any():
-        raise ValueError("xs and ys must be positive for a log-log fit")
+    for name, a in (("xs", xs), ("ys", ys)):
+        bad = ~np.isfinite(a) | (a <= 0)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise ValueError(f"{name} must hold positive finite values for a log-log fit, "
+                             f"got {name}[{i}] = {a[i]}")
+    if np.unique(xs).size < 2:
+        raise ValueError(f"xs must hold at least two distinct values for a slope, got {xs.tolist()}")
     return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
 
 

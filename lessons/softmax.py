@@ -66,9 +66,13 @@ def _shift(m: np.ndarray) -> np.ndarray:
 
 
 def _normalise(p: np.ndarray, l: np.ndarray) -> np.ndarray:
-    """``p / l`` row-wise; a row with ``l == 0`` (all ``-inf``) becomes 0, never NaN."""
-    seen = l > 0
-    return np.where(seen[:, None], p / np.where(seen, l, 1.0)[:, None], 0.0)
+    """``p / l`` row-wise; a row with ``l == 0`` exactly (all ``-inf``) becomes 0, never NaN.
+
+    Only the empty row is special: a NaN ``l`` (from a NaN or ``+inf`` input)
+    stays NaN, so bad input is never silently turned into zeros.
+    """
+    empty = l == 0
+    return np.where(empty[:, None], 0.0, p / np.where(empty, 1.0, l)[:, None])
 
 
 def _safe_passes(mem: _Memory, tile: int) -> None:
@@ -118,7 +122,8 @@ def safe_softmax(x):
     Returns
     -------
     ndarray of the shape and dtype of ``x`` (float16 is computed in float32),
-    each row summing to 1. A row that is entirely ``-inf`` gives zeros, never NaN.
+    each row summing to 1. A row that is entirely ``-inf`` gives zeros, never NaN;
+    a row holding a NaN or a ``+inf`` gives NaN (it is not silently zeroed).
 
     Raises TypeError for a non-float ``x``, ValueError for 0-D or 3-D input.
 
@@ -167,7 +172,8 @@ def online_softmax(x, tile, *, return_trace=False):
     Returns
     -------
     ndarray of the shape and dtype of ``x`` (or ``(y, trace)``), equal to
-    :func:`safe_softmax` up to float rounding. An all ``-inf`` row gives zeros.
+    :func:`safe_softmax` up to float rounding. An all ``-inf`` row gives zeros;
+    a row holding a NaN or a ``+inf`` gives NaN.
 
     Raises TypeError for a non-float ``x`` or a non-int ``tile``, ValueError for
     0-D or 3-D input or ``tile < 1``.
@@ -221,6 +227,7 @@ def fused_softmax_matmul(x, v, tile):
     """
     x2, one, dtype = _check_x(x)
     v = as_float_array(v, "v", (2,))
+    out_dtype = np.result_type(dtype, v.dtype)           # before v is upcast for the work
     tile = check_positive_int(tile, "tile")
     if v.shape[0] != x2.shape[1]:
         raise ValueError(f"v must have one row per element of x: x has shape {np.shape(x)}, v has shape {v.shape}")
@@ -230,7 +237,7 @@ def fused_softmax_matmul(x, v, tile):
     for c0, c1 in _tiles(x2.shape[1], tile):
         state = absorb(state, x2[:, c0:c1], v[c0:c1])
     out, _ = finalize(state)
-    out = out.astype(np.result_type(dtype, np.asarray(v).dtype), copy=False)
+    out = out.astype(out_dtype, copy=False)
     return out[0] if one else out
 
 

@@ -7,8 +7,17 @@ the exact output, then only *displays* what the trace recorded. No attention
 arithmetic happens in this module; every number shown is a trace value passed
 through :func:`format_value`.
 
-Later lessons reuse it with another data source, schedule or options, e.g.
-``TileStepper(schedule=paged_schedule, options={"causal": True})``.
+Later lessons reuse it with another data source, schedule or options: the paged
+loop of lesson 5 (a schedule that reads the keys through a block table), or query
+blocks of 16 rows under a causal mask (lesson 3). Row 93 of the real sample then
+absorbs 8 pages of 16 keys, or only the 6 key tiles its query block can see:
+
+>>> from lessons.paged import paged_schedule
+>>> from lessons.causal import block_schedule
+>>> TileStepper(schedule=paged_schedule).slider.max
+8
+>>> TileStepper(schedule=block_schedule(16), options={"causal": True}).slider.max
+6
 
 The loop being replayed: Dao et al. 2022, Alg. 1; Dao 2023 (FlashAttention-2), Alg. 1.
 """
@@ -83,6 +92,8 @@ class TileStepper:
     choices : sequence of (label, kind) pairs for the data buttons, default :data:`DATA_CHOICES`.
         Layer and head are only enabled for ``kind == "real"``.
     tile : int >= 1, initial keys per tile (block_k); clipped to the number of keys.
+        The late-maximum case is built for the tile size (at least two tiles of it,
+        see :func:`lessons.data.make_case`), so it accepts any tile.
     row : int, initial query row (default: ``default_rows[kind]``, else 0).
     default_rows : mapping kind -> the row shown when that data is chosen, default
         :data:`DEFAULT_ROWS` (kinds not in it keep the current row).
@@ -326,14 +337,27 @@ class TileStepper:
         r["max_error"].value = f"max |o/l − exact| = <b>{format_value(self._errors[i])}</b>"
 
         token = f" ({self._token(rt.row)!r})" if self._tokens is not None else ""
-        if rt.rescaled[i]:
+        empty_after = rt.l[i] == 0                       # the trace's own state: still nothing visible
+        empty_before = step == 1 or rt.l[i - 1] == 0
+        if empty_after:
+            what = ("every key of this tile is masked for this row: nothing visible yet, "
+                    "so the state stays empty (m = -inf, l = 0, o = 0; α = 0, nothing to rescale)")
+        elif rt.rescaled[i]:
             what = (f"a new max: m moved {format_value(rt.m_before[i])} → {format_value(rt.m[i])}, "
                     f"so l and o are multiplied by α = {format_value(rt.alpha[i])}")
         elif step == 1:
             what = "the first tile: m, l and o start from it"
+        elif empty_before:
+            what = ("the first visible keys: m, l and o start from this tile "
+                    "(the state was empty, so α = 0 multiplies nothing)")
         else:
             what = "the max did not move: α = 1, nothing to rescale"
-        last = " This was the last tile: o / l is now the exact output." if step == n else ""
+        if step < n:
+            last = ""
+        elif empty_after:
+            last = " This was the last tile: the row saw no visible key, so its output is 0."
+        else:
+            last = " This was the last tile: o / l is now the exact output."
         self.caption.value = (f"<b>Query row {rt.row}{token}, tile {step} of {n}</b> "
                               f"(keys {a}–{b - 1}): {what}.{last}")
         self.table.value = self._table(step)

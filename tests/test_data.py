@@ -204,6 +204,17 @@ def test_make_case_kinds(sample):
         assert all(a.ndim == 2 and a.dtype == np.float64 for a in make_case(kind))
 
 
+@pytest.mark.parametrize("tile, n", [(1, 64), (16, 64), (32, 64), (33, 66), (64, 128), (70, 140)])
+def test_make_case_late_max_has_two_tiles_for_any_tile(tile, n):
+    q, k, v = make_case("late-max", tile=tile)
+    assert q.shape == k.shape == (n, 8) and v.shape == (n, 8)
+    for a, b in zip((q, k, v), late_max_case(n, tile=tile)):
+        np.testing.assert_array_equal(a, b)
+    s0 = q[0] @ k.T / np.sqrt(8)                           # row 0's scores: max 4.0 at the last key
+    assert s0.argmax() == n - 1 and s0[n - 1] == pytest.approx(4.0)
+    assert s0[:tile].max() == pytest.approx(1.0)           # the first tile peaks at 1.0
+
+
 @pytest.mark.parametrize("kind", ["Real", "gaussian", "", None, 3])
 def test_make_case_unknown_kind(kind):
     with pytest.raises(ValueError, match=r"kind must be one of 'real', 'random', 'late-max'; got"):

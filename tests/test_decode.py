@@ -141,7 +141,8 @@ def _good():
     (dict(q=np.zeros((4, 4))), ValueError, ["q", "3-D"]),
     (dict(q=np.zeros((3, 4, 4))), ValueError, ["num_seqs"]),
     (dict(seq_lens=np.array([5])), ValueError, ["num_seqs"]),
-    (dict(seq_lens=np.array([5, -1])), ValueError, ["seq_len"]),
+    (dict(seq_lens=np.array([5, -1])), ValueError, ["seq_lens[1]", "at least 0", "-1"]),
+    (dict(seq_lens=np.array([-3, 3])), ValueError, ["seq_lens[0]", "-3"]),
     (dict(seq_lens=np.array([5.0, 3.0])), TypeError, ["seq_lens", "integers"]),
     (dict(seq_lens=np.array([5, 13])), ValueError, ["block_tables[1]", "too short"]),
     (dict(block_tables=np.array([[0, 1, 2], [100, 0, 0]])), ValueError, ["block_tables[1][0] = 100", "outside"]),
@@ -181,7 +182,7 @@ def test_llama2_7b_is_half_a_mebibyte_per_token():
 
 
 @pytest.mark.parametrize("dtype, itemsize", [("float32", 4), (np.float64, 8), ("bfloat16", 2), ("fp8", 1),
-                                             (np.dtype("float16"), 2)])
+                                             (np.dtype("float16"), 2), ("BF16", 2), (np.int8, 1)])
 def test_kv_bytes_scale_with_every_factor(dtype, itemsize):
     assert kv_cache_bytes(5, 3, 2, 7, dtype, batch_size=2) == 2 * 5 * 3 * 2 * 7 * 2 * itemsize
     assert kv_cache_bytes(0, 3, 2, 7, dtype) == 0
@@ -193,6 +194,11 @@ def test_kv_bytes_scale_with_every_factor(dtype, itemsize):
     ((10, 32, 8.0, 128, "float16"), TypeError, "num_kv_heads"),
     ((10, 32, 8, 128, "float17"), TypeError, "dtype"),
     ((10, 32, 8, 128, None), TypeError, "dtype"),
+    ((10, 32, 8, 128, object), TypeError, "dtype"),
+    ((10, 32, 8, 128, "V"), TypeError, "dtype"),
+    ((10, 32, 8, 128, str), TypeError, "dtype"),
+    ((10, 32, 8, 128, np.complex64), TypeError, "dtype"),
+    ((10, 32, 8, 128, bool), TypeError, "dtype"),
 ])
 def test_kv_bytes_bad_input(args, exc, word):
     with pytest.raises(exc, match=word):

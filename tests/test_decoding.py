@@ -82,6 +82,17 @@ def test_an_empty_state_is_empty_whatever_its_o_holds():
     assert lse == 0.25
 
 
+def test_merge_with_dv_zero_still_merges_lse():
+    # no value columns: o stays empty, lse is still log(e^a + e^b) (hand: log(1 + e) for 0 and 1)
+    o, lse = merge_states(np.zeros((3, 0)), np.array([0.0, 1.0, -np.inf]),
+                          np.zeros((3, 0)), np.array([1.0, -np.inf, -np.inf]))
+    assert o.shape == (3, 0)
+    np.testing.assert_allclose(lse, [np.log1p(np.e), 1.0, -np.inf], rtol=1e-15)
+    o, lse = reduce_states(np.zeros((4, 2, 0)), np.zeros((4, 2)), order="tree")
+    assert o.shape == (2, 0)
+    np.testing.assert_allclose(lse, [np.log(4.0)] * 2, rtol=1e-15)
+
+
 def test_merge_does_not_overflow_with_huge_lse():
     o, lse = merge_states(np.array([1.0]), np.array(1000.0), np.array([3.0]), np.array(1000.0))
     assert lse == pytest.approx(1000.0 + np.log(2.0), abs=1e-12)

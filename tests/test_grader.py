@@ -322,6 +322,45 @@ def test_reset_of_an_untouched_stub_or_unknown_name(workspace):
     assert (workspace / "paged.py").read_bytes() == (ROOT / "grading" / "stubs" / "paged.py").read_bytes()
 
 
+def test_reset_recreates_a_missing_exercises_folder(tmp_path):
+    gone = tmp_path / "exercises"                          # deleted by hand
+    assert reset("absorb", exercises_dir=gone, stubs_dir=ROOT / "grading" / "stubs") is None
+    assert sorted(p.name for p in gone.iterdir()) == ["absorb.py"]
+    assert (gone / "absorb.py").read_bytes() == (ROOT / "grading" / "stubs" / "absorb.py").read_bytes()
+
+
+def test_reset_refuses_a_folder_where_the_answer_file_belongs(workspace):
+    (workspace / "causal.py").unlink()
+    (workspace / "causal.py").mkdir()
+    (workspace / "causal.py" / "notes.txt").write_text("mine")
+    before = _listing(workspace)
+    with pytest.raises(IsADirectoryError, match="causal.py is a folder"):
+        reset("causal", exercises_dir=workspace, stubs_dir=ROOT / "grading" / "stubs")
+    assert _listing(workspace) == before
+
+
+def test_command_line_reset_without_exercises_folder_or_with_a_folder_in_the_way(tmp_path, monkeypatch, capsys):
+    root = tmp_path / "repo"
+    (root / "grading").mkdir(parents=True)
+    (root / "grading" / "stubs").symlink_to(ROOT / "grading" / "stubs")
+    monkeypatch.setattr(grade, "repo_root", lambda: root)
+    assert grade.main(["reset", "absorb"]) == 0
+    out = capsys.readouterr()
+    assert "was missing; created it" in out.out and "Errno" not in out.out + out.err
+    assert (root / "exercises" / "absorb.py").read_bytes() == (ROOT / "grading" / "stubs" / "absorb.py").read_bytes()
+    (root / "exercises" / "causal.py").mkdir()
+    assert grade.main(["reset", "causal"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "causal.py is a folder" in err and "Traceback" not in err
+
+
+def test_an_answer_calling_sys_exit_at_import_is_reported(workspace):
+    (workspace / "absorb.py").write_text("import sys\nsys.exit(3)\n")
+    res = check("absorb", file=workspace / "absorb.py")
+    assert res.status == "failed"
+    assert "could not import" in str(res) and "sys.exit(3)" in str(res) and "AssertionError" not in str(res)
+
+
 def test_command_line_list_and_bad_name(capsys):
     assert grade.main(["list"]) == 0
     listed = capsys.readouterr().out

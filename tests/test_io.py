@@ -94,10 +94,37 @@ def test_theorem_2_scaling():
     (lambda: loglog_slope([1], [1]), ValueError, "length"),
     (lambda: loglog_slope([1, 2], [1, 0]), ValueError, "positive"),
     (lambda: roofline_points(precisions=("int8",)), ValueError, "precision"),
+    (lambda: roofline_points(precisions="int8"), ValueError, "precision"),
+    (lambda: roofline_points(precisions=16), TypeError, "precisions"),
+    (lambda: roofline_points(precisions=[None]), TypeError, "precisions"),
+    (lambda: loglog_slope([1, 1, 1], [1, 2, 3]), ValueError, "xs must hold at least two distinct"),
+    (lambda: loglog_slope([1, np.nan, 3], [1, 2, 3]), ValueError, r"xs must hold positive finite .* xs\[1\]"),
+    (lambda: loglog_slope([1, 2, 3], [1, np.inf, 3]), ValueError, r"ys must hold positive finite .* ys\[1\]"),
+    (lambda: loglog_slope([1, 2], [-1, 2]), ValueError, r"ys\[0\] = -1"),
+    (lambda: loglog_slope(["a", "b"], [1, 2]), ValueError, "xs must be a sequence of numbers"),
+    (lambda: flash_io(4, 8, m_bytes=60, block_q=2), ValueError, "4d"),      # block_k still comes from M
 ])
 def test_bad_input_is_refused_by_name(call, exc, word):
     with pytest.raises(exc, match=word):
         call()
+
+
+def test_given_block_sizes_do_not_need_m_to_hold_4d():
+    # M = 1 byte cannot hold 4d elements, but with Br = Bc = 2 given it is not used for them.
+    # Hand count, N = 4, d = 2, FA-2: Q read once (8), K and V once per query block (2 * 2 * 8),
+    # O written once (8) plus L (4).
+    c = flash_io(4, 2, m_bytes=1, element_size=4, order="fa2", block_q=2, block_k=2)
+    assert (c.block_q, c.block_k, c.m_bytes) == (2, 2, 1)
+    assert (c.read_elements, c.write_elements) == (8 + 2 * 2 * 8, 8 + 4)
+    same = flash_io(4, 2, m_bytes=64, element_size=4, order="fa2", block_q=2, block_k=2)
+    assert (same.read_elements, same.write_elements, same.flops) == (c.read_elements, c.write_elements, c.flops)
+
+
+def test_roofline_takes_one_precision_as_a_string():
+    one = roofline_points(8192, (64,), precisions="fp32")
+    assert [p.label for p in one] == ["textbook d=64 fp32", "flash d=64 fp32"]
+    both = {p.label: p.intensity for p in roofline_points(8192, (64,))}
+    assert [p.intensity for p in one] == [both["textbook d=64 fp32"], both["flash d=64 fp32"]]
 
 
 # --- roofline -----------------------------------------------------------------------------------------

@@ -106,6 +106,26 @@ def test_fused_form_on_scores_is_flash_attention():
                                rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_fused_low_precision_keeps_the_dtype(dtype):
+    x = X2.astype(dtype)
+    v = np.random.default_rng(6).standard_normal((13, 3)).astype(dtype)
+    out = fused_softmax_matmul(x, v, 4)
+    assert out.dtype == dtype
+    np.testing.assert_allclose(out.astype(float), rows(x.astype(float)) @ v.astype(float), rtol=5e-3, atol=5e-3)
+    assert fused_softmax_matmul(np.zeros(2, np.float16), np.eye(2, dtype=np.float16), 1).dtype == np.float16
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_nan_or_plus_inf_propagates_instead_of_zeros(bad):
+    x = np.array([[1.0, bad, 2.0], [-np.inf, -np.inf, -np.inf], [0.0, 1.0, -np.inf]])
+    for y in (safe_softmax(x), online_softmax(x, 1), online_softmax(x, 2), online_softmax(x, 3)):
+        assert np.isnan(y[0]).all()                      # not silently [0, 0, 0]
+        np.testing.assert_array_equal(y[1], 0.0)         # only the all -inf row is empty
+        np.testing.assert_allclose(y[2], [1 / (1 + math.e), math.e / (1 + math.e), 0.0], rtol=1e-15)
+    assert np.isnan(safe_softmax(np.array([1.0, bad, 2.0]))).all()
+
+
 def test_fused_all_masked_row_gives_zeros():
     x = np.array([[-np.inf, -np.inf, -np.inf], [0.0, 1.0, -np.inf]])
     v = np.array([[1.0], [2.0], [3.0]])

@@ -166,11 +166,69 @@ def test_synthetic_data_choices(kind, tile, steps):
     assert not st.layer.disabled and st.row.value == DEFAULT_ROWS["real"]
 
 
-def test_a_tile_size_the_data_cannot_use_is_refused_and_kept():
+@pytest.mark.parametrize("tile", [64, 70])
+def test_late_max_works_at_a_large_tile(tile):
+    # make_case builds max(64, 2 * tile) keys for it: two tiles, the max moves in the second.
+    st = TileStepper(tile=tile)
+    st.data.value = "late-max"
+    assert st.data.value == "late-max" and st.tile_size.value == tile
+    q, k, v = make_case("late-max", tile=tile)
+    assert q.shape[0] == 2 * tile
+    rt, _ = check_every_step(st, q, k, v, 0, tile)
+    assert list(rt.rescaled) == [False, True]
+    assert format_value(math.exp(1.0 - 4.0)) in text(st.readouts["alpha"])
     st = TileStepper(kind="late-max", tile=8)
-    st.tile_size.value = 64                   # the late-max case needs at least two tiles
-    assert st.tile_size.value == 8 and st.slider.max == 8
-    assert "at least two tiles" in st.caption.value
+    st.tile_size.value = 64                              # also when the tile grows on late-max data
+    assert st.tile_size.value == 64 and st.slider.max == 2 and "Kept" not in st.caption.value
+
+
+def test_a_tile_size_the_data_cannot_use_is_refused_and_kept():
+    def make(kind, *, tile, **kw):
+        if tile > 10:
+            raise ValueError(f"tile must be at most 10 for this data, got {tile}")
+        return tuple(np.random.default_rng(1).standard_normal((40, 4)) for _ in range(3))
+    st = TileStepper(make, kind="toy", choices=[("toy", "toy")], tile=8)
+    st.tile_size.value = 20
+    assert st.tile_size.value == 8 and st.slider.max == 5
+    assert "Kept keys per tile = 8" in text(st.caption) and "at most 10" in st.caption.value
+
+
+def test_fully_masked_row_captions_describe_the_empty_state(real_qkv):
+    q, k, v = real_qkv
+    mask = np.ones((128, 128), dtype=bool)
+    mask[3] = False                                      # row 3 sees nothing
+    mask[5, :40] = False                                 # row 5 sees keys 40.. only: tiles 1, 2 are empty
+    st = TileStepper(options={"mask": mask}, row=3)
+    _, trace = flash_attention(q, k, v, 16, mask=mask, return_trace=True)
+    rt = trace.row(3)
+    assert st.slider.max == len(rt) == 8 and (rt.l == 0).all() and np.isneginf(rt.m).all()
+    for t in range(1, 9):
+        st.slider.value = t
+        cap = text(st.caption)
+        assert "nothing visible yet" in cap and "m = -inf, l = 0" in cap
+        assert "start from it" not in cap and "α = 1" not in cap
+        assert number_after_equals(st.readouts["alpha"]) == rt.alpha[t - 1] == 0.0
+    assert "no visible key, so its output is 0" in cap and "exact output" not in cap
+    st.row.value = 5
+    rt = trace.row(5)
+    st.slider.value = 1
+    assert "nothing visible yet" in text(st.caption)
+    st.slider.value = 3                                  # keys 32-47: 40.. are the first visible ones
+    cap = text(st.caption)
+    assert rt.l[1] == 0 < rt.l[2] and "first visible keys" in cap and "nothing visible" not in cap
+    st.slider.value = 8
+    assert "exact output" in text(st.caption)
+
+
+def test_module_docstring_example_runs():
+    import doctest
+
+    import lessons.stepper as module
+    finder = doctest.DocTestFinder(recurse=False)
+    (test,) = finder.find(module, "lessons.stepper", globs=dict(vars(module)))
+    assert len(test.examples) == 4                       # two imports and the two steppers
+    result = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS).run(test)
+    assert result.failed == 0 and result.attempted == 4
 
 
 def test_reusable_with_another_data_source_and_options():
