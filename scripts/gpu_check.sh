@@ -6,7 +6,7 @@
 #   1. environment: nvidia-smi, Python, CuPy, NVRTC versions         -> env.txt
 #   2. compile report: registers and shared memory per kernel/arch   -> compile_report.txt
 #   3. the kernel tests on the device (tests/test_gpu_kernels.py, GPU cases,
-#      and tests/test_gpu_compile.py)                                -> pytest.txt, pytest.xml
+#      tests/test_gpu_compile.py, tests/test_gpu_lesson.py)                -> pytest.txt, pytest.xml
 #   4. compute-sanitizer memcheck and racecheck on each kernel, initcheck on the
 #      paged kernels (small drivers: python -m lessons.gpu.sanitize)  -> sanitizer/*.txt
 #   5. the benchmark (naive CuPy vs the RawKernel vs torch SDPA)      -> benchmark/
@@ -84,7 +84,7 @@ then step "compile report" ok "compile_report.txt"; else step "compile report" F
 
 # ---- tests on the device ----------------------------------------------------------
 if timeout 240 "$PY" -m pytest -p no:nbval -o addopts="" -q -rs \
-        tests/test_gpu_kernels.py tests/test_gpu_compile.py -k "not emulator" \
+        tests/test_gpu_kernels.py tests/test_gpu_compile.py tests/test_gpu_lesson.py -k "not emulator" \
         --junitxml="$RESULTS/pytest.xml" > "$RESULTS/pytest.txt" 2>&1; then
     step "pytest (GPU cases)" ok "$(tail -n 1 "$RESULTS/pytest.txt")"
 else
