@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipywidgets as widgets
 import numpy as np
+from matplotlib import patheffects
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
@@ -23,7 +24,7 @@ from .figures_softmax import figure_png
 from .stepper import format_value
 from .trace import Trace
 
-__all__ = ["GRID_LABELS", "tile_state", "schedule_figure", "BlockStepper"]
+__all__ = ["GRID_LABELS", "tile_state", "schedule_figure", "block_state_text", "BlockStepper"]
 
 #: Legend text of each tile state in the grid.
 GRID_LABELS = {
@@ -74,6 +75,8 @@ def schedule_figure(visits, step, *, causal=True, figsize=(6.4, 5.6), dpi=90, ti
     causal : bool, draw the causal boundary and the masked scores inside diagonal tiles
         (pass what the schedule was made with).
     figsize, dpi : the Figure's size; title : draw a title naming the current tile.
+        Blocks and tiles are counted from 1 in the title and the step labels (``TileVisit``
+        indices stay 0-based: title "query block 1" is ``q_block == 0``).
 
     Returns a Figure: keys along x, query rows down y, one rectangle per tile in
     the colours of :data:`lessons.figures.TILE_COLOURS`; the current query block is
@@ -99,7 +102,9 @@ def schedule_figure(visits, step, *, causal=True, figsize=(6.4, 5.6), dpi=90, ti
                                          linewidths=0.0, zorder=2))
     if causal:
         mask = causal_mask(nq, nk)
-        cells = [_rect(j, j + 1, i, i + 1) for t, s in zip(visits, states) if t.kind == DIAGONAL
+        # masked scores exist only in diagonal tiles already computed (in SRAM now or processed)
+        cells = [_rect(j, j + 1, i, i + 1) for t, s in zip(visits, states)
+                 if t.kind == DIAGONAL and s in ("current", "done")
                  for i in range(t.row_start, t.row_stop) for j in range(t.key_start, t.key_stop) if not mask[i, j]]
         if cells:
             ax.add_collection(PolyCollection(cells, facecolors=_MASKED, alpha=0.35, linewidths=0, zorder=2))
@@ -119,10 +124,11 @@ def schedule_figure(visits, step, *, causal=True, figsize=(6.4, 5.6), dpi=90, ti
         ax.add_patch(Rectangle((cur.key_start, cur.row_start), cur.key_stop - cur.key_start,
                                cur.row_stop - cur.row_start, fill=False, edgecolor="#7a3b00", lw=2.0, zorder=5))
     if len(visits) <= 64:
+        outline = [patheffects.withStroke(linewidth=3, foreground="white")]
         for t in visits:
             if t.step is not None:
                 ax.text((t.key_start + t.key_stop) / 2, (t.row_start + t.row_stop) / 2, str(t.step + 1),
-                        ha="center", va="center", fontsize=9, color="#333333", zorder=6)
+                        ha="center", va="center", fontsize=9, color="#333333", zorder=7, path_effects=outline)
     ax.set_xlim(0, nk)
     ax.set_ylim(nq, 0)
     ax.set_aspect("equal" if 0.25 < nq / nk < 4 else "auto")
@@ -138,11 +144,35 @@ def schedule_figure(visits, step, *, causal=True, figsize=(6.4, 5.6), dpi=90, ti
     if title:
         if step:
             kind = "on the diagonal: masked inside" if cur.kind == DIAGONAL else "full: no mask needed"
-            text = f"step {step} of {total}: query block {cur.q_block}, key tile {cur.k_block} ({kind})"
+            text = f"step {step} of {total}: query block {cur.q_block + 1}, key tile {cur.k_block + 1} ({kind})"
         else:
             text = f"before the loop: {total} tiles to compute"
         fig.text(0.02, 1 - 0.06 / height, text, fontsize=10, ha="left", va="top", color="#7a3b00", fontweight="bold")
     return fig
+
+
+def block_state_text(trace, step) -> str:
+    """The BlockStepper's table as plain text: the current query block after ``step`` computed tiles.
+
+    ``trace``: :class:`lessons.trace.Trace` of :func:`lessons.flash_attention`;
+    ``step``: int in ``1..len(trace.steps)`` (1-based, as on the stepper's slider).
+    Returns a str: a heading (query rows, key tile counted from 1, keys) then one line per
+    row of the block with ``m`` before and after, ``alpha`` and ``l`` as recorded.
+    Raises TypeError for a trace that is not a Trace, ValueError for a step out of range.
+    """
+    if not isinstance(trace, Trace):
+        raise TypeError(f"trace must be a lessons.trace.Trace, got {type(trace).__name__}")
+    n = len(trace.steps)
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or not 1 <= step <= n:
+        raise ValueError(f"step must be an int in 1..{n}, got {step!r}")
+    s = trace.steps[step - 1]
+    lines = [f"query block rows {s.row_start}-{s.row_stop - 1} after key tile {s.tile + 1} "
+             f"(keys {s.key_start}-{s.key_stop - 1})",
+             f"{'row':>4} {'m before':>10} {'m':>10} {'alpha':>10} {'l':>10}"]
+    for r in range(s.row_stop - s.row_start):
+        values = (float(s.m_before[r]), float(s.m[r]), float(s.alpha[r]), float(s.l[r]))
+        lines.append(f"{s.row_start + r:>4} " + " ".join(f"{format_value(x):>10}" for x in values))
+    return "\n".join(lines)
 
 
 class BlockStepper:
@@ -224,7 +254,7 @@ class BlockStepper:
             body.append("<tr>" + "".join(f"<td style='padding:1px 6px;text-align:right'>{c}</td>" for c in cells)
                         + "</tr>")
         return (f"<div style='font-size:12px;margin-bottom:3px'><b>query block rows {s.row_start}–{s.row_stop - 1}"
-                f"</b> after key tile {s.tile} (keys {s.key_start}–{s.key_stop - 1})</div>"
+                f"</b> after key tile {s.tile + 1} (keys {s.key_start}–{s.key_stop - 1})</div>"
                 "<table style='border-collapse:collapse;font-size:12px;font-family:monospace'>"
                 f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
                 "<div style='font-size:11px;color:#666;margin-top:4px'>m = −inf, l = 0: the row has seen no "

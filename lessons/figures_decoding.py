@@ -51,7 +51,8 @@ def flash_decoding_figure(o_parts, lse_parts, out, exact=None, *, dims=8, figsiz
     Top left: each worker's share of the softmax mass, ``exp(lse_i - lse)``
     (:func:`lessons.decoding.merge_weights`). Top right: ``lse_i``. Bottom: the first
     ``dims`` output dimensions of every partial (coloured dots), the merged output
-    (dark line) and the exact output (green ticks).
+    (dark line) and the exact output (green ticks); its title says when only the first
+    ``dims`` of ``dv`` are drawn.
     Returns the Figure; raises ValueError for mismatched shapes.
     """
     o_parts = np.asarray(o_parts, dtype=float)
@@ -93,7 +94,8 @@ def flash_decoding_figure(o_parts, lse_parts, out, exact=None, *, dims=8, figsiz
         ax_o.scatter(x, exact[:dims], marker="_", s=500, color=EXACT_COLOUR, linewidths=2.5, label="exact", zorder=4)
     ax_o.set_xticks(x)
     ax_o.set_xlabel("output dimension", fontsize=9)
-    ax_o.set_title("partial outputs o_i (dot size = weight) and their merge", fontsize=10)
+    shown = f" (first {dims} of {dv} dims)" if dims < dv else ""
+    ax_o.set_title(f"partial outputs o_i (dot size = weight) and their merge{shown}", fontsize=10)
     ax_o.legend(frameon=False, fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
     for ax in (ax_w, ax_l, ax_o):
         for side in ("top", "right"):
@@ -105,7 +107,8 @@ def flash_decoding_figure(o_parts, lse_parts, out, exact=None, *, dims=8, figsiz
 def split_strip_figure(nk: int, num_splits: int, *, figsize=(10.0, 1.3), dpi=80) -> Figure:
     """The keys ``0..nk-1`` as a strip coloured by the worker that folds them.
 
-    Uses :func:`lessons.decoding.split_ranges`; empty workers are listed at the right.
+    Uses :func:`lessons.decoding.split_ranges`; empty workers are listed at the right, and the
+    title gives the chunk size and, when it differs, the size of the last non-empty chunk.
     Returns the Figure.
     """
     ranges = split_ranges(nk, num_splits)
@@ -123,7 +126,9 @@ def split_strip_figure(nk: int, num_splits: int, *, figsize=(10.0, 1.3), dpi=80)
         ax.spines[side].set_visible(False)
     ax.set_xlabel("key position", fontsize=9)
     note = f";  empty workers: {', '.join(map(str, empty))}" if empty else ""
-    ax.set_title(f"{nk} keys over {num_splits} workers (contiguous chunks of {max(1, -(-nk // num_splits))}){note}",
+    sizes = [b - a for a, b in ranges if b > a]
+    last = f" (last: {sizes[-1]})" if sizes and sizes[-1] != sizes[0] else ""
+    ax.set_title(f"{nk} keys over {num_splits} workers (contiguous chunks of {sizes[0] if sizes else 0}{last}){note}",
                  fontsize=9, loc="left")
     return fig
 

@@ -151,7 +151,8 @@ def variant_errors_figure(traces, row=None, *, title=None):
     ``traces``: ``{name: VariantTrace}`` from :func:`lessons.broken.run_variants`;
     ``row``: one query row, or None for the worst row at each tile. Non-finite
     results (inf, NaN) are drawn at the top of the axis with an ``x``; the first
-    divergence of each variant is circled. Returns a Figure.
+    divergence of each variant is circled. Tiles are labelled from 1 (tile 1 is
+    ``error[0]``). Returns a Figure.
     """
     traces = _check_traces(traces)
     fig = _new_figure((9.0, 4.2))
@@ -181,7 +182,7 @@ def variant_errors_figure(traces, row=None, *, title=None):
         ax.text(0.99, top * 1.6, "× = inf or NaN", transform=ax.get_yaxis_transform(), fontsize=8.5,
                 color="#444444", va="bottom", ha="right")
     n = max(len(t) for t in traces.values())
-    ax.set_xticks(range(n))
+    ax.set_xticks(range(n), [str(i + 1) for i in range(n)])            # tiles counted from 1, as on the stepper
     ax.set_xlabel("tile", fontsize=10)
     ax.set_ylabel("max |running result − exact|", fontsize=10)
     ax.set_title(title or ("every row (worst at each tile)" if row is None else f"query row {row}"),

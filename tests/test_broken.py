@@ -241,5 +241,7 @@ def test_variant_errors_figure_marks_non_finite_results():
     assert (no_guard == 1e6).all()                         # every tile non-finite: drawn at the top
     textbook = lines[traces["textbook"].title].get_ydata()
     assert (textbook < 1e-12).all()
+    n = len(traces["textbook"])
+    assert [t.get_text() for t in ax.get_xticklabels()] == [str(i) for i in range(1, n + 1)]
     with pytest.raises(TypeError, match="VariantTrace"):
         variant_errors_figure({"x": 1})

@@ -189,3 +189,43 @@ def test_block_schedule_feeds_the_stepper_a_causal_trace():
     assert stepper.slider.max == 4
     with pytest.raises(ValueError, match="block_q"):
         block_schedule(0)
+
+
+def test_schedule_figure_counts_from_one_and_masks_only_computed_tiles():
+    from lessons.causal import causal_mask
+    from lessons.figures_causal import schedule_figure
+    visits = tile_schedule(12, 12, 4, 4)               # computed: (0,0) (1,0) (1,1) (2,0) (2,1) (2,2)
+    fig = schedule_figure(visits, 2)                   # the 2nd computed tile is query block 2, key tile 1
+    assert "step 2 of 6: query block 2, key tile 1 (full" in fig.texts[0].get_text()
+    fig = schedule_figure(visits, 3)
+    assert "query block 2, key tile 2 (on the diagonal" in fig.texts[0].get_text()
+    mask = causal_mask(12, 12)
+    for step in (0, 1, 3, 6):
+        fig = schedule_figure(visits, step)
+        done_diagonal = [t for t in visits if t.kind == "diagonal" and t.step is not None and t.step < step]
+        expected = sum(int((~mask[t.row_start:t.row_stop, t.key_start:t.key_stop]).sum()) for t in done_diagonal)
+        cells = [c for c in fig.axes[0].collections[1:] if len(c.get_paths()) and c.get_alpha() == 0.35]
+        assert sum(len(c.get_paths()) for c in cells) == expected
+    labels = [t for t in fig.axes[0].texts if t.get_text().isdigit()]
+    assert sorted(int(t.get_text()) for t in labels) == [1, 2, 3, 4, 5, 6]
+    assert all(t.get_path_effects() for t in labels)
+    assert all(t.get_zorder() > 3 for t in labels)     # above the staircase and the masked cells
+
+
+def test_block_state_text_is_the_trace_of_the_block():
+    from lessons.figures_causal import block_state_text
+    from lessons.stepper import format_value
+    rng = np.random.default_rng(5)
+    q, k, v = rng.standard_normal((12, 4)), rng.standard_normal((12, 4)), rng.standard_normal((12, 2))
+    _, trace = flash_attention(q, k, v, 4, block_q=4, causal=True, return_trace=True)
+    text = block_state_text(trace, 5)
+    s = trace.steps[4]                                 # rows 8..11, key tile index 1 (the 2nd tile)
+    lines = text.splitlines()
+    assert lines[0] == "query block rows 8-11 after key tile 2 (keys 4-7)"
+    assert len(lines) == 2 + 4
+    for r, line in enumerate(lines[2:]):
+        assert line.split() == [str(8 + r)] + [format_value(float(x[r])) for x in (s.m_before, s.m, s.alpha, s.l)]
+    with pytest.raises(ValueError, match="step"):
+        block_state_text(trace, 0)
+    with pytest.raises(TypeError, match="trace"):
+        block_state_text(trace.steps, 1)

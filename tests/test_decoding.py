@@ -269,5 +269,12 @@ def test_flash_decoding_figure_draws_the_weights_of_the_partials():
     assert sum(heights) == pytest.approx(1.0, abs=1e-12)
     strip = split_strip_figure(20, 5)
     assert [(p.get_x(), p.get_width()) for p in strip.axes[0].patches] == [(0, 4), (4, 4), (8, 4), (12, 4), (16, 4)]
+    assert "(contiguous chunks of 4)" in strip.axes[0].get_title(loc="left")
+    # 128 keys over 6 workers: ceil(128 / 6) = 22 keys each, the last gets 128 - 5 * 22 = 18
+    strip = split_strip_figure(128, 6)
+    assert "(contiguous chunks of 22 (last: 18))" in strip.axes[0].get_title(loc="left")
+    assert v.shape[1] <= 8 and "dims)" not in fig.axes[2].get_title()     # every dim drawn: no note
+    wide = flash_decoding_figure(np.zeros((2, 32)), np.zeros(2), np.zeros(32), dims=8)
+    assert wide.axes[2].get_title().endswith("(first 8 of 32 dims)")
     with pytest.raises(ValueError, match="o_parts"):
         flash_decoding_figure(o_parts, lse_parts[:2], out)

@@ -165,8 +165,8 @@ def test_flash_attention_trace_matches_numpy_tile_by_tile(results):
     first_rescale = int(np.flatnonzero(rt.rescaled)[0])
     assert det["broken_divergence"].tile == first_rescale and det["broken_divergence"].quantity == "l"
     table = lesson.trace_table(g, rt, "emulator").splitlines()
-    assert len(table) == 1 + len(rt) and table[1].split()[:2] == ["0", "0-15"]
-    assert "first_divergence: none" in r.summary and f"names tile {first_rescale}" in r.summary
+    assert len(table) == 1 + len(rt) and table[1].split()[:2] == ["1", "0-15"]
+    assert "first_divergence: none" in r.summary and f"names tile {first_rescale + 1}" in r.summary
 
 
 @needs_emulator

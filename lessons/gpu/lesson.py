@@ -488,6 +488,7 @@ def trace_table(gpu_row, numpy_row, where: str) -> str:
     :class:`lessons.trace.RowTrace` (same tiles); ``where``: the column label
     ("GPU" or "emulator"). The last column is the largest relative difference of the
     three, ``|kernel - NumPy| / max(|NumPy|, 1e-30)`` (0 where both are -inf).
+    Tiles are counted from 1, as on the stepper (``gpu_row.tile`` holds 0-based indices).
     """
     head = ["tile", "keys", f"m {where}", "m NumPy", f"alpha {where}", "alpha NumPy", f"l {where}", "l NumPy",
             "max rel diff"]
@@ -495,7 +496,7 @@ def trace_table(gpu_row, numpy_row, where: str) -> str:
     for i in range(min(len(gpu_row), len(numpy_row))):
         rel = _relative(gpu_row, numpy_row, i)
         keys = f"{numpy_row.key_start[i]}-{numpy_row.key_stop[i] - 1}"
-        body.append([str(int(gpu_row.tile[i])), keys, _g(gpu_row.m[i]), _g(numpy_row.m[i]),
+        body.append([str(int(gpu_row.tile[i]) + 1), keys, _g(gpu_row.m[i]), _g(numpy_row.m[i]),
                      _g(gpu_row.alpha[i]), _g(numpy_row.alpha[i]), _g(gpu_row.l[i]), _g(numpy_row.l[i]),
                      f"{rel:.1e}"])
     widths = [max(len(r[j]) for r in [head, *body]) for j in range(len(head))]
@@ -533,7 +534,7 @@ def _trace_report(gpu_trace, q, k, v, row, block_q, block_k, where, label):
     if found_broken is not None:
         b = found_broken
         lines.append(f"  What a real difference looks like: against a fold that forgets alpha on l (lessons.broken "
-                     f"'no_alpha_on_l'), first_divergence names tile {b.tile}: {b.quantity} = {b.gpu:.6g} in the "
+                     f"'no_alpha_on_l'), first_divergence names tile {b.tile + 1}: {b.quantity} = {b.gpu:.6g} in the "
                      f"{where}'s trace, {b.numpy:.6g} in the broken fold.")
     details = {"gpu_row": g_row, "numpy_row": np_row, "divergence": found, "broken_divergence": found_broken,
                "max_relative_difference": rel}

@@ -83,7 +83,8 @@ class TraceDivergence:
     ``step``: index of the absorbed tile in the row's sequence (0 = first);
     ``tile``: the tile index there (None when one trace has already ended);
     ``quantity``: ``"tile"`` (different tiles absorbed), ``"length"``, ``"m"``, ``"alpha"`` or ``"l"``;
-    ``gpu``, ``numpy``: the two values; ``message``: one readable sentence.
+    ``gpu``, ``numpy``: the two values; ``message``: one readable sentence (it counts steps and
+    tiles from 1, as the steppers do; the fields are 0-based indices).
     """
 
     step: int
@@ -137,17 +138,18 @@ def first_divergence(gpu_row, numpy_row, *, rtol: float = 1e-4, atol: float = 1e
     for step in range(steps):
         if g_tile[step] != n_tile[step]:
             return TraceDivergence(step, int(n_tile[step]), "tile", float(g_tile[step]), float(n_tile[step]),
-                                   f"step {step}: the GPU absorbed tile {g_tile[step]}, NumPy tile {n_tile[step]}")
+                                   f"step {step + 1}: the GPU absorbed tile {g_tile[step] + 1}, "
+                                   f"NumPy tile {n_tile[step] + 1}")
         for f in FIELDS:
             a, b = g[f][step], n[f][step]
             if not _close(a, b, rtol, atol):
                 return TraceDivergence(
                     step, int(n_tile[step]), f, float(a), float(b),
-                    f"tile {n_tile[step]} (step {step}): {f} differs: GPU {a:.9g} vs NumPy {b:.9g} "
+                    f"tile {n_tile[step] + 1} (step {step + 1}): {f} differs: GPU {a:.9g} vs NumPy {b:.9g} "
                     f"(|diff| {abs(a - b):.3g} > atol {atol:g} + rtol {rtol:g} * |NumPy|)")
     if len(g["m"]) != len(n["m"]):
         tile = int(n_tile[steps]) if len(n["m"]) > steps else int(g_tile[steps])
         return TraceDivergence(steps, tile, "length", float(len(g["m"])), float(len(n["m"])),
                                f"the GPU absorbed {len(g['m'])} tiles, NumPy {len(n['m'])}: "
-                               f"they part at step {steps} (tile {tile})")
+                               f"they part at step {steps + 1} (tile {tile + 1})")
     return None
