@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import statistics
 import sys
 import time
@@ -90,34 +89,6 @@ def make_peak_hook(cupy):
     return PeakHook()
 
 
-def naive_attention(cupy, q, k, v, causal):
-    """softmax(scale Q K^T) V with the full (heads, N, N) score matrix in float32."""
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    s = cupy.matmul(q.astype(cupy.float32), k.astype(cupy.float32).transpose(0, 2, 1)) * scale
-    if causal:
-        n_q, n_k = s.shape[-2:]
-        keep = cupy.arange(n_k)[None, :] <= cupy.arange(n_q)[:, None] + (n_k - n_q)
-        s = cupy.where(keep, s, -cupy.inf)
-    s -= s.max(axis=-1, keepdims=True)
-    p = cupy.exp(s, out=s)
-    p /= p.sum(axis=-1, keepdims=True)
-    return cupy.matmul(p, v.astype(cupy.float32)).astype(q.dtype)
-
-
-def time_cupy(cupy, fn, warmup, repeats):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
-    return statistics.median(times)
-
-
 def peak_cupy(cupy, fn):
     hook = make_peak_hook(cupy)
     cupy.cuda.Device().synchronize()
@@ -170,6 +141,7 @@ def benchmark(args, cupy):
     import numpy as np
 
     import lessons.gpu as gpu
+    from lessons.gpu.measure import median_cuda_seconds, naive_attention
 
     torch, torch_reason = load_torch()
     rows = []
@@ -196,7 +168,7 @@ def benchmark(args, cupy):
                         if impl == "torch":
                             seconds, peak = run_torch(torch, q, k, v, args.causal, args.warmup, args.repeats)
                         else:
-                            seconds = time_cupy(cupy, calls[impl], args.warmup, args.repeats)
+                            seconds = median_cuda_seconds(cupy, calls[impl], args.warmup, args.repeats)
                             peak = peak_cupy(cupy, calls[impl])
                         row.update(seconds=seconds, tflops=flops / seconds / 1e12, peak_bytes=int(peak))
                     except Exception as err:     # out of memory, missing cuBLAS, ...

@@ -12,6 +12,7 @@ tested on every machine; with a real device the last test runs every section on 
 """
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -298,7 +299,6 @@ class StandInDevice:
 @pytest.fixture
 def stand_in(monkeypatch):
     monkeypatch.setattr(lesson, "_open_device", lambda use_device: (StandInDevice(), None))
-    monkeypatch.setattr(lesson, "_benchmark_module", lambda: None)
 
 
 @needs_emulator
@@ -331,15 +331,18 @@ def test_gpu_branch_of_the_io_section_times_naive_and_kernel(stand_in):
     assert "naive CuPy" in r.summary
 
 
-def test_the_naive_benchmark_is_reused_and_is_textbook_attention():
-    bench = lesson._benchmark_module()
-    assert bench is not None and hasattr(bench, "time_cupy")
+def test_the_naive_baseline_is_textbook_attention_and_shared_with_the_benchmark():
+    from lessons.gpu import measure
+    bench_source = (Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_attention.py").read_text()
+    assert "from lessons.gpu.measure import median_cuda_seconds, naive_attention" in bench_source
     rng = np.random.default_rng(4)
     q, k, v = (rng.standard_normal((2, 16, 8)) for _ in range(3))
-    got = bench.naive_attention(np, q, k, v, False)
+    got = measure.naive_attention(np, q, k, v, False)
     for h in range(2):
         np.testing.assert_allclose(got[h], lessons.attention(q[h], k[h], v[h]), atol=1e-6)
-    np.testing.assert_allclose(lesson._naive_cupy(np, q, k, v), got, atol=1e-6)
+    causal = measure.naive_attention(np, q[:, :5], k, v, True)
+    for h in range(2):
+        np.testing.assert_allclose(causal[h], lessons.attention(q[h, :5], k[h], v[h], causal=True), atol=1e-6)
 
 
 @needs_nvrtc

@@ -31,12 +31,9 @@ fed the same float32-rounded inputs.
 """
 from __future__ import annotations
 
-import importlib.util
-import statistics
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 from types import MappingProxyType, SimpleNamespace
 
 import numpy as np
@@ -56,6 +53,7 @@ from .emulator import EmulatedModule, EmulatorError, emulator_available
 from .launch import flash_attention_gpu, flash_decoding_gpu, online_softmax_gpu, paged_decode_gpu
 from .source import (STATIC_SMEM_LIMIT, default_builds, flash_attention_build, flash_attention_config,
                      online_softmax_build, paged_decode_build)
+from .measure import median_cuda_seconds, naive_attention
 from .trace_compare import first_divergence
 
 __all__ = [
@@ -226,18 +224,7 @@ class _Device:
 
     def median_seconds(self, fn, *, warmup: int = 3, repeats: int = 20) -> float:
         """Median seconds of ``fn()`` on the device's stream, measured with CUDA events."""
-        cupy = self.xp
-        for _ in range(warmup):
-            fn()
-        times = []
-        for _ in range(repeats):
-            start, end = cupy.cuda.Event(), cupy.cuda.Event()
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
-        return statistics.median(times)
+        return median_cuda_seconds(self.xp, fn, warmup, repeats)
 
 
 def _open_device(use_device):
@@ -718,27 +705,6 @@ def causal_on_gpu(*, layer: int = 0, head: int = 0, cases=CAUSAL_CASES, all_head
 # 04 IO: compile report, naive vs kernel timing
 # ---------------------------------------------------------------------------
 
-def _benchmark_module():
-    """``benchmarks/gpu_attention.py`` of this repository as a module, or None when absent."""
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_attention.py"
-    if not path.is_file():
-        return None
-    spec = importlib.util.spec_from_file_location("_lessons_gpu_attention_benchmark", path)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except Exception:
-        return None
-    return module if hasattr(module, "naive_attention") and hasattr(module, "time_cupy") else None
-
-
-def _naive_cupy(cupy, q, k, v, causal=False):
-    """softmax(scale Q K^T) V with the whole (heads, N, N) score matrix in float32 (CuPy)."""
-    s = cupy.matmul(q.astype(cupy.float32), k.astype(cupy.float32).transpose(0, 2, 1)) / np.sqrt(q.shape[-1])
-    s = cupy.exp(s - s.max(axis=-1, keepdims=True))
-    return cupy.matmul(s / s.sum(axis=-1, keepdims=True), v.astype(cupy.float32)).astype(q.dtype)
-
-
 def io_on_gpu(*, ns=(1024, 2048, 4096), d: int = 64, heads: int = 8, repeats: int = 5,
               use_device=None) -> GpuLesson:
     """Notebook 04: what the kernels cost on chip, and (with a GPU) naive CuPy vs the kernel.
@@ -751,8 +717,7 @@ def io_on_gpu(*, ns=(1024, 2048, 4096), d: int = 64, heads: int = 8, repeats: in
 
     With a device, for each N in ``ns`` (``heads`` heads, float16 inputs): the median time
     (CUDA events, ``repeats`` runs after 2 warm-ups) of naive attention in CuPy (the full
-    score matrix in float32: ``benchmarks/gpu_attention.py``'s ``naive_attention`` when that
-    file is present) and of :func:`lessons.gpu.flash_attention_gpu`, and the largest
+    score matrix in float32, :func:`lessons.gpu.measure.naive_attention`) and of :func:`lessons.gpu.flash_attention_gpu`, and the largest
     difference between the two outputs. Without one the timing is skipped with a sentence.
     Source: Dao et al. 2022, Sec. 2-3 (IO-awareness); Dao 2023, Alg. 1.
     """
@@ -783,17 +748,12 @@ def io_on_gpu(*, ns=(1024, 2048, 4096), d: int = 64, heads: int = 8, repeats: in
     dev = prep.device
     timings = []
     if dev is not None:
-        bench = _benchmark_module()
-        source = "benchmarks/gpu_attention.py" if bench is not None else "lessons.gpu.lesson"
+        source = "lessons.gpu.measure"
 
         def naive(q, k, v):
-            if bench is not None:
-                return bench.naive_attention(dev.xp, q, k, v, False)
-            return _naive_cupy(dev.xp, q, k, v)
+            return naive_attention(dev.xp, q, k, v)
 
         def timer(fn):
-            if bench is not None:
-                return bench.time_cupy(dev.xp, fn, 2, repeats)
             return dev.median_seconds(fn, warmup=2, repeats=repeats)
 
         def on_gpu():
