@@ -26,12 +26,12 @@ import io
 
 import numpy as np
 import PIL.Image
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import LineCollection, PolyCollection
 from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
+from ._plot import new_figure
 from .trace import RowTrace
 
 __all__ = [
@@ -159,8 +159,7 @@ class StepFigure:
         self.titles = bool(titles)
         if figsize is None:
             figsize = (10.0, 6.6) if self.titles else (10.0, 5.7)
-        self.figure = Figure(figsize=figsize, dpi=dpi)
-        FigureCanvasAgg(self.figure)
+        self.figure = new_figure(figsize, dpi)
         self.set_trace(row_trace, exact, step)
 
     # -- building -----------------------------------------------------------------------
@@ -427,8 +426,7 @@ def key_row_figure(row_trace, step, *, figsize=(10.0, 1.3), dpi=80) -> Figure:
     """
     row_trace = _check_row_trace(row_trace)
     states = tile_states(row_trace, step)
-    fig = Figure(figsize=figsize, dpi=dpi)
-    FigureCanvasAgg(fig)
+    fig = new_figure(figsize, dpi)
     ax = fig.add_axes([0.03, 0.42, 0.94, 0.34])
     spans = tile_spans(row_trace)
     ax.add_collection(PolyCollection([_rect(a, b, 0, 1) for _, a, b in spans],

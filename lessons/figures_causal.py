@@ -13,11 +13,10 @@ from __future__ import annotations
 import ipywidgets as widgets
 import numpy as np
 from matplotlib import patheffects
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import PolyCollection
-from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
+from ._plot import new_figure
 from .causal import DIAGONAL, SKIPPED, TileVisit, causal_mask
 from .figures import TILE_COLOURS
 from .figures_softmax import figure_png
@@ -88,8 +87,7 @@ def schedule_figure(visits, step, *, causal=True, figsize=(6.4, 5.6), dpi=90, ti
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or not 0 <= step <= total:
         raise ValueError(f"step must be an int in 0..{total}, got {step!r}")
     nq, nk = visits[-1].row_stop, max(t.key_stop for t in visits)
-    fig = Figure(figsize=figsize, dpi=dpi)
-    FigureCanvasAgg(fig)
+    fig = new_figure(figsize, dpi)
     height = fig.get_figheight()
     ax = fig.add_axes([0.1, 0.55 / height, 0.76, 1 - 1.65 / height])    # room for the title and legend above
     states = [tile_state(t, step) for t in visits]

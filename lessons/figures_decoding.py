@@ -11,10 +11,10 @@ from __future__ import annotations
 import numbers
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Circle, FancyArrowPatch, Patch, Rectangle
 
+from ._plot import new_figure
 from .decoding import merge_weights, split_ranges
 from .figures import EXACT_COLOUR, OUTPUT_COLOUR
 from .ring import RingTrace
@@ -28,12 +28,6 @@ WORKER_COLOURS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc94
 
 def _colour(i: int) -> str:
     return WORKER_COLOURS[i % len(WORKER_COLOURS)]
-
-
-def _figure(figsize, dpi):
-    fig = Figure(figsize=figsize, dpi=dpi)
-    FigureCanvasAgg(fig)
-    return fig
 
 
 def flash_decoding_figure(o_parts, lse_parts, out, exact=None, *, dims=8, figsize=(10.0, 5.2), dpi=80) -> Figure:
@@ -64,7 +58,7 @@ def flash_decoding_figure(o_parts, lse_parts, out, exact=None, *, dims=8, figsiz
     n, dv = o_parts.shape
     dims = min(int(dims), dv)
     w = merge_weights(lse_parts)
-    fig = _figure(figsize, dpi)
+    fig = new_figure(figsize, dpi)
     grid = fig.add_gridspec(2, 2, height_ratios=[1.0, 1.3], hspace=0.45, wspace=0.22, left=0.07, right=0.86,
                             top=0.92, bottom=0.1)
     ax_w = fig.add_subplot(grid[0, 0])
@@ -112,7 +106,7 @@ def split_strip_figure(nk: int, num_splits: int, *, figsize=(10.0, 1.3), dpi=80)
     Returns the Figure.
     """
     ranges = split_ranges(nk, num_splits)
-    fig = _figure(figsize, dpi)
+    fig = new_figure(figsize, dpi)
     ax = fig.add_axes([0.02, 0.42, 0.96, 0.34])
     for i, (a, b) in enumerate(ranges):
         if b > a:
@@ -153,7 +147,7 @@ def ring_figure(trace: RingTrace, step=None, *, figsize=(10.0, 4.2), dpi=80) -> 
     step = ws - 1 if step is None else step
     if isinstance(step, bool) or not isinstance(step, numbers.Integral) or not 0 <= step < ws:
         raise ValueError(f"step must be an int in 0..{ws - 1} (ring steps), got {step!r}")
-    fig = _figure(figsize, dpi)
+    fig = new_figure(figsize, dpi)
     ax_r = fig.add_axes([0.01, 0.04, 0.36, 0.82])
     ax_s = fig.add_axes([0.45, 0.16, 0.53, 0.66])
     # the ring

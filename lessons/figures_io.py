@@ -7,9 +7,8 @@ Plain matplotlib Figures (no pyplot state).
 from __future__ import annotations
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
+from ._plot import new_figure, tidy
 from .io import H200, PeakMemory, RooflinePoint, flash_io, textbook_io
 
 __all__ = ["TEXTBOOK_COLOUR", "FLASH_COLOUR", "traffic_figure", "peak_memory_figure", "roofline_figure"]
@@ -17,18 +16,6 @@ __all__ = ["TEXTBOOK_COLOUR", "FLASH_COLOUR", "traffic_figure", "peak_memory_fig
 TEXTBOOK_COLOUR = "#c44e52"
 FLASH_COLOUR = "#1f77b4"
 _MIB = 2 ** 20
-
-
-def _new_figure(figsize, dpi=100):
-    fig = Figure(figsize=figsize, dpi=dpi)
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _tidy(ax):
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
-    ax.tick_params(labelsize=9)
 
 
 def traffic_figure(ns, d=64, *, m_bytes=H200.sram_bytes, element_size=2, order="fa1"):
@@ -41,7 +28,7 @@ def traffic_figure(ns, d=64, *, m_bytes=H200.sram_bytes, element_size=2, order="
     ns = [int(n) for n in ns]
     text = [textbook_io(n, d, element_size=element_size) for n in ns]
     flash = [flash_io(n, d, m_bytes=m_bytes, element_size=element_size, order=order) for n in ns]
-    fig = _new_figure((10.0, 3.9))
+    fig = new_figure((10.0, 3.9))
     ax, axf = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     fig.subplots_adjust(left=0.08, right=0.98, bottom=0.15, top=0.83, wspace=0.28)
     for counts, colour, name in ((text, TEXTBOOK_COLOUR, "textbook (Alg. 0)"),
@@ -64,7 +51,7 @@ def traffic_figure(ns, d=64, *, m_bytes=H200.sram_bytes, element_size=2, order="
     axf.set_title("arithmetic: identical (4 N² d)", fontsize=10.5, loc="left")
     for a in (ax, axf):
         a.legend(fontsize=8.5, frameon=False, loc="upper left")
-        _tidy(a)
+        tidy(a)
     fig.suptitle(f"One head, d = {d}, {element_size}-byte elements, on-chip memory M = {m_bytes // 1024} KiB",
                  fontsize=11, x=0.08, ha="left")
     return fig
@@ -79,7 +66,7 @@ def peak_memory_figure(result):
     if not isinstance(result, PeakMemory):
         raise TypeError(f"result must be a PeakMemory, got {type(result).__name__}")
     ns = np.asarray(result.ns, dtype=float)
-    fig = _new_figure((8.2, 4.6))
+    fig = new_figure((8.2, 4.6))
     ax = fig.add_axes([0.1, 0.12, 0.57, 0.76])
     grid = np.geomspace(ns.min(), ns.max(), 50)
     for ys, colour, name, slope in ((result.textbook_bytes, TEXTBOOK_COLOUR, "textbook", result.textbook_slope),
@@ -103,7 +90,7 @@ def peak_memory_figure(result):
     ax.set_title(f"NumPy, d = {result.d}, {result.dtype}, flash tiles {result.block_q}×{result.tile}",
                  fontsize=10.5, loc="left")
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False, fontsize=9)
-    _tidy(ax)
+    tidy(ax)
     return fig
 
 
@@ -118,7 +105,7 @@ def roofline_figure(points, hardware=H200):
     if not points or not all(isinstance(p, RooflinePoint) for p in points):
         raise TypeError("points must be a non-empty list of RooflinePoint")
     precisions = list(dict.fromkeys(p.precision for p in points))
-    fig = _new_figure((10.4, 5.2))
+    fig = new_figure((10.4, 5.2))
     ax = fig.add_axes([0.08, 0.11, 0.55, 0.8])
     xs = np.geomspace(1, 2000, 200)
     ax.set_xscale("log")
@@ -154,7 +141,7 @@ def roofline_figure(points, hardware=H200):
                     f"filled: {precisions[0]}" + (f", open: {', '.join(precisions[1:])}" if len(precisions) > 1 else ""),
               title_fontsize=8.5)
     ax.grid(True, which="major", color="#eeeeee", lw=0.6)
-    _tidy(ax)
+    tidy(ax)
     return fig
 
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 import numbers
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
 from matplotlib.ticker import FuncFormatter
 
+from ._plot import new_figure
 from .decode import kv_cache_bytes, kv_head_of
 from .figures import TILE_COLOURS
 from .paged import PagedTrace
@@ -27,12 +27,6 @@ OTHER_PAGE = "#f4f4f4"     # a page of another sequence, or free
 UNUSED_SLOT = "#ffffff"    # a slot past seq_len in the last page (never read)
 #: Colours of KV heads (query heads take their KV head's colour).
 HEAD_COLOURS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7"]
-
-
-def _figure(figsize, dpi):
-    fig = Figure(figsize=figsize, dpi=dpi)
-    FigureCanvasAgg(fig)
-    return fig
 
 
 def page_states(trace: PagedTrace, step: int, row: int = 0) -> dict[int, str]:
@@ -86,7 +80,7 @@ def paged_cache_figure(trace: PagedTrace, step=None, *, row=0, pages_per_row=16,
     n_rows = -(-num_blocks // pages_per_row)
     if figsize is None:
         figsize = (10.0, 2.2 + 1.0 * n_rows)
-    fig = _figure(figsize, dpi)
+    fig = new_figure(figsize, dpi)
     ax = fig.add_axes([0.01, 0.02, 0.98, 0.86])
     ax.set_axis_off()
     page_w, gap = 1.0, 0.25
@@ -147,7 +141,7 @@ def gqa_groups_figure(num_heads=8, kv_heads=(8, 2, 1), *, figsize=None, dpi=80) 
     """
     kv_heads = list(kv_heads)
     maps = [kv_head_of(num_heads, g) for g in kv_heads]
-    fig = _figure(figsize or (3.4 * len(kv_heads), 2.6), dpi)
+    fig = new_figure(figsize or (3.4 * len(kv_heads), 2.6), dpi)
     for i, (g, mapping) in enumerate(zip(kv_heads, maps)):
         ax = fig.add_subplot(1, len(kv_heads), i + 1)
         ax.set_axis_off()
@@ -189,7 +183,7 @@ def kv_bytes_figure(seq_lens, *, num_layers=32, num_heads=32, head_dim=128, kv_h
     Returns the Figure.
     """
     seq_lens = [int(n) for n in seq_lens]
-    fig = _figure(figsize, dpi)
+    fig = new_figure(figsize, dpi)
     ax = fig.add_subplot(1, 1, 1)
     for i, g in enumerate(kv_heads):
         name = "MHA" if g == num_heads else ("MQA" if g == 1 else "GQA")

@@ -12,9 +12,8 @@ import io
 
 import ipywidgets as widgets
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
+from ._plot import new_figure, tidy
 from .broken import VARIANTS, VariantTrace
 from .figures import EXACT_COLOUR, OUTPUT_COLOUR, TILE_COLOURS
 from .softmax import OnlineSoftmaxTrace, SoftmaxTraffic
@@ -29,18 +28,6 @@ _VARIANT_COLOURS = {
     "textbook": "#2ca02c", "no_alpha_on_l": "#d62728", "no_alpha_on_o": "#ff7f0e", "stale_m": "#9467bd",
     "finite_init": "#8c564b", "fa1_per_tile": "#1f77b4", "no_guard": "#e377c2",
 }
-
-
-def _new_figure(figsize, dpi=100):
-    fig = Figure(figsize=figsize, dpi=dpi)
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _tidy(ax):
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
-    ax.tick_params(labelsize=9)
 
 
 def figure_png(fig, dpi=None) -> bytes:
@@ -60,7 +47,7 @@ def traffic_figure(traffics):
     traffics = list(traffics)
     if not traffics or not all(isinstance(t, SoftmaxTraffic) for t in traffics):
         raise TypeError("traffics must be a non-empty sequence of SoftmaxTraffic")
-    fig = _new_figure((7.2, 3.0))
+    fig = new_figure((7.2, 3.0))
     ax = fig.add_axes([0.2, 0.2, 0.55, 0.68])
     y = np.arange(len(traffics))[::-1]
     per = np.array([t.n * t.rows for t in traffics], dtype=float)
@@ -78,7 +65,7 @@ def traffic_figure(traffics):
     ax.set_title(f"softmax over rows of n = {traffics[0].n}: traffic counted while running", fontsize=10.5,
                  loc="left")
     ax.legend(loc="lower right", bbox_to_anchor=(1.4, 0.0), frameon=False, fontsize=9)
-    _tidy(ax)
+    tidy(ax)
     return fig
 
 
@@ -98,7 +85,7 @@ def online_softmax_figure(x, trace, row=0):
         raise ValueError(f"trace does not fit x of shape {np.shape(x)}")
     xs = x2[row]
     n = xs.shape[0]
-    fig = _new_figure((9.0, 4.6))
+    fig = new_figure((9.0, 4.6))
     gs = fig.add_gridspec(2, 1, height_ratios=[1.6, 1.0], hspace=0.38, left=0.08, right=0.98, top=0.86, bottom=0.11)
     ax, axl = fig.add_subplot(gs[0]), fig.add_subplot(gs[1], sharex=None)
     for i, (a, b) in enumerate(zip(trace.key_start, trace.key_stop)):
@@ -121,7 +108,7 @@ def online_softmax_figure(x, trace, row=0):
     ax.set_ylim(lo - 0.1 * (hi - lo or 1.0), hi + 0.45 * (hi - lo or 1.0))
     ax.set_ylabel("x", fontsize=10)
     ax.legend(loc="lower left", bbox_to_anchor=(0.0, 1.0), ncol=2, fontsize=9, frameon=False)
-    _tidy(ax)
+    tidy(ax)
     centres = (trace.key_start + trace.key_stop - 1) / 2
     axl.plot(centres, trace.l[:, row], marker="o", color=OUTPUT_COLOUR, lw=1.5)
     for c, val in zip(centres, trace.l[:, row]):
@@ -132,7 +119,7 @@ def online_softmax_figure(x, trace, row=0):
     axl.set_title("running sum l = Σ exp(x_j − m) over the elements seen, against the current m", fontsize=10,
                   loc="left")
     axl.margins(y=0.3)
-    _tidy(axl)
+    tidy(axl)
     fig.suptitle("Pass 1 of the online softmax: one sweep gives both the max and the sum", fontsize=11.5,
                  x=0.08, y=0.995, ha="left")
     return fig
@@ -155,7 +142,7 @@ def variant_errors_figure(traces, row=None, *, title=None):
     ``error[0]``). Returns a Figure.
     """
     traces = _check_traces(traces)
-    fig = _new_figure((9.0, 4.2))
+    fig = new_figure((9.0, 4.2))
     ax = fig.add_axes([0.08, 0.13, 0.6, 0.75])
     top = 1e6
     any_nonfinite = False
@@ -189,7 +176,7 @@ def variant_errors_figure(traces, row=None, *, title=None):
                  fontsize=10.5, loc="left")
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False, fontsize=9,
               title="variant (circle: first divergence)", title_fontsize=9)
-    _tidy(ax)
+    tidy(ax)
     return fig
 
 
@@ -299,7 +286,7 @@ class VariantExplorer:
 
     @staticmethod
     def _figure(t, r, step):
-        fig = _new_figure((5.6, 3.2), dpi=90)
+        fig = new_figure((5.6, 3.2), dpi=90)
         ax = fig.add_axes([0.14, 0.16, 0.8, 0.7])
         dims = t.output.shape[2]
         tiles = np.arange(len(t))
@@ -319,6 +306,6 @@ class VariantExplorer:
         ax.set_xlabel("tile", fontsize=9)
         ax.set_title(f"row {r}: running output, every output dimension", fontsize=9.5, loc="left")
         ax.legend(fontsize=8, frameon=False, loc="best")
-        _tidy(ax)
+        tidy(ax)
         return fig
 

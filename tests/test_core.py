@@ -1,5 +1,4 @@
 """The fold and the tiled schedule against the textbook reference (materialised S)."""
-import itertools
 
 import numpy as np
 import pytest
