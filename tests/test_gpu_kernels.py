@@ -180,7 +180,7 @@ def test_flash_trace_matches_the_numpy_trace_tile_by_tile(backend, causal):
 def softmax_reference(x):
     x = np.asarray(x, dtype=np.float64)
     m = x.max(axis=-1, keepdims=True)
-    seen = np.isfinite(m)
+    seen = ~np.isneginf(m)                 # NaN input: not empty, stays NaN
     p = np.exp(x - np.where(seen, m, 0.0))
     l = p.sum(axis=-1, keepdims=True)
     with np.errstate(divide="ignore"):
@@ -390,6 +390,51 @@ def test_decode_kernels_are_bitwise_reproducible(backend):
 
 # ---------------------------------------------------------------------------
 # the emulator's own safety net, and GPU-only checks
+# ---------------------------------------------------------------------------
+# NaN input is bad data, not an empty row: it must come out as NaN, as in the NumPy core
+# ---------------------------------------------------------------------------
+
+def assert_same_nan_rows(out, lse, ref, ref_lse):
+    """The kernel's NaN rows are the reference's, and the other rows agree with it."""
+    out = np.asarray(out, dtype=np.float64)
+    bad = np.isnan(ref_lse)
+    assert bad.any() and not bad.all()
+    np.testing.assert_array_equal(np.isnan(np.asarray(lse)), bad)
+    np.testing.assert_array_equal(np.isnan(out).all(axis=-1), bad)
+    np.testing.assert_allclose(out[~bad], ref[~bad], **TOL["float32"])
+
+
+def test_flash_attention_keeps_nan_input_nan(backend):
+    rng = np.random.default_rng(12)
+    q, k, v = (rng.standard_normal((2, 40, 16)).astype(np.float32) for _ in range(3))
+    k[0, 7, 3] = np.nan                        # head 0: one bad key poisons every row that sees it
+    q[1, 30, 0] = np.nan                       # head 1: one bad query row
+    out, lse = gpu.flash_attention_gpu(q, k, v, causal=True, backend=backend)
+    ref, ref_lse = flash_reference(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), True)
+    assert_same_nan_rows(out, lse, ref, ref_lse)
+    assert np.isnan(ref_lse[0, 7:]).all() and not np.isnan(ref_lse[0, :7]).any()   # causal: rows >= 7 see key 7
+
+
+def test_online_softmax_keeps_nan_input_nan(backend):
+    x = np.random.default_rng(13).standard_normal((3, 300)).astype(np.float32)
+    x[1, 290] = np.nan
+    y, lse = gpu.online_softmax_gpu(x, backend=backend)
+    ref, ref_lse = softmax_reference(x.astype(np.float64))
+    assert_same_nan_rows(y, lse, ref, ref_lse)
+
+
+def test_decode_kernels_keep_nan_input_nan(backend):
+    c = paged_case(14, 4, 2, 16, 8, [20, 9])
+    page, slot = c.tables[0, 1], 3             # token 11 of sequence 0, kv head 1 (query heads 2, 3)
+    c.k[page, slot, 1, 5] = np.nan
+    c.k64[page, slot, 1, 5] = np.nan
+    ref, ref_lse = decode_reference(c)
+    for out, lse in (gpu.paged_decode_gpu(*decode_args(c), backend=backend),
+                     gpu.flash_decoding_gpu(*decode_args(c), 2, backend=backend)):
+        assert_same_nan_rows(out, lse, ref, ref_lse)
+    assert np.isnan(ref_lse[0, 2:]).all() and np.isfinite(ref_lse[0, :2]).all() and np.isfinite(ref_lse[1]).all()
+
+
 # ---------------------------------------------------------------------------
 
 @pytest.mark.skipif(not gpu.emulator_available(), reason="no C++ compiler (g++) for the CPU emulation")

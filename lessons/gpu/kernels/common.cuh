@@ -10,6 +10,8 @@
 //                     l = alpha * l + sum_j exp(s_j - m_new)
 //                     o = alpha * o + sum_j exp(s_j - m_new) * v_j
 //     finalize:       out = o / l  (0 when l == 0);   lse = m + log(l)  (-inf when l == 0)
+//                     (the test is l != 0, so NaN from NaN input stays NaN: bad data is never
+//                     reported as an empty row, as in the NumPy core, lessons/state.py)
 //
 // (Milakov & Gimelshein 2018; Dao et al. 2022, Alg. 1; Dao 2023, FA-2 Alg. 1.)
 //

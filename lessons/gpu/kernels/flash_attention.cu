@@ -195,7 +195,7 @@ flash_attention_forward(const scalar_t* __restrict__ q, const scalar_t* __restri
     // (without this check the last block would write into the next head's rows)
     if (row < n_q) {
         scalar_t* out_row = out + (bh * n_q + row) * HEAD_DIM;
-        const bool seen = l > 0.f;                 // false: nothing visible -> out 0, lse -inf
+        const bool seen = l != 0.f;                // false: nothing visible -> out 0, lse -inf (NaN stays NaN)
 #pragma unroll
         for (int i = 0; i < COLS_PER_THREAD; ++i) {
             const int c = lane + i * THREADS_PER_ROW;

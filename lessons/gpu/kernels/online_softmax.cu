@@ -89,7 +89,7 @@ online_softmax(const scalar_t* __restrict__ x, scalar_t* __restrict__ y, float* 
     const float m_safe = safe_max(m);
     for (int j = threadIdx.x; j < n_cols; j += TILE) {
         const float p = expf(to_float(x_row[j]) - m_safe);
-        y_row[j] = from_float(l > 0.f ? p / l : 0.f);
+        y_row[j] = from_float(l != 0.f ? p / l : 0.f);
     }
-    if (threadIdx.x == 0) lse[row] = l > 0.f ? m + logf(l) : NEG_INF;
+    if (threadIdx.x == 0) lse[row] = l != 0.f ? m + logf(l) : NEG_INF;
 }

@@ -213,13 +213,13 @@ paged_decode(const scalar_t* __restrict__ q, const scalar_t* __restrict__ k_cach
         if (idx < HEADS_PER_BLOCK * HEAD_DIM) {
             const int i = idx / HEAD_DIM, c = idx % HEAD_DIM;
             const float l = sh.l[i];
-            out[((long long)seq * num_heads + head0 + i) * HEAD_DIM + c] = from_float(l > 0.f ? o[k] / l : 0.f);
+            out[((long long)seq * num_heads + head0 + i) * HEAD_DIM + c] = from_float(l != 0.f ? o[k] / l : 0.f);
         }
     }
     if (threadIdx.x < HEADS_PER_BLOCK) {
         const int i = threadIdx.x;
         const float l = sh.l[i];
-        lse[(long long)seq * num_heads + head0 + i] = l > 0.f ? sh.m[i] + logf(l) : NEG_INF;
+        lse[(long long)seq * num_heads + head0 + i] = l != 0.f ? sh.m[i] + logf(l) : NEG_INF;
     }
 }
 
@@ -314,7 +314,7 @@ merge_splits(const float* __restrict__ part_m, const float* __restrict__ part_l,
 #pragma unroll
     for (int k = 0; k < MERGE_PER_THREAD; ++k) {
         const int c = threadIdx.x + k * NUM_THREADS;
-        if (c < HEAD_DIM) out[row * HEAD_DIM + c] = from_float(l > 0.f ? o[k] / l : 0.f);
+        if (c < HEAD_DIM) out[row * HEAD_DIM + c] = from_float(l != 0.f ? o[k] / l : 0.f);
     }
-    if (threadIdx.x == 0) lse[row] = l > 0.f ? m + logf(l) : NEG_INF;
+    if (threadIdx.x == 0) lse[row] = l != 0.f ? m + logf(l) : NEG_INF;
 }
