@@ -2,13 +2,16 @@
 
     python benchmarks/gpu_attention.py [--out DIR] [--sizes 1024 2048 ...] [--head-dims 64 128]
 
-For each sequence length N and head dim d (batch 1, ``--heads`` heads, float16 inputs):
+For each storage dtype (``--dtypes``, default float16 and float32), sequence length N and
+head dim d (batch 1, ``--heads`` heads):
 
 * ``naive``  - CuPy: S = scale * Q K^T in float32 (N x N per head), softmax, then P V;
 * ``kernel`` - :func:`lessons.gpu.flash_attention_gpu` (FlashAttention-2 loop, float32 FMAs
   on CUDA cores, no tensor cores: a lesson, not a tuned kernel);
+* ``mma``    - :func:`lessons.gpu.flash_attention_mma_gpu` (the same loop on tensor cores,
+  ``mma.sync.m16n8k16``; float16 only);
 * ``torch``  - ``torch.nn.functional.scaled_dot_product_attention`` (FlashAttention or
-  cuDNN kernels on tensor cores), where torch with CUDA is installed.
+  cuDNN kernels on tensor cores for float16), where torch with CUDA is installed.
 
 Reported: median time of ``--repeats`` runs after ``--warmup`` runs, measured with CUDA
 events (seconds); TFLOP/s counting 4 N^2 d flops per head (2 for Q K^T, 2 for P V;
@@ -30,7 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-IMPLS = ("naive", "kernel", "torch")
+IMPLS = ("naive", "kernel", "mma", "torch")
+DTYPES = ("float16", "float32")
 
 
 def attention_flops(n: int, d: int, heads: int, causal: bool) -> float:
@@ -43,6 +47,7 @@ def parse_args(argv=None):
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "gpu")
     p.add_argument("--sizes", type=int, nargs="+", default=[1024, 2048, 4096, 8192, 16384])
     p.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
+    p.add_argument("--dtypes", nargs="+", choices=DTYPES, default=list(DTYPES))
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--causal", action="store_true")
     p.add_argument("--warmup", type=int, default=2)
@@ -140,53 +145,66 @@ def load_torch():
 def benchmark(args, cupy):
     import numpy as np
 
-    import lessons.gpu as gpu
-    from lessons.gpu.measure import median_cuda_seconds, naive_attention
-
     torch, torch_reason = load_torch()
     rows = []
     t0 = time.perf_counter()
     rng = np.random.default_rng(0)
-    for d in args.head_dims:
-        for n in args.sizes:
-            shape = (args.heads, n, d)
-            q, k, v = (cupy.asarray(rng.standard_normal(shape, dtype=np.float32).astype(np.float16)) for _ in range(3))
-            flops = attention_flops(n, d, args.heads, args.causal)
-            calls = {
-                "naive": lambda: naive_attention(cupy, q, k, v, args.causal),
-                "kernel": lambda: gpu.flash_attention_gpu(q, k, v, causal=args.causal),
-            }
-            for impl in IMPLS:
-                row = dict(impl=impl, n=n, d=d, heads=args.heads, causal=args.causal, dtype="float16",
-                           seconds=None, tflops=None, peak_bytes=None, note="")
-                if time.perf_counter() - t0 > args.time_budget:
-                    row["note"] = "skipped: time budget spent"
-                elif impl == "torch" and torch is None:
-                    row["note"] = f"skipped: {torch_reason}"
+    for dtype in args.dtypes:
+        for d in args.head_dims:
+            for n in args.sizes:
+                rows.extend(run_size(args, cupy, torch, torch_reason, rng, dtype, d, n, t0))
+                cupy.get_default_memory_pool().free_all_blocks()
+    return rows
+
+
+def run_size(args, cupy, torch, torch_reason, rng, dtype, d, n, t0):
+    """The rows of one (dtype, d, N): each implementation timed, or the reason it was not."""
+    import numpy as np
+
+    import lessons.gpu as gpu
+    from lessons.gpu.measure import median_cuda_seconds, naive_attention
+
+    shape = (args.heads, n, d)
+    q, k, v = (cupy.asarray(rng.standard_normal(shape, dtype=np.float32).astype(dtype)) for _ in range(3))
+    flops = attention_flops(n, d, args.heads, args.causal)
+    calls = {
+        "naive": lambda: naive_attention(cupy, q, k, v, args.causal),
+        "kernel": lambda: gpu.flash_attention_gpu(q, k, v, causal=args.causal),
+        "mma": lambda: gpu.flash_attention_mma_gpu(q, k, v, causal=args.causal),
+    }
+    rows = []
+    for impl in IMPLS:
+        row = dict(impl=impl, n=n, d=d, heads=args.heads, causal=args.causal, dtype=dtype,
+                   seconds=None, tflops=None, peak_bytes=None, note="")
+        if time.perf_counter() - t0 > args.time_budget:
+            row["note"] = "skipped: time budget spent"
+        elif impl == "torch" and torch is None:
+            row["note"] = f"skipped: {torch_reason}"
+        elif impl == "mma" and dtype != "float16":
+            row["note"] = "skipped: tensor cores take float16/bfloat16"
+        else:
+            try:
+                if impl == "torch":
+                    seconds, peak = run_torch(torch, q, k, v, args.causal, args.warmup, args.repeats)
                 else:
-                    try:
-                        if impl == "torch":
-                            seconds, peak = run_torch(torch, q, k, v, args.causal, args.warmup, args.repeats)
-                        else:
-                            seconds = median_cuda_seconds(cupy, calls[impl], args.warmup, args.repeats)
-                            peak = peak_cupy(cupy, calls[impl])
-                        row.update(seconds=seconds, tflops=flops / seconds / 1e12, peak_bytes=int(peak))
-                    except Exception as err:     # out of memory, missing cuBLAS, ...
-                        row["note"] = f"failed: {type(err).__name__}: {str(err).splitlines()[0][:120]}"
-                    cupy.get_default_memory_pool().free_all_blocks()
-                    if torch is not None:
-                        torch.cuda.empty_cache()
-                rows.append(row)
-                print(format_row(row), flush=True)
-            q = k = v = calls = None                       # free this size's inputs before the next
+                    seconds = median_cuda_seconds(cupy, calls[impl], args.warmup, args.repeats)
+                    peak = peak_cupy(cupy, calls[impl])
+                row.update(seconds=seconds, tflops=flops / seconds / 1e12, peak_bytes=int(peak))
+            except Exception as err:     # out of memory, missing cuBLAS, ...
+                row["note"] = f"failed: {type(err).__name__}: {str(err).splitlines()[0][:120]}"
             cupy.get_default_memory_pool().free_all_blocks()
+            if torch is not None:
+                torch.cuda.empty_cache()
+        rows.append(row)
+        print(format_row(row), flush=True)
     return rows
 
 
 def format_row(row) -> str:
+    head = f"{row['impl']:>7} {row['dtype']:>8} N={row['n']:>6} d={row['d']:>4}"
     if row["seconds"] is None:
-        return f"{row['impl']:>7} N={row['n']:>6} d={row['d']:>4}  {row['note']}"
-    return (f"{row['impl']:>7} N={row['n']:>6} d={row['d']:>4}  {row['seconds'] * 1e3:9.3f} ms  "
+        return f"{head}  {row['note']}"
+    return (f"{head}  {row['seconds'] * 1e3:9.3f} ms  "
             f"{row['tflops']:7.2f} TFLOP/s  peak {row['peak_bytes'] / 2**20:9.1f} MiB")
 
 
@@ -200,13 +218,13 @@ def write_results(rows, out: Path, meta: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"attention forward, {meta['device']}, batch 1, {meta['heads']} heads, float16"
+    table = Table(title=f"attention forward, {meta['device']}, batch 1, {meta['heads']} heads"
                         + (", causal" if meta["causal"] else ""))
-    for col in ("impl", "N", "d", "median ms", "TFLOP/s", "peak MiB", "note"):
-        table.add_column(col, justify="left" if col in ("impl", "note") else "right")
+    for col in ("impl", "dtype", "N", "d", "median ms", "TFLOP/s", "peak MiB", "note"):
+        table.add_column(col, justify="left" if col in ("impl", "dtype", "note") else "right")
     for r in rows:
         done = r["seconds"] is not None
-        table.add_row(r["impl"], str(r["n"]), str(r["d"]),
+        table.add_row(r["impl"], r["dtype"], str(r["n"]), str(r["d"]),
                       f"{r['seconds'] * 1e3:.3f}" if done else "-", f"{r['tflops']:.2f}" if done else "-",
                       f"{r['peak_bytes'] / 2**20:.1f}" if done else "-", r["note"])
     console = Console(record=True, width=140, file=open("/dev/null", "w"))
@@ -226,18 +244,22 @@ def plot_results(rows, path: Path, meta: dict) -> None:
     fig, axes = plt.subplots(2, len(head_dims), figsize=(5.2 * len(head_dims), 7.5), squeeze=False,
                              sharex=True)
     style = {"naive": ("tab:red", "o", "naive CuPy (S materialised)"),
-             "kernel": ("tab:blue", "s", "RawKernel (this series)"),
+             "kernel": ("tab:blue", "s", "RawKernel, CUDA cores"),
+             "mma": ("tab:purple", "D", "RawKernel, tensor cores"),
              "torch": ("tab:green", "^", "torch SDPA")}
     for col, d in enumerate(head_dims):
-        for impl in IMPLS:
-            pts = sorted((r["n"], r["tflops"], r["peak_bytes"]) for r in rows
-                         if r["d"] == d and r["impl"] == impl and r["seconds"] is not None)
-            if not pts:
-                continue
-            color, marker, label = style[impl]
-            n, tf, mem = zip(*pts)
-            axes[0, col].plot(n, tf, marker=marker, color=color, label=label)
-            axes[1, col].plot(n, [m / 2**20 for m in mem], marker=marker, color=color, label=label)
+        for dtype in DTYPES:
+            for impl in IMPLS:
+                pts = sorted((r["n"], r["tflops"], r["peak_bytes"]) for r in rows
+                             if r["d"] == d and r["impl"] == impl and r["dtype"] == dtype and r["seconds"] is not None)
+                if not pts:
+                    continue
+                color, marker, label = style[impl]
+                line = dict(marker=marker, color=color, label=f"{label}, {dtype}",
+                            linestyle="-" if dtype == "float16" else "--")
+                n, tf, mem = zip(*pts)
+                axes[0, col].plot(n, tf, **line)
+                axes[1, col].plot(n, [m / 2**20 for m in mem], **line)
         axes[0, col].set_title(f"d = {d}")
         axes[0, col].set_ylabel("TFLOP/s (higher is better)")
         axes[1, col].set_ylabel("peak extra device memory (MiB)")
@@ -249,7 +271,7 @@ def plot_results(rows, path: Path, meta: dict) -> None:
             ax.set_xticks(sizes, [str(n) for n in sizes])
             ax.grid(True, which="both", alpha=0.3)
         axes[0, col].legend(fontsize=8)
-    fig.suptitle(f"Attention forward on {meta['device']}: batch 1, {meta['heads']} heads, float16"
+    fig.suptitle(f"Attention forward on {meta['device']}\nbatch 1, {meta['heads']} heads; solid float16, dashed float32"
                  + (", causal" if meta["causal"] else ""))
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -113,7 +113,7 @@ if [ -z "$SAN" ]; then
     step "compute-sanitizer" FAIL "not found (CUDA toolkit or pip nvidia-cuda-sanitizer-api-cu12)"
 else
     "$SAN" --version > "$RESULTS/sanitizer/version.txt" 2>&1
-    for kernel in online_softmax flash_attention paged_decode flash_decoding; do
+    for kernel in online_softmax flash_attention flash_attention_mma paged_decode flash_decoding; do
         tools="memcheck racecheck"
         case "$kernel" in paged_decode|flash_decoding) tools="$tools initcheck" ;; esac
         for tool in $tools; do

@@ -77,3 +77,29 @@ def test_benchmark_script_quick(tmp_path):
     md = (tmp_path / "memory_time.md").read_text()
     assert "| N | dtype | peak MiB textbook | peak MiB flash |" in md and "Machine:" in md
     assert (tmp_path / "memory_time.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_gpu_benchmark_writes_its_table_and_plot_from_rows(tmp_path):
+    """The GPU benchmark's writer on hand-made rows (the timings themselves need a GPU)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_attention", ROOT / "benchmarks" / "gpu_attention.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = []
+    for dtype in bench.DTYPES:
+        for impl in bench.IMPLS:
+            for n in (1024, 2048):
+                seconds = None if impl == "mma" and dtype == "float32" else 1e-3 * n / 1024 / (1 + bench.IMPLS.index(impl))
+                rows.append(dict(impl=impl, n=n, d=64, heads=8, causal=False, dtype=dtype, seconds=seconds,
+                                 tflops=None if seconds is None else bench.attention_flops(n, 64, 8, False) / seconds / 1e12,
+                                 peak_bytes=None if seconds is None else n * 1024,
+                                 note="skipped: tensor cores take float16/bfloat16" if seconds is None else ""))
+    bench.write_results(rows, tmp_path, dict(device="test device", heads=8, causal=False))
+    table = (tmp_path / "results.md").read_text()
+    assert "tensor cores take float16" in table and "float32" in table
+    assert (tmp_path / "gpu_attention.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # 4 N^2 d flops per head: N = 1024, d = 64, 8 heads in 1 ms is 2.15 TFLOP/s
+    assert rows[0]["tflops"] == pytest.approx(4 * 1024**2 * 64 * 8 / 1e-3 / 1e12)
+    line = bench.format_row(rows[0])
+    assert line.split()[:2] == ["naive", "float16"] and "N=  1024" in line and "2.15 TFLOP/s" in line

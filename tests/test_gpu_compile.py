@@ -37,9 +37,14 @@ BUILDS = [
     source.paged_decode_build(128, 16, 32, 8, "float32"),
     source.paged_decode_build(128, 16, 32, 8, "float16", trace=True),
     source.paged_decode_build(128, 16, 32, 8, "bfloat16"),
+    source.flash_attention_mma_build(128, "float16", trace=True),
+    source.flash_attention_mma_build(128, "bfloat16"),
 ]
 HEAD_DIM_BUILDS = [source.flash_attention_build(d, "float16") for d in (1, 3, 64, 80, 256)] + [
-    source.paged_decode_build(d, 16, 8, 1, "float16") for d in (1, 80, 256)]
+    source.paged_decode_build(d, 16, 8, 1, "float16") for d in (1, 80, 256)] + [
+    source.flash_attention_mma_build(d, dtype) for d in (16, 64, 80, 256) for dtype in ("float16", "bfloat16")]
+#: entry points that declare no shared memory
+NO_SMEM = {"merge_splits", "mma_probe"}
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -51,7 +56,7 @@ def test_kernel_compiles_with_nvrtc(build, arch):
     for r in compiled.resources.values():
         assert r.arch == arch
         assert 1 <= r.registers <= 255
-        assert r.smem_bytes == (0 if r.entry == "merge_splits" else build.smem_bytes)
+        assert r.smem_bytes == (0 if r.entry in NO_SMEM else build.smem_bytes)
 
 
 @pytest.mark.parametrize("build", HEAD_DIM_BUILDS, ids=lambda b: b.describe())
@@ -70,7 +75,7 @@ def test_compile_report_covers_every_kernel_and_arch():
     assert sorted((r.entry, r.arch) for r in rows) == sorted((e, a) for e in entries for a in ARCHS)
     builds = {b.kernel: b for b in source.default_builds()}
     for r in rows:
-        expected = 0 if r.entry == "merge_splits" else builds[r.kernel].smem_bytes
+        expected = 0 if r.entry in NO_SMEM else builds[r.kernel].smem_bytes
         assert r.smem_bytes == expected, r
         assert r.spill_store_bytes == 0, r
         assert r.device_present == gpu.device_available()
@@ -165,6 +170,33 @@ def test_flash_smem_formula_by_hand():
 def test_flash_config_errors(kwargs, error, match):
     with pytest.raises(error, match=match):
         gpu.flash_attention_config(**kwargs)
+
+
+def test_tensor_core_tiles_and_smem_by_hand():
+    # d = 128, Bc = 64: K and V tiles of 64 rows x (128 + 8) float16 values
+    assert gpu.flash_attention_mma_config(128) == 64 and gpu.flash_attention_mma_config(256) == 32
+    assert source.flash_attention_mma_smem_bytes(128, 64) == 2 * 2 * 64 * 136 == 34816
+    assert source.flash_attention_mma_build(128).smem_bytes == 34816
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(head_dim=72), ValueError, "head_dim must be a multiple of 16"),
+    (dict(head_dim=8), ValueError, "head_dim must be in 16..256"),
+    (dict(head_dim=64, block_k=40), ValueError, "block_k must be a multiple of 16"),
+    (dict(head_dim=256, block_k=64), ValueError, "more than the 49152 allowed"),
+    (dict(head_dim=64, block_k=64.0), TypeError, "block_k must be an int"),
+])
+def test_tensor_core_config_errors(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        gpu.flash_attention_mma_config(**kwargs)
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        gpu.flash_attention_mma_build(64, "float32")
+
+
+def test_the_tensor_core_kernel_uses_the_mma_instruction():
+    for dtype, ptx_type in (("float16", "f16"), ("bfloat16", "bf16")):
+        ptx = gpu.compile.compile_ptx(source.flash_attention_mma_build(64, dtype), "sm_80")
+        assert f"mma.sync.aligned.m16n8k16.row.col.f32.{ptx_type}.{ptx_type}.f32" in ptx
 
 
 @pytest.mark.parametrize("num_heads, num_kv_heads, expected", [(8, 8, 1), (8, 4, 2), (8, 1, 8), (12, 1, 6),

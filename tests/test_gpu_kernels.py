@@ -174,6 +174,123 @@ def test_flash_trace_matches_the_numpy_trace_tile_by_tile(backend, causal):
 
 
 # ---------------------------------------------------------------------------
+# flash attention forward on tensor cores (mma.sync.m16n8k16)
+# ---------------------------------------------------------------------------
+
+# P is rounded to the 16-bit dtype before o += P V (as in FlashAttention-2): a little more
+# error than the float32-FMA kernel, within the output's own rounding for float16
+MMA_TOL = {"float16": dict(atol=3e-3, rtol=5e-3), "bfloat16": dict(atol=2.5e-2, rtol=2.5e-2)}
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_one_tensor_core_instruction_multiplies_by_the_documented_layout(backend, dtype):
+    # each lane loads its elements of A and B by the PTX ISA fragment layout and writes its
+    # four results back by it; any slip in the layout scrambles rows or columns of A @ B
+    rng = np.random.default_rng(20)
+    (a, a64), (b, b64) = stored(rng.standard_normal((16, 16)), dtype), stored(rng.standard_normal((16, 8)), dtype)
+    d = gpu.mma_probe_gpu(a, b, bfloat16=dtype == "bfloat16", backend=backend)
+    assert d.shape == (16, 8) and d.dtype == np.float32
+    np.testing.assert_allclose(np.asarray(d, dtype=np.float64), a64 @ b64, rtol=1e-5, atol=1e-5)
+
+
+MMA_CASES = [
+    # lead dims, Nq, Nk, d, causal, dtype                          what it covers
+    pytest.param((), 100, 100, 64, False, "float16", id="N-not-a-multiple-of-the-tile"),
+    pytest.param((), 5, 7, 16, False, "float16", id="N-below-one-tile-d16"),
+    pytest.param((2,), 70, 45, 80, True, "float16", id="d80-causal-Nq>Nk-masked-rows"),
+    pytest.param((1, 2), 33, 90, 128, True, "float16", id="d128-causal-Nq<Nk"),
+    pytest.param((), 20, 70, 256, False, "float16", id="d256-Q-re-read"),
+    pytest.param((), 40, 50, 64, False, "bfloat16", id="bf16"),
+    pytest.param((2,), 65, 65, 64, True, "bfloat16", id="bf16-causal"),
+]
+
+
+@pytest.mark.parametrize("lead, nq, nk, d, causal, dtype", MMA_CASES)
+def test_tensor_core_kernel_matches_the_reference(backend, lead, nq, nk, d, causal, dtype):
+    rng = np.random.default_rng(nq * 1000 + nk + d + 1)
+    (q, q64), (k, k64), (v, v64) = (stored(rng.standard_normal((*lead, n, d)), dtype) for n in (nq, nk, nk))
+    out, lse = gpu.flash_attention_mma_gpu(q, k, v, causal=causal, bfloat16=dtype == "bfloat16", backend=backend)
+    ref, ref_lse = flash_reference(q64, k64, v64, causal)
+    assert out.shape == q.shape and out.dtype == q.dtype and lse.shape == q.shape[:-1]
+    got = values(out, dtype)
+    assert not np.isnan(got).any()
+    np.testing.assert_allclose(got, ref, **MMA_TOL[dtype])
+    assert_lse_close(lse, ref_lse, atol=1e-4)
+
+
+def test_tensor_core_kernel_edge_rows_large_scores_and_reproducibility(backend):
+    rng = np.random.default_rng(21)
+    # bottom-right causal, Nq 20 > Nk 5: rows 0..14 see nothing -> 0 and -inf, never NaN
+    q, k, v = (rng.standard_normal((n, 32)).astype(np.float16) for n in (20, 5, 5))
+    out, lse = gpu.flash_attention_mma_gpu(q, k, v, causal=True, backend=backend)
+    assert np.all(out[:15] == 0) and np.all(np.isneginf(lse[:15])) and np.isfinite(lse[15:]).all()
+    out, lse = gpu.flash_attention_mma_gpu(q, k[:0], v[:0], backend=backend)     # no keys at all
+    assert np.all(out == 0) and np.all(np.isneginf(lse))
+    # raw scores in the hundreds: exp() overflows unless the running max is subtracted
+    (q, q64), (k, k64) = (stored(6 * rng.standard_normal((70, 64)), "float16") for _ in range(2))
+    v, v64 = stored(rng.standard_normal((70, 64)), "float16")
+    runs = [gpu.flash_attention_mma_gpu(q, k, v, backend=backend) for _ in range(2)]
+    ref, ref_lse = lessons.attention(q64, k64, v64, return_lse=True)
+    assert np.abs(q64 @ k64.T / 8).max() > 100
+    np.testing.assert_allclose(values(runs[0][0], "float16"), ref, **MMA_TOL["float16"])
+    assert_lse_close(runs[0][1], ref_lse, atol=1e-3)
+    assert runs[1][0].tobytes() == runs[0][0].tobytes() and runs[1][1].tobytes() == runs[0][1].tobytes()
+
+
+def test_tensor_core_kernel_writes_nothing_into_the_next_head(backend):
+    rng = np.random.default_rng(22)
+    heads = 3
+    q, k = rng.standard_normal((heads, 70, 32)), rng.standard_normal((heads, 40, 32))
+    v = rng.standard_normal((heads, 40, 32)) + 100 * np.arange(heads)[:, None, None]
+    (q, q64), (k, k64), (v, v64) = (stored(x, "float16") for x in (q, k, v))
+    out, lse = gpu.flash_attention_mma_gpu(q, k, v, backend=backend)
+    ref, ref_lse = flash_reference(q64, k64, v64, False)
+    np.testing.assert_allclose(values(out, "float16"), ref, atol=0.1, rtol=2e-3)   # |v| up to ~200 in fp16
+    assert_lse_close(lse, ref_lse, atol=1e-4)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_tensor_core_trace_matches_the_numpy_trace(backend, causal):
+    rng = np.random.default_rng(23)
+    (q, q64), (k, k64), (v, v64) = (stored(s * rng.standard_normal((n, 64)), "float16")
+                                    for s, n in ((1, 70), (2, 100), (1, 100)))
+    rows = [0, 9, 63, 64, 69]                 # rows g and g + 8 of a warp, both blocks
+    block_k = gpu.flash_attention_mma_config(64)
+    _, _, trace = gpu.flash_attention_mma_gpu(q, k, v, causal=causal, trace_rows=rows, backend=backend)
+    _, ref = lessons.flash_attention(q64, k64, v64, tile=block_k, block_q=64, causal=causal, return_trace=True)
+    for row in rows:
+        assert len(trace.row(row)) == len(ref.row(row)) > 0
+        assert gpu.first_divergence(trace.row(row), ref.row(row), rtol=1e-4, atol=1e-5) is None, row
+
+
+def test_tensor_core_kernel_keeps_nan_input_nan(backend):
+    rng = np.random.default_rng(24)
+    q, k, v = (rng.standard_normal((2, 40, 16)).astype(np.float16) for _ in range(3))
+    k[0, 7, 3] = np.nan
+    q[1, 30, 0] = np.nan
+    out, lse = gpu.flash_attention_mma_gpu(q, k, v, causal=True, backend=backend)
+    ref, ref_lse = flash_reference(*(x.astype(np.float64) for x in (q, k, v)), True)
+    bad = np.isnan(ref_lse)
+    np.testing.assert_array_equal(np.isnan(lse), bad)
+    np.testing.assert_array_equal(np.isnan(out.astype(np.float64)).all(axis=-1), bad)
+    np.testing.assert_allclose(out[~bad].astype(np.float64), ref[~bad], **MMA_TOL["float16"])
+
+
+def test_tensor_core_kernel_refuses_what_it_cannot_do():
+    f16 = np.zeros((8, 64), np.float16)
+    with pytest.raises(TypeError, match="float16 q, k, v"):
+        gpu.flash_attention_mma_gpu(f16.astype(np.float32), f16.astype(np.float32), f16.astype(np.float32),
+                                    backend="emulator")
+    odd = np.zeros((8, 72), np.float16)
+    with pytest.raises(ValueError, match="head_dim must be a multiple of 16"):
+        gpu.flash_attention_mma_gpu(odd, odd, odd, backend="emulator")
+    with pytest.raises(ValueError, match="block_k must be a multiple of 16"):
+        gpu.flash_attention_mma_gpu(f16, f16, f16, block_k=24, backend="emulator")
+    with pytest.raises(ValueError, match="a must be"):
+        gpu.mma_probe_gpu(np.zeros((16, 8), np.float16), np.zeros((16, 8), np.float16), backend="emulator")
+
+
+# ---------------------------------------------------------------------------
 # online softmax
 # ---------------------------------------------------------------------------
 
@@ -480,3 +597,23 @@ def test_larger_problems_on_the_gpu(n, d):
         ref, ref_lse = flash_reference(q64, k64, v64, causal)
         np.testing.assert_allclose(values(out, "float16"), ref, **TOL["float16"])
         assert_lse_close(lse, ref_lse, atol=1e-4)
+
+
+@gpu_only
+def test_tensor_core_kernel_on_larger_and_misaligned_inputs():
+    import cupy
+
+    rng = np.random.default_rng(25)
+    (q, q64), (k, k64), (v, v64) = (stored(rng.standard_normal((2, n, 128)), "float16") for n in (1000, 1500, 1500))
+    for causal in (False, True):
+        out, lse = gpu.flash_attention_mma_gpu(q, k, v, causal=causal)
+        ref, ref_lse = flash_reference(q64, k64, v64, causal)
+        np.testing.assert_allclose(values(out, "float16"), ref, **MMA_TOL["float16"])
+        assert_lse_close(lse, ref_lse, atol=1e-4)
+    # a contiguous CuPy view that starts 2 bytes into its allocation: copied, not misread
+    flat = cupy.zeros(q.size + 1, dtype=cupy.float16)
+    flat[1:] = cupy.asarray(q).ravel()
+    q_view = flat[1:].reshape(q.shape)
+    assert q_view.data.ptr % 16
+    out, _ = gpu.flash_attention_mma_gpu(q_view, cupy.asarray(k), cupy.asarray(v))
+    np.testing.assert_allclose(values(out, "float16"), flash_reference(q64, k64, v64, False)[0], **MMA_TOL["float16"])

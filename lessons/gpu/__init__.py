@@ -4,6 +4,7 @@ Kernels (CUDA C in ``lessons/gpu/kernels/``, one launcher each):
 
 * :func:`online_softmax_gpu` - softmax streaming over tiles, one block per row;
 * :func:`flash_attention_gpu` - FlashAttention-2 forward, causal bottom-right, fp32/fp16/bf16;
+* :func:`flash_attention_mma_gpu` - the same on tensor cores (``mma.sync``), fp16/bf16, sm_80+;
 * :func:`paged_decode_gpu` - decoding over a paged KV cache (vLLM layout) with GQA;
 * :func:`flash_decoding_gpu` - the same split over the keys, partial states merged.
 
@@ -19,18 +20,21 @@ from .compile import (ARCHS, CompiledKernel, KernelCompileError, KernelResources
                       compile_report, compile_report_table, device_available, device_name, find_ptxas,
                       gpu_status, nvrtc_available, ptxas_resources)
 from .emulator import EmulatorError, EmulatorMemoryError, emulator_available
-from .launch import (BACKENDS, SplitTraces, flash_attention_gpu, flash_decoding_gpu, online_softmax_gpu,
-                     paged_decode_gpu)
+from .launch import (BACKENDS, SplitTraces, flash_attention_gpu, flash_attention_mma_gpu, flash_decoding_gpu,
+                     mma_probe_gpu, online_softmax_gpu, paged_decode_gpu)
 from .source import (KERNELS, KernelBuild, default_builds, flash_attention_build, flash_attention_config,
-                     kernel_source, online_softmax_build, paged_decode_build, paged_decode_config)
+                     flash_attention_mma_build, flash_attention_mma_config, kernel_source, online_softmax_build,
+                     paged_decode_build, paged_decode_config)
 from .trace_compare import GpuRowTrace, GpuTrace, TraceDivergence, first_divergence
 
 __all__ = [
-    "online_softmax_gpu", "flash_attention_gpu", "paged_decode_gpu", "flash_decoding_gpu", "SplitTraces",
+    "online_softmax_gpu", "flash_attention_gpu", "flash_attention_mma_gpu", "mma_probe_gpu", "paged_decode_gpu",
+    "flash_decoding_gpu", "SplitTraces",
     "BACKENDS", "compile_kernel", "compile_report", "compile_report_table", "gpu_status", "device_available",
     "device_name", "nvrtc_available", "find_ptxas", "ptxas_resources", "ARCHS", "KernelResources",
     "CompiledKernel", "KernelCompileError", "KERNELS", "KernelBuild", "default_builds", "kernel_source",
-    "flash_attention_config", "flash_attention_build", "paged_decode_config", "paged_decode_build",
+    "flash_attention_config", "flash_attention_build", "flash_attention_mma_config", "flash_attention_mma_build",
+    "paged_decode_config", "paged_decode_build",
     "online_softmax_build", "GpuTrace", "GpuRowTrace", "TraceDivergence", "first_divergence",
     "to_bfloat16_bits", "from_bfloat16_bits", "emulator_available", "EmulatorError", "EmulatorMemoryError",
 ]

@@ -133,7 +133,7 @@ class EmulatedModule:
                     raise TypeError(f"{entry}: argument {name} must be a NumPy array, got {type(value).__name__}")
                 if not value.flags.c_contiguous:
                     raise ValueError(f"{entry}: argument {name} must be C-contiguous")
-                guard = max(GUARD_BYTES, value.nbytes)
+                guard = -(-max(GUARD_BYTES, value.nbytes) // 64) * 64   # keeps 16-byte vector loads aligned
                 raw = np.full(value.nbytes + 2 * guard, 0xFF, dtype=np.uint8)
                 raw[guard:guard + value.nbytes] = value.reshape(-1).view(np.uint8)
                 guarded.append((name, value, raw, guard))

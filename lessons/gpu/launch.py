@@ -27,11 +27,13 @@ import numpy as np
 
 from .._validate import check_scale
 from .compile import device_available
-from .source import (MAX_HEAD_DIM, flash_attention_build, flash_attention_config,
-                     kernel_signature, kernel_source, online_softmax_build, paged_decode_build)
+from .source import (MAX_HEAD_DIM, MMA_BLOCK_Q, MMA_DTYPES, flash_attention_build, flash_attention_config,
+                     flash_attention_mma_build, flash_attention_mma_config, kernel_signature, kernel_source,
+                     online_softmax_build, paged_decode_build)
 from .trace_compare import GpuTrace
 
-__all__ = ["flash_attention_gpu", "online_softmax_gpu", "paged_decode_gpu", "flash_decoding_gpu",
+__all__ = ["flash_attention_gpu", "flash_attention_mma_gpu", "mma_probe_gpu", "online_softmax_gpu", "paged_decode_gpu",
+           "flash_decoding_gpu",
            "SplitTraces", "BACKENDS", "MAX_TRACE_ROWS"]
 
 BACKENDS = ("cupy", "emulator")
@@ -259,6 +261,50 @@ def online_softmax_gpu(x, *, tile: int = 256, bfloat16: bool = False, trace_rows
 # flash attention forward
 # ---------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class _FlashInputs:
+    kind: str            # 'numpy' or 'cupy'
+    dtype: str           # storage dtype name
+    lead: tuple          # leading (batch, heads) dims
+    n_q: int
+    n_k: int
+    d: int
+    batch_heads: int
+    scale: float
+    causal: bool
+
+
+def _check_flash(q, k, v, scale, causal, bfloat16) -> _FlashInputs:
+    """The checks both forward launchers share (metadata only, no device needed)."""
+    arrays = {"q": q, "k": k, "v": v}
+    kind = _check_arrays(arrays)
+    dtype = _storage_dtype(arrays, bfloat16)
+    if q.ndim not in (2, 3, 4):
+        raise ValueError(f"q must be (Nq, d), (heads, Nq, d) or (batch, heads, Nq, d), got shape {q.shape}")
+    if k.ndim != q.ndim or v.ndim != q.ndim:
+        raise ValueError(f"q, k, v must have the same rank, got shapes {q.shape}, {k.shape}, {v.shape}")
+    lead = tuple(q.shape[:-2])
+    if tuple(k.shape[:-2]) != lead or tuple(v.shape[:-2]) != lead:
+        raise ValueError(f"q, k, v must share the leading (batch, heads) dims, got shapes "
+                         f"{q.shape}, {k.shape}, {v.shape}")
+    n_q, d = q.shape[-2:]
+    n_k = k.shape[-2]
+    if k.shape[-1] != d:
+        raise ValueError(f"q and k must share the head dim d: q has shape {q.shape}, k has shape {k.shape}")
+    if v.shape != k.shape:
+        raise ValueError(f"v must have the shape of k (this kernel needs dv == d): k {k.shape}, v {v.shape}")
+    if not 1 <= d <= MAX_HEAD_DIM:
+        raise ValueError(f"head dim d must be in 1..{MAX_HEAD_DIM}, got q shape {q.shape}")
+    scale = check_scale(scale, d)
+    causal = _check_bool(causal, "causal")
+    batch_heads = math.prod(lead)
+    if batch_heads > _GRID_YZ_LIMIT:
+        raise ValueError(f"batch * heads must be at most {_GRID_YZ_LIMIT}, got {batch_heads}")
+    if max(n_q, n_k) > 2**31 - 1:
+        raise ValueError(f"Nq and Nk must fit in int32, got Nq={n_q}, Nk={n_k}")
+    return _FlashInputs(kind, dtype, lead, int(n_q), int(n_k), int(d), batch_heads, scale, causal)
+
+
 def flash_attention_gpu(q, k, v, *, scale=None, causal: bool = False, block_q: int | None = None,
                         block_k: int | None = None, bfloat16: bool = False, trace_rows=None,
                         backend: str = "cupy"):
@@ -286,45 +332,21 @@ def flash_attention_gpu(q, k, v, *, scale=None, causal: bool = False, block_q: i
     Source: Dao 2023 (FlashAttention-2), Alg. 1.
     """
     backend = _check_backend(backend)
-    arrays = {"q": q, "k": k, "v": v}
-    kind = _check_arrays(arrays)
-    dtype = _storage_dtype(arrays, bfloat16)
-    if q.ndim not in (2, 3, 4):
-        raise ValueError(f"q must be (Nq, d), (heads, Nq, d) or (batch, heads, Nq, d), got shape {q.shape}")
-    if k.ndim != q.ndim or v.ndim != q.ndim:
-        raise ValueError(f"q, k, v must have the same rank, got shapes {q.shape}, {k.shape}, {v.shape}")
-    lead = tuple(q.shape[:-2])
-    if tuple(k.shape[:-2]) != lead or tuple(v.shape[:-2]) != lead:
-        raise ValueError(f"q, k, v must share the leading (batch, heads) dims, got shapes "
-                         f"{q.shape}, {k.shape}, {v.shape}")
-    n_q, d = q.shape[-2:]
-    n_k = k.shape[-2]
-    if k.shape[-1] != d:
-        raise ValueError(f"q and k must share the head dim d: q has shape {q.shape}, k has shape {k.shape}")
-    if v.shape != k.shape:
-        raise ValueError(f"v must have the shape of k (this kernel needs dv == d): k {k.shape}, v {v.shape}")
-    if not 1 <= d <= MAX_HEAD_DIM:
-        raise ValueError(f"head dim d must be in 1..{MAX_HEAD_DIM}, got q shape {q.shape}")
-    scale = check_scale(scale, d)
-    causal = _check_bool(causal, "causal")
+    f = _check_flash(q, k, v, scale, causal, bfloat16)
+    lead, n_q, n_k, d, batch_heads = f.lead, f.n_q, f.n_k, f.d, f.batch_heads
     block_q, block_k = flash_attention_config(d, block_q, block_k)
-    batch_heads = math.prod(lead)
-    if batch_heads > _GRID_YZ_LIMIT:
-        raise ValueError(f"batch * heads must be at most {_GRID_YZ_LIMIT}, got {batch_heads}")
-    if max(n_q, n_k) > 2**31 - 1:
-        raise ValueError(f"Nq and Nk must fit in int32, got Nq={n_q}, Nk={n_k}")
     tracing = trace_rows is not None
     rows = _check_rows(trace_rows, "trace_rows", n_q) if tracing else []
-    build = flash_attention_build(d, dtype, tracing, block_q, block_k)
+    build = flash_attention_build(d, f.dtype, tracing, block_q, block_k)
 
-    run = _Runner(backend, kind)
+    run = _Runner(backend, f.kind)
     qd, kd, vd = run.put(q), run.put(k), run.put(v)
     out = run.xp.empty(q.shape, dtype=q.dtype)
     lse = run.xp.empty(q.shape[:-1], dtype=np.float32)
     n_tiles = -(-n_k // block_k)
     trace = _trace_buffer(run, (batch_heads, len(rows), n_tiles, 3), tracing)
     run.launch(build, "flash_attention_forward", (-(-n_q // block_q), batch_heads),
-               [qd, kd, vd, out, lse, n_q, n_k, scale, int(causal), _rows_buffer(run, rows), len(rows),
+               [qd, kd, vd, out, lse, n_q, n_k, f.scale, int(f.causal), _rows_buffer(run, rows), len(rows),
                 n_tiles, trace])
     result = (run.get(out), run.get(lse))
     if tracing:
@@ -332,6 +354,88 @@ def flash_attention_gpu(q, k, v, *, scale=None, causal: bool = False, block_q: i
         records = run.host(trace).reshape(batch_heads * len(rows), n_tiles, 3)
         result += (GpuTrace(labels, records),)
     return result
+
+
+def flash_attention_mma_gpu(q, k, v, *, scale=None, causal: bool = False, block_k: int | None = None,
+                            bfloat16: bool = False, trace_rows=None, backend: str = "cupy"):
+    """FlashAttention-2 forward on tensor cores (``mma.sync.m16n8k16``), or its CPU emulation.
+
+    The advanced kernel of the series: the fold of :func:`flash_attention_gpu` with both
+    products, ``S = Q K^T`` and ``o += P V``, on tensor cores; P is rounded to q's 16-bit
+    dtype before the second product, as in FlashAttention-2. Needs a GPU of compute
+    capability 8.0 or newer (A100, H100, H200).
+
+    Parameters
+    ----------
+    q, k, v : as :func:`flash_attention_gpu`, but float16 (or bfloat16 bits with
+        ``bfloat16=True``) only, and the head dim d a multiple of 16 in 16..256.
+    scale, causal, bfloat16, trace_rows, backend : as :func:`flash_attention_gpu`.
+    block_k : keys per tile (Bc), a multiple of 16; default 64 for d <= 128, else 32
+        (:func:`lessons.gpu.source.flash_attention_mma_config`). Query blocks are 64 rows.
+
+    Returns ``(out, lse)`` or ``(out, lse, trace)`` as :func:`flash_attention_gpu`; the trace
+    compares with ``lessons.flash_attention(q, k, v, tile=block_k, block_q=64, return_trace=True)``.
+    Raises TypeError for float32 input (use :func:`flash_attention_gpu`), ValueError naming
+    the argument for bad shapes, a head dim that is not a multiple of 16, or a bad block_k;
+    RuntimeError with backend "cupy" and no CUDA device.
+    Source: Dao 2023 (FlashAttention-2), Alg. 1 and Sec. 3.3; PTX ISA, mma.m16n8k16.
+    """
+    backend = _check_backend(backend)
+    f = _check_flash(q, k, v, scale, causal, bfloat16)
+    if f.dtype not in MMA_DTYPES:
+        raise TypeError(f"the tensor-core kernel takes float16 q, k, v (or bfloat16 bits with bfloat16=True), "
+                        f"got {f.dtype}; convert with q.astype(np.float16) or use flash_attention_gpu")
+    block_k = flash_attention_mma_config(f.d, block_k)
+    tracing = trace_rows is not None
+    rows = _check_rows(trace_rows, "trace_rows", f.n_q) if tracing else []
+    build = flash_attention_mma_build(f.d, f.dtype, tracing, block_k)
+
+    run = _Runner(backend, f.kind)
+    qd, kd, vd = (_aligned(run, run.put(x)) for x in (q, k, v))
+    out = run.xp.empty(q.shape, dtype=q.dtype)
+    lse = run.xp.empty(q.shape[:-1], dtype=np.float32)
+    n_tiles = -(-f.n_k // block_k)
+    trace = _trace_buffer(run, (f.batch_heads, len(rows), n_tiles, 3), tracing)
+    run.launch(build, "flash_attention_mma", (-(-f.n_q // MMA_BLOCK_Q), f.batch_heads),
+               [qd, kd, vd, out, lse, f.n_q, f.n_k, f.scale, int(f.causal), _rows_buffer(run, rows), len(rows),
+                n_tiles, trace])
+    result = (run.get(out), run.get(lse))
+    if tracing:
+        labels = tuple((*idx, r) for idx in np.ndindex(*f.lead) for r in rows)
+        records = run.host(trace).reshape(f.batch_heads * len(rows), n_tiles, 3)
+        result += (GpuTrace(labels, records),)
+    return result
+
+
+def _aligned(run, x):
+    """x itself if its data starts on a 16-byte boundary (the kernel's vector loads need it), else a copy."""
+    ptr = x.ctypes.data if isinstance(x, np.ndarray) else x.data.ptr
+    return x if ptr % 16 == 0 else run.xp.array(x, copy=True)
+
+
+def mma_probe_gpu(a, b, *, bfloat16: bool = False, backend: str = "cupy"):
+    """One tensor-core instruction on its own: ``a @ b`` by ``mma.sync.m16n8k16``.
+
+    A check of the fragment layout the tensor-core kernel relies on: each lane loads its
+    elements of ``a`` and ``b`` by the PTX ISA layout, one warp multiplies, each lane writes
+    its four results back where the layout says they belong.
+
+    Parameters: ``a`` (16, 16) and ``b`` (16, 8), float16 (or bfloat16 bits with
+    ``bfloat16=True``), C-contiguous; ``backend`` ``"cupy"`` or ``"emulator"``.
+    Returns float32 (16, 8). Raises TypeError/ValueError for other shapes or dtypes.
+    Source: PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type".
+    """
+    backend = _check_backend(backend)
+    kind = _check_arrays({"a": a, "b": b})
+    dtype = _storage_dtype({"a": a, "b": b}, bfloat16)
+    if dtype not in MMA_DTYPES:
+        raise TypeError(f"a and b must be float16 (or bfloat16 bits with bfloat16=True), got {dtype}")
+    if a.shape != (16, 16) or b.shape != (16, 8):
+        raise ValueError(f"a must be (16, 16) and b (16, 8), got {a.shape} and {b.shape}")
+    run = _Runner(backend, kind)
+    d = run.xp.zeros((16, 8), dtype=np.float32)
+    run.launch(flash_attention_mma_build(16, dtype), "mma_probe", (1,), [run.put(a), run.put(b), d])
+    return run.get(d)
 
 
 # ---------------------------------------------------------------------------

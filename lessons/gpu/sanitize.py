@@ -22,7 +22,7 @@ from .. import attention
 from . import launch
 from .compile import device_available
 
-KERNELS = ("online_softmax", "flash_attention", "paged_decode", "flash_decoding")
+KERNELS = ("online_softmax", "flash_attention", "flash_attention_mma", "paged_decode", "flash_decoding")
 
 
 def host(x) -> np.ndarray:
@@ -65,6 +65,23 @@ def run_flash_attention(cp, backend) -> bool:
                             causal=causal)
             ok &= _close(f"flash {lead} {nq}x{nk} d={d} causal={causal} {np.dtype(dtype).name}",
                          host(out)[idx], ref, 2e-3 if dtype == np.float16 else 1e-5)
+    return ok
+
+
+def run_flash_attention_mma(cp, backend) -> bool:
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((16, 16)).astype(np.float16), rng.standard_normal((16, 8)).astype(np.float16)
+    ok = _close("mma_probe 16x16 @ 16x8", launch.mma_probe_gpu(cp.asarray(a), cp.asarray(b), backend=backend),
+                a.astype(np.float64) @ b.astype(np.float64), 1e-4, 1e-5)
+    for lead, nq, nk, d, causal in [((2,), 70, 45, 64, True), ((), 33, 100, 80, False), ((), 5, 3, 16, True),
+                                    ((), 20, 40, 256, False)]:
+        q, k, v = (rng.standard_normal((*lead, n, d)).astype(np.float16) for n in (nq, nk, nk))
+        out, lse, _ = launch.flash_attention_mma_gpu(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal=causal,
+                                                     trace_rows=[0, nq - 1], backend=backend)
+        for idx in np.ndindex(*lead):
+            ref = attention(q[idx].astype(np.float64), k[idx].astype(np.float64), v[idx].astype(np.float64),
+                            causal=causal)
+            ok &= _close(f"flash_mma {lead} {nq}x{nk} d={d} causal={causal} float16", host(out)[idx], ref, 3e-3)
     return ok
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 __all__ = [
     "KERNEL_DIR", "KERNELS", "DTYPES", "STATIC_SMEM_LIMIT", "NUM_THREADS", "MAX_HEAD_DIM",
     "KernelBuild", "kernel_source", "flash_attention_config", "flash_attention_smem_bytes",
+    "MMA_BLOCK_Q", "flash_attention_mma_config", "flash_attention_mma_smem_bytes", "flash_attention_mma_build",
     "paged_decode_config", "paged_decode_smem_bytes", "online_softmax_smem_bytes", "default_builds",
 ]
 
@@ -31,6 +32,7 @@ KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 KERNELS = {
     "online_softmax": ("online_softmax",),
     "flash_attention": ("flash_attention_forward",),
+    "flash_attention_mma": ("flash_attention_mma", "mma_probe"),
     "paged_decode": ("paged_decode", "paged_decode_split", "merge_splits"),
 }
 
@@ -138,6 +140,56 @@ def flash_attention_config(head_dim: int, block_q: int | None = None,
 
 
 # ---------------------------------------------------------------------------
+# flash attention forward on tensor cores (mma.sync)
+# ---------------------------------------------------------------------------
+
+#: query rows per block of the tensor-core kernel: 4 warps x 16 rows (the mma tile's M)
+MMA_BLOCK_Q = 64
+#: storage dtypes the tensor-core instruction takes (m16n8k16 with float32 accumulation)
+MMA_DTYPES = ("float16", "bfloat16")
+
+
+def flash_attention_mma_smem_bytes(head_dim: int, block_k: int) -> int:
+    """Static shared memory of ``flash_attention_mma`` in bytes: 16-bit ``k_s`` and ``v_s``,
+    ``block_k`` rows of ``head_dim + 8`` values each (8 values of padding against bank conflicts)."""
+    return 2 * 2 * block_k * (head_dim + 8)
+
+
+def flash_attention_mma_config(head_dim: int, block_k: int | None = None) -> int:
+    """``block_k`` (Bc) of the tensor-core kernel for head dim ``d``.
+
+    ``head_dim`` must be a multiple of 16 (the mma tile's K) in 16..256. By default
+    ``block_k`` is 64 keys for d <= 128 and 32 above (so a thread's scores and outputs stay
+    in registers); a given ``block_k`` must be a multiple of 16 in 16..128 whose K and V tiles
+    fit in 48 KiB. Raises TypeError/ValueError naming the argument.
+    """
+    d = _check_int(head_dim, "head_dim", 16, MAX_HEAD_DIM)
+    if d % 16:
+        raise ValueError(f"head_dim must be a multiple of 16 for the tensor-core kernel (mma.m16n8k16), got {d}; "
+                         f"flash_attention_gpu takes any head dim")
+    if block_k is None:
+        block_k = 64 if d <= 128 else 32
+    block_k = _check_int(block_k, "block_k", 16, 128)
+    if block_k % 16:
+        raise ValueError(f"block_k must be a multiple of 16 (the mma tile), got {block_k}")
+    smem = flash_attention_mma_smem_bytes(d, block_k)
+    if smem > STATIC_SMEM_LIMIT:
+        raise ValueError(f"block_k={block_k} with head_dim={d} needs {smem} bytes of shared memory, more than "
+                         f"the {STATIC_SMEM_LIMIT} allowed; use a smaller block_k")
+    return block_k
+
+
+def flash_attention_mma_build(head_dim: int, dtype: str = "float16", trace: bool = False,
+                              block_k: int | None = None) -> KernelBuild:
+    """The :class:`KernelBuild` of the tensor-core forward kernel (float16 or bfloat16 storage)."""
+    if dtype not in MMA_DTYPES:
+        raise ValueError(f"the tensor-core kernel takes dtype float16 or bfloat16, got {dtype!r}; "
+                         f"use flash_attention_gpu for float32")
+    bk = flash_attention_mma_config(head_dim, block_k)
+    return KernelBuild.make("flash_attention_mma", dtype, trace, HEAD_DIM=head_dim, BLOCK_K=bk)
+
+
+# ---------------------------------------------------------------------------
 # paged decode (one pass and split-KV)
 # ---------------------------------------------------------------------------
 
@@ -225,6 +277,8 @@ class KernelBuild:
         d = dict(self.defines)
         if self.kernel == "flash_attention":
             return flash_attention_smem_bytes(d["HEAD_DIM"], d["BLOCK_Q"], d["BLOCK_K"])
+        if self.kernel == "flash_attention_mma":
+            return flash_attention_mma_smem_bytes(d["HEAD_DIM"], d["BLOCK_K"])
         if self.kernel == "paged_decode":
             return paged_decode_smem_bytes(d["HEAD_DIM"], d["BLOCK_SIZE"], d["HEADS_PER_BLOCK"])
         return online_softmax_smem_bytes(d.get("TILE", 256))
@@ -264,12 +318,13 @@ def online_softmax_build(tile: int = 256, dtype: str = "float32", trace: bool = 
 
 def default_builds(head_dim: int = 128, dtype: str = "float16", trace: bool = False) -> list[KernelBuild]:
     """One representative build per kernel file: online softmax (tile 256), flash attention
-    (``head_dim``), paged decode (``head_dim``, block_size 16, 32 query heads on 8 kv heads)."""
-    return [
-        online_softmax_build(256, dtype, trace),
-        flash_attention_build(head_dim, dtype, trace),
-        paged_decode_build(head_dim, 16, 32, 8, dtype, trace),
-    ]
+    (``head_dim``), its tensor-core variant (16-bit dtypes and head dims that are multiples of
+    16 only), paged decode (``head_dim``, block_size 16, 32 query heads on 8 kv heads)."""
+    builds = [online_softmax_build(256, dtype, trace), flash_attention_build(head_dim, dtype, trace)]
+    if dtype in MMA_DTYPES and head_dim % 16 == 0:
+        builds.append(flash_attention_mma_build(head_dim, dtype, trace))
+    builds.append(paged_decode_build(head_dim, 16, 32, 8, dtype, trace))
+    return builds
 
 
 # ---------------------------------------------------------------------------

@@ -8,6 +8,8 @@
 //   * __shared__ becomes `static`: one copy, shared by the threads of the running block;
 //   * __syncthreads() is a barrier over the block, __syncwarp() over the 32 lanes of a warp;
 //   * __shfl_xor_sync exchanges values through a per-thread slot between two warp barriers;
+//   * mma.sync (the tensor-core product) is rebuilt from the warp's registers by its documented
+//     fragment layout, between two warp barriers (emu::mma_m16n8k16);
 //   * a barrier that some thread never reaches (a divergent __syncthreads, a bug on a GPU
 //     too) times out and the launch reports failure instead of hanging.
 // It is slow (thread switches at every barrier) and meant for small tests.
@@ -25,6 +27,12 @@
 #define __restrict__ __restrict
 #define __launch_bounds__(...)
 #define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+
+struct uint4 {
+    unsigned x, y, z, w;
+};
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return uint4{x, y, z, w}; }
 
 struct dim3 {
     unsigned x = 1, y = 1, z = 1;
@@ -145,6 +153,49 @@ inline float __shfl_xor_sync(unsigned, float x, int lane_mask) {
     __syncwarp();                                          // every lane has read before the next exchange
     return other;
 }
+
+namespace emu {
+
+inline unsigned mma_a[1024][4];
+inline unsigned mma_b[1024][2];
+
+// mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}: c += A (16x16) B (16x8) for one warp.
+// Every lane publishes its registers; each then rebuilds A and B from the warp's registers
+// by the PTX ISA fragment layout (g = lane / 4, t = lane % 4, element i of a register pair
+// in its low (i even) or high (i odd) 16 bits) and computes its own four elements of C:
+//   a_i: row g + 8 * ((i / 2) % 2), column 2t + i % 2 + 8 * (i >= 4)
+//   b_i: row 2t + i % 2 + 8 * (i >= 2), column g
+//   c_i: row g + 8 * (i >= 2),         column 2t + i % 2
+// The products are summed in float32 in k order (the hardware's rounding differs slightly).
+template <class ToFloat>
+inline void mma_m16n8k16(float c[4], const unsigned a[4], const unsigned b[2], ToFloat to_f) {
+    const unsigned tid = threadIdx.x, first = tid & ~31u, lane = tid & 31u;
+    for (int r = 0; r < 4; ++r) mma_a[tid][r] = a[r];
+    for (int r = 0; r < 2; ++r) mma_b[tid][r] = b[r];
+    __syncwarp();                                          // every lane has published its registers
+    float A[16][16], B[16][8];
+    for (unsigned src = 0; src < 32; ++src) {
+        const unsigned g = src / 4, t = src % 4;
+        for (unsigned i = 0; i < 8; ++i) {
+            const unsigned short bits = (unsigned short)(mma_a[first + src][i / 2] >> (16 * (i % 2)));
+            A[g + 8 * ((i / 2) % 2)][2 * t + i % 2 + 8 * (i >= 4)] = to_f(bits);
+        }
+        for (unsigned i = 0; i < 4; ++i) {
+            const unsigned short bits = (unsigned short)(mma_b[first + src][i / 2] >> (16 * (i % 2)));
+            B[2 * t + i % 2 + 8 * (i >= 2)][g] = to_f(bits);
+        }
+    }
+    __syncwarp();                                          // every lane has read before the next product
+    const unsigned g = lane / 4, t = lane % 4;
+    for (unsigned i = 0; i < 4; ++i) {
+        const unsigned row = g + 8 * (i >= 2), col = 2 * t + i % 2;
+        float acc = 0.f;
+        for (unsigned kk = 0; kk < 16; ++kk) acc += A[row][kk] * B[kk][col];
+        c[i] += acc;
+    }
+}
+
+}  // namespace emu
 
 // Run kernel<<<grid, block>>>(args...) block by block (last block first). Returns 0; 1 if a barrier was not
 // reached by every thread of a block; 2 on another exception; 3 for an unsupported block.

@@ -61,7 +61,9 @@ static_assert(BLOCK_K % THREADS_PER_ROW == 0, "BLOCK_K must be a multiple of 128
 // out: like q; lse: (batch*heads, n_q) float32.
 // causal != 0: query i sees key j iff j <= i + n_k - n_q (bottom-right aligned).
 // Trace: trace_rows (n_trace_rows,) query rows; trace (batch*heads, n_trace_rows, trace_tiles, 3).
-extern "C" __global__ void __launch_bounds__(NUM_THREADS)
+// __launch_bounds__(128, 4): ask for 4 resident blocks per SM (up to 128 registers per thread);
+// without the second number ptxas aimed higher and spilled a few bytes at small head dims.
+extern "C" __global__ void __launch_bounds__(NUM_THREADS, 4)
 flash_attention_forward(const scalar_t* __restrict__ q, const scalar_t* __restrict__ k,
                         const scalar_t* __restrict__ v, scalar_t* __restrict__ out,
                         float* __restrict__ lse, int n_q, int n_k, float scale, int causal,

@@ -187,7 +187,9 @@ __device__ __forceinline__ void decode_tiles(
 
 // One pass: every page of the sequence, then o / l.
 // q: (num_seqs, num_heads, HEAD_DIM); out like q; lse: (num_seqs, num_heads) float32.
-extern "C" __global__ void __launch_bounds__(NUM_THREADS)
+// __launch_bounds__(128, 4): at least 4 blocks per SM, so ptxas may use up to 128 registers
+// per thread; without the second number it squeezed some head dims into 32 and spilled.
+extern "C" __global__ void __launch_bounds__(NUM_THREADS, 4)
 paged_decode(const scalar_t* __restrict__ q, const scalar_t* __restrict__ k_cache,
              const scalar_t* __restrict__ v_cache, const int* __restrict__ block_tables,
              const int* __restrict__ seq_lens, int max_blocks_per_seq, int num_heads,
@@ -228,7 +230,7 @@ paged_decode(const scalar_t* __restrict__ q, const scalar_t* __restrict__ k_cach
 // and writes its unnormalised partial state. A split with no pages writes the empty
 // state (m = -inf, l = 0, o = 0), which the merge ignores.
 // part_m, part_l: (num_seqs, num_heads, num_splits) float32; part_o: (..., num_splits, HEAD_DIM) float32.
-extern "C" __global__ void __launch_bounds__(NUM_THREADS)
+extern "C" __global__ void __launch_bounds__(NUM_THREADS, 4)
 paged_decode_split(const scalar_t* __restrict__ q, const scalar_t* __restrict__ k_cache,
                    const scalar_t* __restrict__ v_cache, const int* __restrict__ block_tables,
                    const int* __restrict__ seq_lens, int max_blocks_per_seq, int num_heads,
@@ -273,7 +275,7 @@ paged_decode_split(const scalar_t* __restrict__ q, const scalar_t* __restrict__ 
 // o = a_a o_a + a_b o_b with a_x = exp(m_x - m). Then out = o / l, lse = m + log(l).
 // Every thread recomputes the (cheap) scalars m, l so no barrier is needed; thread i
 // owns columns i, i + 128 of o. Trace: (n_trace_rows, num_splits, 3), one record per split merged.
-extern "C" __global__ void __launch_bounds__(NUM_THREADS)
+extern "C" __global__ void __launch_bounds__(NUM_THREADS, 4)
 merge_splits(const float* __restrict__ part_m, const float* __restrict__ part_l,
              const float* __restrict__ part_o, int num_heads, int num_splits,
              scalar_t* __restrict__ out, float* __restrict__ lse,
