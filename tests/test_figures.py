@@ -171,3 +171,22 @@ def test_bad_input_is_refused(real):
         StepFigure(rt, exact)
     with pytest.raises(TypeError, match="row_trace must be"):
         final_step_figure(trace, exact[ROW])
+
+
+def test_score_lanes_follow_the_mma_c_layout_by_hand():
+    from lessons.figures_gpu import mma_fragment_figure, score_lanes
+
+    lanes = score_lanes(16)
+    # PTX ISA: lane 4g + t holds C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1] of each 16x8 result
+    assert lanes[0, 0] == lanes[0, 1] == lanes[8, 0] == lanes[8, 1] == 0
+    assert lanes[1, 2] == lanes[1, 3] == lanes[9, 2] == lanes[9, 3] == lanes[1, 10] == 5
+    assert lanes[15, 15] == 31 and lanes[7, 6] == 31
+    # every lane holds 4 scores of each 16x8 tile; a row is held by the 4 lanes of one quad
+    assert np.all(np.bincount(lanes[:, :8].ravel(), minlength=32) == 4)
+    assert all(set(lanes[r]) == set(range(4 * (r % 8), 4 * (r % 8) + 4)) for r in range(16))
+    with pytest.raises(ValueError, match="keys must be a positive multiple of 8"):
+        score_lanes(12)
+    fig = mma_fragment_figure(highlight_lane=5)
+    assert "Lane 5 (outlined) holds rows 1 and 9" in fig.axes[0].get_title()
+    with pytest.raises(ValueError, match="highlight_lane"):
+        mma_fragment_figure(highlight_lane=32)

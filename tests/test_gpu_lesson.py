@@ -40,13 +40,14 @@ def results():
         "02": run(lesson.flash_attention_on_gpu),
         "03": run(lesson.causal_on_gpu),
         "04": run(lesson.io_on_gpu),
+        "04 tensor cores": run(lesson.tensor_cores_on_gpu),
         "05": run(lesson.paged_decode_on_gpu),
         "06": run(lesson.flash_decoding_on_gpu),
         "07": run(lesson.paged_gqa_on_gpu),
     }
 
 
-NOTEBOOKS = ["01", "02", "03", "04", "05", "06", "07"]
+NOTEBOOKS = ["01", "02", "03", "04", "04 tensor cores", "05", "06", "07"]
 
 
 def emulator_check(result, index=0):
@@ -88,7 +89,9 @@ def test_reported_shared_memory_is_what_the_tiles_need(results, nb):
         elif res.entry == "flash_attention_forward":
             hd, bq, bk = d["HEAD_DIM"], d["BLOCK_Q"], d["BLOCK_K"]
             expected = 4 * (bq * (hd + 1) + 2 * bk * (hd + 1) + bq * (bk + 1))  # q, k, v, p tiles
-        elif res.entry == "merge_splits":
+        elif res.entry == "flash_attention_mma":
+            expected = 2 * 2 * d["BLOCK_K"] * (d["HEAD_DIM"] + 8)                # float16 k, v tiles, +8 padding
+        elif res.entry in ("merge_splits", "mma_probe"):
             expected = 0
         else:
             hd, bs, h = d["HEAD_DIM"], d["BLOCK_SIZE"], d["HEADS_PER_BLOCK"]
@@ -104,7 +107,9 @@ def test_each_section_reports_only_the_entry_points_it_runs(results):
     assert {r.entry for r in results["06"].resources} == {"paged_decode_split", "merge_splits"}
     assert {r.entry for r in results["07"].resources} == {"paged_decode"}
     assert {r.entry for r in results["04"].resources} == {"online_softmax", "flash_attention_forward", "paged_decode",
-                                                          "paged_decode_split", "merge_splits"}
+                                                          "paged_decode_split", "merge_splits", "flash_attention_mma",
+                                                          "mma_probe"}
+    assert {r.entry for r in results["04 tensor cores"].resources} == {"flash_attention_mma", "mma_probe"}
 
 
 def test_resources_text_has_one_line_per_row():
@@ -186,6 +191,20 @@ def test_causal_emulator_equals_attention_and_empty_rows_are_zero(results):
         assert not np.isnan(c.output).any()
     assert r.details["empty_rows"][(128, 96)] == 32
     assert "rows that see no key: 32 - the kernel wrote out = 0 there: True, lse = -inf: True" in r.summary
+
+
+@needs_emulator
+def test_tensor_core_emulator_equals_attention_and_its_trace_matches_numpy(results):
+    r = results["04 tensor cores"]
+    probe, kernel = r.checks_on("emulator")
+    assert probe.case.startswith("one mma.sync") and probe.agrees and probe.max_error < 1e-4
+    sample = lessons.load_sample()
+    q, k, v = (x.astype(np.float64) for x in sample.qkv(0, 0))
+    np.testing.assert_allclose(kernel.output, lessons.attention(q, k, v), atol=3e-3, rtol=5e-3)
+    assert kernel.agrees and r.ok
+    assert r.details["divergence"] is None and r.details["broken_divergence"] is not None
+    assert len(r.details["gpu_row"]) == 2                       # 128 keys in tiles of 64
+    assert r.details["timings"] == ()
 
 
 @needs_nvrtc
@@ -331,6 +350,17 @@ def test_gpu_branch_of_the_io_section_times_naive_and_kernel(stand_in):
     assert "naive CuPy" in r.summary
 
 
+@needs_emulator
+@needs_nvrtc
+def test_gpu_branch_of_the_tensor_core_section_checks_and_times_three_kernels(stand_in):
+    r = lesson.tensor_cores_on_gpu(n=64, d=16, heads=2, repeats=1)
+    assert r.ran_on_device and r.ok, r.summary
+    assert [c.where for c in r.checks] == ["GPU", "GPU"] and r.details["divergence"] is None
+    assert [t["kernel"] for t in r.details["timings"]] == ["naive CuPy", "CUDA cores", "tensor cores"]
+    t = r.details["timings"][0]
+    assert t["tflops"] == pytest.approx(4 * 64 * 64 * 16 * 2 / t["seconds"] / 1e12)
+
+
 def test_the_naive_baseline_is_textbook_attention_and_shared_with_the_benchmark():
     from lessons.gpu import measure
     bench_source = (Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_attention.py").read_text()
@@ -366,12 +396,12 @@ def test_a_failing_gpu_run_is_reported_not_raised(monkeypatch):
 
 @pytest.mark.skipif(not gpu.device_available(), reason="no CUDA device: the sections run on the emulator above")
 @pytest.mark.parametrize("fn", [lesson.online_softmax_on_gpu, lesson.flash_attention_on_gpu, lesson.causal_on_gpu,
-                                lesson.io_on_gpu, lesson.paged_decode_on_gpu, lesson.flash_decoding_on_gpu,
+                                lesson.io_on_gpu, lesson.tensor_cores_on_gpu, lesson.paged_decode_on_gpu, lesson.flash_decoding_on_gpu,
                                 lesson.paged_gqa_on_gpu], ids=lambda f: f.__name__)
 def test_every_section_on_the_device(fn):
     r = fn()
     assert "and run on" in r.status and r.ok and r.ran_on_device, r.summary
-    if fn is lesson.io_on_gpu:
+    if fn in (lesson.io_on_gpu, lesson.tensor_cores_on_gpu):
         assert len(r.details["timings"]) == 3
     else:
         assert any(c.median_seconds for c in r.checks_on("GPU"))

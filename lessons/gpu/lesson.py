@@ -50,15 +50,16 @@ from ..softmax import safe_softmax
 from .compile import (ARCHS, KernelCompileError, compile_kernel, compile_report, compile_report_table, device_available,
                       device_name, nvrtc_version)
 from .emulator import EmulatedModule, EmulatorError, emulator_available
-from .launch import flash_attention_gpu, flash_decoding_gpu, online_softmax_gpu, paged_decode_gpu
-from .source import (STATIC_SMEM_LIMIT, default_builds, flash_attention_build, flash_attention_config,
-                     online_softmax_build, paged_decode_build)
+from .launch import (flash_attention_gpu, flash_attention_mma_gpu, flash_decoding_gpu, mma_probe_gpu, online_softmax_gpu,
+                     paged_decode_gpu)
+from .source import (MMA_BLOCK_Q, STATIC_SMEM_LIMIT, default_builds, flash_attention_build, flash_attention_config,
+                     flash_attention_mma_build, flash_attention_mma_config, online_softmax_build, paged_decode_build)
 from .measure import median_cuda_seconds, naive_attention
 from .trace_compare import first_divergence
 
 __all__ = [
     "GpuLesson", "KernelCheck", "online_softmax_on_gpu", "flash_attention_on_gpu", "causal_on_gpu",
-    "io_on_gpu", "paged_decode_on_gpu", "flash_decoding_on_gpu", "paged_gqa_on_gpu", "resources_text",
+    "io_on_gpu", "tensor_cores_on_gpu", "paged_decode_on_gpu", "flash_decoding_on_gpu", "paged_gqa_on_gpu", "resources_text",
     "trace_table", "softmax_demo_rows", "split_pages", "CAUSAL_CASES", "TOLERANCE",
 ]
 
@@ -780,6 +781,93 @@ def io_on_gpu(*, ns=(1024, 2048, 4096), d: int = 64, heads: int = 8, repeats: in
     details["timings"] = tuple(timings)
     return _result("04_io_awareness", "every kernel of the series, compiled (registers and shared memory)",
                    builds, prep, [], notes, details, extra)
+
+
+# ---------------------------------------------------------------------------
+# 04 (continued) the advanced kernel: the same fold on tensor cores
+# ---------------------------------------------------------------------------
+
+#: the tensor-core kernel (P rounded to float16 before P V) against float64 NumPy on float16 inputs
+MMA_TOLERANCE = MappingProxyType({"atol": 3e-3, "rtol": 5e-3})
+
+
+def tensor_cores_on_gpu(*, layer: int = 0, head: int = 0, row: int = 93, n: int = 8192, d: int = 64,
+                        heads: int = 8, repeats: int = 5, use_device=None, emulate=None) -> GpuLesson:
+    """Notebook 04: the forward pass on tensor cores (``mma.sync.m16n8k16``), checked and timed.
+
+    Compiles :func:`lessons.gpu.flash_attention_mma_gpu` for the sample's head dim (32, with
+    the trace build) and for ``d`` and reports registers and shared memory for sm_80 and
+    sm_90. Then, on a GPU or else on the emulator: one tensor-core instruction alone
+    (:func:`lessons.gpu.mma_probe_gpu`, 16x16 @ 16x8) against NumPy; the kernel on the
+    sample head ``layer``/``head`` (float16) against :func:`lessons.attention`; and the
+    trace of ``row`` beside :func:`lessons.flash_attention`'s (block_q 64, tile = block_k).
+    With a GPU it also times, for ``heads`` heads of N = ``n``, d = ``d`` float16 inputs,
+    naive CuPy, the CUDA-core kernel and the tensor-core kernel (median of ``repeats``
+    CUDA-event runs after 2 warm-ups, seconds, and TFLOP/s at 4 N^2 d flops per head);
+    ``details["timings"]`` holds them (empty without a device).
+    Source: Dao 2023 (FlashAttention-2), Alg. 1 and Sec. 3.3; PTX ISA, mma.m16n8k16.
+    """
+    sample = load_sample()
+    q, k, v = (np.ascontiguousarray(x, dtype=np.float16) for x in sample.qkv(layer, head, dtype=np.float32))
+    d_sample = q.shape[1]
+    block_k = flash_attention_mma_config(d_sample)
+    trace_build = flash_attention_mma_build(d_sample, "float16", trace=True)
+    builds = [trace_build, flash_attention_mma_build(d, "float16")]
+    prep = _prepare(builds, use_device, emulate, emulator_builds=[trace_build])
+    ref, ref_lse = attention(*_f64(q, k, v), return_lse=True)
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((16, 16)).astype(np.float16), rng.standard_normal((16, 8)).astype(np.float16)
+    case = f"layer {layer}, head {head} (128 x {d_sample}, float16)"
+    checks, notes, extra, details = [], [], [], {}
+
+    def run_checks(where, run_probe, run_kernel):
+        checks.append(_check(where, "one mma.sync, 16x16 @ 16x8", run_probe(), _f64(a)[0] @ _f64(b)[0],
+                             atol=1e-4, rtol=1e-5))
+        out, lse, trace = run_kernel()
+        checks.append(_check(where, case, out, ref, lse, ref_lse, **MMA_TOLERANCE))
+        return trace
+
+    dev = prep.device
+    trace, where = None, None
+    if dev is not None:
+        trace = _run_guarded(lambda: run_checks(
+            GPU, lambda: dev.get(dev.kernel(mma_probe_gpu)(dev.put(a), dev.put(b))),
+            lambda: [dev.get(x) if i < 2 else x for i, x in enumerate(
+                dev.kernel(flash_attention_mma_gpu)(*(dev.put(x) for x in (q, k, v)), trace_rows=[row]))]),
+            notes, "GPU")
+        where = GPU
+    if prep.emulate:
+        got = _run_guarded(lambda: run_checks(
+            EMULATOR, lambda: mma_probe_gpu(a, b, backend="emulator"),
+            lambda: flash_attention_mma_gpu(q, k, v, trace_rows=[row], backend="emulator")), notes, "emulator")
+        if trace is None:
+            trace, where = got, EMULATOR
+    if trace is not None:
+        details, lines = _trace_report(trace, q, k, v, row, MMA_BLOCK_Q, block_k, where, (row,))
+        extra += lines
+    timings = []
+    if dev is not None:
+        def on_gpu():
+            x = [dev.put(rng.standard_normal((heads, n, d)).astype(np.float16)) for _ in range(3)]
+            flops = 4.0 * n * n * d * heads
+            runs = {"naive CuPy": lambda: naive_attention(dev.xp, *x),
+                    "CUDA cores": lambda: dev.kernel(flash_attention_gpu)(*x),
+                    "tensor cores": lambda: dev.kernel(flash_attention_mma_gpu)(*x)}
+            rows = []
+            for name, fn in runs.items():
+                seconds = dev.median_seconds(fn, warmup=2, repeats=repeats)
+                rows.append({"kernel": name, "seconds": seconds, "tflops": flops / seconds / 1e12})
+            return rows
+        timings = _run_guarded(on_gpu, notes, "GPU") or []
+        if timings:
+            extra += ["", f"Median time on {dev.name}, {heads} heads, N={n}, d={d}, float16 (CUDA events, "
+                          f"{repeats} runs):"]
+            extra += [f"  {t['kernel']:>12}: {_format_seconds(t['seconds']):>10}  {t['tflops']:7.1f} TFLOP/s"
+                      for t in timings]
+    details.update(timings=tuple(timings), block_k=block_k, row=row, token=sample.tokens[row])
+    return _result("04_io_awareness", f"FlashAttention-2 forward on tensor cores "
+                   f"(lessons/gpu/kernels/flash_attention_mma.cu), block_q={MMA_BLOCK_Q}, block_k={block_k}",
+                   builds, prep, checks, notes, details, extra)
 
 
 # ---------------------------------------------------------------------------
