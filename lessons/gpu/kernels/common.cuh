@@ -109,6 +109,20 @@ __device__ __forceinline__ float group_sum(float x) {
     return x;
 }
 
+// How many key tiles of block_k keys a block of query rows q_start .. q_start + block_q - 1
+// visits. Without causal masking: all of them. With it (bottom-right aligned), the block's
+// last real row sees keys up to last_key; tiles starting past it are wholly above the
+// diagonal for every row of the block and are skipped (FlashAttention-2, Sec. 3.1).
+// The count depends only on the block, so every thread of it runs the same number of
+// iterations and reaches every __syncthreads() inside the loop.
+__device__ __forceinline__ int tiles_to_visit(int q_start, int block_q, int n_q, int n_k, int block_k, int causal) {
+    const int n_tiles = (n_k + block_k - 1) / block_k;
+    if (!causal) return n_tiles;
+    const int last_row = min(q_start + block_q, n_q) - 1;
+    const int last_key = last_row + n_k - n_q;
+    return min(n_tiles, last_key < 0 ? 0 : last_key / block_k + 1);
+}
+
 // Trace record layout, shared by every kernel: float trace[n_rows][n_tiles][3]
 // holding (m, alpha, l) after each absorbed tile. The launcher fills the buffer
 // with NaN first, so a tile that was never absorbed (skipped by causality, past

@@ -93,17 +93,8 @@ flash_attention_forward(const scalar_t* __restrict__ q, const scalar_t* __restri
     }
     // (no barrier yet: q_s is first read after the barrier that follows the first K/V load)
 
-    // ---- which key tiles to visit -------------------------------------------------
-    int n_tiles = (n_k + BLOCK_K - 1) / BLOCK_K;
-    if (causal) {
-        // The block's last real row sees keys up to last_key; tiles starting past it are
-        // wholly above the diagonal for every row of the block: skip them.
-        const int last_row = min(q_start + BLOCK_Q, n_q) - 1;
-        const int last_key = last_row + n_k - n_q;
-        n_tiles = min(n_tiles, last_key < 0 ? 0 : last_key / BLOCK_K + 1);
-    }
-    // n_tiles depends only on blockIdx, so every thread runs the same number of
-    // iterations and the __syncthreads() inside the loop are reached by all.
+    // ---- which key tiles to visit (causal: none wholly above the diagonal) ------------
+    const int n_tiles = tiles_to_visit(q_start, BLOCK_Q, n_q, n_k, BLOCK_K, causal);
 
 #ifdef FA_TRACE
     int trace_slot = -1;

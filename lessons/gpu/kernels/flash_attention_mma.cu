@@ -139,13 +139,8 @@ flash_attention_mma(const scalar_t* __restrict__ q, const scalar_t* __restrict__
     for (int ds = 0; ds < D_STEPS; ++ds) load_a_fragment(q_frag[ds], q_bh, HEAD_DIM, row_lo, n_q, ds * 16, t);
 #endif
 
-    // ---- which key tiles to visit (as in flash_attention.cu) ---------------------------
-    int n_tiles = (n_k + BLOCK_K - 1) / BLOCK_K;
-    if (causal) {
-        const int last_row = min(q_start + BLOCK_Q, n_q) - 1;
-        const int last_key = last_row + n_k - n_q;
-        n_tiles = min(n_tiles, last_key < 0 ? 0 : last_key / BLOCK_K + 1);
-    }
+    // ---- which key tiles to visit (causal: none wholly above the diagonal) ------------
+    const int n_tiles = tiles_to_visit(q_start, BLOCK_Q, n_q, n_k, BLOCK_K, causal);
 
 #ifdef FA_TRACE
     int trace_slot[2] = {-1, -1};
