@@ -106,6 +106,12 @@ class TileStepper:
     reference : callable ``(q, k, v, **options) -> out (Nq, dv)``; default :func:`lessons.attention`.
     options : dict of keyword arguments for both (e.g. ``{"causal": True}``).
     interval : int, milliseconds per tile when Play runs.
+    kernel : optional callable ``(q, k, v, tile, row, **options) -> (where, gpu_row)`` giving a
+        CUDA kernel's own trace of the row (``where`` a label such as ``"GPU"``, ``gpu_row`` a
+        :class:`lessons.gpu.GpuRowTrace`), e.g. :func:`lessons.gpu.lesson.kernel_row_trace`.
+        The table then shows the kernel's m, α, l beside NumPy's, and the ``kernel`` readout
+        names the first tile where they differ beyond rounding (:func:`lessons.gpu.first_divergence`,
+        rtol 1e-4, atol 1e-6), or why the kernel could not run.
 
     Attributes (stable names, for notebooks and tests)
     --------------------------------------------------
@@ -118,6 +124,8 @@ class TileStepper:
     table : HTML table of the tiles absorbed so far (tile number from 1, keys, m, alpha, l).
     image : widgets.Image holding the PNG of the current step (see lessons.figures).
     caption : HTML line saying what happened at this step.
+    kernel_row, divergence : with ``kernel``, the kernel's trace of the current row (None if it
+        could not run) and the first :class:`lessons.gpu.TraceDivergence` (None: none).
     trace, row_trace, exact : the current Trace, RowTrace and exact output row (dv,).
     widget : the whole VBox (the object itself displays as that box).
 
@@ -127,11 +135,17 @@ class TileStepper:
 
     def __init__(self, make_case=None, *, kind="real", choices=DATA_CHOICES, tile=16, row=None, layer=0,
                  head=0, layers=None, heads=None, seed=0, schedule=None, reference=None, options=None,
-                 default_rows=None, interval=700):
+                 default_rows=None, interval=700, kernel=None):
         self._make_case = _default_make_case if make_case is None else make_case
         self._schedule = _flash_schedule if schedule is None else schedule
         self._reference = attention if reference is None else reference
         self._options = dict(options or {})
+        self._kernel = kernel
+        if kernel is not None and not callable(kernel):
+            raise TypeError(f"kernel must be a callable (q, k, v, tile, row, **options) -> (where, gpu_row), "
+                            f"got {type(kernel).__name__}")
+        self.kernel_row = self.divergence = None
+        self._kernel_note = ""
         self._seed = seed
         self._default_rows = dict(DEFAULT_ROWS if default_rows is None else default_rows)
         choices = tuple(choices)
@@ -171,6 +185,9 @@ class TileStepper:
         self.image = widgets.Image(format="png")
         self.table = widgets.HTML(layout={"width": "300px"})
         names = ["tile", "keys", "m", "alpha", "l", "max_error", "scores_in_memory", "naive_scores", "rescales"]
+        if kernel is not None:
+            names.append("kernel")
+            self.table.layout.width = "560px"
         self.readouts = {n: widgets.HTML() for n in names}
 
         self._figure = None
@@ -200,7 +217,8 @@ class TileStepper:
             widgets.HBox([self.play, self.slider]),
         ])
         body = widgets.HBox([self.image, self.table], layout={"flex_flow": "row wrap", "align_items": "flex-start"})
-        return widgets.VBox([controls, self.caption, state, memory, body])
+        extra = [self.readouts["kernel"]] if "kernel" in self.readouts else []
+        return widgets.VBox([controls, self.caption, state, memory, *extra, body])
 
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)
@@ -264,6 +282,8 @@ class TileStepper:
             self._figure.set_trace(self.row_trace, self.exact, min(1, n))
         self._errors = self.row_trace.errors(self.exact)
         self._rescales = np.cumsum(self.row_trace.rescaled)
+        if self._kernel is not None:
+            self._run_kernel()
         self._busy = True
         try:
             top = max(n, 1)
@@ -274,6 +294,23 @@ class TileStepper:
             self.slider.value = self.play.value = step
         finally:
             self._busy = False
+
+    def _run_kernel(self):
+        """The kernel's trace of the current row, and where it first parts from NumPy's."""
+        from .gpu.trace_compare import first_divergence
+
+        self.kernel_row = self.divergence = None
+        try:
+            where, self.kernel_row = self._kernel(self.q, self.k, self.v, self.tile_size.value, self.row.value,
+                                                  **self._options)
+        except Exception as err:        # no compiler, a tile size the kernel cannot take, ...
+            self._kernel_note = (f"kernel trace: not run ({html.escape(type(err).__name__)}: "
+                                 f"{html.escape(str(err).splitlines()[0])})")
+            return
+        self.divergence = first_divergence(self.kernel_row, self.row_trace, rtol=1e-4, atol=1e-6)
+        found = ("none: every tile agrees with NumPy within rounding (rtol 1e-4, atol 1e-6)"
+                 if self.divergence is None else html.escape(str(self.divergence)))
+        self._kernel_note = f"<b>{html.escape(where)} trace</b> beside NumPy's; first divergence: {found}"
 
     # -- callbacks ------------------------------------------------------------------------
     def _on_step(self, change):
@@ -316,6 +353,8 @@ class TileStepper:
         step = min(self.slider.value, n)
         r = self.readouts
         naive = (self.trace.nq, self.trace.nk)
+        if "kernel" in r:
+            r["kernel"].value = self._kernel_note
         r["naive_scores"].value = (f"textbook S holds <b>{format_value(naive[0])} × {format_value(naive[1])}"
                                    f" = {format_value(naive[0] * naive[1])}</b> scores")
         if step == 0:   # a row that sees no key at all (fully masked)
@@ -365,11 +404,14 @@ class TileStepper:
 
     def _table(self, step):
         rt = self.row_trace
+        kr = self.kernel_row
         first = max(0, step - _TABLE_ROWS)
-        head = "".join(f"<th style='padding:1px 6px'>{h}</th>" for h in ("tile", "keys", "m", "α", "l"))
+        names = ["tile", "keys", "m", "α", "l"] + (["m kernel", "α kernel", "l kernel"] if kr is not None else [])
+        head = "".join(f"<th style='padding:1px 6px'>{h}</th>" for h in names)
         rows = []
         if first:
-            rows.append(f"<tr><td colspan='5' style='color:#888'>… {first} earlier tiles</td></tr>")
+            rows.append(f"<tr><td colspan='{len(names)}' style='color:#888'>… {first} earlier tiles</td></tr>")
+        bad_step = None if self.divergence is None else self.divergence.step
         for i in range(first, step):
             a, b = int(rt.key_start[i]), int(rt.key_stop[i])
             bg = f"background:{TILE_COLOURS['current']}40;" if i == step - 1 else ""
@@ -380,9 +422,15 @@ class TileStepper:
                 keys = f"<span title='{words}'>{keys}</span>"
             cells = [format_value(i + 1), keys, format_value(rt.m[i]),
                      f"<span style='{al}'>{format_value(rt.alpha[i])}</span>", format_value(rt.l[i])]
+            if kr is not None:
+                mark = "color:#b00;font-weight:bold;" if i == bad_step else ""
+                cells += [f"<span style='{mark}'>{format_value(float(getattr(kr, f)[i]))}</span>"
+                          if i < len(kr) else "—" for f in ("m", "alpha", "l")]
             rows.append(f"<tr style='{bg}'>" + "".join(f"<td style='padding:1px 6px;text-align:right'>{c}</td>"
                                                           for c in cells) + "</tr>")
+        note = "α in bold orange: the max moved and everything accumulated so far was rescaled."
+        if kr is not None:
+            note += " Kernel values in bold red: the first tile where the kernel parts from NumPy."
         return ("<table style='border-collapse:collapse;font-size:12px;font-family:monospace'>"
                 f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
-                "<div style='font-size:11px;color:#666;margin-top:4px'>α in bold orange: the max moved and "
-                "everything accumulated so far was rescaled.</div>")
+                f"<div style='font-size:11px;color:#666;margin-top:4px'>{note}</div>")

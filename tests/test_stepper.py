@@ -13,6 +13,7 @@ import pytest
 
 from lessons import attention, flash_attention
 from lessons.data import make_case
+from lessons.gpu import emulator_available
 from lessons.stepper import DEFAULT_ROWS, TileStepper, format_value
 
 NAMES = ["tile", "keys", "m", "alpha", "l", "max_error", "scores_in_memory", "naive_scores", "rescales"]
@@ -256,3 +257,59 @@ def test_reusable_with_another_data_source_and_options():
 def test_bad_arguments(kwargs, exc, word):
     with pytest.raises(exc, match=word):
         TileStepper(**kwargs)
+
+
+# ---------------------------------------------------------------------------
+# the kernel's own trace, replayed beside NumPy's
+# ---------------------------------------------------------------------------
+
+def _perturbed_kernel(step, factor):
+    """A stand-in kernel: NumPy's own trace of the row, with l scaled at one step."""
+    from lessons.gpu import GpuRowTrace
+
+    def kernel(q, k, v, tile, row, **options):
+        rt = flash_attention(q, k, v, tile, return_trace=True, **options)[1].row(row)
+        l = np.array(rt.l, dtype=np.float64)
+        l[step] *= factor
+        return "stand-in", GpuRowTrace((row,), np.asarray(rt.tile), np.asarray(rt.m), np.asarray(rt.alpha), l)
+    return kernel
+
+
+def test_the_kernel_trace_is_shown_beside_numpy_and_the_first_divergence_named():
+    stepper = TileStepper(kind="real", row=93, tile=16, kernel=_perturbed_kernel(2, 1.01))
+    assert stepper.divergence.step == 2 and stepper.divergence.quantity == "l"
+    assert "stand-in trace" in stepper.readouts["kernel"].value
+    assert "tile 3 (step 3): l differs" in stepper.readouts["kernel"].value
+    stepper.slider.value = 4
+    html = stepper.table.value
+    assert "l kernel" in html and html.count("color:#b00;font-weight:bold;") == 3      # m, α, l of tile 3
+    assert format_value(float(stepper.kernel_row.l[2])) in html
+    # agreeing within rounding: no divergence, nothing marked
+    stepper = TileStepper(kind="real", row=93, tile=16, kernel=_perturbed_kernel(2, 1 + 1e-7))
+    assert stepper.divergence is None and "first divergence: none" in stepper.readouts["kernel"].value
+
+
+def test_a_kernel_that_cannot_run_is_reported_and_the_stepper_still_works():
+    def broken(*args, **kwargs):
+        raise ValueError("block_k must be a multiple of 2")
+
+    stepper = TileStepper(kind="real", row=93, tile=16, kernel=broken)
+    assert "not run (ValueError: block_k must be a multiple of 2)" in stepper.readouts["kernel"].value
+    assert stepper.kernel_row is None and "m kernel" not in stepper.table.value
+    stepper.slider.value = 3
+    assert stepper.readouts["tile"].value.endswith("3 of 8")
+    with pytest.raises(TypeError, match="kernel must be a callable"):
+        TileStepper(kind="real", kernel=3)
+
+
+@pytest.mark.skipif(not emulator_available(), reason="no C++ compiler (g++) for the CPU emulation")
+def test_the_forward_kernels_trace_agrees_with_numpy_tile_by_tile():
+    from lessons.gpu.lesson import kernel_row_trace
+
+    stepper = TileStepper(kind="real", row=93, tile=16, kernel=kernel_row_trace)
+    assert stepper.divergence is None, stepper.divergence
+    rt, kr = stepper.row_trace, stepper.kernel_row
+    assert len(kr) == len(rt) == 8
+    np.testing.assert_allclose(kr.l, rt.l, rtol=1e-5)
+    stepper.tile_size.value = 7                     # odd tiles: the kernel takes them with block_q = 128
+    assert stepper.divergence is None and len(stepper.kernel_row) == len(stepper.row_trace) == 19

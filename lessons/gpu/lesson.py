@@ -59,7 +59,7 @@ from .trace_compare import first_divergence
 
 __all__ = [
     "GpuLesson", "KernelCheck", "online_softmax_on_gpu", "flash_attention_on_gpu", "causal_on_gpu",
-    "io_on_gpu", "tensor_cores_on_gpu", "paged_decode_on_gpu", "flash_decoding_on_gpu", "paged_gqa_on_gpu", "resources_text",
+    "io_on_gpu", "tensor_cores_on_gpu", "kernel_row_trace", "paged_decode_on_gpu", "flash_decoding_on_gpu", "paged_gqa_on_gpu", "resources_text",
     "trace_table", "softmax_demo_rows", "split_pages", "CAUSAL_CASES", "TOLERANCE",
 ]
 
@@ -596,6 +596,52 @@ def flash_attention_on_gpu(*, layer: int = 0, head: int = 0, row: int = 93, bloc
                    f"FlashAttention-2 forward kernel (lessons/gpu/kernels/flash_attention.cu), "
                    f"block_q={block_q}, block_k={block_k}, d={d}", [build, trace_build], prep, checks, notes,
                    details, extra)
+
+
+def kernel_row_trace(q, k, v, tile, row, *, causal=False, block_q=64, scale=None, use_device=None):
+    """The forward kernel's own trace of one query row, for ``TileStepper(kernel=kernel_row_trace)``.
+
+    Parameters
+    ----------
+    q (Nq, d), k (Nk, d), v (Nk, d) : float arrays (the kernel computes in float32).
+    tile : int, keys per tile: the kernel's ``block_k``.
+    row : int, the query row traced.
+    causal, block_q, scale : as :func:`lessons.flash_attention` (the stepper passes its options).
+        The kernel uses ``block_q`` when its tile rules allow it with ``block_k = tile``; without
+        causal masking the row's trace does not depend on ``block_q``, so another is tried.
+
+    Runs the trace build (``-DFA_TRACE``) of :func:`lessons.gpu.flash_attention_gpu` on the GPU
+    when there is one (and ``use_device`` is not False), else on the CPU emulator. Returns
+    ``(where, gpu_row)``: ``where`` ``"GPU (<name>)"`` or ``"emulator"``, ``gpu_row`` a
+    :class:`lessons.gpu.GpuRowTrace` of ``(m, alpha, l)`` per absorbed tile.
+    Raises ValueError when no ``block_q`` lets the kernel take ``block_k = tile`` (e.g. an odd
+    tile needs block_q 128, whose tiles may not fit shared memory), RuntimeError when neither
+    a GPU nor a C++ compiler for the emulator is there.
+    Source: Dao 2023 (FlashAttention-2), Alg. 1.
+    """
+    q, k, v = _f32(q, k, v)
+    d = q.shape[-1]
+    tries = [block_q] + ([] if causal else [b for b in (128, 64, 32, 16, 8, 4) if b != block_q])
+    config, why = None, None
+    for bq in tries:
+        try:
+            config = flash_attention_config(d, bq, tile)
+            break
+        except ValueError as err:
+            why = why or err
+    if config is None:
+        raise ValueError(f"the kernel cannot take tile={tile} keys with d={d}"
+                         f"{' and block_q=' + str(block_q) if causal else ''}: {why}")
+    device, _ = _open_device(use_device)
+    if device is not None:
+        out = device.kernel(flash_attention_gpu)(*(device.put(x) for x in (q, k, v)), scale=scale, causal=causal,
+                                                 block_q=config[0], block_k=config[1], trace_rows=[row])
+        return f"GPU ({device.name})", out[2].row(row)
+    if not emulator_available():
+        raise RuntimeError("no CUDA device and no C++ compiler (g++) for the emulator")
+    out = flash_attention_gpu(q, k, v, scale=scale, causal=causal, block_q=config[0], block_k=config[1],
+                              trace_rows=[row], backend="emulator")
+    return "emulator", out[2].row(row)
 
 
 def _heads_reference(qa, ka, va, **options):
