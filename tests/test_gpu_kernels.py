@@ -190,7 +190,8 @@ def test_one_tensor_core_instruction_multiplies_by_the_documented_layout(backend
     (a, a64), (b, b64) = stored(rng.standard_normal((16, 16)), dtype), stored(rng.standard_normal((16, 8)), dtype)
     d = gpu.mma_probe_gpu(a, b, bfloat16=dtype == "bfloat16", backend=backend)
     assert d.shape == (16, 8) and d.dtype == np.float32
-    np.testing.assert_allclose(np.asarray(d, dtype=np.float64), a64 @ b64, rtol=1e-5, atol=1e-5)
+    # tensor cores truncate their float32 sums (about 1e-6 here); a slip in the layout is O(1)
+    np.testing.assert_allclose(np.asarray(d, dtype=np.float64), a64 @ b64, rtol=1e-4, atol=1e-4)
 
 
 MMA_CASES = [
