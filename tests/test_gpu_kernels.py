@@ -618,3 +618,17 @@ def test_tensor_core_kernel_on_larger_and_misaligned_inputs():
     assert q_view.data.ptr % 16
     out, _ = gpu.flash_attention_mma_gpu(q_view, cupy.asarray(k), cupy.asarray(v))
     np.testing.assert_allclose(values(out, "float16"), flash_reference(q64, k64, v64, False)[0], **MMA_TOL["float16"])
+
+
+def test_tensor_core_kernel_refuses_a_gpu_without_mma_m16n8k16(monkeypatch):
+    from lessons.gpu import launch
+
+    class OldDevice:                          # a Turing card: compute capability 7.5
+        compute_capability = "75"
+
+    fake = type("cupy", (), {"cuda": type("cuda", (), {"Device": OldDevice})})
+    run = type("Run", (), {"backend": "cupy", "xp": fake})()
+    with pytest.raises(RuntimeError, match="compute capability 8.0 or newer .* this one is 7.5"):
+        launch._require_tensor_cores(run)
+    run.backend = "emulator"
+    launch._require_tensor_cores(run)         # the emulator needs no tensor cores

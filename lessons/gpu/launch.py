@@ -377,7 +377,7 @@ def flash_attention_mma_gpu(q, k, v, *, scale=None, causal: bool = False, block_
     compares with ``lessons.flash_attention(q, k, v, tile=block_k, block_q=64, return_trace=True)``.
     Raises TypeError for float32 input (use :func:`flash_attention_gpu`), ValueError naming
     the argument for bad shapes, a head dim that is not a multiple of 16, or a bad block_k;
-    RuntimeError with backend "cupy" and no CUDA device.
+    RuntimeError with backend "cupy" and no CUDA device, or a GPU older than compute capability 8.0.
     Source: Dao 2023 (FlashAttention-2), Alg. 1 and Sec. 3.3; PTX ISA, mma.m16n8k16.
     """
     backend = _check_backend(backend)
@@ -391,6 +391,7 @@ def flash_attention_mma_gpu(q, k, v, *, scale=None, causal: bool = False, block_
     build = flash_attention_mma_build(f.d, f.dtype, tracing, block_k)
 
     run = _Runner(backend, f.kind)
+    _require_tensor_cores(run)
     qd, kd, vd = (_aligned(run, run.put(x)) for x in (q, k, v))
     out = run.xp.empty(q.shape, dtype=q.dtype)
     lse = run.xp.empty(q.shape[:-1], dtype=np.float32)
@@ -405,6 +406,16 @@ def flash_attention_mma_gpu(q, k, v, *, scale=None, causal: bool = False, block_
         records = run.host(trace).reshape(f.batch_heads * len(rows), n_tiles, 3)
         result += (GpuTrace(labels, records),)
     return result
+
+
+def _require_tensor_cores(run) -> None:
+    """RuntimeError on a GPU older than compute capability 8.0 (no mma.m16n8k16 there)."""
+    if run.backend != "cupy":
+        return
+    cc = int(run.xp.cuda.Device().compute_capability)
+    if cc < 80:
+        raise RuntimeError(f"the tensor-core kernel needs a GPU of compute capability 8.0 or newer (A100, H100, "
+                           f"H200); this one is {cc // 10}.{cc % 10}. Use flash_attention_gpu instead.")
 
 
 def _aligned(run, x):
@@ -433,6 +444,7 @@ def mma_probe_gpu(a, b, *, bfloat16: bool = False, backend: str = "cupy"):
     if a.shape != (16, 16) or b.shape != (16, 8):
         raise ValueError(f"a must be (16, 16) and b (16, 8), got {a.shape} and {b.shape}")
     run = _Runner(backend, kind)
+    _require_tensor_cores(run)
     d = run.xp.zeros((16, 8), dtype=np.float32)
     run.launch(flash_attention_mma_build(16, dtype), "mma_probe", (1,), [run.put(a), run.put(b), d])
     return run.get(d)
