@@ -111,7 +111,8 @@ class TileStepper:
         :class:`lessons.gpu.GpuRowTrace`), e.g. :func:`lessons.gpu.lesson.kernel_row_trace`.
         The table then shows the kernel's m, α, l beside NumPy's, and the ``kernel`` readout
         names the first tile where they differ beyond rounding (:func:`lessons.gpu.first_divergence`,
-        rtol 1e-4, atol 1e-6), or why the kernel could not run.
+        rtol 1e-4, atol 1e-6), or why the kernel could not run. With causal masking the kernel
+        must use the schedule's query block size (see :func:`lessons.gpu.lesson.kernel_row_trace`).
 
     Attributes (stable names, for notebooks and tests)
     --------------------------------------------------

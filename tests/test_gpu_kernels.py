@@ -289,6 +289,15 @@ def test_tensor_core_kernel_refuses_what_it_cannot_do():
         gpu.flash_attention_mma_gpu(f16, f16, f16, block_k=24, backend="emulator")
     with pytest.raises(ValueError, match="a must be"):
         gpu.mma_probe_gpu(np.zeros((16, 8), np.float16), np.zeros((16, 8), np.float16), backend="emulator")
+    with pytest.raises(TypeError, match="takes float16 q, k, v .* got float64"):       # not "float32 or float16"
+        gpu.flash_attention_mma_gpu(*[f16.astype(np.float64)] * 3, backend="emulator")
+    wide = np.zeros((8, 272), np.float16)
+    with pytest.raises(ValueError, match=r"head_dim must be in 16\.\.256"):
+        gpu.flash_attention_mma_gpu(wide, wide, wide, backend="emulator")
+    # a scale that float32 cannot hold would turn every score into inf and every output into NaN
+    for launcher in (gpu.flash_attention_mma_gpu, gpu.flash_attention_gpu):
+        with pytest.raises(ValueError, match="scale must fit in float32"):
+            launcher(f16, f16, f16, scale=1e39, backend="emulator")
 
 
 # ---------------------------------------------------------------------------

@@ -406,3 +406,16 @@ def test_every_section_on_the_device(fn):
     else:
         assert any(c.median_seconds for c in r.checks_on("GPU"))
 
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: lesson.tensor_cores_on_gpu(row=200, use_device=False), ValueError, r"row must be an int in \[0, 128\)"),
+    (lambda: lesson.tensor_cores_on_gpu(heads=0, use_device=False), ValueError, "heads must be at least 1"),
+    (lambda: lesson.tensor_cores_on_gpu(d=72, use_device=False), ValueError, "multiple of 16"),
+    (lambda: lesson.kernel_row_trace(*[np.zeros((1, 8, 16))] * 3, 16, 0), ValueError, "q must be 2-D"),
+    (lambda: lesson.kernel_row_trace(*[np.zeros((8, 16))] * 3, 16, 8), ValueError, r"row must be an int in \[0, 8\)"),
+    (lambda: lesson.kernel_row_trace(*[np.zeros((8, 16))] * 3, True, 0), TypeError, "tile must be an int"),
+])
+def test_the_tensor_core_section_and_kernel_row_trace_check_their_arguments_first(call, error, match):
+    with pytest.raises(error, match=match):
+        call()

@@ -97,6 +97,15 @@ def _check_index_array(x, name: str, ndim: int) -> None:
         raise ValueError(f"{name} must be {ndim}-D, got shape {x.shape}")
 
 
+def _kernel_scale(scale, d: int) -> float:
+    """``scale`` (default ``1/sqrt(d)``) as the kernels receive it: a finite float32."""
+    scale = check_scale(scale, d)
+    if abs(scale) > float(np.finfo(np.float32).max):
+        raise ValueError(f"scale must fit in float32 (|scale| <= {float(np.finfo(np.float32).max):.4g}), "
+                         f"got {scale}")
+    return scale
+
+
 def _check_bool(value, name: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
@@ -295,7 +304,7 @@ def _check_flash(q, k, v, scale, causal, bfloat16) -> _FlashInputs:
         raise ValueError(f"v must have the shape of k (this kernel needs dv == d): k {k.shape}, v {v.shape}")
     if not 1 <= d <= MAX_HEAD_DIM:
         raise ValueError(f"head dim d must be in 1..{MAX_HEAD_DIM}, got q shape {q.shape}")
-    scale = check_scale(scale, d)
+    scale = _kernel_scale(scale, d)
     causal = _check_bool(causal, "causal")
     batch_heads = math.prod(lead)
     if batch_heads > _GRID_YZ_LIMIT:
@@ -381,10 +390,13 @@ def flash_attention_mma_gpu(q, k, v, *, scale=None, causal: bool = False, block_
     Source: Dao 2023 (FlashAttention-2), Alg. 1 and Sec. 3.3; PTX ISA, mma.m16n8k16.
     """
     backend = _check_backend(backend)
-    f = _check_flash(q, k, v, scale, causal, bfloat16)
-    if f.dtype not in MMA_DTYPES:
+    dtype = getattr(q, "dtype", None)
+    if dtype is not None and not bfloat16 and np.dtype(dtype) != np.float16:
         raise TypeError(f"the tensor-core kernel takes float16 q, k, v (or bfloat16 bits with bfloat16=True), "
-                        f"got {f.dtype}; convert with q.astype(np.float16) or use flash_attention_gpu")
+                        f"got {np.dtype(dtype)}; convert with q.astype(np.float16) or use flash_attention_gpu")
+    if len(getattr(q, "shape", ())) >= 2:
+        flash_attention_mma_config(int(q.shape[-1]), block_k)      # the head dim and block_k it can take
+    f = _check_flash(q, k, v, scale, causal, bfloat16)
     block_k = flash_attention_mma_config(f.d, block_k)
     tracing = trace_rows is not None
     rows = _check_rows(trace_rows, "trace_rows", f.n_q) if tracing else []
@@ -529,7 +541,7 @@ def paged_decode_gpu(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None,
     backend = _check_backend(backend)
     kind, dtype, num_seqs, num_heads, d, block_size, num_kv_heads, max_blocks = _check_paged(
         q, k_cache, v_cache, block_tables, seq_lens, bfloat16, _check_bool(check_tables, "check_tables"))
-    scale = check_scale(scale, d)
+    scale = _kernel_scale(scale, d)
     tracing = trace_rows is not None
     rows = _check_pairs(trace_rows, num_seqs, num_heads) if tracing else []
     build = paged_decode_build(d, block_size, num_heads, num_kv_heads, dtype, tracing)
@@ -574,7 +586,7 @@ def flash_decoding_gpu(q, k_cache, v_cache, block_tables, seq_lens, num_splits: 
     if not 1 <= num_splits <= _GRID_YZ_LIMIT:
         raise ValueError(f"num_splits must be in 1..{_GRID_YZ_LIMIT}, got {num_splits}")
     num_splits = int(num_splits)
-    scale = check_scale(scale, d)
+    scale = _kernel_scale(scale, d)
     return_partials = _check_bool(return_partials, "return_partials")
     tracing = trace_rows is not None
     rows = _check_pairs(trace_rows, num_seqs, num_heads) if tracing else []

@@ -31,6 +31,7 @@ fed the same float32-rounded inputs.
 """
 from __future__ import annotations
 
+import numbers
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
@@ -46,6 +47,7 @@ from ..decoding import flash_decoding
 from ..flash import flash_attention
 from ..paged import paged_flash_attention, write_paged_cache
 from ..reference import attention
+from .._validate import check_positive_int
 from ..softmax import safe_softmax
 from .compile import (ARCHS, KernelCompileError, compile_kernel, compile_report, compile_report_table, device_available,
                       device_name, nvrtc_version)
@@ -615,13 +617,24 @@ def kernel_row_trace(q, k, v, tile, row, *, causal=False, block_q=64, scale=None
     when there is one (and ``use_device`` is not False), else on the CPU emulator. Returns
     ``(where, gpu_row)``: ``where`` ``"GPU (<name>)"`` or ``"emulator"``, ``gpu_row`` a
     :class:`lessons.gpu.GpuRowTrace` of ``(m, alpha, l)`` per absorbed tile.
-    Raises ValueError when no ``block_q`` lets the kernel take ``block_k = tile`` (e.g. an odd
-    tile needs block_q 128, whose tiles may not fit shared memory), RuntimeError when neither
-    a GPU nor a C++ compiler for the emulator is there.
+    With causal masking the tiles a row absorbs depend on ``block_q``, so give the stepper's
+    block size: with lesson 3's ``schedule=block_schedule(16)`` pass
+    ``kernel=functools.partial(kernel_row_trace, block_q=16)``.
+    Raises ValueError for q, k, v that are not 2-D, a ``row`` outside ``[0, Nq)``, a ``tile`` below 1,
+    or when no ``block_q`` lets the kernel take ``block_k = tile`` (e.g. an odd tile needs
+    block_q 128, whose tiles may not fit shared memory); RuntimeError when neither a GPU nor
+    a C++ compiler for the emulator is there.
     Source: Dao 2023 (FlashAttention-2), Alg. 1.
     """
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if np.ndim(x) != 2:
+            raise ValueError(f"{name} must be 2-D (N, d): one head, as the stepper holds it; got shape {np.shape(x)}")
     q, k, v = _f32(q, k, v)
     d = q.shape[-1]
+    tile = check_positive_int(tile, "tile")
+    if isinstance(row, bool) or not isinstance(row, numbers.Integral) or not 0 <= row < q.shape[0]:
+        raise ValueError(f"row must be an int in [0, {q.shape[0]}), got {row!r}")
+    row = int(row)
     tries = [block_q] + ([] if causal else [b for b in (128, 64, 32, 16, 8, 4) if b != block_q])
     config, why = None, None
     for bq in tries:
@@ -852,10 +865,17 @@ def tensor_cores_on_gpu(*, layer: int = 0, head: int = 0, row: int = 93, n: int 
     naive CuPy, the CUDA-core kernel and the tensor-core kernel (median of ``repeats``
     CUDA-event runs after 2 warm-ups, seconds, and TFLOP/s at 4 N^2 d flops per head);
     ``details["timings"]`` holds them (empty without a device).
+    Raises ValueError (before running anything) for a ``row`` outside the sample's 128 rows,
+    ``n``, ``heads`` or ``repeats`` below 1, or a ``d`` the kernel cannot take.
     Source: Dao 2023 (FlashAttention-2), Alg. 1 and Sec. 3.3; PTX ISA, mma.m16n8k16.
     """
     sample = load_sample()
     q, k, v = (np.ascontiguousarray(x, dtype=np.float16) for x in sample.qkv(layer, head, dtype=np.float32))
+    if isinstance(row, bool) or not isinstance(row, numbers.Integral) or not 0 <= row < q.shape[0]:
+        raise ValueError(f"row must be an int in [0, {q.shape[0]}), got {row!r}")
+    for name, value in (("n", n), ("heads", heads), ("repeats", repeats)):
+        check_positive_int(value, name)
+    flash_attention_mma_config(d)                                   # d: a multiple of 16 in 16..256
     d_sample = q.shape[1]
     block_k = flash_attention_mma_config(d_sample)
     trace_build = flash_attention_mma_build(d_sample, "float16", trace=True)
