@@ -2,6 +2,10 @@
 # Everything the CUDA kernels need checked on a machine with a GPU, in one command:
 #
 #   scripts/gpu_check.sh [RESULTS_DIR]        (default: $OUT, else gpu_results/)
+#   scripts/gpu_check.sh --dry-run DIR        the same steps on the CPU, to check this script
+#                                             itself: a few emulator tests, the sanitizer
+#                                             drivers on the emulator without compute-sanitizer,
+#                                             the benchmark saying there is no device
 #
 #   1. environment: nvidia-smi, Python, CuPy, NVRTC versions         -> env.txt
 #   2. compile report: registers and shared memory per kernel/arch   -> compile_report.txt
@@ -16,6 +20,8 @@
 # Exit status: 0 if every step that could run passed, 1 otherwise.
 set -uo pipefail
 
+DRY=0
+if [ "${1:-}" = "--dry-run" ]; then DRY=1; shift; fi
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 RESULTS="${1:-${OUT:-$ROOT/gpu_results}}"
 mkdir -p "$RESULTS/sanitizer" "$RESULTS/benchmark"
@@ -30,7 +36,7 @@ FAILED=0
 START=$(date +%s)
 
 step() {  # step NAME STATUS DETAIL
-    printf '%-34s %-5s %s\n' "$1" "$2" "$3" | tee -a "$SUMMARY"
+    printf '%-40s %-5s %s\n' "$1" "$2" "$3" | tee -a "$SUMMARY"
     if [ "$2" = "FAIL" ]; then FAILED=1; fi
 }
 
@@ -64,7 +70,9 @@ except ImportError:
     print("torch: not installed")
 EOF
 } > "$RESULTS/env.txt" 2>&1
-if "$PY" -c "import sys, lessons.gpu as g; sys.exit(0 if g.device_available() else 1)"; then
+if [ $DRY -eq 1 ]; then
+    step "device" skip "dry run: the kernels run on the CPU emulator"
+elif "$PY" -c "import sys, lessons.gpu as g; sys.exit(0 if g.device_available() else 1)"; then
     step "device" ok "$(grep '^device:' "$RESULTS/env.txt" | cut -d' ' -f2-)"
 else
     step "device" FAIL "CuPy sees no CUDA device (see env.txt)"
@@ -83,8 +91,10 @@ EOF
 then step "compile report" ok "compile_report.txt"; else step "compile report" FAIL "compile_report.txt"; fi
 
 # ---- tests on the device ----------------------------------------------------------
+SELECT="not emulator"
+if [ $DRY -eq 1 ]; then SELECT="emulator and (instruction or keeps_nan)"; fi
 if timeout 240 "$PY" -m pytest -p no:nbval -o addopts="" -q -rs \
-        tests/test_gpu_kernels.py tests/test_gpu_compile.py tests/test_gpu_lesson.py -k "not emulator" \
+        tests/test_gpu_kernels.py tests/test_gpu_compile.py tests/test_gpu_lesson.py -k "$SELECT" \
         --junitxml="$RESULTS/pytest.xml" > "$RESULTS/pytest.txt" 2>&1; then
     step "pytest (GPU cases)" ok "$(tail -n 1 "$RESULTS/pytest.txt")"
 else
@@ -109,11 +119,21 @@ for base in (spec.submodule_search_locations if spec else []):
 EOF
 )"
 fi
-if [ -z "$SAN" ]; then
+KERNELS="online_softmax flash_attention flash_attention_mma paged_decode flash_decoding"
+if [ $DRY -eq 1 ]; then
+    for kernel in $KERNELS; do
+        log="$RESULTS/sanitizer/emulator_${kernel}.txt"
+        if timeout 240 "$PY" -m lessons.gpu.sanitize "$kernel" --emulator > "$log" 2>&1; then
+            step "drivers (emulator) $kernel" ok "$(tail -n 1 "$log")"
+        else
+            step "drivers (emulator) $kernel" FAIL "exit $? (${log#"$RESULTS"/})"
+        fi
+    done
+elif [ -z "$SAN" ]; then
     step "compute-sanitizer" FAIL "not found (CUDA toolkit or pip nvidia-cuda-sanitizer-api-cu12)"
 else
     "$SAN" --version > "$RESULTS/sanitizer/version.txt" 2>&1
-    for kernel in online_softmax flash_attention flash_attention_mma paged_decode flash_decoding; do
+    for kernel in $KERNELS; do
         tools="memcheck racecheck"
         case "$kernel" in paged_decode|flash_decoding) tools="$tools initcheck" ;; esac
         for tool in $tools; do
@@ -133,7 +153,11 @@ fi
 # ---- benchmark ------------------------------------------------------------------------
 if timeout 240 "$PY" benchmarks/gpu_attention.py --out "$RESULTS/benchmark" --time-budget 150 \
         > "$RESULTS/benchmark/log.txt" 2>&1; then
-    step "benchmark" ok "benchmark/results.md, benchmark/gpu_attention.png"
+    if [ $DRY -eq 1 ]; then
+        step "benchmark" ok "$(tail -n 1 "$RESULTS/benchmark/log.txt" | cut -c1-60)"
+    else
+        step "benchmark" ok "benchmark/results.md, benchmark/gpu_attention.png"
+    fi
 else
     step "benchmark" FAIL "exit $? (benchmark/log.txt)"
 fi

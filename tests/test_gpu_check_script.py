@@ -1,0 +1,46 @@
+"""scripts/gpu_check.sh, checked on the CPU before any GPU time is spent on it.
+
+``--dry-run`` runs every step of the script with the kernels on the CPU emulator: the
+environment report, the compile report, a few kernel tests, each kernel's sanitizer
+driver (without compute-sanitizer) and the benchmark (which says there is no device).
+What it cannot check is the GPU itself; the plumbing (steps, files, summary, exit
+status, the list of kernels against the drivers) it can.
+"""
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import lessons.gpu as gpu
+from lessons.gpu import sanitize
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "gpu_check.sh"
+
+pytestmark = pytest.mark.skipif(
+    not gpu.emulator_available() or (not gpu.nvrtc_available() and not os.environ.get("CI")),
+    reason="the dry run needs g++ (emulator) and CuPy/NVRTC (compile report)")
+
+
+def test_the_script_parses():
+    subprocess.run(["bash", "-n", str(SCRIPT)], check=True)
+
+
+def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
+    proc = subprocess.run(["bash", str(SCRIPT), "--dry-run", str(tmp_path)], capture_output=True, text=True,
+                          timeout=900)
+    summary = (tmp_path / "summary.txt").read_text()
+    assert proc.returncode == 0, summary + proc.stderr[-2000:]
+    steps = {line[:40].strip(): line[40:].split()[0] for line in summary.splitlines()}
+    assert steps.pop("device") == "skip"
+    expected = {"compile report", "pytest (GPU cases)", "benchmark", "total"}
+    expected |= {f"drivers (emulator) {k}" for k in sanitize.KERNELS}      # the script runs every driver
+    assert set(steps) == expected and set(steps.values()) == {"ok"}, summary
+    assert "passed" in summary and "failed" not in summary
+    for name in ("env.txt", "compile_report.txt", "pytest.txt", "pytest.xml", "benchmark/log.txt"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    assert "flash_attention_mma" in (tmp_path / "compile_report.txt").read_text()
+    assert "GPU benchmark not run" in (tmp_path / "benchmark" / "log.txt").read_text()
+    for kernel in sanitize.KERNELS:
+        assert "all results match NumPy" in (tmp_path / "sanitizer" / f"emulator_{kernel}.txt").read_text()
