@@ -413,6 +413,9 @@ class TileStepper:
         if first:
             rows.append(f"<tr><td colspan='{len(names)}' style='color:#888'>… {first} earlier tiles</td></tr>")
         bad_step = None if self.divergence is None else self.divergence.step
+        fields = ("m", "alpha", "l")
+        quantity = None if self.divergence is None else self.divergence.quantity
+        bad_fields = (quantity,) if quantity in fields else fields    # "tile"/"length": the whole record
         for i in range(first, step):
             a, b = int(rt.key_start[i]), int(rt.key_stop[i])
             bg = f"background:{TILE_COLOURS['current']}40;" if i == step - 1 else ""
@@ -425,13 +428,13 @@ class TileStepper:
                      f"<span style='{al}'>{format_value(rt.alpha[i])}</span>", format_value(rt.l[i])]
             if kr is not None:
                 mark = "color:#b00;font-weight:bold;" if i == bad_step else ""
-                cells += [f"<span style='{mark}'>{format_value(float(getattr(kr, f)[i]))}</span>"
-                          if i < len(kr) else "—" for f in ("m", "alpha", "l")]
+                cells += [f"<span style='{mark if f in bad_fields else ''}'>{format_value(float(getattr(kr, f)[i]))}"
+                          f"</span>" if i < len(kr) else "—" for f in fields]
             rows.append(f"<tr style='{bg}'>" + "".join(f"<td style='padding:1px 6px;text-align:right'>{c}</td>"
                                                           for c in cells) + "</tr>")
         note = "α in bold orange: the max moved and everything accumulated so far was rescaled."
         if kr is not None:
-            note += " Kernel values in bold red: the first tile where the kernel parts from NumPy."
+            note += " Bold red: the first kernel value that parts from NumPy's."
         return ("<table style='border-collapse:collapse;font-size:12px;font-family:monospace'>"
                 f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
                 f"<div style='font-size:11px;color:#666;margin-top:4px'>{note}</div>")
