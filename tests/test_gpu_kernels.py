@@ -67,6 +67,16 @@ def assert_lse_close(lse, ref, atol=2e-5):
 # flash attention forward
 # ---------------------------------------------------------------------------
 
+def assert_same_nan_rows(out, lse, ref, ref_lse, tol=TOL["float32"]):
+    """The kernel's NaN rows are the reference's, and the other rows agree with it within ``tol``."""
+    out = np.asarray(out, dtype=np.float64)
+    bad = np.isnan(ref_lse)
+    assert bad.any() and not bad.all()
+    np.testing.assert_array_equal(np.isnan(np.asarray(lse)), bad)
+    np.testing.assert_array_equal(np.isnan(out).all(axis=-1), bad)
+    np.testing.assert_allclose(out[~bad], ref[~bad], **tol)
+
+
 def flash_reference(q, k, v, causal, scale=None):
     lead = q.shape[:-2]
     out = np.zeros(q.shape)
@@ -271,10 +281,7 @@ def test_tensor_core_kernel_keeps_nan_input_nan(backend):
     q[1, 30, 0] = np.nan
     out, lse = gpu.flash_attention_mma_gpu(q, k, v, causal=True, backend=backend)
     ref, ref_lse = flash_reference(*(x.astype(np.float64) for x in (q, k, v)), True)
-    bad = np.isnan(ref_lse)
-    np.testing.assert_array_equal(np.isnan(lse), bad)
-    np.testing.assert_array_equal(np.isnan(out.astype(np.float64)).all(axis=-1), bad)
-    np.testing.assert_allclose(out[~bad].astype(np.float64), ref[~bad], **MMA_TOL["float16"])
+    assert_same_nan_rows(out, lse, ref, ref_lse, MMA_TOL["float16"])
 
 
 def test_tensor_core_kernel_refuses_what_it_cannot_do():
@@ -520,16 +527,6 @@ def test_decode_kernels_are_bitwise_reproducible(backend):
 # ---------------------------------------------------------------------------
 # NaN input is bad data, not an empty row: it must come out as NaN, as in the NumPy core
 # ---------------------------------------------------------------------------
-
-def assert_same_nan_rows(out, lse, ref, ref_lse):
-    """The kernel's NaN rows are the reference's, and the other rows agree with it."""
-    out = np.asarray(out, dtype=np.float64)
-    bad = np.isnan(ref_lse)
-    assert bad.any() and not bad.all()
-    np.testing.assert_array_equal(np.isnan(np.asarray(lse)), bad)
-    np.testing.assert_array_equal(np.isnan(out).all(axis=-1), bad)
-    np.testing.assert_allclose(out[~bad], ref[~bad], **TOL["float32"])
-
 
 def test_flash_attention_keeps_nan_input_nan(backend):
     rng = np.random.default_rng(12)

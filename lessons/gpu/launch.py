@@ -342,25 +342,30 @@ def flash_attention_gpu(q, k, v, *, scale=None, causal: bool = False, block_q: i
     """
     backend = _check_backend(backend)
     f = _check_flash(q, k, v, scale, causal, bfloat16)
-    lead, n_q, n_k, d, batch_heads = f.lead, f.n_q, f.n_k, f.d, f.batch_heads
-    block_q, block_k = flash_attention_config(d, block_q, block_k)
+    block_q, block_k = flash_attention_config(f.d, block_q, block_k)
     tracing = trace_rows is not None
-    rows = _check_rows(trace_rows, "trace_rows", n_q) if tracing else []
-    build = flash_attention_build(d, f.dtype, tracing, block_q, block_k)
-
+    rows = _check_rows(trace_rows, "trace_rows", f.n_q) if tracing else []
+    build = flash_attention_build(f.d, f.dtype, tracing, block_q, block_k)
     run = _Runner(backend, f.kind)
-    qd, kd, vd = run.put(q), run.put(k), run.put(v)
+    return _launch_forward(run, build, "flash_attention_forward", f, [run.put(x) for x in (q, k, v)],
+                           block_q, block_k, rows)
+
+
+def _launch_forward(run, build, entry: str, f: _FlashInputs, qkv, block_q: int, block_k: int, rows):
+    """Launch one of the two forward kernels (they share one signature) over ``qkv`` already on
+    ``run``'s device; returns ``(out, lse)`` or, for a trace build, ``(out, lse, GpuTrace)``."""
+    q = qkv[0]
     out = run.xp.empty(q.shape, dtype=q.dtype)
     lse = run.xp.empty(q.shape[:-1], dtype=np.float32)
-    n_tiles = -(-n_k // block_k)
-    trace = _trace_buffer(run, (batch_heads, len(rows), n_tiles, 3), tracing)
-    run.launch(build, "flash_attention_forward", (-(-n_q // block_q), batch_heads),
-               [qd, kd, vd, out, lse, n_q, n_k, f.scale, int(f.causal), _rows_buffer(run, rows), len(rows),
+    n_tiles = -(-f.n_k // block_k)
+    trace = _trace_buffer(run, (f.batch_heads, len(rows), n_tiles, 3), build.trace)
+    run.launch(build, entry, (-(-f.n_q // block_q), f.batch_heads),
+               [*qkv, out, lse, f.n_q, f.n_k, f.scale, int(f.causal), _rows_buffer(run, rows), len(rows),
                 n_tiles, trace])
     result = (run.get(out), run.get(lse))
-    if tracing:
-        labels = tuple((*idx, r) for idx in np.ndindex(*lead) for r in rows)
-        records = run.host(trace).reshape(batch_heads * len(rows), n_tiles, 3)
+    if build.trace:
+        labels = tuple((*idx, r) for idx in np.ndindex(*f.lead) for r in rows)
+        records = run.host(trace).reshape(f.batch_heads * len(rows), n_tiles, 3)
         result += (GpuTrace(labels, records),)
     return result
 
@@ -401,23 +406,10 @@ def flash_attention_mma_gpu(q, k, v, *, scale=None, causal: bool = False, block_
     tracing = trace_rows is not None
     rows = _check_rows(trace_rows, "trace_rows", f.n_q) if tracing else []
     build = flash_attention_mma_build(f.d, f.dtype, tracing, block_k)
-
     run = _Runner(backend, f.kind)
     _require_tensor_cores(run)
-    qd, kd, vd = (_aligned(run, run.put(x)) for x in (q, k, v))
-    out = run.xp.empty(q.shape, dtype=q.dtype)
-    lse = run.xp.empty(q.shape[:-1], dtype=np.float32)
-    n_tiles = -(-f.n_k // block_k)
-    trace = _trace_buffer(run, (f.batch_heads, len(rows), n_tiles, 3), tracing)
-    run.launch(build, "flash_attention_mma", (-(-f.n_q // MMA_BLOCK_Q), f.batch_heads),
-               [qd, kd, vd, out, lse, f.n_q, f.n_k, f.scale, int(f.causal), _rows_buffer(run, rows), len(rows),
-                n_tiles, trace])
-    result = (run.get(out), run.get(lse))
-    if tracing:
-        labels = tuple((*idx, r) for idx in np.ndindex(*f.lead) for r in rows)
-        records = run.host(trace).reshape(f.batch_heads * len(rows), n_tiles, 3)
-        result += (GpuTrace(labels, records),)
-    return result
+    return _launch_forward(run, build, "flash_attention_mma", f, [_aligned(run, run.put(x)) for x in (q, k, v)],
+                           MMA_BLOCK_Q, block_k, rows)
 
 
 def _require_tensor_cores(run) -> None:
