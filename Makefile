@@ -29,8 +29,8 @@ grade: $(STAMP)  ## grade your answers in exercises/ and print a score card (ANS
 	PYTHONDONTWRITEBYTECODE=1 $(PY) -m pytest -c grading/pytest.ini grading --answers $(ANSWERS) -q --tb=short
 
 reset-exercise: $(STAMP)  ## restore one stub, your file kept as NAME.py.bak-...: make reset-exercise NAME=absorb
-	@test -n "$(NAME)" || { echo "usage: make reset-exercise NAME=<exercise>  (python -m lessons.grade list)"; exit 2; }
-	$(PY) -m lessons.grade reset $(NAME)
+	@test -n "$(NAME)" || { echo "usage: make reset-exercise NAME=<exercise>  (python -m lessons.course.grade list)"; exit 2; }
+	$(PY) -m lessons.course.grade reset $(NAME)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -49,8 +49,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:                      # run from a checkout without installing
     sys.path.insert(0, str(ROOT))
 
-from lessons.io import loglog_slope  # noqa: E402
-from lessons.measure import measure_case  # noqa: E402
+from lessons.cost.traffic import loglog_slope  # noqa: E402
+from lessons.cost.memory import measure_case  # noqa: E402
 
 MIB = 2 ** 20
 FULL_NS = (512, 2048, 8192)

@@ -9,7 +9,7 @@ Source: Dao 2023, FlashAttention-2, Alg. 1, lines 8-10; Dao et al. 2022, Alg. 1.
 
 Your answer: replace each ``raise NotImplementedError`` below, keeping the names
 and signatures. Check it with ``make grade`` (all exercises) or, in the notebook,
-``lessons.grade.check("absorb")``. A reference answer is in ``solutions/absorb.py``.
+``lessons.course.grade.check("absorb")``. A reference answer is in ``solutions/absorb.py``.
 """
 import numpy as np
 

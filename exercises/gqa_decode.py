@@ -11,10 +11,10 @@ Sec. 4.1; Dao 2023, FA-2 Alg. 1.
 
 Your answer: replace each ``raise NotImplementedError`` below, keeping the names
 and signatures. Check it with ``make grade`` (all exercises) or, in the notebook,
-``lessons.grade.check("gqa_decode")``. A reference answer is in ``solutions/gqa_decode.py``.
+``lessons.course.grade.check("gqa_decode")``. A reference answer is in ``solutions/gqa_decode.py``.
 """
 import numpy as np
-from lessons.state import State, absorb, finalize   # the fold of notebook 02: yours to use here
+from lessons.core.state import State, absorb, finalize   # the fold of notebook 02: yours to use here
 
 
 def kv_head(h, num_heads, num_kv_heads):

@@ -11,7 +11,7 @@ vLLM ``merge_attn_states``.
 
 Your answer: replace each ``raise NotImplementedError`` below, keeping the names
 and signatures. Check it with ``make grade`` (all exercises) or, in the notebook,
-``lessons.grade.check("merge_states")``. A reference answer is in ``solutions/merge_states.py``.
+``lessons.course.grade.check("merge_states")``. A reference answer is in ``solutions/merge_states.py``.
 """
 import numpy as np
 

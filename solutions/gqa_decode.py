@@ -11,7 +11,7 @@ Sec. 4.1; Dao 2023, FA-2 Alg. 1.
 """
 import numpy as np
 
-from lessons.state import State, absorb, finalize   # the fold of notebook 02: yours to use here
+from lessons.core.state import State, absorb, finalize   # the fold of notebook 02: yours to use here
 
 
 def kv_head(h, num_heads, num_kv_heads):

@@ -12,7 +12,7 @@ Sec. 3 and Alg. 1; Dao 2023, FA-2 Alg. 1.
 """
 import numpy as np
 
-from lessons.state import State, absorb   # the fold of notebook 02: yours to use here
+from lessons.core.state import State, absorb   # the fold of notebook 02: yours to use here
 
 
 def ring_step(m, l, o, q, k_block, v_block, *, q_start, k_start, causal=False):

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lessons.measure import CaseResult, measure_case, peak_bytes, time_call
+from lessons.cost.memory import CaseResult, measure_case, peak_bytes, time_call
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from lessons import attention, flash_attention
-from lessons.broken import (EXAMPLE_CASES, FINITE_NEG, VARIANT_NAMES, case_from_scores, example_case,
+from lessons.schedules.variants import (EXAMPLE_CASES, FINITE_NEG, VARIANT_NAMES, case_from_scores, example_case,
                             run_variant, run_variants)
 
 
@@ -18,7 +18,7 @@ def exact_final(case):
     return attention(case.q, case.k, case.v, scale=case.scale, causal=case.causal, mask=case.mask)
 
 
-# --- the textbook variant is the fold of lessons.state --------------------------------------
+# --- the textbook variant is the fold of lessons.core.state --------------------------------------
 
 @pytest.mark.parametrize("name", EXAMPLE_CASES)
 def test_textbook_variant_is_the_flash_trace_and_never_diverges(name):
@@ -188,7 +188,7 @@ def test_no_guard_is_harmless_without_masks():
 def test_run_variants_covers_every_variant_and_causal_is_applied():
     rng = np.random.default_rng(1)
     q, k, v = rng.standard_normal((5, 4)), rng.standard_normal((7, 4)), rng.standard_normal((7, 2))
-    from lessons.broken import Case
+    from lessons.schedules.variants import Case
     traces = run_variants(Case(q, k, v, tile=3, causal=True))
     assert tuple(traces) == VARIANT_NAMES
     np.testing.assert_allclose(traces["textbook"].output[-1], attention(q, k, v, causal=True), rtol=1e-12)
@@ -212,8 +212,8 @@ def test_bad_input_is_refused_by_name(call, exc, word):
 
 def test_variant_explorer_shows_the_trace_values():
     import html
-    from lessons.figures_softmax import VariantExplorer
-    from lessons.stepper import format_value
+    from lessons.views.softmax import VariantExplorer
+    from lessons.views.stepper import format_value
     traces = {name: run_variants(example_case(name)) for name in ("ordinary", "padded")}
     ex = VariantExplorer(traces, case="padded", variant="finite_init")
     t = traces["padded"]["finite_init"]
@@ -233,7 +233,7 @@ def test_variant_explorer_shows_the_trace_values():
 
 
 def test_variant_errors_figure_marks_non_finite_results():
-    from lessons.figures_softmax import variant_errors_figure
+    from lessons.views.softmax import variant_errors_figure
     traces = run_variants(example_case("padded"))
     ax = variant_errors_figure(traces).axes[0]
     lines = {line.get_label(): line for line in ax.lines}

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from lessons import attention, flash_attention
-from lessons.causal import (DIAGONAL, FULL, SKIPPED, causal_mask, count_tiles, masked_rows_report,
+from lessons.schedules.causal import (DIAGONAL, FULL, SKIPPED, causal_mask, count_tiles, masked_rows_report,
                             padded_causal_case, tile_schedule)
 
 SIZES = [(8, 8, 2, 2), (8, 8, 3, 2), (7, 11, 2, 3), (11, 7, 3, 2), (16, 16, 4, 4), (5, 9, 5, 1),
@@ -140,8 +140,8 @@ def test_masked_rows_report_refuses_a_single_query():
 
 def test_schedule_figure_colours_follow_the_tile_states():
     from matplotlib.colors import to_rgba
-    from lessons.figures import TILE_COLOURS
-    from lessons.figures_causal import schedule_figure, tile_state
+    from lessons.views.flash import TILE_COLOURS
+    from lessons.views.causal import schedule_figure, tile_state
     visits = tile_schedule(12, 12, 4, 4)
     for step in (0, 1, 3, 6):
         fig = schedule_figure(visits, step)
@@ -155,8 +155,8 @@ def test_schedule_figure_colours_follow_the_tile_states():
 
 
 def test_block_stepper_table_is_the_trace_of_the_current_block():
-    from lessons.figures_causal import BlockStepper
-    from lessons.stepper import format_value
+    from lessons.views.causal import BlockStepper
+    from lessons.views.stepper import format_value
     rng = np.random.default_rng(5)
     q, k, v = rng.standard_normal((12, 4)), rng.standard_normal((12, 4)), rng.standard_normal((12, 2))
     _, trace = flash_attention(q, k, v, 4, block_q=4, causal=True, return_trace=True)
@@ -175,8 +175,8 @@ def test_block_stepper_table_is_the_trace_of_the_current_block():
 
 
 def test_block_schedule_feeds_the_stepper_a_causal_trace():
-    from lessons.causal import block_schedule
-    from lessons.stepper import TileStepper
+    from lessons.schedules.causal import block_schedule
+    from lessons.views.stepper import TileStepper
     rng = np.random.default_rng(6)
     q, k, v = rng.standard_normal((32, 4)), rng.standard_normal((32, 4)), rng.standard_normal((32, 2))
     trace = block_schedule(8)(q, k, v, 4, causal=True)
@@ -192,8 +192,8 @@ def test_block_schedule_feeds_the_stepper_a_causal_trace():
 
 
 def test_schedule_figure_counts_from_one_and_masks_only_computed_tiles():
-    from lessons.causal import causal_mask
-    from lessons.figures_causal import schedule_figure
+    from lessons.schedules.causal import causal_mask
+    from lessons.views.causal import schedule_figure
     visits = tile_schedule(12, 12, 4, 4)               # computed: (0,0) (1,0) (1,1) (2,0) (2,1) (2,2)
     fig = schedule_figure(visits, 2)                   # the 2nd computed tile is query block 2, key tile 1
     assert "step 2 of 6: query block 2, key tile 1 (full" in fig.texts[0].get_text()
@@ -213,8 +213,8 @@ def test_schedule_figure_counts_from_one_and_masks_only_computed_tiles():
 
 
 def test_block_state_text_is_the_trace_of_the_block():
-    from lessons.figures_causal import block_state_text
-    from lessons.stepper import format_value
+    from lessons.views.causal import block_state_text
+    from lessons.views.stepper import format_value
     rng = np.random.default_rng(5)
     q, k, v = rng.standard_normal((12, 4)), rng.standard_normal((12, 4)), rng.standard_normal((12, 2))
     _, trace = flash_attention(q, k, v, 4, block_q=4, causal=True, return_trace=True)

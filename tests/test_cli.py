@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from lessons import attention
-from lessons.cli import main
-from lessons.data import load_sample, make_case
+from lessons.course.cli import main
+from lessons.course.data import load_sample, make_case
 
 ROOT = Path(__file__).resolve().parent.parent
 

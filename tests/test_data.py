@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from lessons import attention, flash_attention, late_max_case, load_sample, make_case, random_case
-from lessons.data import CASE_KINDS, Sample
+from lessons.course.data import CASE_KINDS, Sample
 
 # float16 unit roundoff: storing q, k, v (and the layer-5 check value) in float16 moves each
 # entry by at most U relative. The attention output is a convex combination of v rows, so
@@ -31,7 +31,7 @@ def rel_error(out, ref):
 # --- the files -----------------------------------------------------------------------
 
 def test_sample_files_are_under_two_megabytes():
-    folder = resources.files("lessons") / "sample_data"
+    folder = resources.files("lessons.course") / "sample_data"
     npz = folder / "minilm_sample.npz"
     meta = folder / "minilm_sample.json"
     total = len(npz.read_bytes()) + len(meta.read_bytes())

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lessons import attention, kv_cache_bytes, paged_decode, paged_flash_attention
-from lessons.decode import kv_head_of
+from lessons.schedules.gqa_decode import kv_head_of
 
 ATOL = 1e-12
 GARBAGE = [np.nan, np.inf, -np.inf, 1e30]
@@ -219,7 +219,7 @@ def test_property_paged_decode_equals_textbook(seq_lens, block_size, heads, garb
 
 
 def test_gqa_and_kv_bytes_figures_draw_the_library_numbers():
-    from lessons.figures_paged import gqa_groups_figure, kv_bytes_figure
+    from lessons.views.paged import gqa_groups_figure, kv_bytes_figure
     fig = gqa_groups_figure(8, (8, 2, 1))
     lines = [len(ax.lines) for ax in fig.axes]
     assert lines == [8, 8, 8]                               # one line per query head in every panel
@@ -233,7 +233,7 @@ def test_gqa_and_kv_bytes_figures_draw_the_library_numbers():
 
 
 def test_write_paged_batch_round_trip():
-    from lessons.decode import write_paged_batch
+    from lessons.schedules.gqa_decode import write_paged_batch
     rng = np.random.default_rng(30)
     lens = [5, 1, 8, 0]
     keys = [rng.standard_normal((n, 2, 3)) for n in lens]

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lessons import attention, flash_decoding, merge_states, reduce_states
-from lessons.decoding import split_ranges
+from lessons.schedules.split_kv import split_ranges
 
 ATOL = 1e-12
 
@@ -250,7 +250,7 @@ def test_property_flash_decoding_equals_textbook(nk, num_splits, tile, order, sp
 # --- merge weights and the picture ------------------------------------------------------------
 
 def test_merge_weights_by_hand_and_as_the_merge_uses_them():
-    from lessons.decoding import merge_weights
+    from lessons.schedules.split_kv import merge_weights
     np.testing.assert_allclose(merge_weights(np.array([0.0, np.log(3.0), -np.inf])), [0.25, 0.75, 0.0],
                                rtol=0, atol=1e-15)
     np.testing.assert_array_equal(merge_weights(np.full((3, 2), -np.inf)), np.zeros((3, 2)))
@@ -259,8 +259,8 @@ def test_merge_weights_by_hand_and_as_the_merge_uses_them():
 
 
 def test_flash_decoding_figure_draws_the_weights_of_the_partials():
-    from lessons.decoding import merge_weights
-    from lessons.figures_decoding import flash_decoding_figure, split_strip_figure
+    from lessons.schedules.split_kv import merge_weights
+    from lessons.views.split_kv import flash_decoding_figure, split_strip_figure
     q, k, v = qkv(None, 20, seed=21)
     out, (o_parts, lse_parts) = flash_decoding(q, k, v, 5, return_partials=True)
     fig = flash_decoding_figure(o_parts, lse_parts, out, attention(q, k, v))

@@ -8,8 +8,8 @@ from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 
 from lessons import attention, flash_attention
-from lessons.data import make_case
-from lessons.figures import (TILE_COLOURS, StepFigure, final_step_figure, key_row_figure, step_figure,
+from lessons.course.data import make_case
+from lessons.views.flash import (TILE_COLOURS, StepFigure, final_step_figure, key_row_figure, step_figure,
                              tile_spans, tile_states)
 
 ROW = 93
@@ -174,7 +174,7 @@ def test_bad_input_is_refused(real):
 
 
 def test_score_lanes_follow_the_mma_c_layout_by_hand():
-    from lessons.figures_gpu import mma_fragment_figure, score_lanes
+    from lessons.views.gpu import mma_fragment_figure, score_lanes
 
     lanes = score_lanes(16)
     # PTX ISA: lane 4g + t holds C[g][2t], C[g][2t+1], C[g+8][2t], C[g+8][2t+1] of each 16x8 result

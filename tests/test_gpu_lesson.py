@@ -19,7 +19,7 @@ import pytest
 
 import lessons
 import lessons.gpu as gpu
-from lessons.causal import causal_mask
+from lessons.schedules.causal import causal_mask
 from lessons.gpu import lesson, source
 
 needs_nvrtc = pytest.mark.skipif(not gpu.nvrtc_available() and not os.environ.get("CI"),

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from lessons import grade
-from lessons.grade import EXERCISES, CheckResult, ExerciseResult, check, format_score_card, reset, summarise
+from lessons.course import grade
+from lessons.course.grade import EXERCISES, CheckResult, ExerciseResult, check, format_score_card, reset, summarise
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = [ex.name for ex in EXERCISES]

@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from lessons.io import (ELEMENT_SIZES, H200, flash_block_sizes, flash_io, loglog_slope, measure_peak_memory,
+from lessons.cost.traffic import (ELEMENT_SIZES, H200, flash_block_sizes, flash_io, loglog_slope, measure_peak_memory,
                         roofline_points, textbook_io)
 
 
@@ -179,7 +179,7 @@ def test_measured_peak_memory_quadratic_vs_linear():
 # --- the pictures draw the counts and measurements ---------------------------------------------------
 
 def test_traffic_figure_plots_the_counts():
-    from lessons.figures_io import traffic_figure
+    from lessons.views.traffic import traffic_figure
     ns = [256, 1024, 4096]
     ax, axf = traffic_figure(ns, 64, m_bytes=64 * 1024, element_size=2).axes
     np.testing.assert_array_equal(ax.lines[0].get_ydata(), [textbook_io(n, 64).hbm_bytes for n in ns])
@@ -189,8 +189,8 @@ def test_traffic_figure_plots_the_counts():
 
 
 def test_peak_memory_figure_labels_the_fitted_slopes():
-    from lessons.figures_io import peak_memory_figure
-    from lessons.io import PeakMemory
+    from lessons.views.traffic import peak_memory_figure
+    from lessons.cost.traffic import PeakMemory
     ns = [512, 2048, 8192]
     r = PeakMemory(ns=ns, d=64, dtype="float32", tile=64, block_q=64, textbook_bytes=[3 * 4 * n * n for n in ns],
                    flash_bytes=[260 * n for n in ns], score_bytes=[4 * n * n for n in ns])
@@ -201,7 +201,7 @@ def test_peak_memory_figure_labels_the_fitted_slopes():
 
 
 def test_roofline_figure_places_each_point_at_its_intensity():
-    from lessons.figures_io import roofline_figure
+    from lessons.views.traffic import roofline_figure
     pts = roofline_points(8192, (64,), precisions=("bf16",))
     ax = roofline_figure(pts).axes[0]
     marks = [line for line in ax.lines if line.get_label().startswith(("textbook", "flash"))]

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lessons import attention, flash_attention, paged_flash_attention
-from lessons.figures import TILE_COLOURS
-from lessons.figures_paged import page_states, paged_cache_figure
-from lessons.paged import PagedTrace, paged_schedule, sequence_pages, write_paged_cache
+from lessons.views.flash import TILE_COLOURS
+from lessons.views.paged import page_states, paged_cache_figure
+from lessons.schedules.paged import PagedTrace, paged_schedule, sequence_pages, write_paged_cache
 
 ATOL = 1e-12
 GARBAGE = [np.nan, np.inf, -np.inf, 1e30]

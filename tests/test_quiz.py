@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from lessons.quiz import QUIZZES, Question, check_answer, quiz_widget
+from lessons.course.quiz import QUIZZES, Question, check_answer, quiz_widget
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ["01_online_softmax", "02_flash_attention_tile_by_tile", "03_query_blocks_and_causal",

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lessons import attention, ring_attention
-from lessons.ring import RingTrace
+from lessons.schedules.ring import RingTrace
 
 ATOL = 1e-12
 
@@ -122,7 +122,7 @@ def test_property_ring_equals_textbook(nq, nk, world_size, causal, seed):
 
 
 def test_ring_figure_shows_the_schedule_of_the_trace():
-    from lessons.figures_decoding import ring_figure
+    from lessons.views.split_kv import ring_figure
     q, k, v = qkv(8, 8, seed=9)
     _, trace = ring_attention(q, k, v, 4, causal=True, return_trace=True)
     fig = ring_figure(trace, step=1)

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from lessons.sizes import format_bytes, score_matrix_bytes
+from lessons.cost.sizes import format_bytes, score_matrix_bytes
 
 
 def test_the_headline_number_n8192_32_heads_fp16_is_4_gib():

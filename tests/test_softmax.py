@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from lessons import flash_attention
-from lessons.softmax import (SOFTMAX_METHODS, fused_softmax_matmul, online_softmax, safe_softmax,
+from lessons.schedules.softmax import (SOFTMAX_METHODS, fused_softmax_matmul, online_softmax, safe_softmax,
                              softmax_traffic)
 
 
@@ -175,7 +175,7 @@ def test_bad_input_is_refused_by_name(call, exc, word):
 # --- the pictures draw what was counted and traced ---------------------------------------------------
 
 def test_traffic_figure_bars_are_the_counted_accesses():
-    from lessons.figures_softmax import traffic_figure
+    from lessons.views.softmax import traffic_figure
     traffics = [softmax_traffic(m, 40, tile=7, rows=2) for m in SOFTMAX_METHODS]
     ax = traffic_figure(traffics).axes[0]
     widths = [p.get_width() for p in ax.patches]
@@ -186,7 +186,7 @@ def test_traffic_figure_bars_are_the_counted_accesses():
 
 
 def test_online_softmax_figure_draws_the_running_max_and_sum():
-    from lessons.figures_softmax import online_softmax_figure
+    from lessons.views.softmax import online_softmax_figure
     _, t = online_softmax(X2, 4, return_trace=True)
     fig = online_softmax_figure(X2, t, row=2)
     ax, axl = fig.axes

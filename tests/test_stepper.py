@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from lessons import attention, flash_attention
-from lessons.data import make_case
+from lessons.course.data import make_case
 from lessons.gpu import emulator_available
-from lessons.stepper import DEFAULT_ROWS, TileStepper, format_value
+from lessons.views.stepper import DEFAULT_ROWS, TileStepper, format_value
 
 NAMES = ["tile", "keys", "m", "alpha", "l", "max_error", "scores_in_memory", "naive_scores", "rescales"]
 
@@ -224,9 +224,9 @@ def test_fully_masked_row_captions_describe_the_empty_state(real_qkv):
 def test_module_docstring_example_runs():
     import doctest
 
-    import lessons.stepper as module
+    import lessons.views.stepper as module
     finder = doctest.DocTestFinder(recurse=False)
-    (test,) = finder.find(module, "lessons.stepper", globs=dict(vars(module)))
+    (test,) = finder.find(module, "lessons.views.stepper", globs=dict(vars(module)))
     assert len(test.examples) == 4                       # two imports and the two steppers
     result = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS).run(test)
     assert result.failed == 0 and result.attempted == 4

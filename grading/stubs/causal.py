@@ -14,7 +14,7 @@ and Alg. 1.
 
 Your answer: replace each ``raise NotImplementedError`` below, keeping the names
 and signatures. Check it with ``make grade`` (all exercises) or, in the notebook,
-``lessons.grade.check("causal")``. A reference answer is in ``solutions/causal.py``.
+``lessons.course.grade.check("causal")``. A reference answer is in ``solutions/causal.py``.
 """
 import numpy as np
 

@@ -11,7 +11,7 @@ Dao 2023, FA-2 Alg. 1.
 
 Your answer: replace each ``raise NotImplementedError`` below, keeping the names
 and signatures. Check it with ``make grade`` (all exercises) or, in the notebook,
-``lessons.grade.check("flash_decoding")``. A reference answer is in ``solutions/flash_decoding.py``.
+``lessons.course.grade.check("flash_decoding")``. A reference answer is in ``solutions/flash_decoding.py``.
 """
 import numpy as np
 

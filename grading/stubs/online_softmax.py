@@ -9,7 +9,7 @@ Source: Milakov & Gimelshein 2018, "Online normalizer calculation for softmax", 
 
 Your answer: replace each ``raise NotImplementedError`` below, keeping the names
 and signatures. Check it with ``make grade`` (all exercises) or, in the notebook,
-``lessons.grade.check("online_softmax")``. A reference answer is in ``solutions/online_softmax.py``.
+``lessons.course.grade.check("online_softmax")``. A reference answer is in ``solutions/online_softmax.py``.
 """
 import numpy as np
 

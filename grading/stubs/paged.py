@@ -10,7 +10,7 @@ Source: Kwon et al. 2023, PagedAttention, Sec. 4.1-4.2; Dao 2023, FA-2 Alg. 1.
 
 Your answer: replace each ``raise NotImplementedError`` below, keeping the names
 and signatures. Check it with ``make grade`` (all exercises) or, in the notebook,
-``lessons.grade.check("paged")``. A reference answer is in ``solutions/paged.py``.
+``lessons.course.grade.check("paged")``. A reference answer is in ``solutions/paged.py``.
 """
 import numpy as np
 

@@ -13,7 +13,7 @@ Python docs, tracemalloc.
 
 Your answer: replace each ``raise NotImplementedError`` below, keeping the names
 and signatures. Check it with ``make grade`` (all exercises) or, in the notebook,
-``lessons.grade.check("peak_memory")``. A reference answer is in ``solutions/peak_memory.py``.
+``lessons.course.grade.check("peak_memory")``. A reference answer is in ``solutions/peak_memory.py``.
 """
 import tracemalloc
 import numpy as np

@@ -15,17 +15,17 @@ kernel for sm_80 and sm_90, :func:`gpu_status` says what happened), and
 ``backend="emulator"`` runs the same CUDA C on CPU threads. Importing this package
 needs neither CuPy nor a GPU.
 """
-from .bfloat16 import from_bfloat16_bits, to_bfloat16_bits
-from .compile import (ARCHS, CompiledKernel, KernelCompileError, KernelResources, compile_kernel,
+from lessons.gpu.bfloat16 import from_bfloat16_bits, to_bfloat16_bits
+from lessons.gpu.compile import (ARCHS, CompiledKernel, KernelCompileError, KernelResources, compile_kernel,
                       compile_report, compile_report_table, device_available, device_name, find_ptxas,
                       gpu_status, nvrtc_available, ptxas_resources)
-from .emulator import EmulatorError, EmulatorMemoryError, emulator_available
-from .launch import (BACKENDS, SplitTraces, flash_attention_gpu, flash_attention_mma_gpu, flash_decoding_gpu,
+from lessons.gpu.emulator import EmulatorError, EmulatorMemoryError, emulator_available
+from lessons.gpu.launch import (BACKENDS, SplitTraces, flash_attention_gpu, flash_attention_mma_gpu, flash_decoding_gpu,
                      mma_probe_gpu, online_softmax_gpu, paged_decode_gpu)
-from .source import (KERNELS, KernelBuild, default_builds, flash_attention_build, flash_attention_config,
+from lessons.gpu.source import (KERNELS, KernelBuild, default_builds, flash_attention_build, flash_attention_config,
                      flash_attention_mma_build, flash_attention_mma_config, kernel_source, online_softmax_build,
                      paged_decode_build, paged_decode_config)
-from .trace_compare import GpuRowTrace, GpuTrace, TraceDivergence, first_divergence
+from lessons.gpu.trace_compare import GpuRowTrace, GpuTrace, TraceDivergence, first_divergence
 
 __all__ = [
     "online_softmax_gpu", "flash_attention_gpu", "flash_attention_mma_gpu", "mma_probe_gpu", "paged_decode_gpu",

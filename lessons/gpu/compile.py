@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from .source import KernelBuild, default_builds, kernel_source
+from lessons.gpu.source import KernelBuild, default_builds, kernel_source
 
 __all__ = [
     "ARCHS", "KernelCompileError", "KernelResources", "CompiledKernel", "nvrtc_available",

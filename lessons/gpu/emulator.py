@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .source import KERNEL_DIR, KernelBuild, kernel_signature, kernel_source
+from lessons.gpu.source import KERNEL_DIR, KernelBuild, kernel_signature, kernel_source
 
 __all__ = ["EmulatorError", "EmulatorMemoryError", "emulator_available", "EmulatedModule", "GUARD_BYTES"]
 

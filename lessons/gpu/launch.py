@@ -25,12 +25,12 @@ from functools import lru_cache
 
 import numpy as np
 
-from .._validate import check_scale
-from .compile import device_available
-from .source import (MAX_HEAD_DIM, MMA_BLOCK_Q, MMA_DTYPES, flash_attention_build, flash_attention_config,
+from lessons.core.checks import check_scale
+from lessons.gpu.compile import device_available
+from lessons.gpu.source import (MAX_HEAD_DIM, MMA_BLOCK_Q, MMA_DTYPES, flash_attention_build, flash_attention_config,
                      flash_attention_mma_build, flash_attention_mma_config, kernel_signature, kernel_source,
                      online_softmax_build, paged_decode_build)
-from .trace_compare import GpuTrace
+from lessons.gpu.trace_compare import GpuTrace
 
 __all__ = ["flash_attention_gpu", "flash_attention_mma_gpu", "mma_probe_gpu", "online_softmax_gpu", "paged_decode_gpu",
            "flash_decoding_gpu",
@@ -197,7 +197,7 @@ class _Runner:
         if min(grid) <= 0:
             return                                   # nothing to do (CUDA refuses empty grids)
         if self.backend == "emulator":
-            from .emulator import EmulatedModule
+            from lessons.gpu.emulator import EmulatedModule
 
             EmulatedModule(build).launch(entry, grid, (build.threads_per_block,), args)
             return

@@ -39,25 +39,25 @@ from types import MappingProxyType, SimpleNamespace
 
 import numpy as np
 
-from ..broken import run_variant
-from ..causal import count_tiles
-from ..data import load_sample
-from ..decode import paged_decode, write_paged_batch
-from ..decoding import flash_decoding
-from ..flash import flash_attention
-from ..paged import paged_flash_attention, write_paged_cache
-from ..reference import attention
-from .._validate import check_positive_int
-from ..softmax import safe_softmax
-from .compile import (ARCHS, KernelCompileError, compile_kernel, compile_report, compile_report_table, device_available,
+from lessons.schedules.variants import run_variant
+from lessons.schedules.causal import count_tiles
+from lessons.course.data import load_sample
+from lessons.schedules.gqa_decode import paged_decode, write_paged_batch
+from lessons.schedules.split_kv import flash_decoding
+from lessons.schedules.flash import flash_attention
+from lessons.schedules.paged import paged_flash_attention, write_paged_cache
+from lessons.core.reference import attention
+from lessons.core.checks import check_positive_int
+from lessons.schedules.softmax import safe_softmax
+from lessons.gpu.compile import (ARCHS, KernelCompileError, compile_kernel, compile_report, compile_report_table, device_available,
                       device_name, nvrtc_version)
-from .emulator import EmulatedModule, EmulatorError, emulator_available
-from .launch import (flash_attention_gpu, flash_attention_mma_gpu, flash_decoding_gpu, mma_probe_gpu, online_softmax_gpu,
+from lessons.gpu.emulator import EmulatedModule, EmulatorError, emulator_available
+from lessons.gpu.launch import (flash_attention_gpu, flash_attention_mma_gpu, flash_decoding_gpu, mma_probe_gpu, online_softmax_gpu,
                      paged_decode_gpu)
-from .source import (MMA_BLOCK_Q, STATIC_SMEM_LIMIT, default_builds, flash_attention_build, flash_attention_config,
+from lessons.gpu.source import (MMA_BLOCK_Q, STATIC_SMEM_LIMIT, default_builds, flash_attention_build, flash_attention_config,
                      flash_attention_mma_build, flash_attention_mma_config, online_softmax_build, paged_decode_build)
-from .measure import median_cuda_seconds, naive_attention
-from .trace_compare import first_divergence
+from lessons.gpu.measure import median_cuda_seconds, naive_attention
+from lessons.gpu.trace_compare import first_divergence
 
 __all__ = [
     "GpuLesson", "KernelCheck", "online_softmax_on_gpu", "flash_attention_on_gpu", "causal_on_gpu",
@@ -425,7 +425,7 @@ def online_softmax_on_gpu(x=None, *, tile: int = 256, timing_shape=(2048, 8192),
     use_device : None = use a CUDA device when there is one; False = never.
     emulate : None = run the CPU emulator only when the GPU did not run; True/False = always/never.
 
-    Returns a :class:`GpuLesson`; the references are :func:`lessons.softmax.safe_softmax`
+    Returns a :class:`GpuLesson`; the references are :func:`lessons.schedules.softmax.safe_softmax`
     and ``numpy.logaddexp.reduce`` (lse) in float64. Raises the launcher's
     TypeError/ValueError for a bad ``x`` or ``tile``.
     Source: Milakov & Gimelshein 2018, Alg. 3.
@@ -476,7 +476,7 @@ def trace_table(gpu_row, numpy_row, where: str) -> str:
     """Text table of one row's trace: the kernel's (m, alpha, l) per tile beside NumPy's.
 
     ``gpu_row``: :class:`~lessons.gpu.trace_compare.GpuRowTrace`; ``numpy_row``:
-    :class:`lessons.trace.RowTrace` (same tiles); ``where``: the column label
+    :class:`lessons.core.trace.RowTrace` (same tiles); ``where``: the column label
     ("GPU" or "emulator"). The last column is the largest relative difference of the
     three, ``|kernel - NumPy| / max(|NumPy|, 1e-30)`` (0 where both are -inf).
     Tiles are counted from 1, as on the stepper (``gpu_row.tile`` holds 0-based indices).
@@ -524,7 +524,7 @@ def _trace_report(gpu_trace, q, k, v, row, block_q, block_k, where, label):
         lines.append(f"  first_divergence: {found}")
     if found_broken is not None:
         b = found_broken
-        lines.append(f"  What a real difference looks like: against a fold that forgets alpha on l (lessons.broken "
+        lines.append(f"  What a real difference looks like: against a fold that forgets alpha on l (lessons.schedules.variants "
                      f"'no_alpha_on_l'), first_divergence names tile {b.tile + 1}: {b.quantity} = {b.gpu:.6g} in the "
                      f"{where}'s trace, {b.numpy:.6g} in the broken fold.")
     details = {"gpu_row": g_row, "numpy_row": np_row, "divergence": found, "broken_divergence": found_broken,
@@ -713,7 +713,7 @@ def causal_on_gpu(*, layer: int = 0, head: int = 0, cases=CAUSAL_CASES, all_head
     bottom-right (query i sees key j iff ``j <= i + Nk - Nq``) and must give out = 0,
     lse = -inf (no NaN) for the rows that see no key. Checked against
     :func:`lessons.attention` ``(causal=True)``; ``details["empty_rows"]`` maps each case
-    to the number of such rows and ``details["tiles"]`` to :func:`lessons.causal.count_tiles`
+    to the number of such rows and ``details["tiles"]`` to :func:`lessons.schedules.causal.count_tiles`
     for the kernel's tile sizes.
     Raises ValueError for a case with Nq or Nk outside 1..128.
     Source: Dao 2023 (FlashAttention-2), Alg. 1 and Sec. 3.1.
@@ -753,7 +753,7 @@ def causal_on_gpu(*, layer: int = 0, head: int = 0, cases=CAUSAL_CASES, all_head
     for (nq, nk), c in tiles.items():
         kernel = [x for x in checks if x.case.startswith(f"Nq={nq}, Nk={nk}, causal, layer")]
         line = (f"Nq={nq}, Nk={nk} in tiles of {block_q} x {block_k}: {c.full} full, {c.diagonal} diagonal, "
-                f"{c.skipped} skipped (lessons.causal.count_tiles); rows that see no key: {empty_rows[(nq, nk)]}")
+                f"{c.skipped} skipped (lessons.schedules.causal.count_tiles); rows that see no key: {empty_rows[(nq, nk)]}")
         if kernel and empty_rows[(nq, nk)]:
             ck = kernel[-1]
             empty = np.isneginf(ck.reference_lse)

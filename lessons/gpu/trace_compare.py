@@ -4,7 +4,7 @@ A trace build of a kernel (``-DFA_TRACE``) writes ``(m, alpha, l)`` after every
 absorbed tile for a few chosen rows into a float32 buffer of shape
 ``(rows, tiles, 3)``, NaN where a tile was not absorbed. :class:`GpuTrace` wraps that
 buffer; :func:`first_divergence` walks one GPU row beside a NumPy
-:class:`lessons.trace.RowTrace` and names the first tile where they disagree beyond a
+:class:`lessons.core.trace.RowTrace` and names the first tile where they disagree beyond a
 tolerance. Pure NumPy: it runs and is tested without a GPU.
 """
 from __future__ import annotations
@@ -112,7 +112,7 @@ def first_divergence(gpu_row, numpy_row, *, rtol: float = 1e-4, atol: float = 1e
     Parameters
     ----------
     gpu_row : :class:`GpuRowTrace` (or anything with arrays ``m``, ``alpha``, ``l`` and ``tile``).
-    numpy_row : :class:`lessons.trace.RowTrace` (``flash_attention(..., return_trace=True).row(i)``),
+    numpy_row : :class:`lessons.core.trace.RowTrace` (``flash_attention(..., return_trace=True).row(i)``),
         or anything with arrays ``m``, ``alpha``, ``l`` (and optionally ``tile``).
     rtol, atol : non-negative floats; ``|gpu - numpy| <= atol + rtol * |numpy|`` is a match,
         ``-inf`` matches only ``-inf``, NaN never matches.

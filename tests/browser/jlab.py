@@ -431,7 +431,7 @@ def screenshot(page_or_locator, name: str) -> Path:
 
 # --------------------------------------------------------------------------- the tile stepper
 
-#: Label of the stepper's step slider, and of its tile-size slider (lessons.stepper.TileStepper).
+#: Label of the stepper's step slider, and of its tile-size slider (lessons.views.stepper.TileStepper).
 STEP_LABEL = "tiles absorbed"
 TILE_SIZE_LABEL = "keys per tile"
 #: How each readout of the stepper starts (its text) -> the readout's name in TileStepper.readouts.
@@ -617,7 +617,7 @@ def latency_summary(samples_ms) -> dict:
 
 def stepper_config(view: StepperView) -> dict:
     """What the stepper on the page is showing: data kind, layer, head, query row, keys per tile."""
-    from lessons.stepper import DATA_CHOICES
+    from lessons.views.stepper import DATA_CHOICES
 
     kinds = dict(DATA_CHOICES)
     label = view.data_kind_label()
@@ -632,15 +632,16 @@ def expected_steps(kind: str, layer: int, head: int, row: int, tile: int, seed: 
 
     Runs :func:`lessons.flash_attention` (``return_trace=True``) and the textbook
     :func:`lessons.attention` on the same data the stepper loads
-    (:func:`lessons.data.make_case`), and formats every value with the stepper's
-    :func:`lessons.stepper.format_value`. Returns {"steps": [ {readout: text the
+    (:func:`lessons.course.data.make_case`), and formats every value with the stepper's
+    :func:`lessons.views.stepper.format_value`. Returns {"steps": [ {readout: text the
     readout ends with} per step ], "errors": max |o/l - exact| per step (floats),
     "rounding": the error bound that counts as float rounding for this data}.
     """
     import numpy as np
 
-    from lessons import attention, data, flash_attention
-    from lessons.stepper import format_value as fv
+    from lessons import attention, flash_attention
+    from lessons.course import data
+    from lessons.views.stepper import format_value as fv
 
     q, k, v = data.make_case(kind, layer=layer, head=head, tile=tile, seed=seed)
     _, trace = flash_attention(q, k, v, min(tile, k.shape[0]), return_trace=True)

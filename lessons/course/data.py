@@ -2,7 +2,7 @@
 
 * ``"real"`` - q, k, v captured from all-MiniLM-L6-v2 (a 6-layer BERT encoder, 12 heads of
   dimension 32; Apache-2.0) reading the opening of *Alice's Adventures in Wonderland*
-  (Lewis Carroll, 1865; public domain). Shipped with the package in ``lessons/sample_data/``
+  (Lewis Carroll, 1865; public domain). Shipped with the package in ``lessons/course/sample_data/``
   (float16, under 2 MB) together with the model's own attention output for layers 0 and 5,
   so the lessons can check their attention against what the real model computed.
   ``scripts/capture_sample.py`` made the files and says how to redo it.
@@ -25,7 +25,7 @@ from importlib import resources
 
 import numpy as np
 
-from ._validate import check_positive_int
+from lessons.core.checks import check_positive_int
 
 __all__ = ["Sample", "load_sample", "random_case", "late_max_case", "late_max_keys", "make_case", "CASE_KINDS"]
 
@@ -171,13 +171,13 @@ def load_sample() -> Sample:
     -------
     Sample with q, k, v of shape (6, 12, N, 32) float16 (N = 128), read-only.
 
-    Raises FileNotFoundError if ``lessons/sample_data/minilm_sample.npz`` or ``.json`` is missing
+    Raises FileNotFoundError if ``lessons/course/sample_data/minilm_sample.npz`` or ``.json`` is missing
     (a broken install; reinstall the package, or rerun ``scripts/capture_sample.py``).
 
     Source: all-MiniLM-L6-v2 (Wang et al. 2020; Reimers & Gurevych 2019), captured by
     ``scripts/capture_sample.py``.
     """
-    folder = resources.files("lessons") / "sample_data"
+    folder = resources.files("lessons.course") / "sample_data"
     npz, meta_file = folder / _NPZ, folder / _JSON
     for f in (npz, meta_file):
         if not f.is_file():

@@ -20,18 +20,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validate import causal_visible, check_positive_int, check_qkv, check_scale
-from .decoding import split_ranges
-from .reference import _all_float, _shape_result
-from .state import State, absorb, correction_factor, finalize
-from .trace import TileStep, Trace
+from lessons.core.checks import causal_visible, check_positive_int, check_qkv, check_scale
+from lessons.schedules.split_kv import split_ranges
+from lessons.core.reference import _all_float, _shape_result
+from lessons.core.state import State, absorb, correction_factor, finalize
+from lessons.core.trace import TileStep, Trace
 
 __all__ = ["ring_attention", "RingStep", "RingTrace"]
 
 
 @dataclass(frozen=True)
 class RingStep(TileStep):
-    """One absorb on one device: a :class:`lessons.trace.TileStep` plus where and when.
+    """One absorb on one device: a :class:`lessons.core.trace.TileStep` plus where and when.
 
     ``tile`` is the KV block index, ``row_start``/``row_stop`` the device's query rows,
     ``key_start``/``key_stop`` the keys of the KV block; ``ring_step`` (0-based) and

@@ -1,6 +1,6 @@
 """An invariant debugger: the online-softmax update with one piece changed.
 
-The textbook update (Dao 2023, FA-2 Alg. 1; :func:`lessons.state.absorb`) keeps
+The textbook update (Dao 2023, FA-2 Alg. 1; :func:`lessons.core.state.absorb`) keeps
 three numbers per query row and one invariant: after every tile, ``o / l`` is
 the exact softmax-weighted mean of the values seen so far. Each variant here
 changes one thing, and :func:`run_variant` finds the first tile where the
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validate import causal_visible, check_mask, check_positive_int, check_qkv, check_scale
-from .reference import attention
-from .state import State, absorb, correction_factor
+from lessons.core.checks import causal_visible, check_mask, check_positive_int, check_qkv, check_scale
+from lessons.core.reference import attention
+from lessons.core.state import State, absorb, correction_factor
 
 __all__ = ["VARIANTS", "VARIANT_NAMES", "FINITE_NEG", "Variant", "VariantTrace", "Case",
            "run_variant", "run_variants", "example_case", "case_from_scores", "EXAMPLE_CASES"]
@@ -64,7 +64,7 @@ VARIANT_NAMES = tuple(VARIANTS)
 
 
 def _shift(m):
-    """``m`` with ``-inf`` replaced by 0 (the guard of :mod:`lessons.state`)."""
+    """``m`` with ``-inf`` replaced by 0 (the guard of :mod:`lessons.core.state`)."""
     return np.where(np.isneginf(m), 0.0, m).astype(m.dtype, copy=False)
 
 

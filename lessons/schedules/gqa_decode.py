@@ -24,10 +24,10 @@ import numbers
 
 import numpy as np
 
-from ._validate import as_float_array, check_scale
-from .paged import _check_caches, _check_index_array, sequence_pages
-from .sizes import element_size
-from .state import State, absorb, finalize
+from lessons.core.checks import as_float_array, check_scale
+from lessons.schedules.paged import _check_caches, _check_index_array, sequence_pages
+from lessons.cost.sizes import element_size
+from lessons.core.state import State, absorb, finalize
 
 __all__ = ["paged_decode", "write_paged_batch", "kv_head_of", "kv_cache_bytes"]
 
@@ -214,7 +214,7 @@ def kv_cache_bytes(seq_len, num_layers, num_kv_heads, head_dim, dtype, *, batch_
     dtype : a float or int NumPy dtype or its name (``np.float16``, ``"float32"``,
         ``np.int8`` for a quantised cache), or one of ``"bfloat16"``/``"bf16"``
         (2 bytes), ``"fp8"``/``"float8_e4m3fn"``/``"float8_e5m2"`` (1 byte)
-        (:func:`lessons.sizes.element_size`).
+        (:func:`lessons.cost.sizes.element_size`).
 
     Returns an int, in bytes. Raises TypeError for non-int counts or a dtype that
     is unknown or not a number type (None, object, str, void, bool, complex),

@@ -1,7 +1,7 @@
 """Pictures of one query row going through the tiled loop, drawn from a RowTrace.
 
 Nothing here computes attention: every number comes from a
-:class:`lessons.trace.RowTrace` (what the schedule recorded after each absorbed
+:class:`lessons.core.trace.RowTrace` (what the schedule recorded after each absorbed
 tile) and the exact output of the textbook reference. The drawings are plain
 matplotlib (``matplotlib.figure.Figure``, no pyplot state), so they work in a
 notebook, in a widget (as PNG bytes) and in tests.
@@ -31,8 +31,8 @@ from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 
-from ._plot import new_figure
-from .trace import RowTrace
+from lessons.views.plot import new_figure
+from lessons.core.trace import RowTrace
 
 __all__ = [
     "TILE_COLOURS", "TILE_LABELS", "EXACT_COLOUR", "OUTPUT_COLOUR",
@@ -64,7 +64,7 @@ _ERROR_FLOOR = 1e-18         # log-scale floor for an error of exactly 0
 
 def _check_row_trace(row_trace) -> RowTrace:
     if not isinstance(row_trace, RowTrace):
-        raise TypeError(f"row_trace must be a lessons.trace.RowTrace (trace.row(i)), got {type(row_trace).__name__}")
+        raise TypeError(f"row_trace must be a lessons.core.trace.RowTrace (trace.row(i)), got {type(row_trace).__name__}")
     return row_trace
 
 

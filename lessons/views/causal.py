@@ -4,9 +4,9 @@
 tiles at one step of the loop: the tile in SRAM now, the tiles processed and
 discarded, those not reached yet, and those never materialised (skipped, wholly
 above the causal diagonal). :class:`BlockStepper` replays a
-:class:`lessons.trace.Trace` over that picture and shows the running ``(m, l)``
+:class:`lessons.core.trace.Trace` over that picture and shows the running ``(m, l)``
 of every row of the current query block. Both only draw what
-:func:`lessons.causal.tile_schedule` and :func:`lessons.flash_attention` recorded.
+:func:`lessons.schedules.causal.tile_schedule` and :func:`lessons.flash_attention` recorded.
 """
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ from matplotlib import patheffects
 from matplotlib.collections import PolyCollection
 from matplotlib.patches import Patch, Rectangle
 
-from ._plot import new_figure
-from .causal import DIAGONAL, SKIPPED, TileVisit, causal_mask
-from .figures import TILE_COLOURS
-from .figures_softmax import figure_png
-from .stepper import format_value
-from .trace import Trace
+from lessons.views.plot import new_figure
+from lessons.schedules.causal import DIAGONAL, SKIPPED, TileVisit, causal_mask
+from lessons.views.flash import TILE_COLOURS
+from lessons.views.softmax import figure_png
+from lessons.views.stepper import format_value
+from lessons.core.trace import Trace
 
 __all__ = ["GRID_LABELS", "tile_state", "schedule_figure", "block_state_text", "BlockStepper"]
 
@@ -39,7 +39,7 @@ _DIAGONAL_LINE = "#c0392b"
 def _check_visits(visits):
     visits = list(visits)
     if not visits or not all(isinstance(t, TileVisit) for t in visits):
-        raise TypeError("visits must be a non-empty list of TileVisit (lessons.causal.tile_schedule)")
+        raise TypeError("visits must be a non-empty list of TileVisit (lessons.schedules.causal.tile_schedule)")
     return visits
 
 
@@ -69,7 +69,7 @@ def schedule_figure(visits, step, *, causal=True, figsize=(6.4, 5.6), dpi=90, ti
 
     Parameters
     ----------
-    visits : list of :class:`lessons.causal.TileVisit` from :func:`lessons.causal.tile_schedule`.
+    visits : list of :class:`lessons.schedules.causal.TileVisit` from :func:`lessons.schedules.causal.tile_schedule`.
     step : int in ``0..number of computed tiles``.
     causal : bool, draw the causal boundary and the masked scores inside diagonal tiles
         (pass what the schedule was made with).
@@ -78,7 +78,7 @@ def schedule_figure(visits, step, *, causal=True, figsize=(6.4, 5.6), dpi=90, ti
         indices stay 0-based: title "query block 1" is ``q_block == 0``).
 
     Returns a Figure: keys along x, query rows down y, one rectangle per tile in
-    the colours of :data:`lessons.figures.TILE_COLOURS`; the current query block is
+    the colours of :data:`lessons.views.flash.TILE_COLOURS`; the current query block is
     marked on the left (its rows' ``m, l, o`` live on chip while its key tiles stream by).
     Raises TypeError for bad visits, ValueError for a step out of range.
     """
@@ -152,14 +152,14 @@ def schedule_figure(visits, step, *, causal=True, figsize=(6.4, 5.6), dpi=90, ti
 def block_state_text(trace, step) -> str:
     """The BlockStepper's table as plain text: the current query block after ``step`` computed tiles.
 
-    ``trace``: :class:`lessons.trace.Trace` of :func:`lessons.flash_attention`;
+    ``trace``: :class:`lessons.core.trace.Trace` of :func:`lessons.flash_attention`;
     ``step``: int in ``1..len(trace.steps)`` (1-based, as on the stepper's slider).
     Returns a str: a heading (query rows, key tile counted from 1, keys) then one line per
     row of the block with ``m`` before and after, ``alpha`` and ``l`` as recorded.
     Raises TypeError for a trace that is not a Trace, ValueError for a step out of range.
     """
     if not isinstance(trace, Trace):
-        raise TypeError(f"trace must be a lessons.trace.Trace, got {type(trace).__name__}")
+        raise TypeError(f"trace must be a lessons.core.trace.Trace, got {type(trace).__name__}")
     n = len(trace.steps)
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or not 1 <= step <= n:
         raise ValueError(f"step must be an int in 1..{n}, got {step!r}")
@@ -176,13 +176,13 @@ def block_state_text(trace, step) -> str:
 class BlockStepper:
     """Step through the FA-2 loop over the score-matrix grid (ipywidgets).
 
-    A view: the grid comes from ``visits`` (:func:`lessons.causal.tile_schedule`), the
+    A view: the grid comes from ``visits`` (:func:`lessons.schedules.causal.tile_schedule`), the
     numbers from ``trace`` (:func:`lessons.flash_attention` with
     ``return_trace=True``, made with the same sizes and ``causal``).
 
     Parameters
     ----------
-    trace : :class:`lessons.trace.Trace`; visits : list of :class:`lessons.causal.TileVisit`;
+    trace : :class:`lessons.core.trace.Trace`; visits : list of :class:`lessons.schedules.causal.TileVisit`;
     causal : bool (as both were made); step : the first step shown (default 1).
 
     Attributes: ``slider`` (IntSlider over computed steps), ``play`` (Play),
@@ -196,7 +196,7 @@ class BlockStepper:
 
     def __init__(self, trace, visits, *, causal=True, step=1, interval=900):
         if not isinstance(trace, Trace):
-            raise TypeError(f"trace must be a lessons.trace.Trace, got {type(trace).__name__}")
+            raise TypeError(f"trace must be a lessons.core.trace.Trace, got {type(trace).__name__}")
         self.visits = _check_visits(visits)
         computed = [t for t in self.visits if t.step is not None]
         if [(s.row_start, s.key_start, s.key_stop) for s in trace.steps] != \

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validate import as_float_array, check_positive_int, check_qkv, check_scale
-from .flash import flash_attention
-from .reference import _all_float, _shape_result
-from .state import State, finalize, merge
+from lessons.core.checks import as_float_array, check_positive_int, check_qkv, check_scale
+from lessons.schedules.flash import flash_attention
+from lessons.core.reference import _all_float, _shape_result
+from lessons.core.state import State, finalize, merge
 
 __all__ = ["merge_states", "reduce_states", "merge_weights", "split_ranges", "flash_decoding"]
 
@@ -76,7 +76,7 @@ def merge_states(o_a, lse_a, o_b, lse_b):
         lse = log(exp(lse_a) + exp(lse_b))
         o   = exp(lse_a - lse) * o_a + exp(lse_b - lse) * o_b
 
-    computed through :func:`lessons.state.merge` (the fold's own rescaling), so it
+    computed through :func:`lessons.core.state.merge` (the fold's own rescaling), so it
     never overflows and never forms ``-inf - -inf``.
 
     Parameters

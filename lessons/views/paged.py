@@ -1,11 +1,11 @@
 """Pictures for the paged lessons: the page pool, GQA head groups, KV-cache sizes.
 
 Nothing here computes attention. :func:`paged_cache_figure` draws what a
-:class:`lessons.paged.PagedTrace` recorded (block table, pages read, step by step);
-:func:`gqa_groups_figure` draws :func:`lessons.decode.kv_head_of`;
-:func:`kv_bytes_figure` plots :func:`lessons.decode.kv_cache_bytes`.
+:class:`lessons.schedules.paged.PagedTrace` recorded (block table, pages read, step by step);
+:func:`gqa_groups_figure` draws :func:`lessons.schedules.gqa_decode.kv_head_of`;
+:func:`kv_bytes_figure` plots :func:`lessons.schedules.gqa_decode.kv_cache_bytes`.
 All return a ``matplotlib.figure.Figure`` (no pyplot state); the tile colours are
-the series' own (:data:`lessons.figures.TILE_COLOURS`).
+the series' own (:data:`lessons.views.flash.TILE_COLOURS`).
 """
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
 from matplotlib.ticker import FuncFormatter
 
-from ._plot import new_figure
-from .decode import kv_cache_bytes, kv_head_of
-from .figures import TILE_COLOURS
-from .paged import PagedTrace
+from lessons.views.plot import new_figure
+from lessons.schedules.gqa_decode import kv_cache_bytes, kv_head_of
+from lessons.views.flash import TILE_COLOURS
+from lessons.schedules.paged import PagedTrace
 
 __all__ = ["page_states", "paged_cache_figure", "gqa_groups_figure", "kv_bytes_figure", "HEAD_COLOURS"]
 
@@ -37,7 +37,7 @@ def page_states(trace: PagedTrace, step: int, row: int = 0) -> dict[int, str]:
     Raises TypeError for a non-PagedTrace, ValueError for a step out of range.
     """
     if not isinstance(trace, PagedTrace):
-        raise TypeError(f"trace must be a lessons.paged.PagedTrace, got {type(trace).__name__}")
+        raise TypeError(f"trace must be a lessons.schedules.paged.PagedTrace, got {type(trace).__name__}")
     rt = trace.row(row)
     if isinstance(step, bool) or not isinstance(step, numbers.Integral) or not 0 <= step <= len(rt):
         raise ValueError(f"step must be an int in 0..{len(rt)} (blocks absorbed), got {step!r}")
@@ -61,7 +61,7 @@ def paged_cache_figure(trace: PagedTrace, step=None, *, row=0, pages_per_row=16,
     Parameters
     ----------
     trace : PagedTrace with ``block_table`` set (from :func:`lessons.paged_flash_attention`
-        with ``return_trace=True`` or :func:`lessons.paged.paged_schedule`).
+        with ``return_trace=True`` or :func:`lessons.schedules.paged.paged_schedule`).
     step : int in 0..number of blocks, default: all blocks absorbed.
     row : query row of the trace whose steps are drawn.
     pages_per_row : int >= 1, pages drawn per line of the pool.
@@ -69,7 +69,7 @@ def paged_cache_figure(trace: PagedTrace, step=None, *, row=0, pages_per_row=16,
     Returns the Figure; raises TypeError/ValueError for a bad trace or step.
     """
     if not isinstance(trace, PagedTrace) or trace.block_table is None:
-        raise TypeError("trace must be a lessons.paged.PagedTrace that recorded its block_table")
+        raise TypeError("trace must be a lessons.schedules.paged.PagedTrace that recorded its block_table")
     rt = trace.row(row)
     step = len(rt) if step is None else step
     states = page_states(trace, step, row)
@@ -136,7 +136,7 @@ def gqa_groups_figure(num_heads=8, kv_heads=(8, 2, 1), *, figsize=None, dpi=80) 
 
     One panel per entry of ``kv_heads`` (8 = MHA, 1 = MQA, in between GQA): query
     heads on top, KV heads below, a line from query head h to KV head
-    ``h // (num_heads // num_kv_heads)`` (:func:`lessons.decode.kv_head_of`).
+    ``h // (num_heads // num_kv_heads)`` (:func:`lessons.schedules.gqa_decode.kv_head_of`).
     Returns the Figure; raises the errors of ``kv_head_of``.
     """
     kv_heads = list(kv_heads)
@@ -178,7 +178,7 @@ def kv_bytes_figure(seq_lens, *, num_layers=32, num_heads=32, head_dim=128, kv_h
     """KV-cache size against context length for several ``num_kv_heads`` (MHA, GQA, MQA).
 
     ``seq_lens``: 1-D ints (the x axis, tokens); the sizes come from
-    :func:`lessons.decode.kv_cache_bytes` and are drawn in GiB on log-log axes.
+    :func:`lessons.schedules.gqa_decode.kv_cache_bytes` and are drawn in GiB on log-log axes.
     ``budget_bytes``, if given, draws a horizontal line (e.g. one GPU's memory).
     Returns the Figure.
     """

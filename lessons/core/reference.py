@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validate import causal_visible, check_flag, check_mask, check_qkv, check_scale
+from lessons.core.checks import causal_visible, check_flag, check_mask, check_qkv, check_scale
 
 __all__ = ["attention"]
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validate import as_float_array, check_positive_int, check_scale
-from .state import State, absorb, correction_factor, finalize
-from .trace import TileStep, Trace
+from lessons.core.checks import as_float_array, check_positive_int, check_scale
+from lessons.core.state import State, absorb, correction_factor, finalize
+from lessons.core.trace import TileStep, Trace
 
 __all__ = ["paged_flash_attention", "sequence_pages", "write_paged_cache", "paged_schedule",
            "PagedStep", "PagedTrace"]
@@ -28,7 +28,7 @@ __all__ = ["paged_flash_attention", "sequence_pages", "write_paged_cache", "page
 
 @dataclass(frozen=True)
 class PagedStep(TileStep):
-    """One absorbed logical block: a :class:`lessons.trace.TileStep` plus the physical page.
+    """One absorbed logical block: a :class:`lessons.core.trace.TileStep` plus the physical page.
 
     ``tile`` is the logical block index, ``key_start``/``key_stop`` the token
     positions ``[logical * block_size, logical * block_size + n)`` in the sequence,
@@ -40,7 +40,7 @@ class PagedStep(TileStep):
 
 @dataclass
 class PagedTrace(Trace):
-    """A :class:`lessons.trace.Trace` whose steps are :class:`PagedStep` records.
+    """A :class:`lessons.core.trace.Trace` whose steps are :class:`PagedStep` records.
 
     ``tile`` is the ``block_size``; ``num_blocks`` the number of pages in the cache;
     ``block_table`` the table that was followed (int array, or None if not recorded).

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validate import check_positive_int
-from .flash import flash_attention
-from .measure import peak_bytes
-from .reference import attention
+from lessons.core.checks import check_positive_int
+from lessons.schedules.flash import flash_attention
+from lessons.cost.memory import peak_bytes
+from lessons.core.reference import attention
 
 __all__ = ["IOCount", "textbook_io", "flash_io", "flash_block_sizes", "Hardware", "H200",
            "RooflinePoint", "roofline_points", "PeakMemory", "measure_peak_memory", "loglog_slope",
@@ -369,7 +369,7 @@ def measure_peak_memory(ns=(512, 2048, 8192), d=64, *, dtype="float32", tile=64,
 
     For each N in ``ns`` draws ``q, k, v`` of shape (N, d), then runs each algorithm
     once under ``tracemalloc`` (NumPy reports its buffers to it;
-    :func:`lessons.measure.peak_bytes`) and records the peak bytes allocated
+    :func:`lessons.cost.memory.peak_bytes`) and records the peak bytes allocated
     during the call. Textbook holds (N, N) score and
     probability matrices, so it grows like N^2 (slope about 2); flash holds the
     (N, d) output plus the working set of one ``block_q x tile`` step, so it grows

@@ -1,8 +1,8 @@
 """Pictures and a widget for the online-softmax lesson.
 
 Nothing here computes a softmax: the figures draw what
-:func:`lessons.softmax.online_softmax` (its trace), :func:`lessons.softmax.softmax_traffic`
-and :func:`lessons.broken.run_variant` recorded. Plain matplotlib
+:func:`lessons.schedules.softmax.online_softmax` (its trace), :func:`lessons.schedules.softmax.softmax_traffic`
+and :func:`lessons.schedules.variants.run_variant` recorded. Plain matplotlib
 (``matplotlib.figure.Figure``, no pyplot state) and ipywidgets.
 """
 from __future__ import annotations
@@ -13,11 +13,11 @@ import io
 import ipywidgets as widgets
 import numpy as np
 
-from ._plot import new_figure, tidy
-from .broken import VARIANTS, VariantTrace
-from .figures import EXACT_COLOUR, OUTPUT_COLOUR, TILE_COLOURS
-from .softmax import OnlineSoftmaxTrace, SoftmaxTraffic
-from .stepper import format_value
+from lessons.views.plot import new_figure, tidy
+from lessons.schedules.variants import VARIANTS, VariantTrace
+from lessons.views.flash import EXACT_COLOUR, OUTPUT_COLOUR, TILE_COLOURS
+from lessons.schedules.softmax import OnlineSoftmaxTrace, SoftmaxTraffic
+from lessons.views.stepper import format_value
 
 __all__ = ["traffic_figure", "online_softmax_figure", "variant_errors_figure", "VariantExplorer",
            "figure_png"]
@@ -40,8 +40,8 @@ def figure_png(fig, dpi=None) -> bytes:
 def traffic_figure(traffics):
     """Bar chart of reads and writes per element for each softmax algorithm.
 
-    ``traffics``: a sequence of :class:`lessons.softmax.SoftmaxTraffic` (e.g. one per
-    method from :func:`lessons.softmax.softmax_traffic`). Returns a Figure.
+    ``traffics``: a sequence of :class:`lessons.schedules.softmax.SoftmaxTraffic` (e.g. one per
+    method from :func:`lessons.schedules.softmax.softmax_traffic`). Returns a Figure.
     Raises TypeError for anything else.
     """
     traffics = list(traffics)
@@ -73,7 +73,7 @@ def online_softmax_figure(x, trace, row=0):
     """Pass 1 of the online softmax, tile by tile: the values, the running max ``m`` and sum ``l``.
 
     ``x``: the 1-D input (n,) or 2-D (rows, n) that was passed to
-    :func:`lessons.softmax.online_softmax`; ``trace``: its :class:`OnlineSoftmaxTrace`;
+    :func:`lessons.schedules.softmax.online_softmax`; ``trace``: its :class:`OnlineSoftmaxTrace`;
     ``row``: which row to draw. Top: the values with the running max as a staircase,
     tiles where the max moved marked with their ``alpha``. Bottom: ``l`` after each tile.
     Returns a Figure. Raises TypeError/ValueError for a trace that does not fit ``x``.
@@ -128,14 +128,14 @@ def online_softmax_figure(x, trace, row=0):
 def _check_traces(traces):
     traces = dict(traces)
     if not traces or not all(isinstance(t, VariantTrace) for t in traces.values()):
-        raise TypeError("traces must map variant names to VariantTrace (lessons.broken.run_variants)")
+        raise TypeError("traces must map variant names to VariantTrace (lessons.schedules.variants.run_variants)")
     return traces
 
 
 def variant_errors_figure(traces, row=None, *, title=None):
     """The error of each variant's running result against the exact one, tile by tile (log scale).
 
-    ``traces``: ``{name: VariantTrace}`` from :func:`lessons.broken.run_variants`;
+    ``traces``: ``{name: VariantTrace}`` from :func:`lessons.schedules.variants.run_variants`;
     ``row``: one query row, or None for the worst row at each tile. Non-finite
     results (inf, NaN) are drawn at the top of the axis with an ``x``; the first
     divergence of each variant is circled. Tiles are labelled from 1 (tile 1 is
@@ -183,13 +183,13 @@ def variant_errors_figure(traces, row=None, *, title=None):
 class VariantExplorer:
     """Toggle between broken variants of the update and step through their traces (ipywidgets).
 
-    A view only: every number comes from the :class:`lessons.broken.VariantTrace`
+    A view only: every number comes from the :class:`lessons.schedules.variants.VariantTrace`
     objects it is given.
 
     Parameters
     ----------
     traces : ``{case_name: {variant_name: VariantTrace}}`` (e.g. one
-        :func:`lessons.broken.run_variants` per :func:`lessons.broken.example_case`).
+        :func:`lessons.schedules.variants.run_variants` per :func:`lessons.schedules.variants.example_case`).
     case, variant : the initial choices (default: the first of each).
 
     Attributes: ``case`` and ``variant`` (ToggleButtons), ``row`` and ``slider``

@@ -1,6 +1,6 @@
 """Small GPU runs of each kernel, for compute-sanitizer (memcheck, racecheck, initcheck).
 
-    compute-sanitizer --tool memcheck python -m lessons.gpu.sanitize flash_attention
+    compute-sanitizer --tool memcheck python scripts/sanitize.py flash_attention
 
 Each driver runs its kernel on a few awkward shapes (partial tiles, causal with
 Nq != Nk, empty sequences, empty splits, the trace build) and compares with NumPy, so a
@@ -18,9 +18,9 @@ import sys
 
 import numpy as np
 
-from .. import attention
-from . import launch
-from .compile import device_available
+from lessons import attention
+from lessons.gpu import launch
+from lessons.gpu.compile import device_available
 
 KERNELS = ("online_softmax", "flash_attention", "flash_attention_mma", "paged_decode", "flash_decoding")
 
@@ -132,7 +132,7 @@ def run_flash_decoding(cp, backend) -> bool:
 
 
 def main(argv=None) -> int:
-    """Command line: ``python -m lessons.gpu.sanitize KERNEL``; returns the exit status."""
+    """Command line: ``python scripts/sanitize.py KERNEL``; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("kernel", choices=KERNELS + ("all",))
     parser.add_argument("--emulator", action="store_true", help="run on CPU threads instead of a GPU")

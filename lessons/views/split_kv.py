@@ -2,8 +2,8 @@
 
 Nothing here computes attention: :func:`flash_decoding_figure` draws the partials
 that :func:`lessons.flash_decoding` returns (``return_partials=True``) and their
-weights from :func:`lessons.decoding.merge_weights`; :func:`ring_figure` draws
-what a :class:`lessons.ring.RingTrace` recorded. Both return a
+weights from :func:`lessons.schedules.split_kv.merge_weights`; :func:`ring_figure` draws
+what a :class:`lessons.schedules.ring.RingTrace` recorded. Both return a
 ``matplotlib.figure.Figure`` (no pyplot state).
 """
 from __future__ import annotations
@@ -14,10 +14,10 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Circle, FancyArrowPatch, Patch, Rectangle
 
-from ._plot import new_figure
-from .decoding import merge_weights, split_ranges
-from .figures import EXACT_COLOUR, OUTPUT_COLOUR
-from .ring import RingTrace
+from lessons.views.plot import new_figure
+from lessons.schedules.split_kv import merge_weights, split_ranges
+from lessons.views.flash import EXACT_COLOUR, OUTPUT_COLOUR
+from lessons.schedules.ring import RingTrace
 
 __all__ = ["flash_decoding_figure", "split_strip_figure", "ring_figure", "WORKER_COLOURS"]
 
@@ -43,7 +43,7 @@ def flash_decoding_figure(o_parts, lse_parts, out, exact=None, *, dims=8, figsiz
     dims : int, how many output dimensions to draw.
 
     Top left: each worker's share of the softmax mass, ``exp(lse_i - lse)``
-    (:func:`lessons.decoding.merge_weights`). Top right: ``lse_i``. Bottom: the first
+    (:func:`lessons.schedules.split_kv.merge_weights`). Top right: ``lse_i``. Bottom: the first
     ``dims`` output dimensions of every partial (coloured dots), the merged output
     (dark line) and the exact output (green ticks); its title says when only the first
     ``dims`` of ``dv`` are drawn.
@@ -101,7 +101,7 @@ def flash_decoding_figure(o_parts, lse_parts, out, exact=None, *, dims=8, figsiz
 def split_strip_figure(nk: int, num_splits: int, *, figsize=(10.0, 1.3), dpi=80) -> Figure:
     """The keys ``0..nk-1`` as a strip coloured by the worker that folds them.
 
-    Uses :func:`lessons.decoding.split_ranges`; empty workers are listed at the right, and the
+    Uses :func:`lessons.schedules.split_kv.split_ranges`; empty workers are listed at the right, and the
     title gives the chunk size and, when it differs, the size of the last non-empty chunk.
     Returns the Figure.
     """
@@ -142,7 +142,7 @@ def ring_figure(trace: RingTrace, step=None, *, figsize=(10.0, 4.2), dpi=80) -> 
     ``0..world_size-1``, default the last. Returns the Figure.
     """
     if not isinstance(trace, RingTrace):
-        raise TypeError(f"trace must be a lessons.ring.RingTrace, got {type(trace).__name__}")
+        raise TypeError(f"trace must be a lessons.schedules.ring.RingTrace, got {type(trace).__name__}")
     ws = trace.world_size
     step = ws - 1 if step is None else step
     if isinstance(step, bool) or not isinstance(step, numbers.Integral) or not 0 <= step < ws:

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._validate import check_positive_int
-from .flash import flash_attention
-from .reference import attention
+from lessons.core.checks import check_positive_int
+from lessons.schedules.flash import flash_attention
+from lessons.core.reference import attention
 
 __all__ = ["peak_bytes", "time_call", "CaseResult", "measure_case"]
 

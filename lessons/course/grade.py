@@ -6,7 +6,7 @@ and a small plugin (``grading/conftest.py``) prints a score card at the end, one
 line per exercise: passed, failed (with a hint naming the likely mistake), or not
 attempted (the stub still raises ``NotImplementedError``).
 
-Command line (``python -m lessons.grade ...``)::
+Command line (``python -m lessons.course.grade ...``)::
 
     run [--answers DIR] [NAME ...]   grade, print the score card (same as ``make grade``)
     check NAME [--file PATH]         grade one exercise, print one line
@@ -80,7 +80,7 @@ def repo_root() -> Path:
     Raises FileNotFoundError if ``grading/`` is not beside the ``lessons`` package
     (the grader runs from a checkout of the repository, not from an installed wheel).
     """
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     if not (root / "grading" / "conftest.py").is_file():
         raise FileNotFoundError(f"grading/ not found under {root}: run the grader from a checkout of the repository")
     return root
@@ -366,8 +366,8 @@ def reset(name: str, *, exercises_dir=None, stubs_dir=None, now: datetime | None
 # --- command line ----------------------------------------------------------------------------
 
 def main(argv=None) -> int:
-    """``python -m lessons.grade {run,check,reset,list}``; returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m lessons.grade", description=__doc__.splitlines()[0])
+    """``python -m lessons.course.grade {run,check,reset,list}``; returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m lessons.course.grade", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     p_run = sub.add_parser("run", help="grade and print the score card")
     p_run.add_argument("--answers", default="exercises", help="folder of answer modules (default: exercises)")

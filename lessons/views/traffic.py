@@ -1,6 +1,6 @@
 """Pictures for the IO-awareness lesson: HBM traffic, measured peak memory, a roofline.
 
-Every number drawn comes from :mod:`lessons.io` (counts walked from the
+Every number drawn comes from :mod:`lessons.cost.traffic` (counts walked from the
 schedules, memory measured with tracemalloc); these functions only draw.
 Plain matplotlib Figures (no pyplot state).
 """
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._plot import new_figure, tidy
-from .io import H200, PeakMemory, RooflinePoint, flash_io, textbook_io
+from lessons.views.plot import new_figure, tidy
+from lessons.cost.traffic import H200, PeakMemory, RooflinePoint, flash_io, textbook_io
 
 __all__ = ["TEXTBOOK_COLOUR", "FLASH_COLOUR", "traffic_figure", "peak_memory_figure", "roofline_figure"]
 
@@ -22,7 +22,7 @@ def traffic_figure(ns, d=64, *, m_bytes=H200.sram_bytes, element_size=2, order="
     """HBM bytes and FLOPs of textbook and flash attention against N (log-log), two panels.
 
     ``ns``: increasing ints >= 1; ``d``, ``m_bytes``, ``element_size``, ``order`` as in
-    :func:`lessons.io.flash_io`. Left: bytes moved to and from HBM; right: matmul
+    :func:`lessons.cost.traffic.flash_io`. Left: bytes moved to and from HBM; right: matmul
     FLOPs, the same for both. Returns a Figure.
     """
     ns = [int(n) for n in ns]
@@ -60,7 +60,7 @@ def traffic_figure(ns, d=64, *, m_bytes=H200.sram_bytes, element_size=2, order="
 def peak_memory_figure(result):
     """Measured peak memory against N on log axes, with the fitted log-log slopes.
 
-    ``result``: a :class:`lessons.io.PeakMemory` from :func:`lessons.io.measure_peak_memory`.
+    ``result``: a :class:`lessons.cost.traffic.PeakMemory` from :func:`lessons.cost.traffic.measure_peak_memory`.
     Also draws the size of one (N, N) score matrix for reference. Returns a Figure.
     """
     if not isinstance(result, PeakMemory):
@@ -97,8 +97,8 @@ def peak_memory_figure(result):
 def roofline_figure(points, hardware=H200):
     """A roofline (attainable FLOP/s against arithmetic intensity, log-log) with the algorithms on it.
 
-    ``points``: :class:`lessons.io.RooflinePoint` list from :func:`lessons.io.roofline_points`;
-    ``hardware``: the :class:`lessons.io.Hardware` they were placed on. One roof per
+    ``points``: :class:`lessons.cost.traffic.RooflinePoint` list from :func:`lessons.cost.traffic.roofline_points`;
+    ``hardware``: the :class:`lessons.cost.traffic.Hardware` they were placed on. One roof per
     precision present; each point sits on its precision's roof. Returns a Figure.
     """
     points = list(points)

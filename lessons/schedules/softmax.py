@@ -8,7 +8,7 @@
   out of a single sweep; pass 2 normalises.
 * :func:`fused_softmax_matmul` - the form attention uses: the probabilities are
   never written at all. What leaves the sweep is ``softmax(x) @ v``, accumulated
-  by the very same fold as attention (:func:`lessons.state.absorb`).
+  by the very same fold as attention (:func:`lessons.core.state.absorb`).
 
 :func:`softmax_traffic` runs each algorithm on a counting memory and reports how
 many times it swept over ``x`` and how many elements it read and wrote.
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validate import as_float_array, check_positive_int
-from .state import State, absorb, correction_factor, finalize
+from lessons.core.checks import as_float_array, check_positive_int
+from lessons.core.state import State, absorb, correction_factor, finalize
 
 __all__ = ["safe_softmax", "online_softmax", "fused_softmax_matmul", "OnlineSoftmaxTrace",
            "SoftmaxTraffic", "softmax_traffic", "SOFTMAX_METHODS"]
@@ -204,8 +204,8 @@ def fused_softmax_matmul(x, v, tile):
 
     This is the fused form of the online softmax that attention uses: each tile
     of ``x`` is folded into the running state ``(m, l, o)`` with
-    :func:`lessons.state.absorb` and divided once at the end
-    (:func:`lessons.state.finalize`). With ``x = scale * q k^T`` it *is*
+    :func:`lessons.core.state.absorb` and divided once at the end
+    (:func:`lessons.core.state.finalize`). With ``x = scale * q k^T`` it *is*
     :func:`lessons.flash_attention`.
 
     Parameters

@@ -2,7 +2,7 @@
 
 :class:`TileStepper` is a view: it asks a schedule (by default
 :func:`lessons.flash_attention` with ``return_trace=True``) for a
-:class:`lessons.trace.Trace` and the reference (:func:`lessons.attention`) for
+:class:`lessons.core.trace.Trace` and the reference (:func:`lessons.attention`) for
 the exact output, then only *displays* what the trace recorded. No attention
 arithmetic happens in this module; every number shown is a trace value passed
 through :func:`format_value`.
@@ -12,8 +12,8 @@ loop of lesson 5 (a schedule that reads the keys through a block table), or quer
 blocks of 16 rows under a causal mask (lesson 3). Row 93 of the real sample then
 absorbs 8 pages of 16 keys, or only the 6 key tiles its query block can see:
 
->>> from lessons.paged import paged_schedule
->>> from lessons.causal import block_schedule
+>>> from lessons.schedules.paged import paged_schedule
+>>> from lessons.schedules.causal import block_schedule
 >>> TileStepper(schedule=paged_schedule).slider.max
 8
 >>> TileStepper(schedule=block_schedule(16), options={"causal": True}).slider.max
@@ -29,13 +29,13 @@ import numbers
 import ipywidgets as widgets
 import numpy as np
 
-from .figures import TILE_COLOURS, StepFigure
-from .flash import flash_attention
-from .reference import attention
+from lessons.views.flash import TILE_COLOURS, StepFigure
+from lessons.schedules.flash import flash_attention
+from lessons.core.reference import attention
 
 __all__ = ["TileStepper", "format_value", "DATA_CHOICES", "DEFAULT_ROWS"]
 
-#: The data choices of :func:`lessons.data.make_case`, as (label, kind) pairs.
+#: The data choices of :func:`lessons.course.data.make_case`, as (label, kind) pairs.
 DATA_CHOICES = (("real text", "real"), ("random", "random"), ("late maximum", "late-max"))
 
 #: The query row shown first for each data choice: in the real sample (layer 0, head 0)
@@ -63,7 +63,7 @@ def format_value(x) -> str:
 
 
 def _default_make_case(kind, *, layer=0, head=0, tile=16, seed=0):
-    from . import data
+    from lessons.course import data
     return data.make_case(kind, layer=layer, head=head, tile=tile, seed=seed)
 
 
@@ -87,19 +87,19 @@ class TileStepper:
     Parameters
     ----------
     make_case : callable ``(kind, *, layer, head, tile, seed) -> (q (N, d), k (N, d), v (N, dv))``
-        Where the data comes from; default :func:`lessons.data.make_case`.
+        Where the data comes from; default :func:`lessons.course.data.make_case`.
     kind : str, the initial data choice (a value of ``choices``), default ``"real"``.
     choices : sequence of (label, kind) pairs for the data buttons, default :data:`DATA_CHOICES`.
         Layer and head are only enabled for ``kind == "real"``.
     tile : int >= 1, initial keys per tile (block_k); clipped to the number of keys.
         The late-maximum case is built for the tile size (at least two tiles of it,
-        see :func:`lessons.data.make_case`), so it accepts any tile.
+        see :func:`lessons.course.data.make_case`), so it accepts any tile.
     row : int, initial query row (default: ``default_rows[kind]``, else 0).
     default_rows : mapping kind -> the row shown when that data is chosen, default
         :data:`DEFAULT_ROWS` (kinds not in it keep the current row).
     layer, head : ints >= 0, the initial layer and head of the real data.
     layers, heads : ints >= 1, the ranges of the layer and head controls (default:
-        read from :func:`lessons.data.load_sample` when ``make_case`` is the default, else 1).
+        read from :func:`lessons.course.data.load_sample` when ``make_case`` is the default, else 1).
     seed : int, passed to ``make_case`` for the synthetic choices.
     schedule : callable ``(q, k, v, tile, **options) -> Trace``; default FlashAttention's
         loop (:func:`lessons.flash_attention` with ``return_trace=True``).
@@ -123,7 +123,7 @@ class TileStepper:
         scores_in_memory, naive_scores, rescales``; each ``.value`` holds the number
         formatted by :func:`format_value`.
     table : HTML table of the tiles absorbed so far (tile number from 1, keys, m, alpha, l).
-    image : widgets.Image holding the PNG of the current step (see lessons.figures).
+    image : widgets.Image holding the PNG of the current step (see lessons.views.flash).
     caption : HTML line saying what happened at this step.
     kernel_row, divergence : with ``kernel``, the kernel's trace of the current row (None if it
         could not run) and the first :class:`lessons.gpu.TraceDivergence` (None: none).
@@ -158,7 +158,7 @@ class TileStepper:
         _count(head, "head")
         self._sample = None
         if make_case is None and (layers is None or heads is None) and "real" in kinds:
-            from . import data
+            from lessons.course import data
             self._sample = data.load_sample()
             layers = self._sample.q.shape[0] if layers is None else layers
             heads = self._sample.q.shape[1] if heads is None else heads
@@ -298,7 +298,7 @@ class TileStepper:
 
     def _run_kernel(self):
         """The kernel's trace of the current row, and where it first parts from NumPy's."""
-        from .gpu.trace_compare import first_divergence
+        from lessons.gpu.trace_compare import first_divergence
 
         self.kernel_row = self.divergence = None
         try:

@@ -13,7 +13,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from ._plot import new_figure
+from lessons.views.plot import new_figure
 
 __all__ = ["score_lanes", "mma_fragment_figure"]
 

@@ -15,7 +15,7 @@ one step per computed tile, in the same order).
 
 The second half is the NaN trap of a literal port of the recurrence: a row whose
 first tiles are fully masked computes ``exp(-inf - (-inf)) = NaN``. Two fixes are
-in use: the special case of :mod:`lessons.state` (treat an empty row's max as 0)
+in use: the special case of :mod:`lessons.core.state` (treat an empty row's max as 0)
 and a finite initial max (``-1e30``); :func:`masked_rows_report` runs all of
 them side by side.
 """
@@ -25,10 +25,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validate import check_mask, check_positive_int, check_qkv
-from .broken import run_variant
-from .flash import flash_attention
-from .reference import attention
+from lessons.core.checks import check_mask, check_positive_int, check_qkv
+from lessons.schedules.variants import run_variant
+from lessons.schedules.flash import flash_attention
+from lessons.core.reference import attention
 
 __all__ = ["FULL", "DIAGONAL", "SKIPPED", "TILE_KINDS", "TileVisit", "TileCounts", "tile_kind",
            "tile_schedule", "count_tiles", "causal_mask", "MaskedRowsReport", "masked_rows_report",
@@ -78,7 +78,7 @@ class TileVisit:
     """One tile of the FA-2 loop.
 
     ``order``: position in the loop (skipped tiles included); ``step``: index among
-    the computed tiles (the :class:`lessons.trace.Trace` step), None if skipped;
+    the computed tiles (the :class:`lessons.core.trace.Trace` step), None if skipped;
     ``q_block``, ``k_block``: block indices; ``row_start/row_stop``,
     ``key_start/key_stop``: half-open index ranges; ``kind``: one of :data:`TILE_KINDS`.
     """
@@ -175,7 +175,7 @@ def count_tiles(nq, nk, block_q, block_k, causal=True):
 
 
 def block_schedule(block_q):
-    """A schedule for :class:`lessons.stepper.TileStepper` with query blocks of ``block_q`` rows.
+    """A schedule for :class:`lessons.views.stepper.TileStepper` with query blocks of ``block_q`` rows.
 
     Returns a callable ``(q, k, v, tile, **options) -> Trace`` that runs
     :func:`lessons.flash_attention` with this ``block_q`` and keeps its trace. With
@@ -199,7 +199,7 @@ class MaskedRowsReport:
 
     ``visible_keys`` (Nq,) ints; ``reference`` (textbook, :func:`lessons.attention`),
     ``no_guard`` (the literal port), ``guarded`` (:func:`lessons.flash_attention`,
-    the special case of :mod:`lessons.state`), ``finite`` (``-1e30`` for the initial
+    the special case of :mod:`lessons.core.state`), ``finite`` (``-1e30`` for the initial
     max and the masked scores): outputs (Nq, dv). ``lse`` (Nq,) from the guarded
     version; ``mean_v`` (dv,) the plain mean of the value rows.
     """
@@ -228,7 +228,7 @@ def masked_rows_report(q, k, v, tile, *, scale=None, causal=False, mask=None):
 
     Parameters as :func:`lessons.flash_attention` (``q`` 2-D here); ``tile`` keys
     per tile. The unguarded and finite versions absorb every tile in order (no
-    skipping), as :func:`lessons.broken.run_variant` does; the guarded one is
+    skipping), as :func:`lessons.schedules.variants.run_variant` does; the guarded one is
     :func:`lessons.flash_attention` with one query block.
 
     Returns a :class:`MaskedRowsReport`. Expected: rows whose first tiles are

@@ -116,8 +116,8 @@ def trace_rows(q, k, v, row: int, *, tile: int, block_q: int = 64, causal: bool 
 
     Raises IndexError for a row out of range, and the errors of the attention functions.
     """
-    from .flash import flash_attention
-    from .reference import attention
+    from lessons.schedules.flash import flash_attention
+    from lessons.core.reference import attention
 
     _, trace = flash_attention(q, k, v, tile, block_q=block_q, causal=causal, return_trace=True)
     rt = trace.row(row)
@@ -132,7 +132,7 @@ def trace_rows(q, k, v, row: int, *, tile: int, block_q: int = 64, causal: bool 
 
 def _load(args, parser):
     """q, k, v (float64) and a header describing them; parser.error on bad options."""
-    from .data import load_sample, make_case
+    from lessons.course.data import load_sample, make_case
 
     if args.data == "real":
         sample = load_sample()

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validate import causal_visible, check_flag, check_mask, check_positive_int, check_qkv, check_scale
-from .reference import _all_float, _shape_result
-from .state import State, absorb, correction_factor, finalize
-from .trace import TileStep, Trace
+from lessons.core.checks import causal_visible, check_flag, check_mask, check_positive_int, check_qkv, check_scale
+from lessons.core.reference import _all_float, _shape_result
+from lessons.core.state import State, absorb, correction_factor, finalize
+from lessons.core.trace import TileStep, Trace
 
 __all__ = ["flash_attention"]
 
@@ -38,7 +38,7 @@ def flash_attention(q, k, v, tile=64, *, block_q=64, scale=None, causal=False, m
     return_lse : bool
         Also return ``lse = m + log(l)`` per row (``-inf`` for a row that sees nothing).
     return_trace : bool
-        Also return a :class:`lessons.trace.Trace` with one step per absorbed
+        Also return a :class:`lessons.core.trace.Trace` with one step per absorbed
         (query block, key tile).
 
     Returns
