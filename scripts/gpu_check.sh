@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything the CUDA kernels need checked on a machine with a GPU, in one command:
 #
-#   scripts/gpu_check.sh [RESULTS_DIR]        (default: $OUT, else gpu_results/)
+#   scripts/gpu_check.sh [RESULTS_DIR]        (default: $OUT, else a new gpu_results/<UTC time>-<pid>/;
+#                                             a folder that already holds a run's summary.txt is refused)
 #   scripts/gpu_check.sh --dry-run DIR        the same steps on the CPU, to check this script
 #                                             itself: a few emulator tests, the sanitizer
 #                                             drivers on the emulator without compute-sanitizer,
@@ -10,7 +11,8 @@
 #   1. environment: nvidia-smi, Python, CuPy, NVRTC versions         -> env.txt
 #   2. compile report: registers and shared memory per kernel/arch   -> compile_report.txt
 #   3. the kernel tests on the device (tests/test_gpu_kernels.py, GPU cases,
-#      tests/test_gpu_compile.py, tests/test_gpu_lesson.py)                -> pytest.txt, pytest.xml
+#      tests/test_gpu_compile.py, tests/test_gpu_lesson.py), in 8 processes at once
+#      (pytest-xdist; GPU_CHECK_WORKERS=N to change, 2 in a dry run)    -> pytest.txt, pytest.xml
 #   4. compute-sanitizer memcheck and racecheck on each kernel, initcheck on the
 #      paged kernels (small drivers: python scripts/sanitize.py)  -> sanitizer/*.txt
 #   5. the benchmark (naive CuPy vs the RawKernel vs torch SDPA)      -> benchmark/
@@ -23,7 +25,12 @@ set -uo pipefail
 DRY=0
 if [ "${1:-}" = "--dry-run" ]; then DRY=1; shift; fi
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-RESULTS="${1:-${OUT:-$ROOT/gpu_results}}"
+# a run never writes over another's files: the default folder is new for each run
+RESULTS="${1:-${OUT:-$ROOT/gpu_results/$(date -u +%Y%m%dT%H%M%SZ)-$$}}"
+if [ -e "$RESULTS/summary.txt" ]; then
+    echo "gpu_check.sh: $RESULTS already holds a run (summary.txt); give an empty folder" >&2
+    exit 2
+fi
 mkdir -p "$RESULTS/sanitizer" "$RESULTS/benchmark"
 RESULTS="$(cd "$RESULTS" && pwd)"
 cd "$ROOT"
@@ -91,14 +98,19 @@ EOF
 then step "compile report" ok "compile_report.txt"; else step "compile report" FAIL "compile_report.txt"; fi
 
 # ---- tests on the device ----------------------------------------------------------
+# several processes at once, as a busy machine compiles: NVRTC's compile cache, the emulator's
+# library cache and every temporary file must hold up under it (no pytest cache is written)
 SELECT="not emulator"
-if [ $DRY -eq 1 ]; then SELECT="emulator and (instruction or keeps_nan)"; fi
-if timeout 240 "$PY" -m pytest -p no:nbval -o addopts="" -q -rs \
+WORKERS="${GPU_CHECK_WORKERS:-8}"
+if [ $DRY -eq 1 ]; then SELECT="emulator and (instruction or keeps_nan)"; WORKERS="${GPU_CHECK_WORKERS:-2}"; fi
+if ! "$PY" -c "import xdist" >/dev/null 2>&1; then
+    step "pytest (GPU cases)" FAIL "pytest-xdist is not installed (pip install -e '.[test]')"
+elif timeout 300 "$PY" -m pytest -p no:nbval -p no:cacheprovider -o addopts="" -q -rs -n "$WORKERS" \
         tests/test_gpu_kernels.py tests/test_gpu_compile.py tests/test_gpu_lesson.py -k "$SELECT" \
         --junitxml="$RESULTS/pytest.xml" > "$RESULTS/pytest.txt" 2>&1; then
-    step "pytest (GPU cases)" ok "$(tail -n 1 "$RESULTS/pytest.txt")"
+    step "pytest (GPU cases)" ok "-n $WORKERS: $(tail -n 1 "$RESULTS/pytest.txt")"
 else
-    step "pytest (GPU cases)" FAIL "$(tail -n 1 "$RESULTS/pytest.txt")"
+    step "pytest (GPU cases)" FAIL "-n $WORKERS: $(tail -n 1 "$RESULTS/pytest.txt")"
 fi
 
 # ---- compute-sanitizer --------------------------------------------------------------

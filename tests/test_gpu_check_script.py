@@ -42,12 +42,28 @@ def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
     expected |= {f"drivers (emulator) {k}" for k in sanitize.KERNELS}      # the script runs every driver
     assert set(steps) == expected and set(steps.values()) == {"ok"}, summary
     assert "passed" in summary and "failed" not in summary
+    pytest_line = next(line for line in summary.splitlines() if line.startswith("pytest (GPU cases)"))
+    assert "-n 2:" in pytest_line                   # the tests run in several processes at once
     for name in ("env.txt", "compile_report.txt", "pytest.txt", "pytest.xml", "benchmark/log.txt"):
         assert (tmp_path / name).stat().st_size > 0, name
     assert "flash_attention_mma" in (tmp_path / "compile_report.txt").read_text()
     assert "GPU benchmark not run" in (tmp_path / "benchmark" / "log.txt").read_text()
     for kernel in sanitize.KERNELS:
         assert "all results match NumPy" in (tmp_path / "sanitizer" / f"emulator_{kernel}.txt").read_text()
+
+
+def test_a_folder_that_holds_a_run_is_never_written_over(tmp_path):
+    (tmp_path / "summary.txt").write_text("an earlier run\n")
+    proc = subprocess.run(["bash", str(SCRIPT), "--dry-run", str(tmp_path)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and "already holds a run" in proc.stderr
+    assert (tmp_path / "summary.txt").read_text() == "an earlier run\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.txt"]
+
+
+def test_the_pytest_step_runs_in_eight_processes_by_default():
+    text = SCRIPT.read_text()
+    assert 'WORKERS="${GPU_CHECK_WORKERS:-8}"' in text and '-n "$WORKERS"' in text and "no:cacheprovider" in text
 
 
 @pytest.mark.skipif(not gpu.emulator_available(), reason="no C++ compiler (g++) for the CPU emulation")

@@ -7,6 +7,7 @@ Python and are tested here too. The kernels' numbers are in tests/test_gpu_kerne
 """
 import os
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +15,8 @@ import pytest
 import lessons
 import lessons.gpu as gpu
 from lessons.gpu import source
-from lessons.gpu.compile import parse_ptxas_log
+from lessons.gpu import compile as compile_mod
+from lessons.gpu.compile import FROM_DEVICE, FROM_NVRTC, FROM_PTXAS, NOT_REPORTED, parse_ptxas_log
 
 # CI must compile the kernels (CuPy + NVRTC are in the [test] extra): there a missing
 # CuPy is a failure. Elsewhere it is a skip with the install command.
@@ -23,6 +25,7 @@ if not os.environ.get("CI"):
                         reason="CuPy/NVRTC not installed: pip install cupy-cuda12x nvidia-cuda-nvrtc-cu12")
 
 ARCHS = ("sm_80", "sm_90")
+ROOT = Path(__file__).resolve().parents[1]
 
 # Every kernel file in every storage dtype, with and without the trace build, at the
 # default head dim; then the head dims the tests use, to catch a configuration that
@@ -55,8 +58,10 @@ def test_kernel_compiles_with_nvrtc(build, arch):
     assert set(compiled.resources) == set(build.entries)
     for r in compiled.resources.values():
         assert r.arch == arch
+        assert r.reported and r.source in (FROM_NVRTC, FROM_PTXAS), r.reason
         assert 1 <= r.registers <= 255
         assert r.smem_bytes == (0 if r.entry in NO_SMEM else build.smem_bytes)
+    assert ("--no-cache" in compiled.options) == (gpu.compile.nvrtc_version() >= (12, 9))
 
 
 @pytest.mark.parametrize("build", HEAD_DIM_BUILDS, ids=lambda b: b.describe())
@@ -77,10 +82,13 @@ def test_compile_report_covers_every_kernel_and_arch():
     for r in rows:
         expected = 0 if r.entry in NO_SMEM else builds[r.kernel].smem_bytes
         assert r.smem_bytes == expected, r
-        assert r.spill_store_bytes == 0, r
-        assert r.device_present == gpu.device_available()
+        assert r.stack_bytes == 0 and r.spill_bytes == 0, r
+        on_device = gpu.device_available() and r.arch == gpu.device_arch()
+        assert r.source == (FROM_DEVICE if on_device else FROM_NVRTC), r
     table = gpu.compile_report_table(rows)
     assert table.row_count == len(rows)
+    # use_device=False: ptxas's numbers only, whatever the machine (the device is a fact about the run)
+    assert {r.source for r in gpu.compile_report(use_device=False)} == {FROM_NVRTC}
 
 
 def test_gpu_status_is_one_plain_sentence():
@@ -108,6 +116,124 @@ def test_standalone_ptxas_agrees_on_shared_memory():
     ours = gpu.compile_kernel(build, "sm_90").resources["flash_attention_forward"]
     assert theirs["smem_bytes"] == ours.smem_bytes == source.flash_attention_smem_bytes(64, 64, 32)
     assert 1 <= theirs["registers"] <= 255
+
+
+# ---------------------------------------------------------------------------
+# a missing resource report is never a failed compile
+# ---------------------------------------------------------------------------
+
+class QuietNvrtc:
+    """NVRTC whose program log is empty, as NVRTC 13 returned it on a compile-cache hit
+    while several processes compiled the same kernels (the ptxas -v lines missing)."""
+
+    def __init__(self, real):
+        self._real = real
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def getProgramLog(self, prog):
+        return ""
+
+
+@pytest.fixture
+def fresh_caches():
+    """Compile results computed in the test are dropped afterwards (they may hold made-up faults)."""
+    for cached in (compile_mod.compile_kernel, compile_mod._standalone_report):
+        cached.cache_clear()
+    yield
+    for cached in (compile_mod.compile_kernel, compile_mod._standalone_report):
+        cached.cache_clear()
+
+
+@pytest.fixture
+def quiet_nvrtc(monkeypatch, fresh_caches):
+    real = compile_mod._nvrtc()
+    monkeypatch.setattr(compile_mod, "_nvrtc", lambda: QuietNvrtc(real))
+
+
+def test_an_empty_ptxas_log_falls_back_to_the_standalone_ptxas(quiet_nvrtc):
+    if gpu.find_ptxas() is None:
+        pytest.skip("no standalone ptxas (pip install nvidia-cuda-nvcc-cu12 or a CUDA toolkit)")
+    build = source.flash_attention_build(64, "float16")
+    compiled = gpu.compile_kernel(build, "sm_90")
+    assert compiled.log == "" and compiled.cubin[:4] == b"\x7fELF"
+    r = compiled.resources["flash_attention_forward"]
+    assert r.source == FROM_PTXAS and r.reason is None
+    assert r.smem_bytes == source.flash_attention_smem_bytes(64, 64, 32) and 1 <= r.registers <= 255
+
+
+def test_with_no_report_at_all_the_numbers_say_not_reported_and_why(quiet_nvrtc, monkeypatch):
+    monkeypatch.setattr(compile_mod, "find_ptxas", lambda: None)
+    build = source.paged_decode_build(64, 16, 8, 2, "float32")
+    rows = gpu.compile_report(("sm_80", "sm_90"), builds=[build], use_device=False)   # no KernelCompileError
+    assert len(rows) == 2 * len(build.entries)
+    for r in rows:
+        assert not r.reported and r.source is None
+        assert (r.registers, r.smem_bytes, r.stack_bytes, r.spill_bytes) == (None, None, None, None)
+        assert "NVRTC's log held no ptxas report" in r.reason and "no standalone ptxas was found" in r.reason
+    table = gpu.compile_report_table(rows)
+    cells = [list(c.cells) for c in table.columns]
+    assert set(cells[4]) == {NOT_REPORTED} and set(cells[-1]) == {NOT_REPORTED}
+    assert "no standalone ptxas was found" in str(table.caption)
+
+
+def test_a_real_compile_error_is_still_an_error_with_a_quiet_log(quiet_nvrtc):
+    bad = gpu.KernelBuild.make("flash_attention", "float32", HEAD_DIM=64, BLOCK_Q=48, BLOCK_K=16)
+    with pytest.raises(gpu.KernelCompileError, match="NVRTC could not compile"):
+        gpu.compile_kernel(bad, "sm_90")
+
+
+class FakeKernel:
+    def __init__(self, attributes):
+        self.attributes = attributes
+
+
+class FakeModule:
+    """What CuPy's RawModule gives for a loaded kernel: get_function(name).attributes."""
+
+    def __init__(self, attributes):
+        self._attributes = attributes
+        self.asked = []
+
+    def get_function(self, entry):
+        self.asked.append(entry)
+        if isinstance(self._attributes, Exception):
+            raise self._attributes
+        return FakeKernel({"num_regs": self._attributes[entry][0], "shared_size_bytes": self._attributes[entry][1],
+                           "local_size_bytes": self._attributes[entry][2], "max_threads_per_block": 1024})
+
+
+def pretend_device(monkeypatch, module, arch="sm_90"):
+    monkeypatch.setattr(compile_mod, "device_available", lambda: True)
+    monkeypatch.setattr(compile_mod, "device_arch", lambda: arch)
+    monkeypatch.setattr(compile_mod, "device_module", lambda build: module)
+
+
+def test_with_a_device_its_own_architecture_is_read_from_the_loaded_kernel(monkeypatch):
+    build = source.paged_decode_build(64, 16, 8, 2, "float32")
+    module = FakeModule({"paged_decode": (40, 4000, 0), "paged_decode_split": (48, 4100, 16),
+                         "merge_splits": (20, 0, 0)})
+    pretend_device(monkeypatch, module)
+    rows = {(r.entry, r.arch): r for r in gpu.compile_report(ARCHS, builds=[build])}
+    assert sorted(module.asked) == sorted(build.entries)                   # once per entry, for sm_90 only
+    device = rows[("paged_decode", "sm_90")]
+    assert (device.source, device.registers, device.smem_bytes, device.stack_bytes) == (FROM_DEVICE, 40, 4000, 0)
+    assert device.spill_bytes == 0 and device.reason is None               # no local memory: no spills
+    split = rows[("paged_decode_split", "sm_90")]
+    assert split.stack_bytes == 16 and split.spill_bytes is None and "not how much of it is spills" in split.reason
+    ptxas = gpu.compile_kernel(build, "sm_80").resources["paged_decode"]
+    assert rows[("paged_decode", "sm_80")] == ptxas and ptxas.source == FROM_NVRTC   # the other arch: ptxas
+    # use_device=False (a test pretending there is no device) gets ptxas's numbers, not a cached device answer
+    rows_off = gpu.compile_report(ARCHS, builds=[build], use_device=False)
+    assert {r.source for r in rows_off} == {FROM_NVRTC}
+
+
+def test_a_device_that_cannot_report_leaves_ptxas_numbers(monkeypatch):
+    build = source.online_softmax_build(128, "float32")
+    pretend_device(monkeypatch, FakeModule(RuntimeError("driver gone")))
+    (row,) = gpu.compile_report(("sm_90",), builds=[build])
+    assert row.source == FROM_NVRTC and row.smem_bytes == 16
 
 
 def test_parse_ptxas_log_reads_each_entry():
@@ -446,3 +572,83 @@ def test_bfloat16_round_trip_error_is_within_half_an_ulp():
         gpu.from_bfloat16_bits(np.zeros(2, np.int16))
     with pytest.raises(TypeError, match="float array"):
         gpu.to_bfloat16_bits(np.zeros(2, np.int32))
+
+
+# ---------------------------------------------------------------------------
+# several processes and threads at once
+# ---------------------------------------------------------------------------
+
+CHILD = r"""
+import json, sys
+import lessons.gpu.compile as c
+from lessons.gpu import lesson, source
+
+if sys.argv[1] == "quiet":                 # NVRTC's log without the ptxas lines, as on a compile-cache hit
+    real = c._nvrtc()
+
+    class Quiet:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def getProgramLog(self, prog):
+            return ""
+
+    c._nvrtc = lambda: Quiet()
+r = lesson.online_softmax_on_gpu(use_device=False, emulate=True)
+rows = list(r.resources) + c.compile_report(c.ARCHS, builds=[source.paged_decode_build(64, 16, 8, 2, "float32")],
+                                            use_device=False)
+print(json.dumps({"compiled": r.compiled, "status": r.status, "summary": r.summary,
+                  "agrees": [k.agrees for k in r.checks_on("emulator")],
+                  "rows": [[x.entry, x.arch, x.source, x.registers, x.smem_bytes, x.reason] for x in rows]}))
+"""
+
+
+@pytest.mark.skipif(not gpu.emulator_available(), reason="no C++ compiler (g++) for the CPU emulation")
+def test_processes_compiling_and_emulating_the_same_kernels_at_once_all_succeed(tmp_path):
+    """Four processes compile the same kernels with NVRTC and build the same emulator library into one
+    empty cache folder at the same moment; two of them get NVRTC logs without the ptxas report. Every
+    one must say the kernel compiled, agree with NumPy on the emulator, and give full resource numbers
+    or an honest "not reported" - never "failed to compile"."""
+    import json
+    import subprocess
+    import sys
+
+    env = {**os.environ, "LESSONS_EMULATOR_CACHE": str(tmp_path / "emulator"), "PYTHONPATH": str(ROOT)}
+    modes = ["plain", "quiet", "plain", "quiet"]
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD, mode], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for mode in modes]
+    results = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=900)
+        assert proc.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    ptxas = gpu.find_ptxas()
+    for mode, res in zip(modes, results):
+        assert res["compiled"] and "failed" not in res["summary"], res["summary"]
+        assert "compiled for sm_80 and sm_90 with NVRTC" in res["status"] and "but not run" in res["status"]
+        assert res["agrees"] == [True]
+        for entry, arch, src, registers, smem, reason in res["rows"]:
+            if mode == "plain":
+                assert src == FROM_NVRTC and registers >= 1 and smem is not None, (entry, arch, reason)
+            elif ptxas is not None:
+                assert src == FROM_PTXAS and registers >= 1 and smem is not None, (entry, arch, reason)
+            else:
+                assert src is None and registers is None and "no ptxas report" in reason
+        if mode == "quiet" and ptxas is None:
+            assert "not reported" in res["summary"]
+    assert len(list((tmp_path / "emulator").glob("*.so"))) == 1         # one library, built and renamed whole
+    assert not [p for p in (tmp_path / "emulator").iterdir() if p.is_dir()]   # no build folder left behind
+
+
+@pytest.mark.skipif(not gpu.emulator_available(), reason="no C++ compiler (g++) for the CPU emulation")
+def test_threads_launching_emulated_kernels_at_once_get_their_own_answers():
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(7)
+    xs = [(rng.standard_normal((3, 200)) * (i + 1)).astype(np.float32) for i in range(4)]
+    with ThreadPoolExecutor(4) as pool:
+        outs = list(pool.map(lambda x: gpu.online_softmax_gpu(x, tile=64, backend="emulator"), xs))
+    for x, (y, lse) in zip(xs, outs):
+        x64 = x.astype(np.float64)
+        np.testing.assert_allclose(y, lessons.safe_softmax(x64), atol=2e-6, rtol=2e-5)
+        np.testing.assert_allclose(lse, np.logaddexp.reduce(x64, axis=-1), rtol=2e-6)

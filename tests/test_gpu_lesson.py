@@ -72,7 +72,7 @@ def test_without_a_device_the_kernel_is_compiled_but_not_run(results, nb):
     archs = {}
     for res in r.resources:
         archs.setdefault(res.entry, set()).add(res.arch)
-        assert not res.device_present
+        assert res.reported and res.source != "device", res     # use_device=False: ptxas's numbers, on any machine
     assert archs and all(a == {"sm_80", "sm_90"} for a in archs.values())
     for res in r.resources:                       # every row of the table is printed
         assert f"{res.registers}" in r.summary and f"{res.smem_bytes:,}" in r.summary

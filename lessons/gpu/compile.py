@@ -3,14 +3,26 @@
 NVRTC (the CUDA runtime compiler, pip package ``nvidia-cuda-nvrtc-cu12``, driven
 through CuPy's ``cupy_backends.cuda.libs.nvrtc``) needs no GPU: it turns CUDA C into
 PTX and, for a real architecture such as ``sm_90``, runs the PTX assembler (ptxas)
-into a cubin. With ``--ptxas-options=-v`` the assembler reports, per kernel, the
-registers per thread, the static shared memory per block, the stack frame and any
-register spills: the numbers that decide how many blocks fit on a streaming
-multiprocessor (occupancy). :func:`compile_report` collects them for every kernel.
+into a cubin. Per kernel, three numbers decide how many blocks fit on a streaming
+multiprocessor (occupancy): registers per thread, static shared memory per block, and
+local memory per thread (the stack frame, where spilled registers go). They are read,
+in this order of preference:
 
-If a standalone ``ptxas`` is at hand (pip ``nvidia-cuda-nvcc-cu12`` ships one, and a
-CUDA toolkit has one), :func:`ptxas_resources` assembles NVRTC's PTX with it, a second
-opinion on the same numbers.
+1. with a CUDA device, for the device's own architecture: from the kernel loaded on it
+   (CuPy ``RawKernel.attributes``, i.e. ``cuFuncGetAttribute``: ``num_regs``,
+   ``shared_size_bytes``, ``local_size_bytes``);
+2. from the report ptxas writes into NVRTC's log (``--ptxas-options=-v``);
+3. from a standalone ``ptxas -v`` on NVRTC's PTX (pip ``nvidia-cuda-nvcc-cu12`` ships one,
+   and a CUDA toolkit has one);
+4. otherwise the numbers are ``None`` with a sentence saying why ("not reported" in tables).
+
+A missing report never means a failed compile: :class:`KernelCompileError` is raised only
+when NVRTC refuses the source. NVRTC 12.9 and later keep a compile cache shared with the
+driver's, and a cache hit returns the cubin without running ptxas, so without a report:
+this module passes ``--no-cache`` to those versions (several processes compiling the same
+kernels at once hit that cache), and falls back as above if a report is still missing.
+Whether a device is present is a fact about the run, not about a compiled kernel: it is
+never stored in the cached :class:`CompiledKernel`.
 """
 from __future__ import annotations
 
@@ -20,7 +32,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -29,11 +41,19 @@ from lessons.gpu.source import KernelBuild, default_builds, kernel_source
 __all__ = [
     "ARCHS", "KernelCompileError", "KernelResources", "CompiledKernel", "nvrtc_available",
     "nvrtc_version", "compile_kernel", "compile_report", "compile_report_table", "device_available",
-    "device_name", "gpu_status", "find_ptxas", "ptxas_resources", "parse_ptxas_log",
+    "device_name", "device_arch", "device_module", "device_resources", "kernel_resources", "gpu_status",
+    "find_ptxas", "ptxas_resources", "parse_ptxas_log", "NOT_REPORTED",
+    "FROM_DEVICE", "FROM_NVRTC", "FROM_PTXAS",
 ]
 
 #: architectures compiled and reported without a GPU: A100 (sm_80) and H100/H200 (sm_90)
 ARCHS = ("sm_80", "sm_90")
+#: where a :class:`KernelResources` row's numbers came from
+FROM_DEVICE = "device"          # the loaded kernel: cuFuncGetAttribute (CuPy RawKernel.attributes)
+FROM_NVRTC = "ptxas -v"         # ptxas's report in NVRTC's program log
+FROM_PTXAS = "standalone ptxas"  # a standalone ptxas -v on NVRTC's PTX
+#: how a missing number is shown in tables
+NOT_REPORTED = "not reported"
 
 
 class KernelCompileError(RuntimeError):
@@ -42,13 +62,16 @@ class KernelCompileError(RuntimeError):
 
 @dataclass(frozen=True)
 class KernelResources:
-    """What ptxas reports for one kernel entry point compiled for one architecture.
+    """Resource use of one kernel entry point compiled for one architecture.
 
     registers: registers per thread; smem_bytes: static shared memory per block (bytes);
-    stack_bytes: local stack frame per thread (bytes); spill_store_bytes /
-    spill_load_bytes: registers spilled to local memory (bytes, 0 is what we want);
-    threads_per_block: the launch's block size; device_present: whether a CUDA device
-    was visible when the report was made (the kernel was compiled, not necessarily run).
+    stack_bytes: local memory per thread (bytes; the stack frame, which holds any spills);
+    spill_store_bytes / spill_load_bytes: registers spilled to local memory (bytes, 0 is
+    what we want); threads_per_block: the launch's block size. ``source`` says where the
+    numbers came from (:data:`FROM_DEVICE`, :data:`FROM_NVRTC`, :data:`FROM_PTXAS`).
+    A number nobody reported is None, and ``reason`` says why (e.g. the device reports
+    local memory but not how much of it is spills, so with ``stack_bytes > 0`` the spill
+    fields from the device are None; with 0 local bytes there are no spills).
     """
 
     kernel: str
@@ -56,19 +79,34 @@ class KernelResources:
     arch: str
     dtype: str
     config: str
-    registers: int
-    smem_bytes: int
-    stack_bytes: int
-    spill_store_bytes: int
-    spill_load_bytes: int
+    registers: int | None
+    smem_bytes: int | None
+    stack_bytes: int | None
+    spill_store_bytes: int | None
+    spill_load_bytes: int | None
     threads_per_block: int
-    device_present: bool
+    source: str | None = None
+    reason: str | None = None
+
+    @property
+    def reported(self) -> bool:
+        """True when registers and shared memory were reported (by ptxas or the device)."""
+        return self.registers is not None and self.smem_bytes is not None
+
+    @property
+    def spill_bytes(self) -> int | None:
+        """Spilled bytes per thread, stores + loads; None when not reported."""
+        if self.spill_store_bytes is None or self.spill_load_bytes is None:
+            return None
+        return self.spill_store_bytes + self.spill_load_bytes
 
 
 @dataclass(frozen=True)
 class CompiledKernel:
     """The result of :func:`compile_kernel`: the cubin (bytes), the NVRTC log (str), the options
-    used, and :class:`KernelResources` per entry point (a dict entry name -> resources)."""
+    used, and :class:`KernelResources` per entry point (a dict entry name -> resources) as ptxas
+    reported them (NVRTC's log, else a standalone ptxas; fields None with a reason if neither).
+    Nothing in it depends on whether a device is present: :func:`kernel_resources` adds that."""
 
     build: KernelBuild
     arch: str
@@ -137,9 +175,16 @@ def parse_ptxas_log(log: str) -> dict:
     return out
 
 
+@lru_cache(maxsize=1)
+def _cache_options() -> tuple:
+    """``--no-cache`` for NVRTC 12.9 and later: a hit in their compile cache skips ptxas, and its report."""
+    return ("--no-cache",) if nvrtc_version() >= (12, 9) else ()
+
+
 def _compile(build: KernelBuild, arch_option: str, extra: tuple) -> tuple:
     nvrtc = _nvrtc()
-    options = (arch_option, "--std=c++17", "-ftz=true") + build.options + extra   # -ftz: as CuPy compiles
+    # -ftz: as CuPy compiles
+    options = (arch_option, "--std=c++17", "-ftz=true") + build.options + _cache_options() + extra
     prog = nvrtc.createProgram(kernel_source(build.kernel), f"{build.kernel}.cu", [], [])
     try:
         try:
@@ -155,15 +200,44 @@ def _compile(build: KernelBuild, arch_option: str, extra: tuple) -> tuple:
         raise
 
 
+def _config(build: KernelBuild) -> str:
+    return " ".join(f"{k}={v}" for k, v in build.defines) + (" FA_TRACE" if build.trace else "")
+
+
+def _row(build: KernelBuild, entry: str, arch: str, numbers: dict | None, source: str | None,
+         reason: str | None = None) -> KernelResources:
+    numbers = numbers or {}
+    return KernelResources(
+        kernel=build.kernel, entry=entry, arch=arch, dtype=build.dtype, config=_config(build),
+        registers=numbers.get("registers"), smem_bytes=numbers.get("smem_bytes"),
+        stack_bytes=numbers.get("stack_bytes"), spill_store_bytes=numbers.get("spill_store_bytes"),
+        spill_load_bytes=numbers.get("spill_load_bytes"), threads_per_block=build.threads_per_block,
+        source=source if numbers else None, reason=None if numbers else reason)
+
+
+@lru_cache(maxsize=64)
+def _standalone_report(build: KernelBuild, arch: str) -> tuple:
+    """(parsed report or None, reason) from a standalone ptxas; never raises."""
+    ptxas = find_ptxas()
+    if ptxas is None:
+        return None, "no standalone ptxas was found (pip install nvidia-cuda-nvcc-cu12, or a CUDA toolkit)"
+    try:
+        return ptxas_resources(build, arch, ptxas), None
+    except (OSError, RuntimeError, ValueError, subprocess.SubprocessError, KernelCompileError) as err:
+        return None, f"the standalone ptxas failed ({type(err).__name__}: {str(err).splitlines()[0]})"
+
+
 @lru_cache(maxsize=256)
 def compile_kernel(build: KernelBuild, arch: str = "sm_90") -> CompiledKernel:
     """Compile one :class:`KernelBuild` to a cubin for ``arch`` with NVRTC; no GPU needed.
 
     Returns a :class:`CompiledKernel` whose ``resources`` maps each entry point to its
-    :class:`KernelResources` (registers/thread, static shared memory bytes/block, ...).
-    Raises KernelCompileError with the compiler log if the source does not compile,
-    ImportError without CuPy/NVRTC, ValueError for a malformed ``arch``.
-    Results are cached per (build, arch).
+    :class:`KernelResources` as ptxas reported them (registers/thread, static shared memory
+    bytes/block, ...): from NVRTC's log, else from a standalone ptxas, else None with a reason.
+    Raises KernelCompileError with the compiler log only if NVRTC refuses the source (a
+    missing resource report is not an error), ImportError without CuPy/NVRTC, ValueError for
+    a malformed ``arch``. Results are cached per (build, arch); nothing in them depends on
+    whether a CUDA device is present.
     """
     arch = _check_arch(arch)
     nvrtc = _nvrtc()
@@ -172,16 +246,22 @@ def compile_kernel(build: KernelBuild, arch: str = "sm_90") -> CompiledKernel:
         cubin = nvrtc.getCUBIN(prog)
     finally:
         nvrtc.destroyProgram(prog)
-    present = device_available()
-    parsed = parse_ptxas_log(log)
+    try:
+        parsed, why = parse_ptxas_log(log), None
+    except ValueError as err:
+        parsed, why = {}, str(err).splitlines()[0]
     resources = {}
     for entry in build.entries:
-        if entry not in parsed:
-            raise KernelCompileError(f"{entry} missing from the ptxas report of {build.describe()}:\n{log}")
-        resources[entry] = KernelResources(
-            kernel=build.kernel, entry=entry, arch=arch, dtype=build.dtype,
-            config=" ".join(f"{k}={v}" for k, v in build.defines) + (" FA_TRACE" if build.trace else ""),
-            threads_per_block=build.threads_per_block, device_present=present, **parsed[entry])
+        if entry in parsed:
+            resources[entry] = _row(build, entry, arch, parsed[entry], FROM_NVRTC)
+            continue
+        standalone, reason = _standalone_report(build, arch)
+        if standalone is not None and entry in standalone:
+            resources[entry] = _row(build, entry, arch, standalone[entry], FROM_PTXAS)
+            continue
+        reason = reason or f"the standalone ptxas did not report {entry}"
+        missing = why or f"NVRTC's log held no ptxas report for {entry}"
+        resources[entry] = _row(build, entry, arch, None, None, f"{missing}, and {reason}")
     return CompiledKernel(build=build, arch=arch, options=options, cubin=bytes(cubin), log=log,
                           resources=resources)
 
@@ -198,44 +278,9 @@ def compile_ptx(build: KernelBuild, arch: str = "sm_90") -> str:
     return ptx.decode() if isinstance(ptx, bytes) else ptx
 
 
-def compile_report(archs=ARCHS, *, head_dim: int = 128, dtype: str = "float16",
-                   trace: bool = False, builds=None) -> list:
-    """Compile every kernel for every architecture and report its resources.
-
-    Parameters
-    ----------
-    archs : architectures, default ``("sm_80", "sm_90")``.
-    head_dim, dtype, trace : the configuration of the default builds
-        (:func:`lessons.gpu.source.default_builds`); ignored when ``builds`` is given.
-    builds : optional list of :class:`KernelBuild` to report instead.
-
-    Returns a list of :class:`KernelResources`, one per (entry point, arch), with
-    registers/thread, static shared memory bytes/block, spills, and whether a device exists.
-    Raises KernelCompileError on any compile error, ImportError without CuPy/NVRTC.
-    """
-    builds = default_builds(head_dim, dtype, trace) if builds is None else list(builds)
-    rows = []
-    for build in builds:
-        for arch in archs:
-            compiled = compile_kernel(build, arch)
-            rows.extend(compiled.resources[e] for e in build.entries)
-    return rows
-
-
-def compile_report_table(rows=None):
-    """A :class:`rich.table.Table` of a :func:`compile_report` (made if ``rows`` is None)."""
-    from rich.table import Table
-
-    rows = compile_report() if rows is None else rows
-    table = Table(title="CUDA kernels compiled with NVRTC (ptxas -v)")
-    for col in ("kernel", "arch", "dtype", "config", "registers/thread", "smem bytes/block",
-                "spills (bytes)", "device"):
-        table.add_column(col, justify="right" if col[0] in "rs" else "left")
-    for r in rows:
-        table.add_row(r.entry, r.arch, r.dtype, r.config, str(r.registers), str(r.smem_bytes),
-                      str(r.spill_store_bytes + r.spill_load_bytes), "yes" if r.device_present else "no")
-    return table
-
+# ---------------------------------------------------------------------------
+# the device, when there is one
+# ---------------------------------------------------------------------------
 
 @lru_cache(maxsize=1)
 def device_available() -> bool:
@@ -248,15 +293,129 @@ def device_available() -> bool:
         return False
 
 
-def device_name() -> str | None:
-    """Name and architecture of CUDA device 0, e.g. ``'NVIDIA H200 (sm_90)'``; None without one."""
-    if not device_available():
-        return None
+def _device_properties() -> dict:
     import cupy
 
-    props = cupy.cuda.runtime.getDeviceProperties(0)
+    return cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+
+
+def device_name() -> str | None:
+    """Name and architecture of the current CUDA device, e.g. ``'NVIDIA H200 (sm_90)'``; None without one."""
+    if not device_available():
+        return None
+    props = _device_properties()
     name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
     return f"{name} (sm_{props['major']}{props['minor']})"
+
+
+def device_arch() -> str | None:
+    """Architecture of the current CUDA device, e.g. ``'sm_90'``; None without one."""
+    if not device_available():
+        return None
+    props = _device_properties()
+    return f"sm_{props['major']}{props['minor']}"
+
+
+@lru_cache(maxsize=64)
+def device_module(build: KernelBuild):
+    """``build`` as a ``cupy.RawModule``, compiled by CuPy for the current device and cached
+    (CuPy keeps its own cache of cubins per device). Raises ImportError without CuPy; CuPy's
+    errors without a device."""
+    import cupy
+
+    return cupy.RawModule(code=kernel_source(build.kernel), options=("--std=c++17", "-lineinfo") + build.options)
+
+
+def device_resources(build: KernelBuild, entry: str) -> dict:
+    """Resource use of ``entry`` as loaded on the current device: CuPy ``RawKernel.attributes``
+    (``cuFuncGetAttribute``): ``num_regs`` -> registers, ``shared_size_bytes`` -> smem_bytes,
+    ``local_size_bytes`` -> stack_bytes (local memory per thread). The device does not say
+    how much of local memory is spills: the spill fields are 0 when there is no local memory,
+    else None. Returns a dict of ints/None. Raises whatever CuPy raises without a device."""
+    attributes = device_module(build).get_function(entry).attributes
+    local = int(attributes["local_size_bytes"])
+    spills = 0 if local == 0 else None
+    return dict(registers=int(attributes["num_regs"]), smem_bytes=int(attributes["shared_size_bytes"]),
+                stack_bytes=local, spill_store_bytes=spills, spill_load_bytes=spills)
+
+
+def kernel_resources(build: KernelBuild, arch: str, use_device: bool | None = None) -> dict:
+    """Resource use of each entry point of ``build`` compiled for ``arch``: entry -> :class:`KernelResources`.
+
+    With a device (``use_device`` None: if there is one; False: never) whose architecture is
+    ``arch``, the numbers are read from the kernel loaded on it (:func:`device_resources`);
+    otherwise, or if that fails, they are ptxas's (:func:`compile_kernel`), or None with a reason.
+    Raises KernelCompileError if NVRTC refuses the source, ImportError without CuPy/NVRTC.
+    """
+    compiled = compile_kernel(build, arch)
+    rows = dict(compiled.resources)
+    if use_device is False or not device_available() or device_arch() != arch:
+        return rows
+    for entry in build.entries:
+        try:
+            numbers = device_resources(build, entry)
+        except Exception as err:  # a broken driver: keep ptxas's numbers, say why in the row
+            if not rows[entry].reported:
+                rows[entry] = replace(rows[entry], reason=f"{rows[entry].reason}; the device could not report "
+                                                          f"either ({type(err).__name__}: {err})")
+            continue
+        rows[entry] = _row(build, entry, arch, numbers, FROM_DEVICE)
+        if numbers["spill_store_bytes"] is None:
+            rows[entry] = replace(rows[entry], reason="the device reports local memory per thread, not how much "
+                                                      "of it is spills")
+    return rows
+
+
+def compile_report(archs=ARCHS, *, head_dim: int = 128, dtype: str = "float16",
+                   trace: bool = False, builds=None, use_device: bool | None = None) -> list:
+    """Compile every kernel for every architecture and report its resources.
+
+    Parameters
+    ----------
+    archs : architectures, default ``("sm_80", "sm_90")``.
+    head_dim, dtype, trace : the configuration of the default builds
+        (:func:`lessons.gpu.source.default_builds`); ignored when ``builds`` is given.
+    builds : optional list of :class:`KernelBuild` to report instead.
+    use_device : None = read the device's own architecture from the loaded kernel when there
+        is a device; False = ptxas only (see :func:`kernel_resources`).
+
+    Returns a list of :class:`KernelResources`, one per (entry point, arch), with
+    registers/thread, static shared memory bytes/block, local memory and spills, and where
+    the numbers came from (``source``; None and a ``reason`` when nobody reported them).
+    Raises KernelCompileError on a compile error (never for a missing report), ImportError
+    without CuPy/NVRTC.
+    """
+    builds = default_builds(head_dim, dtype, trace) if builds is None else list(builds)
+    rows = []
+    for build in builds:
+        for arch in archs:
+            resources = kernel_resources(build, arch, use_device)
+            rows.extend(resources[e] for e in build.entries)
+    return rows
+
+
+def _number(value, fmt: str = "{}") -> str:
+    return NOT_REPORTED if value is None else fmt.format(value)
+
+
+def compile_report_table(rows=None):
+    """A :class:`rich.table.Table` of a :func:`compile_report` (made if ``rows`` is None).
+
+    Numbers nobody reported read "not reported"; the caption gives the reasons."""
+    from rich.table import Table
+
+    rows = compile_report() if rows is None else rows
+    table = Table(title="CUDA kernels compiled with NVRTC: resources per kernel")
+    for col in ("kernel", "arch", "dtype", "config", "registers/thread", "smem bytes/block",
+                "local bytes/thread", "spills (bytes)", "from"):
+        table.add_column(col, justify="right" if col[0] in "rsl" else "left")
+    for r in rows:
+        table.add_row(r.entry, r.arch, r.dtype, r.config, _number(r.registers), _number(r.smem_bytes, "{:,}"),
+                      _number(r.stack_bytes), _number(r.spill_bytes), r.source or NOT_REPORTED)
+    reasons = sorted({f"{r.entry} ({r.arch}): {r.reason}" for r in rows if r.reason})
+    if reasons:
+        table.caption = "\n".join(reasons)
+    return table
 
 
 @lru_cache(maxsize=1)
@@ -275,7 +434,7 @@ def gpu_status() -> str:
     except Exception as err:
         return f"CUDA kernels not compiled: NVRTC could not be loaded ({type(err).__name__}: {err})"
     try:
-        compile_report(ARCHS)
+        compile_report(ARCHS, use_device=False)
     except KernelCompileError as err:
         return f"CUDA kernels failed to compile with NVRTC {version}: {str(err).splitlines()[0]}"
     archs = "/".join(ARCHS)

@@ -14,6 +14,13 @@ both sides, each as large as the buffer itself and at least 256 KiB (NaN as
 float32/float16/bfloat16, -1 as int32). A read past the end of an
 input returns NaN (and shows up in the output); a write past the end of an output
 changes the guard and raises :class:`EmulatorMemoryError` naming the argument.
+
+Safe to use from several processes and threads at once: each library is built in its own
+temporary folder and moved into the cache (``$LESSONS_EMULATOR_CACHE``, default a per-user
+folder under the system temp dir) under a name that hashes its source, compiler and flags,
+with one atomic rename, so a process never loads half a file; and since a loaded library
+holds one block's shared memory and ``blockDim``/``gridDim`` as globals, launches from
+several threads of one process take turns (one lock).
 """
 from __future__ import annotations
 
@@ -23,6 +30,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from functools import lru_cache
 from pathlib import Path
 
@@ -55,7 +63,11 @@ def emulator_available() -> bool:
 
 
 def _cache_dir() -> Path:
-    path = Path(tempfile.gettempdir()) / f"lessons-gpu-emulator-{os.getuid() if hasattr(os, 'getuid') else 0}"
+    """The folder of built libraries: ``$LESSONS_EMULATOR_CACHE``, else one per user in the temp dir."""
+    path = os.environ.get("LESSONS_EMULATOR_CACHE")
+    if not path:
+        path = Path(tempfile.gettempdir()) / f"lessons-gpu-emulator-{os.getuid() if hasattr(os, 'getuid') else 0}"
+    path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -81,6 +93,11 @@ def _wrapper(build: KernelBuild) -> str:
     return helper + "\n".join(lines) + "\n"
 
 
+#: one emulated launch at a time per process: a library's shared memory and launch geometry are
+#: globals, and g++ makes inline variables (blockDim, gridDim) unique across every library loaded
+_LAUNCH_LOCK = threading.Lock()
+
+
 @lru_cache(maxsize=64)
 def _library(build: KernelBuild) -> ctypes.CDLL:
     cxx = _compiler()
@@ -102,7 +119,7 @@ def _library(build: KernelBuild) -> ctypes.CDLL:
             if proc.returncode:
                 raise EmulatorError(f"{cxx} could not compile {build.describe()} for the CPU emulation:\n"
                                     f"{proc.stderr[-4000:]}")
-            os.replace(out, lib)            # atomic: concurrent test runs never see half a file
+            os.replace(out, lib)            # atomic: concurrent builds of the same library never see half a file
     return ctypes.CDLL(str(lib))
 
 
@@ -143,8 +160,9 @@ class EmulatedModule:
             else:
                 c_args.append(ctypes.c_float(float(value)))
         fn.restype = ctypes.c_int
-        status = fn(ctypes.c_uint(grid[0]), ctypes.c_uint(grid[1]), ctypes.c_uint(grid[2]),
-                    ctypes.c_uint(block[0]), *c_args)
+        with _LAUNCH_LOCK:
+            status = fn(ctypes.c_uint(grid[0]), ctypes.c_uint(grid[1]), ctypes.c_uint(grid[2]),
+                        ctypes.c_uint(block[0]), *c_args)
         if status:
             reason = {1: "a barrier (__syncthreads/__syncwarp/shuffle) was not reached by every thread",
                       3: f"block {block} is not a multiple of 32 threads up to 1024"}.get(status, "an exception")

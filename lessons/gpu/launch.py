@@ -18,23 +18,23 @@ Storage dtypes: float32 or float16 arrays; bfloat16 as uint16 bit patterns with
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from dataclasses import dataclass
-from functools import lru_cache
 
 import numpy as np
 
 from lessons.core.checks import check_scale
-from lessons.gpu.compile import device_available
+from lessons.gpu.compile import device_available, device_module, device_name
 from lessons.gpu.source import (MAX_HEAD_DIM, MMA_BLOCK_Q, MMA_DTYPES, flash_attention_build, flash_attention_config,
-                     flash_attention_mma_build, flash_attention_mma_config, kernel_signature, kernel_source,
+                     flash_attention_mma_build, flash_attention_mma_config, kernel_signature,
                      online_softmax_build, paged_decode_build)
 from lessons.gpu.trace_compare import GpuTrace
 
 __all__ = ["flash_attention_gpu", "flash_attention_mma_gpu", "mma_probe_gpu", "online_softmax_gpu", "paged_decode_gpu",
            "flash_decoding_gpu",
-           "SplitTraces", "BACKENDS", "MAX_TRACE_ROWS"]
+           "SplitTraces", "BACKENDS", "MAX_TRACE_ROWS", "Runner"]
 
 BACKENDS = ("cupy", "emulator")
 #: most rows one launch may trace (each traced row is looked up by every thread)
@@ -149,18 +149,18 @@ def _check_pairs(pairs, num_seqs: int, num_heads: int) -> list:
 # backends
 # ---------------------------------------------------------------------------
 
-@lru_cache(maxsize=64)
-def _raw_module(build):
-    import cupy
+class Runner:
+    """Where a kernel runs: moves arrays there, launches, and (on a device) times.
 
-    return cupy.RawModule(code=kernel_source(build.kernel), options=("--std=c++17", "-lineinfo") + build.options)
+    ``backend``: ``"cupy"`` (the current CUDA device; RuntimeError saying why when there is
+    none) or ``"emulator"`` (CPU threads). ``kind``: ``"numpy"`` or ``"cupy"``, the kind of
+    the caller's arrays: results come back as NumPy for NumPy inputs or the emulator.
+    ``name`` says where in words (e.g. ``'NVIDIA H200 (sm_90)'``). Used by every launcher
+    and by the notebooks' "On the GPU" sections (:mod:`lessons.gpu.harness`).
+    """
 
-
-class _Runner:
-    """Moves arrays to where the kernel runs and launches it there."""
-
-    def __init__(self, backend: str, kind: str):
-        self.backend = backend
+    def __init__(self, backend: str = "cupy", kind: str = "numpy"):
+        self.backend = _check_backend(backend)
         self.return_numpy = backend == "emulator" or kind == "numpy"
         if backend == "cupy":
             try:
@@ -172,10 +172,13 @@ class _Runner:
                 raise RuntimeError(f"cannot run the CUDA kernel: {why}. To run the same kernel on CPU "
                                    f"threads, pass backend='emulator'.")
             self.xp = cupy
+            self.name = device_name() or "a CUDA device"
         else:
             self.xp = np
+            self.name = "the CPU emulator"
 
     def put(self, x):
+        """``x`` where the kernel reads it: a CuPy array on a device, a NumPy array on the emulator."""
         if self.backend == "cupy":
             return self.xp.asarray(x)
         return x if isinstance(x, np.ndarray) else x.get()
@@ -188,10 +191,23 @@ class _Runner:
 
     @staticmethod
     def host(x) -> np.ndarray:
-        """Always a NumPy copy (traces are NumPy objects)."""
-        return x if isinstance(x, np.ndarray) else x.get()
+        """Always a NumPy array (traces and comparisons are NumPy)."""
+        return x if isinstance(x, np.ndarray) else (x.get() if hasattr(x, "get") else np.asarray(x))
+
+    def kernel(self, launcher):
+        """``launcher`` (e.g. :func:`flash_attention_gpu`) bound to this backend."""
+        return functools.partial(launcher, backend=self.backend)
+
+    def median_seconds(self, fn, *, warmup: int = 3, repeats: int = 20) -> float:
+        """Median seconds of ``fn()`` on the device's stream (CUDA events). RuntimeError on the emulator."""
+        if self.backend != "cupy":
+            raise RuntimeError("the emulator is not timed: its seconds say nothing about a GPU")
+        from lessons.gpu.measure import median_cuda_seconds
+
+        return median_cuda_seconds(self.xp, fn, warmup, repeats)
 
     def launch(self, build, entry: str, grid, args) -> None:
+        """Run ``entry<<<grid, build.threads_per_block>>>(*args)``; an empty grid does nothing."""
         params = kernel_signature(build.kernel, entry)
         grid = tuple(int(g) for g in grid)
         if min(grid) <= 0:
@@ -204,7 +220,7 @@ class _Runner:
         typed = []
         for (kind, _), value in zip(params, args):
             typed.append(value if kind == "pointer" else (np.int32(value) if kind == "int" else np.float32(value)))
-        fn = _raw_module(build).get_function(entry)
+        fn = device_module(build).get_function(entry)
         fn(grid, (build.threads_per_block,), tuple(typed))
 
 
@@ -252,7 +268,7 @@ def online_softmax_gpu(x, *, tile: int = 256, bfloat16: bool = False, trace_rows
     if n_rows > 2**31 - 1 or n_cols > 2**31 - 1:
         raise ValueError(f"x of shape {x.shape} is too large for int32 indexing")
 
-    run = _Runner(backend, kind)
+    run = Runner(backend, kind)
     xd = run.put(x)
     y = run.xp.empty(x.shape, dtype=x.dtype)
     lse = run.xp.empty(x.shape[:-1], dtype=np.float32)
@@ -346,7 +362,7 @@ def flash_attention_gpu(q, k, v, *, scale=None, causal: bool = False, block_q: i
     tracing = trace_rows is not None
     rows = _check_rows(trace_rows, "trace_rows", f.n_q) if tracing else []
     build = flash_attention_build(f.d, f.dtype, tracing, block_q, block_k)
-    run = _Runner(backend, f.kind)
+    run = Runner(backend, f.kind)
     return _launch_forward(run, build, "flash_attention_forward", f, [run.put(x) for x in (q, k, v)],
                            block_q, block_k, rows)
 
@@ -406,7 +422,7 @@ def flash_attention_mma_gpu(q, k, v, *, scale=None, causal: bool = False, block_
     tracing = trace_rows is not None
     rows = _check_rows(trace_rows, "trace_rows", f.n_q) if tracing else []
     build = flash_attention_mma_build(f.d, f.dtype, tracing, block_k)
-    run = _Runner(backend, f.kind)
+    run = Runner(backend, f.kind)
     _require_tensor_cores(run)
     return _launch_forward(run, build, "flash_attention_mma", f, [_aligned(run, run.put(x)) for x in (q, k, v)],
                            MMA_BLOCK_Q, block_k, rows)
@@ -447,7 +463,7 @@ def mma_probe_gpu(a, b, *, bfloat16: bool = False, backend: str = "cupy"):
         raise TypeError(f"a and b must be float16 (or bfloat16 bits with bfloat16=True), got {dtype}")
     if a.shape != (16, 16) or b.shape != (16, 8):
         raise ValueError(f"a must be (16, 16) and b (16, 8), got {a.shape} and {b.shape}")
-    run = _Runner(backend, kind)
+    run = Runner(backend, kind)
     _require_tensor_cores(run)
     d = run.xp.zeros((16, 8), dtype=np.float32)
     run.launch(flash_attention_mma_build(16, dtype), "mma_probe", (1,), [run.put(a), run.put(b), d])
@@ -539,7 +555,7 @@ def paged_decode_gpu(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None,
     build = paged_decode_build(d, block_size, num_heads, num_kv_heads, dtype, tracing)
     hpb = dict(build.defines)["HEADS_PER_BLOCK"]
 
-    run = _Runner(backend, kind)
+    run = Runner(backend, kind)
     args_in = [run.put(x) for x in (q, k_cache, v_cache, block_tables, seq_lens)]
     out = run.xp.empty(q.shape, dtype=q.dtype)
     lse = run.xp.empty((num_seqs, num_heads), dtype=np.float32)
@@ -585,7 +601,7 @@ def flash_decoding_gpu(q, k_cache, v_cache, block_tables, seq_lens, num_splits: 
     build = paged_decode_build(d, block_size, num_heads, num_kv_heads, dtype, tracing)
     hpb = dict(build.defines)["HEADS_PER_BLOCK"]
 
-    run = _Runner(backend, kind)
+    run = Runner(backend, kind)
     args_in = [run.put(x) for x in (q, k_cache, v_cache, block_tables, seq_lens)]
     part_m = run.xp.empty((num_seqs, num_heads, num_splits), dtype=np.float32)
     part_l = run.xp.empty((num_seqs, num_heads, num_splits), dtype=np.float32)

@@ -49,7 +49,7 @@ from lessons.schedules.paged import paged_flash_attention, write_paged_cache
 from lessons.core.reference import attention
 from lessons.core.checks import check_positive_int
 from lessons.schedules.softmax import safe_softmax
-from lessons.gpu.compile import (ARCHS, KernelCompileError, compile_kernel, compile_report, compile_report_table, device_available,
+from lessons.gpu.compile import (ARCHS, KernelCompileError, _config, _number, compile_report, compile_report_table, device_available,
                       device_name, nvrtc_version)
 from lessons.gpu.emulator import EmulatedModule, EmulatorError, emulator_available
 from lessons.gpu.launch import (flash_attention_gpu, flash_attention_mma_gpu, flash_decoding_gpu, mma_probe_gpu, online_softmax_gpu,
@@ -182,14 +182,15 @@ def resources_text(resources) -> str:
 
     Columns: entry point, architecture, storage dtype, compile-time constants, threads
     per block, registers per thread, static shared memory per block (bytes) and spilled
-    bytes per thread (stores + loads). Returns ``""`` for no rows.
+    bytes per thread (stores + loads); "not reported" where neither the device nor ptxas
+    gave the number. Returns ``""`` for no rows.
     """
     rows = list(resources)
     if not rows:
         return ""
     head = ("kernel", "arch", "dtype", "config", "threads", "registers", "smem bytes", "spills")
-    body = [(r.entry, r.arch, r.dtype, r.config, str(r.threads_per_block), str(r.registers), f"{r.smem_bytes:,}",
-             str(r.spill_store_bytes + r.spill_load_bytes)) for r in rows]
+    body = [(r.entry, r.arch, r.dtype, r.config, str(r.threads_per_block), _number(r.registers),
+             _number(r.smem_bytes, "{:,}"), _number(r.spill_bytes)) for r in rows]
     widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
     right = {4, 5, 6, 7}
 
@@ -263,7 +264,8 @@ def _compile(builds, device, why_not: str | None, entries=None):
     except Exception as err:
         return (), f"The {kernel} ({names}) {was} not compiled: NVRTC could not be loaded ({err}).", False
     try:
-        rows = tuple(r for r in compile_report(ARCHS, builds=builds) if r.entry in entries)
+        on_device = getattr(device, "backend", None) == "cupy"     # a real device reports its own arch
+        rows = tuple(r for r in compile_report(ARCHS, builds=builds, use_device=on_device) if r.entry in entries)
     except KernelCompileError as err:
         return (), f"The {kernel} ({names}) failed to compile: {str(err).splitlines()[0]}", False
     archs = " and ".join(ARCHS)
@@ -364,6 +366,8 @@ def _summary(title: str, prep, checks, notes, extra_lines=()) -> str:
         all_notes.append(f"Nothing was timed: {prep.why_not}; the GPU run and its timing are skipped.")
     if prep.emulator_note:
         all_notes.append(prep.emulator_note)
+    all_notes += sorted({f"Resources of {r.entry} ({r.arch}) not reported: {r.reason}." for r in prep.resources
+                         if not r.reported})
     if all_notes:
         lines += [""] + all_notes
     return "\n".join(lines)
@@ -794,8 +798,8 @@ def io_on_gpu(*, ns=(1024, 2048, 4096), d: int = 64, heads: int = 8, repeats: in
     for b in builds:
         if b.kernel != "flash_attention":
             continue
-        reported = [compile_kernel(b, arch).resources["flash_attention_forward"].smem_bytes
-                    for arch in ARCHS] if prep.compiled else []
+        reported = [r.smem_bytes for r in prep.resources
+                    if r.entry == "flash_attention_forward" and r.config == _config(b)] if prep.compiled else []
         formula[b.describe()] = (b.smem_bytes, reported)
     details["smem_formula"] = formula
     if prep.compiled:
@@ -808,7 +812,7 @@ def io_on_gpu(*, ns=(1024, 2048, 4096), d: int = 64, heads: int = 8, repeats: in
                 extra.append(f"  d={c['HEAD_DIM']}, block_q={c['BLOCK_Q']}, block_k={c['BLOCK_K']}: "
                              f"4 * ({c['BLOCK_Q']}*{c['HEAD_DIM'] + 1} + 2*{c['BLOCK_K']}*{c['HEAD_DIM'] + 1} + "
                              f"{c['BLOCK_Q']}*{c['BLOCK_K'] + 1}) = {bytes_:,} bytes; ptxas: "
-                             f"{' and '.join(f'{r:,}' for r in reported)} bytes (sm_80 and sm_90)")
+                             f"{' and '.join(_number(r, '{:,}') for r in reported)} bytes (sm_80 and sm_90)")
         extra.append(f"  A block may declare at most {STATIC_SMEM_LIMIT // 1024} KiB of static shared memory: "
                      f"flash_attention_config picks the largest block_k that fits it.")
     dev = prep.device
