@@ -20,7 +20,8 @@ import pytest
 import lessons
 import lessons.gpu as gpu
 from lessons.schedules.causal import causal_mask
-from lessons.gpu import lesson, source
+from lessons.gpu import harness, lesson, source
+from lessons.gpu.launch import Runner
 
 needs_nvrtc = pytest.mark.skipif(not gpu.nvrtc_available() and not os.environ.get("CI"),
                                  reason="CuPy/NVRTC not installed: pip install cupy-cuda12x nvidia-cuda-nvrtc-cu12")
@@ -50,6 +51,11 @@ def results():
 NOTEBOOKS = ["01", "02", "03", "04", "04 tensor cores", "05", "06", "07"]
 
 
+def text(result) -> str:
+    """The summary with its wrapping undone (prose is wrapped at 100 columns)."""
+    return " ".join(result.summary.split())
+
+
 def emulator_check(result, index=0):
     checks = result.checks_on("emulator")
     assert checks, result.summary
@@ -66,16 +72,16 @@ def test_without_a_device_the_kernel_is_compiled_but_not_run(results, nb):
     r = results[nb]
     assert r.compiled
     assert "compiled for sm_80 and sm_90 with NVRTC" in r.status and "but not run" in r.status
-    assert r.summary.splitlines()[1] == r.status
+    assert text(r).startswith(f"On the GPU: {r.title} {r.status}")
     assert not r.ran_on_device and not r.checks_on("GPU")
-    assert "Nothing was timed" in r.summary
+    assert "Nothing was timed" in text(r)
     archs = {}
     for res in r.resources:
         archs.setdefault(res.entry, set()).add(res.arch)
         assert res.reported and res.source != "device", res     # use_device=False: ptxas's numbers, on any machine
     assert archs and all(a == {"sm_80", "sm_90"} for a in archs.values())
     for res in r.resources:                       # every row of the table is printed
-        assert f"{res.registers}" in r.summary and f"{res.smem_bytes:,}" in r.summary
+        assert f"{res.registers}" in text(r) and f"{res.smem_bytes:,}" in text(r)
 
 
 @needs_nvrtc
@@ -125,6 +131,77 @@ def test_resources_text_has_one_line_per_row():
 
 
 # ---------------------------------------------------------------------------
+# how the report reads: wrapped prose, tables kept whole and folded away in HTML
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("nb", NOTEBOOKS)
+def test_the_summary_wraps_prose_at_100_columns_between_words(results, nb):
+    r = results[nb]
+    words, wrapped_something = [], False
+    for block in r.blocks:
+        if isinstance(block, harness.Table):
+            words += block.title.split() + block.split()
+            assert str(block) in r.summary                         # a table is printed as it is
+            continue
+        words += block.split()
+        for line in harness._text(block).splitlines():
+            assert len(line) <= 100 or " " not in line.strip(), line
+        wrapped_something |= any(len(line) > 100 for line in block.splitlines())
+    assert r.summary.split() == words                              # no word broken, lost or added
+    assert wrapped_something or nb == "04"                         # every other section has long lines
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS)
+def test_html_folds_the_tables_and_keeps_the_status_plain(results, nb):
+    import html as html_module
+
+    r = results[nb]
+    page = r._repr_html_()
+    tables = [b for b in r.blocks if isinstance(b, harness.Table)]
+    assert page.count("<details>") == len(tables) >= (1 if r.resources else 0)
+    for table in tables:
+        assert f"<summary>{html_module.escape(table.title)}</summary>" in page
+    status = html_module.escape(r.status)
+    assert status in page and page.index(status) < page.index("<details>")
+    assert "but not run: the GPU was not used (use_device=False)." in r.status      # plain, not folded
+
+
+@pytest.fixture
+def no_resource_report(monkeypatch):
+    """NVRTC's log without the ptxas report and no standalone ptxas: nobody reports the resources."""
+    from lessons.gpu import compile as compile_mod
+
+    real = compile_mod._nvrtc()
+
+    class Quiet:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def getProgramLog(self, prog):
+            return ""
+
+    monkeypatch.setattr(compile_mod, "_nvrtc", lambda: Quiet())
+    monkeypatch.setattr(compile_mod, "find_ptxas", lambda: None)
+    for cached in (compile_mod.compile_kernel, compile_mod._standalone_report):
+        cached.cache_clear()
+    yield
+    for cached in (compile_mod.compile_kernel, compile_mod._standalone_report):
+        cached.cache_clear()
+
+
+@needs_nvrtc
+def test_a_missing_resource_report_reads_not_reported_never_a_failed_compile(no_resource_report):
+    r = lesson.paged_gqa_on_gpu(use_device=False, emulate=False)
+    assert r.compiled and "was compiled for sm_80 and sm_90 with NVRTC" in r.status
+    assert "fail" not in r.summary
+    assert [res.registers for res in r.resources] == [None, None] and not any(res.reported for res in r.resources)
+    table = next(b for b in r.blocks if isinstance(b, harness.Table))
+    for line in table.splitlines()[1:]:
+        assert line.count("not reported") == 3                    # registers, shared memory, spills
+    assert "Resources of paged_decode (sm_90) not reported: NVRTC's log held no ptxas report" in text(r)
+
+
+# ---------------------------------------------------------------------------
 # the emulator's numbers, against references computed another way
 # ---------------------------------------------------------------------------
 
@@ -140,7 +217,7 @@ def test_online_softmax_emulator_equals_the_textbook_softmax(results):
         assert c.lse[i] == pytest.approx(m + np.log(np.exp(row - m).sum()), rel=2e-6)
     assert (c.output[2] == 0).all() and np.isneginf(c.lse[2])     # a row that sees nothing
     assert (c.output[1, :300] == 0).all() and np.isfinite(c.output).all()
-    assert c.agrees and r.ok and "emulator (the same CUDA C on CPU threads, not the GPU)" in r.summary
+    assert c.agrees and r.ok and "emulator (the same CUDA C on CPU threads, not the GPU)" in text(r)
 
 
 @needs_emulator
@@ -172,7 +249,7 @@ def test_flash_attention_trace_matches_numpy_tile_by_tile(results):
     assert det["broken_divergence"].tile == first_rescale and det["broken_divergence"].quantity == "l"
     table = lesson.trace_table(g, rt, "emulator").splitlines()
     assert len(table) == 1 + len(rt) and table[1].split()[:2] == ["1", "0-15"]
-    assert "first_divergence: none" in r.summary and f"names tile {first_rescale + 1}" in r.summary
+    assert "first_divergence: none" in text(r) and f"names tile {first_rescale + 1}" in text(r)
 
 
 @needs_emulator
@@ -190,7 +267,7 @@ def test_causal_emulator_equals_attention_and_empty_rows_are_zero(results):
         np.testing.assert_allclose(c.lse[~empty], lse[~empty], **TOL)
         assert not np.isnan(c.output).any()
     assert r.details["empty_rows"][(128, 96)] == 32
-    assert "rows that see no key: 32 - the kernel wrote out = 0 there: True, lse = -inf: True" in r.summary
+    assert "rows that see no key: 32 - the kernel wrote out = 0 there: True, lse = -inf: True" in text(r)
 
 
 @needs_emulator
@@ -287,27 +364,20 @@ def test_gqa_emulator_equals_attention_head_by_head(results):
 
 def test_emulate_false_runs_nothing_and_says_so():
     r = lesson.paged_gqa_on_gpu(use_device=False, emulate=False)
-    assert r.checks == () and r.ok and "Nothing was timed" in r.summary
+    assert r.checks == () and r.ok and "Nothing was timed" in text(r)
 
 
 # ---------------------------------------------------------------------------
 # the GPU branch, with a stand-in device (the emulator backend, NumPy arrays)
 # ---------------------------------------------------------------------------
 
-class StandInDevice:
-    backend = "emulator"
-    xp = np
-    name = "a stand-in device (the CPU emulator)"
+class StandInDevice(Runner):
+    """The launchers' runner on the emulator backend, standing in for a CUDA device: every check
+    it makes is labelled "GPU", and it is timed with a wall clock."""
 
-    def put(self, x):
-        return np.ascontiguousarray(x)
-
-    @staticmethod
-    def get(x):
-        return np.asarray(x)
-
-    def kernel(self, launcher):
-        return lambda *a, **kw: launcher(*a, backend=self.backend, **kw)
+    def __init__(self):
+        super().__init__("emulator")
+        self.name = "a stand-in device (the CPU emulator)"
 
     def median_seconds(self, fn, *, warmup=0, repeats=1):
         start = time.perf_counter()
@@ -315,9 +385,14 @@ class StandInDevice:
         return time.perf_counter() - start
 
 
+def use_device_runner(monkeypatch, runner):
+    for module in (harness, lesson):
+        monkeypatch.setattr(module, "open_device", lambda use_device: (runner, None))
+
+
 @pytest.fixture
 def stand_in(monkeypatch):
-    monkeypatch.setattr(lesson, "_open_device", lambda use_device: (StandInDevice(), None))
+    use_device_runner(monkeypatch, StandInDevice())
 
 
 @needs_emulator
@@ -333,11 +408,11 @@ def stand_in(monkeypatch):
 def test_gpu_branch_checks_times_and_labels(stand_in, fn, kwargs):
     r = fn(**kwargs)
     assert r.ran_on_device and r.ok, r.summary
-    assert "and run on a stand-in device" in r.status and "On the GPU (a stand-in device" in r.summary
+    assert "and run on a stand-in device" in r.status and "On the GPU (a stand-in device" in text(r)
     assert not r.checks_on("emulator")            # the emulator runs only where the GPU did not
     timed = [c.median_seconds for c in r.checks_on("GPU") if c.median_seconds is not None]
     assert timed and all(t > 0 for t in timed)
-    assert "Nothing was timed" not in r.summary and "median time" in r.summary
+    assert "Nothing was timed" not in text(r) and "median time" in text(r)
 
 
 @needs_emulator
@@ -347,7 +422,7 @@ def test_gpu_branch_of_the_io_section_times_naive_and_kernel(stand_in):
     rows = r.details["timings"]
     assert [t["n"] for t in rows] == [32, 64] and r.ran_on_device
     assert all(t["max_difference"] < 2e-3 for t in rows)          # float16 outputs of the same attention
-    assert "naive CuPy" in r.summary
+    assert "naive CuPy" in text(r)
 
 
 @needs_emulator
@@ -383,11 +458,11 @@ def test_a_failing_gpu_run_is_reported_not_raised(monkeypatch):
                 raise RuntimeError("launch failed")
             return launch
 
-    monkeypatch.setattr(lesson, "_open_device", lambda use_device: (FailingDevice(), None))
+    use_device_runner(monkeypatch, FailingDevice())
     r = lesson.paged_gqa_on_gpu(emulate=False)
     assert not r.ran_on_device and r.checks == ()
     assert "but the run on a stand-in device (the CPU emulator) failed" in r.status
-    assert "The GPU run failed: RuntimeError: launch failed" in r.summary
+    assert "The GPU run failed: RuntimeError: launch failed" in text(r)
 
 
 # ---------------------------------------------------------------------------

@@ -12,15 +12,17 @@ Each has a trace build (``-DFA_TRACE``) that records ``(m, alpha, l)`` per tile 
 rows; :func:`first_divergence` compares such a trace with NumPy's. Without a GPU the
 kernels still compile (:func:`compile_report` gives registers and shared memory per
 kernel for sm_80 and sm_90, :func:`gpu_status` says what happened), and
-``backend="emulator"`` runs the same CUDA C on CPU threads. Importing this package
-needs neither CuPy nor a GPU.
+``backend="emulator"`` runs the same CUDA C on CPU threads. With a device, resources are
+read from the loaded kernel itself (:func:`kernel_resources`). Each notebook's "On the
+GPU" section is a short spec in :mod:`lessons.gpu.lesson` run by one flow,
+:mod:`lessons.gpu.harness`. Importing this package needs neither CuPy nor a GPU.
 """
 from lessons.gpu.bfloat16 import from_bfloat16_bits, to_bfloat16_bits
 from lessons.gpu.compile import (ARCHS, CompiledKernel, KernelCompileError, KernelResources, compile_kernel,
-                      compile_report, compile_report_table, device_available, device_name, find_ptxas,
-                      gpu_status, nvrtc_available, ptxas_resources)
+                      compile_report, compile_report_table, device_arch, device_available, device_name, find_ptxas,
+                      gpu_status, kernel_resources, nvrtc_available, ptxas_resources)
 from lessons.gpu.emulator import EmulatorError, EmulatorMemoryError, emulator_available
-from lessons.gpu.launch import (BACKENDS, SplitTraces, flash_attention_gpu, flash_attention_mma_gpu, flash_decoding_gpu,
+from lessons.gpu.launch import (BACKENDS, Runner, SplitTraces, flash_attention_gpu, flash_attention_mma_gpu, flash_decoding_gpu,
                      mma_probe_gpu, online_softmax_gpu, paged_decode_gpu)
 from lessons.gpu.source import (KERNELS, KernelBuild, default_builds, flash_attention_build, flash_attention_config,
                      flash_attention_mma_build, flash_attention_mma_config, kernel_source, online_softmax_build,
@@ -30,8 +32,8 @@ from lessons.gpu.trace_compare import GpuRowTrace, GpuTrace, TraceDivergence, fi
 __all__ = [
     "online_softmax_gpu", "flash_attention_gpu", "flash_attention_mma_gpu", "mma_probe_gpu", "paged_decode_gpu",
     "flash_decoding_gpu", "SplitTraces",
-    "BACKENDS", "compile_kernel", "compile_report", "compile_report_table", "gpu_status", "device_available",
-    "device_name", "nvrtc_available", "find_ptxas", "ptxas_resources", "ARCHS", "KernelResources",
+    "BACKENDS", "Runner", "compile_kernel", "compile_report", "compile_report_table", "kernel_resources",
+    "gpu_status", "device_available", "device_name", "device_arch", "nvrtc_available", "find_ptxas", "ptxas_resources", "ARCHS", "KernelResources",
     "CompiledKernel", "KernelCompileError", "KERNELS", "KernelBuild", "default_builds", "kernel_source",
     "flash_attention_config", "flash_attention_build", "flash_attention_mma_config", "flash_attention_mma_build",
     "paged_decode_config", "paged_decode_build",
