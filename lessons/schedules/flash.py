@@ -48,6 +48,12 @@ def flash_attention(q, k, v, tile=64, *, block_q=64, scale=None, causal=False, m
     Equal to :func:`lessons.attention` up to float rounding for every tile size.
     Peak extra memory is O(block_q * (tile + dv)) floats, not O(Nq * Nk).
 
+    A row's output never depends on a key it cannot see (masked or causal-hidden):
+    NaN, inf or any value in that key's k or v leaves the row bitwise unchanged, for
+    every ``tile`` and ``block_q``, even when the key shares a tile with rows that do
+    see it. NaN in a key or value the row sees, or in its own query, makes that row
+    (and only that row) NaN.
+
     Raises TypeError / ValueError naming the argument for non-float dtypes, wrong
     ranks, mismatched d or Nk, ``tile`` or ``block_q`` < 1, or a bad mask.
 

@@ -75,7 +75,10 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, ret
     keys and values of KV head ``h // (num_heads // num_kv_heads)``.
 
     Each page is read once per sequence and each KV head's slice of it serves all the
-    query heads of its group. Nothing past ``seq_lens[b]`` is read.
+    query heads of its group. Nothing past ``seq_lens[b]`` is read: padding slots,
+    free pages and table padding may hold anything (NaN, inf) without changing any
+    output, bitwise. NaN in a sequence's keys or values makes that sequence's query
+    heads of that KV head NaN, and nothing else.
 
     Raises TypeError for non-float q or caches or non-integer tables/lengths;
     ValueError for wrong ranks, mismatched d, num_seqs or cache shapes, ``num_heads``

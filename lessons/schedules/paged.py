@@ -169,7 +169,8 @@ def paged_flash_attention(q, block_table, k_cache, v_cache, seq_len, block_size,
 
     Nothing past ``seq_len`` is read: the unused slots of the last page, pages not in
     the table, and table entries past the blocks in use may hold anything (NaN, inf)
-    without changing the result.
+    without changing the result, bitwise. NaN in a key or value of the sequence, or
+    in a query row, makes the rows that see it NaN.
 
     Raises TypeError for non-float q or caches, a non-integer table or a non-int
     ``seq_len``/``block_size``; ValueError for wrong ranks, mismatched d or cache shapes,

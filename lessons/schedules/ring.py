@@ -92,6 +92,11 @@ def ring_attention(q, k, v, world_size, *, causal=False, scale=None, return_lse=
     out, or ``(out[, lse][, trace])``; ``out`` has shape (Nq, dv), or (dv,) for a
     single query, in the inputs' dtype (float16 is accumulated in float32).
 
+    A row's output never depends on a key it cannot see (causal-hidden): NaN, inf or
+    any value in that key's k or v leaves the row bitwise unchanged, for every
+    ``world_size``. NaN in a key or value the row sees, or in its own query, makes
+    that row (and only that row) NaN.
+
     Raises TypeError / ValueError naming the argument for non-float input, wrong
     ranks, mismatched d or Nk, or ``world_size`` < 1.
 

@@ -217,7 +217,8 @@ def fused_softmax_matmul(x, v, tile):
     Returns
     -------
     ndarray (dv,) for 1-D ``x`` or (rows, dv), in the result dtype of ``x`` and
-    ``v`` (float16 computed in float32). A row of all ``-inf`` gives zeros.
+    ``v`` (float16 computed in float32). A row of all ``-inf`` gives zeros. A value
+    whose score is ``-inf`` in a row adds exactly nothing to that row, even NaN or inf.
 
     Raises TypeError for non-float input or a non-int tile, ValueError for a bad
     rank, ``tile < 1``, or ``v`` whose length differs from ``x``'s.

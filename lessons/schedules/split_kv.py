@@ -62,8 +62,6 @@ def _check_partial(o, lse, name_o: str, name_lse: str):
     if lse.shape != o.shape[:-1]:
         raise ValueError(f"{name_lse} must have shape {o.shape[:-1]} ({name_o}.shape[:-1]); "
                          f"got {name_o} {o.shape} and {name_lse} {lse.shape}")
-    if np.isnan(lse).any() or np.isposinf(lse).any():
-        raise ValueError(f"{name_lse} must be finite or -inf (an empty state), got NaN or +inf")
     return o, lse
 
 
@@ -82,14 +80,20 @@ def merge_states(o_a, lse_a, o_b, lse_b):
     Parameters
     ----------
     o_a, o_b : float arrays, shape (..., dv), the same shape.
-    lse_a, lse_b : float arrays, shape (...) = ``o.shape[:-1]``; finite or ``-inf``.
+    lse_a, lse_b : float arrays, shape (...) = ``o.shape[:-1]``; finite, or ``-inf``
+        for an empty state.
 
     Returns ``(o, lse)`` of the same shapes, float dtype of the inputs (at least
-    float32); ``dv = 0`` works too (``o`` is then empty, ``lse`` still merged). The empty state is ``o = 0``, ``lse = -inf``: it is the identity of the
-    merge, and merging two empties gives an empty state (no NaN).
+    float32); ``dv = 0`` works too (``o`` is then empty, ``lse`` still merged). The
+    empty state is ``o = 0``, ``lse = -inf``: it is the identity of the merge, and
+    merging two empties gives an empty state (no NaN).
 
-    Raises TypeError for non-float input; ValueError if the shapes differ, ``lse`` does
-    not match ``o.shape[:-1]``, or an ``lse`` holds NaN or ``+inf``.
+    Each row is merged on its own: NaN in a row's ``lse`` or ``o`` (bad data that row
+    saw; a ``+inf`` lse counts as NaN) stays in that row's result and leaves every other
+    row exactly as it would be without it; the batch is never refused for it.
+
+    Raises TypeError for non-float input; ValueError if the shapes differ or ``lse``
+    does not match ``o.shape[:-1]``.
 
     ``lse`` is a natural logarithm, as FlashAttention returns it (some kernels keep it
     in base 2 internally).
@@ -201,6 +205,10 @@ def flash_decoding(q, k, v, num_splits, *, tile=64, scale=None, order="left", re
     -------
     out, or ``(out[, lse][, (o_parts, lse_parts)])``; ``out`` has shape (Nq, dv),
     or (dv,) for a single query, in the inputs' dtype.
+
+    NaN in one query row (or in a key it sees) makes that row's output and lse NaN
+    and leaves every other row exactly as it would be: the merge keeps each row's
+    NaN in that row (:func:`merge_states`).
 
     Raises TypeError / ValueError naming the argument for non-float input, wrong
     ranks, mismatched d or Nk, ``num_splits`` or ``tile`` < 1, or an unknown ``order``.
