@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from lessons.core.checks import causal_visible, check_flag, check_mask, check_qkv, check_scale
+from lessons.core.causal_rule import causal_visible
+from lessons.core.checks import check_flag, check_mask, check_qkv, check_scale
+from lessons.core.result import output_dtype, pack_result, shape_result
 
 __all__ = ["attention"]
 
@@ -44,7 +46,7 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, return_lse=False)
     Raises TypeError / ValueError naming the argument for non-float dtypes,
     wrong ranks, mismatched d or Nk, or a mask that does not fit (Nq, Nk).
     """
-    out_dtype = np.result_type(*(np.asarray(x).dtype for x in (q, k, v))) if _all_float(q, k, v) else None
+    out_dtype = output_dtype(q, k, v)                    # before q, k, v are cast for the work
     q2, k, v, single, dtype = check_qkv(q, k, v)
     causal, return_lse = check_flag(causal, "causal"), check_flag(return_lse, "return_lse")
     nq, nk = q2.shape[0], k.shape[0]
@@ -64,7 +66,8 @@ def attention(q, k, v, *, scale=None, causal=False, mask=None, return_lse=False)
     out = np.where(seen[:, None], _p_at_v(p, v) / np.where(seen, l, 1.0)[:, None], 0.0)
     with np.errstate(divide="ignore"):
         lse = np.where(seen, m + np.log(np.where(seen, l, 1.0)), -np.inf)
-    return _shape_result(out, lse, single, out_dtype, return_lse)
+    out, lse = shape_result(out, lse, single, out_dtype)
+    return pack_result(out, (return_lse, lse))
 
 
 def _p_at_v(p, v):
@@ -85,16 +88,3 @@ def _p_at_v(p, v):
         with np.errstate(invalid="ignore"):                # 0 * inf where p = 0: discarded
             out = out + np.where(pb > 0, pb * vb, 0.0).sum(axis=1)
     return out
-
-
-def _all_float(*xs) -> bool:
-    return all(np.issubdtype(np.asarray(x).dtype, np.floating) for x in xs)
-
-
-def _shape_result(out, lse, single, out_dtype, return_lse):
-    """Cast back to the input dtype and drop the row axis for a single query."""
-    out = out.astype(out_dtype, copy=False)
-    lse = lse.astype(np.result_type(out_dtype, np.float32), copy=False)
-    if single:
-        out, lse = out[0], lse[0]
-    return (out, lse) if return_lse else out

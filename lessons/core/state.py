@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["State", "correction_factor", "absorb", "merge", "finalize", "weighted_sum"]
+__all__ = ["State", "safe_max", "correction_factor", "absorb", "merge", "finalize", "weighted_sum"]
 
 
 @dataclass(frozen=True)
@@ -60,8 +60,13 @@ class State:
         return self.m.shape[0]
 
 
-def _safe_max(m: np.ndarray) -> np.ndarray:
-    """``m`` with ``-inf`` replaced by 0, so that ``x - m`` never computes ``-inf - -inf``."""
+def safe_max(m: np.ndarray) -> np.ndarray:
+    """``m`` with ``-inf`` replaced by 0, so that ``x - m`` never computes ``-inf - -inf``.
+
+    The one guard of the fold (the CUDA kernels' ``safe_max`` in ``common.cuh``): a row
+    whose max is still ``-inf`` has seen nothing, and ``exp(-inf - 0) = 0`` is right
+    for it. Any shape; returns the same shape and dtype.
+    """
     m = np.asarray(m)
     return np.where(np.isneginf(m), 0.0, m).astype(m.dtype, copy=False)
 
@@ -98,7 +103,7 @@ def correction_factor(m_old: np.ndarray, m_new: np.ndarray) -> np.ndarray:
     ``-inf`` (nothing visible yet) it returns 0, not ``exp(nan)``: the state is empty,
     so there is nothing to rescale (the NaN trap of a fully masked tile).
     """
-    return np.exp(np.asarray(m_old) - _safe_max(m_new))
+    return np.exp(np.asarray(m_old) - safe_max(m_new))
 
 
 def weighted_sum(p: np.ndarray, v: np.ndarray) -> np.ndarray:
@@ -148,7 +153,7 @@ def absorb(state: State, s: np.ndarray, v: np.ndarray) -> State:
         return state
     m_new = np.maximum(state.m, s.max(axis=1))
     alpha = correction_factor(state.m, m_new)
-    p = np.exp(s - _safe_max(m_new)[:, None])
+    p = np.exp(s - safe_max(m_new)[:, None])
     l = alpha * state.l + p.sum(axis=1)
     o = alpha[:, None] * state.o + weighted_sum(p, v)
     return State(m=m_new, l=l, o=o)

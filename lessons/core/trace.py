@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["TileStep", "Trace", "RowTrace"]
+from lessons.core.state import correction_factor
+
+__all__ = ["TileStep", "Trace", "RowTrace", "record_step"]
 
 
 @dataclass(frozen=True)
@@ -137,3 +139,19 @@ class Trace:
                 yield dict(tile=s.tile, row=s.row_start + r, key_start=s.key_start, key_stop=s.key_stop,
                            scores=s.scores[r], m_before=s.m_before[r], m=s.m[r], alpha=s.alpha[r],
                            l=s.l[r], o=s.o[r])
+
+
+def record_step(trace, before, after, scores, step_type=TileStep, **where) -> None:
+    """Append one absorb to ``trace`` (nothing when ``trace`` is None).
+
+    ``before``/``after``: the :class:`lessons.core.state.State` of the block's rows
+    around the absorb; ``scores`` (R, T) the tile's scores; ``step_type`` the record
+    class (:class:`TileStep` or a schedule's subclass); ``where``: its remaining fields
+    (``tile``, ``row_start``, ``row_stop``, ``key_start``, ``key_stop``, ...).
+    ``alpha`` is recomputed from the two maxima with the fold's own
+    :func:`lessons.core.state.correction_factor`.
+    """
+    if trace is not None:
+        trace.steps.append(step_type(scores=scores, m_before=before.m, m=after.m,
+                                     alpha=correction_factor(before.m, after.m), l=after.l, o=after.o,
+                                     **where))
