@@ -5,7 +5,10 @@ import numbers
 
 import numpy as np
 
-from lessons.core.causal_rule import causal_visible  # noqa: F401  (re-exported: the rule lives in causal_rule)
+from lessons.core.causal_rule import causal_visible  # re-exported: the rule lives in causal_rule
+
+__all__ = ["as_float_array", "check_qkv", "check_scale", "check_int", "check_positive_int", "check_block_k",
+           "check_flag", "check_mask", "causal_visible"]
 
 
 def as_float_array(x, name: str, ndims: tuple[int, ...]) -> np.ndarray:

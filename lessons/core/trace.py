@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lessons.core.state import correction_factor
+from lessons.core.checks import check_int
 
 __all__ = ["TileStep", "Trace", "RowTrace", "record_step"]
 
@@ -110,8 +111,7 @@ class Trace:
 
     def row(self, i: int) -> RowTrace:
         """The steps of query row ``i`` (0 <= i < Nq); raises IndexError outside, TypeError for a non-int."""
-        if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
-            raise TypeError(f"row index i must be an int, got {type(i).__name__} {i!r}")
+        i = check_int(i, "row index i")
         if not -self.nq <= i < self.nq:
             raise IndexError(f"row {i} out of range for Nq = {self.nq}")
         i %= self.nq
