@@ -229,11 +229,14 @@ def test_with_a_device_its_own_architecture_is_read_from_the_loaded_kernel(monke
     assert {r.source for r in rows_off} == {FROM_NVRTC}
 
 
-def test_a_device_that_cannot_report_leaves_ptxas_numbers(monkeypatch):
+@pytest.mark.parametrize("module", [FakeModule(RuntimeError("driver gone")),
+                                    FakeModule({"online_softmax": (-1, -1, -1)})],     # CuPy's "no such attribute"
+                         ids=["raises", "minus-one"])
+def test_a_device_that_cannot_report_leaves_ptxas_numbers(monkeypatch, module):
     build = source.online_softmax_build(128, "float32")
-    pretend_device(monkeypatch, FakeModule(RuntimeError("driver gone")))
+    pretend_device(monkeypatch, module)
     (row,) = gpu.compile_report(("sm_90",), builds=[build])
-    assert row.source == FROM_NVRTC and row.smem_bytes == 16
+    assert row.source == FROM_NVRTC and row.smem_bytes == 16 and row.registers >= 1
 
 
 def test_parse_ptxas_log_reads_each_entry():

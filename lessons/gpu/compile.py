@@ -331,11 +331,17 @@ def device_resources(build: KernelBuild, entry: str) -> dict:
     (``cuFuncGetAttribute``): ``num_regs`` -> registers, ``shared_size_bytes`` -> smem_bytes,
     ``local_size_bytes`` -> stack_bytes (local memory per thread). The device does not say
     how much of local memory is spills: the spill fields are 0 when there is no local memory,
-    else None. Returns a dict of ints/None. Raises whatever CuPy raises without a device."""
+    else None; an attribute the CUDA version lacks (CuPy: -1) is None. Returns a dict of
+    ints/None. Raises whatever CuPy raises without a device."""
     attributes = device_module(build).get_function(entry).attributes
-    local = int(attributes["local_size_bytes"])
+
+    def known(key):                      # CuPy gives -1 for an attribute this CUDA version lacks
+        value = int(attributes.get(key, -1))
+        return value if value >= 0 else None
+
+    local = known("local_size_bytes")
     spills = 0 if local == 0 else None
-    return dict(registers=int(attributes["num_regs"]), smem_bytes=int(attributes["shared_size_bytes"]),
+    return dict(registers=known("num_regs"), smem_bytes=known("shared_size_bytes"),
                 stack_bytes=local, spill_store_bytes=spills, spill_load_bytes=spills)
 
 
@@ -355,9 +361,13 @@ def kernel_resources(build: KernelBuild, arch: str, use_device: bool | None = No
         try:
             numbers = device_resources(build, entry)
         except Exception as err:  # a broken driver: keep ptxas's numbers, say why in the row
+            numbers, why = None, f"{type(err).__name__}: {err}"
+        else:
+            why = "it lacks num_regs or shared_size_bytes"
+        if numbers is None or numbers["registers"] is None or numbers["smem_bytes"] is None:
             if not rows[entry].reported:
                 rows[entry] = replace(rows[entry], reason=f"{rows[entry].reason}; the device could not report "
-                                                          f"either ({type(err).__name__}: {err})")
+                                                          f"either ({why})")
             continue
         rows[entry] = _row(build, entry, arch, numbers, FROM_DEVICE)
         if numbers["spill_store_bytes"] is None:
