@@ -21,6 +21,7 @@ The result is a :class:`GpuLesson`: numbers as attributes (for tests), a text su
 from __future__ import annotations
 
 import html
+import re
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -170,8 +171,10 @@ def _wrap(line: str) -> str:
     if len(line) <= WIDTH:
         return line
     indent = line[: len(line) - len(line.lstrip())]
-    return textwrap.fill(line.strip(), WIDTH, initial_indent=indent, subsequent_indent=indent + "  " * bool(indent),
-                         break_long_words=False, break_on_hyphens=False)
+    # an absolute value such as "|lse - NumPy|" stays on one line
+    kept = re.sub(r"\|[^|\n]*\|", lambda m: m.group(0).replace(" ", "\0"), line.strip())
+    return textwrap.fill(kept, WIDTH, initial_indent=indent, subsequent_indent=indent + "  " * bool(indent),
+                         break_long_words=False, break_on_hyphens=False).replace("\0", " ")
 
 
 def _text(block) -> str:
@@ -211,6 +214,9 @@ class GpuLesson:
 
     def __str__(self) -> str:
         return self.summary
+
+    def _repr_pretty_(self, printer, cycle) -> None:   # IPython's plain-text view: the summary, not the fields
+        printer.text(self.summary)
 
     def _repr_html_(self) -> str:
         parts = []

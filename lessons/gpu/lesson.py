@@ -37,7 +37,7 @@ import numpy as np
 from lessons.core.checks import check_positive_int
 from lessons.core.reference import attention
 from lessons.course.data import load_sample
-from lessons.gpu.compile import NOT_REPORTED
+from lessons.gpu.compile import NOT_REPORTED, _config
 from lessons.gpu.emulator import emulator_available
 from lessons.gpu.harness import (EMULATOR, GPU, TOLERANCE, GpuLesson, KernelCheck, Section, Table, format_seconds,
                                  open_device, resources_text, run_section)
@@ -474,7 +474,7 @@ def io_on_gpu(*, ns=(1024, 2048, 4096), d: int = 64, heads: int = 8, repeats: in
 
     def report(r):
         formula = {b.describe(): (b.smem_bytes, [x.smem_bytes for x in r.resources if x.entry == "flash_attention_forward"
-                                                 and x.config == _config_of(b)]) for b in forward}
+                                                 and x.config == _config(b)]) for b in forward}
         r.details["smem_formula"] = formula
         if not r.compiled:
             return []
@@ -492,10 +492,6 @@ def io_on_gpu(*, ns=(1024, 2048, 4096), d: int = 64, heads: int = 8, repeats: in
 
     return run_section(Section("04_io_awareness", "every kernel of the series, compiled (registers and shared memory)",
                                builds, report=report, timings=timings), use_device, emulate=False)
-
-
-def _config_of(build) -> str:
-    return " ".join(f"{k}={v}" for k, v in build.defines) + (" FA_TRACE" if build.trace else "")
 
 
 def tensor_cores_on_gpu(*, layer: int = 0, head: int = 0, row: int = 93, n: int = 8192, d: int = 64,
