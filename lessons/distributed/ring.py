@@ -131,7 +131,7 @@ def _check_args(args, world_size: int) -> str | None:
 
 
 def _fault(args, rank: int, step: int) -> None:
-    """Test hook: make one rank fail or hang at step 2 (index 1), or at its only step."""
+    """Test hook (``--fault RANK:raise|hang``): that rank fails or hangs in its first ring step."""
     if args.fault is None:
         return
     who, _, mode = args.fault.partition(":")
