@@ -48,6 +48,7 @@ def test_ring_over_mpi_gives_the_textbook_answer(mpi, tmp_path, world_size, sche
     assert check["steps_compared"] == world_size ** 2
     assert check["worst_state"] < ATOL and check["worst_output"] < ATOL
     # what crossed the links: each step's message, computed from the block's rows by hand
+    moving = "kv_block" if schedule == "kv" else "q_block"
     for ev in run.steps:
         rows = len(rank_rows(run, ev["q_block"]))
         if schedule == "kv":
@@ -55,8 +56,8 @@ def test_ring_over_mpi_gives_the_textbook_answer(mpi, tmp_path, world_size, sche
         else:
             want = rows * ((d + 2 + d) if ev["step"] < world_size - 1 else (2 + d)) * 8
         assert ev["bytes_sent"] == want
-    if schedule == "kv" and world_size > 1:
-        assert ring_message_bytes("kv", 10, d, d)["per_step"] == len(rank_rows(run, 0)) * 2 * d * 8
+        sent = ring_message_bytes(schedule, len(rank_rows(run, ev[moving])), d, d)
+        assert want == (sent["last_step"] if ev["step"] == world_size - 1 else sent["per_step"])
 
 
 def test_zigzag_split_evens_out_causal_work(mpi, tmp_path):

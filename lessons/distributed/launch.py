@@ -25,10 +25,18 @@ import numpy as np
 from lessons.schedules.ring import SCHEDULES, SPLITS, layout_index, ring_attention, ring_layout
 
 __all__ = ["RingRun", "RingRunError", "find_mpiexec", "mpi_status", "run_ring", "load_run",
-           "compare_with_simulation", "RECORDED_RUN", "INSTALL_HINT"]
+           "compare_with_simulation", "lesson_run", "RECORDED_RUN", "RECORDED_DIR", "LESSON_RUNS", "INSTALL_HINT"]
 
-#: A run recorded on the course's CPU machine, shipped for readers without MPI.
-RECORDED_RUN = Path(__file__).resolve().parent / "recorded" / "ring_w4_kv_causal_zigzag"
+#: The runs the ring lesson makes: 4 ranks, N = 2048, d = 64, causal, tiles of 256 keys.
+LESSON_RUNS = {
+    "kv_zigzag": dict(schedule="kv", split="zigzag"),
+    "kv_contiguous": dict(schedule="kv", split="contiguous"),
+    "q_zigzag": dict(schedule="q", split="zigzag"),
+}
+LESSON_SETTINGS = dict(world_size=4, n=2048, d=64, causal=True, block_k=256)
+#: Runs recorded on the course's CPU machine (folders named as LESSON_RUNS), shipped for readers without MPI.
+RECORDED_DIR = Path(__file__).resolve().parent / "recorded"
+RECORDED_RUN = RECORDED_DIR / "kv_zigzag"
 #: What to type to get MPI from PyPI alone.
 INSTALL_HINT = 'pip install -e ".[distributed]"   (or: pip install mpi4py mpich)'
 
@@ -212,6 +220,29 @@ def compare_with_simulation(run: RingRun, q=None, k=None, v=None) -> dict:
         compared += 1
     return dict(same_blocks=bool(same), worst_state=worst, worst_output=float(np.abs(run.out - sim_out).max()),
                 steps_compared=compared, trace=trace)
+
+
+def lesson_run(name: str, workdir=None, *, timeout: float = 180.0) -> RingRun:
+    """One of the lesson's runs (:data:`LESSON_RUNS`): live when MPI is installed, else the recorded one.
+
+    Live: runs :func:`run_ring` with :data:`LESSON_SETTINGS` into a new folder inside
+    ``workdir`` (default: a fresh temporary folder; an existing folder is never written
+    over) with the time limit ``timeout`` seconds. Without MPI: prints why and how to
+    install it, and returns the run recorded on the course's machine (``recorded=True``,
+    labelled as such by :meth:`RingRun.label` and the figures).
+    Raises ValueError for an unknown name, RingRunError when the live job fails.
+    """
+    import tempfile
+    if name not in LESSON_RUNS:
+        raise ValueError(f"name must be one of {', '.join(LESSON_RUNS)}, got {name!r}")
+    ok, why = mpi_status()
+    if not ok:
+        print(f"MPI is not available here ({why}).\nShowing the run recorded on the course's machine instead.")
+        return load_run(RECORDED_DIR / name, recorded=True)
+    base = Path(tempfile.mkdtemp(prefix="ring_", dir=workdir))
+    settings = dict(LESSON_SETTINGS)
+    world_size = settings.pop("world_size")
+    return run_ring(world_size, base / name, timeout=timeout, **settings, **LESSON_RUNS[name])
 
 
 def rank_rows(run: RingRun, rank: int) -> np.ndarray:

@@ -247,7 +247,7 @@ def _write(args, comm_size, gathered, wall):
                           end_s=end, idle_s=end - busy, **memory))
     msg = ring_message_bytes(args.schedule, -(-n // W), d, d)
     meta = dict(n=n, d=d, world_size=W, schedule=args.schedule, split=args.split, causal=args.causal,
-                block_k=args.block_k, seed=args.seed, device=args.device, wall_s=wall,
+                block_k=args.block_k, seed=args.seed, device=args.device, wall_s=wall, cpus=os.cpu_count(),
                 message_bytes_full_block=msg, host=platform.node(), python=platform.python_version(),
                 numpy=np.__version__, mpi=_mpi_version(), date=time.strftime("%Y-%m-%d %H:%M:%S %Z"))
     args.out.mkdir(parents=True, exist_ok=True)

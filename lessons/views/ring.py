@@ -16,8 +16,8 @@ from lessons.views.split_kv import WORKER_COLOURS
 
 __all__ = ["ring_timeline_figure", "ring_balance_figure"]
 
-WAIT_COLOUR = "#d62728"
-COMM_COLOUR = "#7f7f7f"
+WAIT_COLOUR = "#4d4d4d"
+COMM_COLOUR = "#000000"
 
 
 def _fields(run):
@@ -31,7 +31,7 @@ def ring_timeline_figure(run, *, figsize=(11.0, None), dpi=80) -> Figure:
 
     Each compute bar is coloured by the block that travels (the KV block for schedule
     ``kv``, the query block for ``q``) and labelled with its ring step, counted from 1.
-    Red: time blocked waiting for a transfer. Grey line under a bar: a transfer in
+    Dark grey: time blocked waiting for a transfer. Black line under a bar: a transfer in
     flight (``kv``: from posting ``Isend``/``Irecv`` to its completion, overlapping the
     compute; ``q``: the ``Sendrecv`` of the query block and its state). The title says
     whether the run is recorded and where it ran. ``run``: a RingRun or a dict with
@@ -55,12 +55,13 @@ def ring_timeline_figure(run, *, figsize=(11.0, None), dpi=80) -> Figure:
             ax.text((a + b) / 2, r, str(ev["step"] + 1), ha="center", va="center", fontsize=7, color="white")
         wa, wb = ev["wait"]
         if wb > wa:
-            ax.barh(r, wb - wa, left=wa, height=0.55, color=WAIT_COLOUR, alpha=0.75)
+            ax.barh(r, wb - wa, left=wa, height=0.55, color=WAIT_COLOUR, alpha=0.55)
         if ev.get("comm"):
             ca, cb = ev["comm"]
-            ax.plot([ca, cb], [r + 0.36, r + 0.36], color=COMM_COLOUR, linewidth=2.0, solid_capstyle="butt")
+            ax.plot([ca, cb], [r + 0.36, r + 0.36], color=COMM_COLOUR, linewidth=1.2, solid_capstyle="butt")
     ax.set_yticks(range(ws), [f"rank {r}" for r in range(ws)], fontsize=8)
     ax.set_ylim(ws - 0.4, -0.6)
+    ax.set_xlim(left=0)
     ax.set_xlabel("seconds since the common start (after a barrier)", fontsize=9)
     ax.tick_params(labelsize=8)
     for side in ("top", "right"):
@@ -72,8 +73,8 @@ def ring_timeline_figure(run, *, figsize=(11.0, None), dpi=80) -> Figure:
                  f"split {meta['split']}; {what}\n({kind}; numbers on bars: ring step, from 1)", fontsize=9)
     handles = [Patch(facecolor=WORKER_COLOURS[0], label=f"fold (colour = travelling {moving.replace('_', ' ')})"),
                Patch(facecolor="white", edgecolor="#666666", hatch="///", label="nothing visible (causal skip)"),
-               Patch(facecolor=WAIT_COLOUR, alpha=0.75, label="blocked, waiting for the transfer"),
-               Patch(facecolor=COMM_COLOUR, label="transfer in flight")]
+               Patch(facecolor=WAIT_COLOUR, alpha=0.55, label="blocked, waiting for the transfer"),
+               Patch(facecolor=COMM_COLOUR, label="transfer in flight (line)")]
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.2 if ws > 2 else -0.35), ncol=4,
               frameon=False, fontsize=8)
     return fig
