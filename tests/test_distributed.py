@@ -178,3 +178,28 @@ def test_mpi_status_says_how_to_install(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     ok, why = mpi_status()
     assert not ok and "mpi4py" in why and "pip install" in why
+
+
+def test_without_mpi_the_lesson_shows_the_recorded_run(monkeypatch, capsys):
+    import lessons.distributed.launch as launch
+    monkeypatch.setattr(launch, "mpi_status", lambda: (False, "mpi4py is not installed"))
+    run = launch.lesson_run("q_zigzag")
+    said = capsys.readouterr().out
+    assert "not available" in said and "recorded" in said
+    assert run.recorded and run.label().startswith("RECORDED run")
+    assert run.meta["schedule"] == "q" and run.meta["split"] == "zigzag"
+    with pytest.raises(ValueError, match="name"):
+        launch.lesson_run("ring")
+
+
+def test_recorded_runs_agree_with_each_other_and_show_the_balance():
+    from lessons.distributed.launch import LESSON_RUNS, RECORDED_DIR
+    runs = {name: load_run(RECORDED_DIR / name, recorded=True) for name in LESSON_RUNS}
+    base = runs["kv_zigzag"].out
+    for run in runs.values():
+        np.testing.assert_allclose(run.out, base, rtol=0, atol=ATOL)
+    # N = 2048, 4 ranks, causal, tiles of 256 keys. Contiguous: rank r owns rows [512 r, 512 r + 512),
+    # which see keys up to 512 r + 511, that is key tiles 0 .. 2r + 1: 2r + 2 tiles of 512 x 256 scores.
+    assert [r["work"] for r in runs["kv_contiguous"].ranks] == [512 * 256 * (2 * r + 2) for r in range(4)]
+    # zigzag: chunks of 256; chunk r sees r + 1 tiles, chunk 7 - r sees 8 - r: 9 tiles of 256 x 256 each
+    assert [r["work"] for r in runs["kv_zigzag"].ranks] == [9 * 256 * 256] * 4
