@@ -203,3 +203,24 @@ def test_recorded_runs_agree_with_each_other_and_show_the_balance():
     assert [r["work"] for r in runs["kv_contiguous"].ranks] == [512 * 256 * (2 * r + 2) for r in range(4)]
     # zigzag: chunks of 256; chunk r sees r + 1 tiles, chunk 7 - r sees 8 - r: 9 tiles of 256 x 256 each
     assert [r["work"] for r in runs["kv_zigzag"].ranks] == [9 * 256 * 256] * 4
+
+
+def test_timeline_figures_draw_what_the_ranks_recorded():
+    from matplotlib.patches import Rectangle
+
+    from lessons.distributed.launch import RECORDED_DIR
+    from lessons.views.ring import ring_balance_figure, ring_timeline_figure
+    run = load_run(RECORDED_DIR / "kv_zigzag", recorded=True)
+    fig = ring_timeline_figure(run)
+    ax = fig.axes[0]
+    assert "recorded run" in ax.get_title() and run.meta["date"] in ax.get_title()
+    folds = [p for p in ax.patches if isinstance(p, Rectangle) and abs(p.get_height() - 0.55) < 1e-9
+             and p.get_alpha() is None]                  # the waits are drawn translucent
+    assert len(folds) == len(run.steps) == 16
+    starts = sorted(round(p.get_x(), 9) for p in folds)
+    assert starts == sorted(round(ev["compute"][0], 9) for ev in run.steps)
+    labels = sorted(t.get_text() for t in ax.texts)
+    assert labels == sorted(str(ev["step"] + 1) for ev in run.steps if ev["work"] > 0)   # ring steps from 1
+    contiguous = load_run(RECORDED_DIR / "kv_contiguous", recorded=True)
+    titles = [a.get_title() for a in ring_balance_figure([contiguous, run]).axes]
+    assert "busiest / least work = 4.00" in titles[0] and "= 1.00" in titles[1]
