@@ -224,3 +224,15 @@ def test_timeline_figures_draw_what_the_ranks_recorded():
     contiguous = load_run(RECORDED_DIR / "kv_contiguous", recorded=True)
     titles = [a.get_title() for a in ring_balance_figure([contiguous, run]).axes]
     assert "busiest / least work = 4.00" in titles[0] and "= 1.00" in titles[1]
+
+
+def test_the_distributed_layer_imports_only_core_and_schedules():
+    import ast
+    folder = Path(__file__).resolve().parents[1] / "lessons" / "distributed"
+    for path in folder.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            for name in names:
+                if name.startswith("lessons."):
+                    assert name.split(".")[1] in ("core", "schedules", "distributed"), f"{path.name} imports {name}"
