@@ -157,11 +157,18 @@ def run_ring(world_size: int, out_dir, *, n: int = 4096, d: int = 64, causal: bo
 
 
 def run_with_timeout(cmd, timeout: float, threads_per_rank: int = 1) -> tuple[int | None, str]:
-    """Run ``cmd`` in a new session; on timeout kill its whole process group.
+    """Run ``cmd`` (an ``mpiexec`` line) with a time limit; leave none of its processes behind.
 
-    Returns ``(returncode, stdout + stderr)``, returncode None after a timeout.
+    Returns ``(returncode, stdout + stderr)``, returncode None after a timeout. The job
+    runs in a new session, and every process it starts carries a unique
+    ``LESSONS_RING_JOB`` token in its environment (MPICH's launcher puts each rank in a
+    session of its own, so a process group does not reach them). When the job ends, or
+    the time limit passes, every process still holding the token is killed (SIGKILL)
+    and waited for.
     """
-    env = dict(os.environ)
+    import uuid
+    token = uuid.uuid4().hex
+    env = dict(os.environ, LESSONS_RING_JOB=token)
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         env[var] = str(threads_per_rank)
     src = str(Path(__file__).resolve().parents[2])
@@ -172,20 +179,53 @@ def run_with_timeout(cmd, timeout: float, threads_per_rank: int = 1) -> tuple[in
         output, _ = proc.communicate(timeout=timeout)
         return proc.returncode, output
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        _end_job(proc, token)
         output, _ = proc.communicate()
         return None, output
     finally:
+        # mpiexec may return (after MPI_Abort, say) while ranks are still being torn down:
+        # end whatever is left, so that no rank outlives the call.
+        _end_job(proc, token)
         if proc.poll() is None:
-            _kill_group(proc)
             proc.communicate()
 
 
-def _kill_group(proc) -> None:
+def _job_pids(token: str) -> list[int]:
+    """Live processes whose environment holds ``LESSONS_RING_JOB=token`` (Linux /proc; [] elsewhere)."""
+    mark = f"LESSONS_RING_JOB={token}".encode()
+    pids = []
+    proc_dir = Path("/proc")
+    if not proc_dir.is_dir():
+        return pids
+    for p in proc_dir.iterdir():
+        if p.name.isdigit():
+            try:
+                if mark in (p / "environ").read_bytes():
+                    pids.append(int(p.name))
+            except OSError:
+                continue
+    return pids
+
+
+def _end_job(proc, token: str, wait: float = 10.0) -> None:
+    """SIGKILL mpiexec's process group and every process of the job; wait (up to ``wait`` s) until gone."""
+    import time
     try:
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):
         pass
+    end = time.monotonic() + wait
+    while True:
+        pids = _job_pids(token)
+        proc.poll()                                  # reap mpiexec itself once it has ended
+        if not pids or time.monotonic() > end:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.05)
 
 
 def compare_with_simulation(run: RingRun, q=None, k=None, v=None) -> dict:
