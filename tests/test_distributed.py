@@ -56,6 +56,15 @@ def test_ring_over_mpi_gives_the_textbook_answer(mpi, tmp_path, world_size, sche
         else:
             want = rows * ((d + 2 + d) if ev["step"] < world_size - 1 else (2 + d)) * 8
         assert ev["bytes_sent"] == want
+        # the order of events on the rank: kv posts the transfer, folds, then waits; q folds, then sends
+        last = ev["step"] == world_size - 1
+        if schedule == "kv" and not last:
+            assert ev["post"][0] <= ev["compute"][0] <= ev["compute"][1] <= ev["wait"][0]
+            assert ev["wait"][0] <= min(ev["send"][1], ev["recv"][1]) <= ev["wait"][1]
+        elif schedule == "kv":
+            assert ev["send"] is None and ev["recv"] is None and ev["bytes_recv"] == 0
+        else:
+            assert ev["compute"][1] <= ev["send"][0] <= ev["send"][1] == ev["recv"][1]
         sent = ring_message_bytes(schedule, len(rank_rows(run, ev[moving])), d, d)
         assert want == (sent["last_step"] if ev["step"] == world_size - 1 else sent["per_step"])
 

@@ -18,10 +18,15 @@ numbers whatever ``W`` is), so no rank ever holds the whole sequence:
 
 Both call :func:`lessons.schedules.ring.fold_block`, the same fold as the one-process
 simulation :func:`lessons.ring_attention`, which can therefore be compared with the real
-run step by step. Rank 0 gathers the output rows and every rank's timeline
-(compute, communication and wait intervals per step, the scores computed, peak memory)
-and writes them to ``--out``: ``result.npz`` (``out``, ``lse``, the state ``m``/``l``
-after every step on every rank) and ``timeline.json``.
+run step by step. Rank 0 gathers the output rows and every rank's timeline and writes
+them to ``--out``: ``result.npz`` (``out``, ``lse``, the state ``m``/``l`` after every
+step on every rank) and ``timeline.json``. Per rank and step the timeline holds, in
+seconds from a common start (a barrier): ``compute`` (the fold), ``send`` and ``recv``
+(from posting the transfer to the moment the rank saw it complete: completion is only
+observed when the rank waits, so these are upper bounds; for ``q`` both are the
+``Sendrecv``), ``wait`` (time blocked on the transfers), ``comm`` (first post to last
+completion), the blocks held, the bytes sent and received, and ``work`` (scores
+computed); per rank its work, compute, wait and idle seconds and its peak memory.
 
 Bad arguments (``W`` > ``N``, ``d`` < 1, an unknown schedule, a results folder that is
 not empty) are reported once, by rank 0, and every rank exits with status 2. An error
@@ -182,9 +187,13 @@ def _run_rank(comm, args):
             state, work = fold_block(state, q_own, q_chunks[r], kv[:, :d], kv[:, d:], kv_chunks[b], **fold)
             ev.update(compute=[a, now()], work=int(work))
             a = now()
-            MPI.Request.Waitall(reqs)
+            seen = {}
+            for _ in reqs:                                    # which transfer completed when (as seen here)
+                seen[("recv", "send")[MPI.Request.Waitany(reqs)]] = now()
             ev["wait"] = [a, now()]
             ev["comm"] = [ev["post"][0], ev["wait"][1]] if reqs else None
+            ev["send"] = [ev["post"][0], seen["send"]] if reqs else None
+            ev["recv"] = [ev["post"][0], seen["recv"]] if reqs else None
             records.append((t, qb, state.m.copy(), state.l.copy()))
             events.append(ev)
             if incoming is not None:
@@ -212,7 +221,9 @@ def _run_rank(comm, args):
                 in_msg = np.empty((q_rows[come], 2 + d))
             a = now()
             comm.Sendrecv(out_msg, dest=nxt, sendtag=t, recvbuf=in_msg, source=prv, recvtag=t)
-            ev.update(comm=[a, now()], wait=[a, now()], bytes_sent=out_msg.nbytes, bytes_recv=in_msg.nbytes)
+            b_ = now()
+            ev.update(comm=[a, b_], wait=[a, b_], send=[a, b_], recv=[a, b_], bytes_sent=out_msg.nbytes,
+                      bytes_recv=in_msg.nbytes)
             events.append(ev)
             if t < W - 1:
                 q_hold, m, l, o = (np.ascontiguousarray(x) for x in (in_msg[:, :d], in_msg[:, d], in_msg[:, d + 1],
