@@ -36,11 +36,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lessons.core.checks import causal_visible, check_positive_int, check_qkv, check_scale
+from lessons.core.causal_rule import DIAGONAL, SKIPPED, causal_visible, tile_kind
+from lessons.core.checks import check_flag, check_positive_int, check_qkv, check_scale
+from lessons.core.result import output_dtype, pack_result, shape_result
+from lessons.core.state import State, absorb, finalize
+from lessons.core.trace import TileStep, Trace, record_step
 from lessons.schedules.split_kv import split_ranges
-from lessons.core.reference import _all_float, _shape_result
-from lessons.core.state import State, absorb, correction_factor, finalize
-from lessons.core.trace import TileStep, Trace
 
 __all__ = ["ring_attention", "RingStep", "RingTrace", "RingRecord", "ring_layout", "layout_index", "fold_block",
            "ring_blocks", "ring_message_bytes", "SCHEDULES", "SPLITS"]
@@ -229,10 +230,11 @@ def fold_block(state: State, q_blk, q_chunks, k_blk, v_blk, kv_chunks, *, nq: in
             step = block_k or max(c1 - c0, 1)
             for t0 in range(c0, c1, step):
                 t1 = min(c1, t0 + step)
-                if nr == 0 or (causal and t0 > (r1 - 1) + nk - nq):
+                kind = tile_kind(r0, r1, t0, t1, nq, nk, causal) if nr else SKIPPED
+                if kind == SKIPPED:
                     continue                                 # tile wholly above the diagonal
                 s = (q_blk[q_off:q_off + nr] @ k_blk[k_off + t0 - c0:k_off + t1 - c0].T) * scale
-                if causal:
+                if kind == DIAGONAL:
                     s = np.where(causal_visible(np.arange(r0, r1), np.arange(t0, t1), nq, nk), s, -np.inf)
                 new = absorb(sub, s, v_blk[k_off + t0 - c0:k_off + t1 - c0])
                 work += s.size
@@ -280,16 +282,21 @@ def ring_attention(q, k, v, world_size, *, causal=False, scale=None, return_lse=
     out, or ``(out[, lse][, trace])``; ``out`` has shape (Nq, dv), or (dv,) for a
     single query, in the inputs' dtype (float16 is accumulated in float32).
 
+    A row's output never depends on a key it cannot see (causal-hidden): NaN, inf or
+    any value in that key's k or v leaves the row bitwise unchanged, for every
+    ``world_size``. NaN in a key or value the row sees, or in its own query, makes
+    that row (and only that row) NaN.
+
     Raises TypeError / ValueError naming the argument for non-float input, wrong
     ranks, mismatched d or Nk, ``world_size`` < 1, an unknown ``schedule`` or ``split``.
 
     Source: Liu et al. 2023 (Ring Attention), Alg. 1; Dao 2023, Alg. 1.
     """
-    out_dtype = np.result_type(*(np.asarray(x).dtype for x in (q, k, v))) if _all_float(q, k, v) else None
+    out_dtype = output_dtype(q, k, v)                    # before q, k, v are cast for the work
     q2, k, v, single, dtype = check_qkv(q, k, v)
     world_size = check_positive_int(world_size, "world_size")
-    if not isinstance(causal, (bool, np.bool_)):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__} {causal!r}")
+    causal = check_flag(causal, "causal")
+    return_lse, return_trace = check_flag(return_lse, "return_lse"), check_flag(return_trace, "return_trace")
     _check_choice(schedule, "schedule", SCHEDULES)
     _check_choice(split, "split", SPLITS)
     if block_k is not None:
@@ -316,10 +323,8 @@ def ring_attention(q, k, v, world_size, *, causal=False, scale=None, return_lse=
             holds[t, r], q_holds[t, r] = b, qb
 
             def record(r0, r1, c0, c1, before, after, s, t=t, r=r, b=b):
-                trace.steps.append(RingStep(
-                    tile=b, row_start=r0, row_stop=r1, key_start=c0, key_stop=c1, scores=s,
-                    m_before=before.m, m=after.m, alpha=correction_factor(before.m, after.m),
-                    l=after.l, o=after.o, ring_step=t, device=r))
+                record_step(trace, before, after, s, RingStep, tile=b, row_start=r0, row_stop=r1,
+                            key_start=c0, key_stop=c1, ring_step=t, device=r)
 
             states[qb], work = fold_block(
                 states[qb], q2[q_index[qb]], q_chunks[qb], k[kv_index[b]], v[kv_index[b]], kv_chunks[b],
@@ -336,10 +341,5 @@ def ring_attention(q, k, v, world_size, *, causal=False, scale=None, return_lse=
     for ix, state in zip(q_index, states):
         out[ix], lse[ix] = finalize(state)
 
-    out, lse = _shape_result(out, lse, single, out_dtype, True)
-    result = (out,)
-    if return_lse:
-        result += (lse,)
-    if return_trace:
-        result += (trace,)
-    return result if len(result) > 1 else result[0]
+    out, lse = shape_result(out, lse, single, out_dtype)
+    return pack_result(out, (return_lse, lse), (return_trace, trace))
