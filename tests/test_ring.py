@@ -247,3 +247,18 @@ def test_ring_figure_of_the_q_schedule():
     labels = [txt.get_text() for txt in fig.axes[1].texts]
     assert labels == [str(trace.q_holds[t, r]) for t in range(4) for r in range(4)]   # the travelling query block
     assert "query block" in fig.axes[1].get_title()
+
+
+@pytest.mark.parametrize("schedule", ["kv", "q"])
+@pytest.mark.parametrize("split", ["contiguous", "zigzag"])
+def test_hidden_keys_change_nothing_in_every_schedule(schedule, split):
+    # key 8 is the last of 9: under the causal mask only row 8 sees it
+    q, k, v = qkv(9, 9, seed=4)
+    kwargs = dict(causal=True, schedule=schedule, split=split, block_k=2)
+    ref = ring_attention(q, k, v, 3, **kwargs)
+    k2, v2 = k.copy(), v.copy()
+    k2[8], v2[8] = np.nan, np.inf
+    with np.errstate(invalid="ignore"):
+        out = ring_attention(q, k2, v2, 3, **kwargs)
+    np.testing.assert_array_equal(out[:8], ref[:8])
+    assert np.all(np.isnan(out[8]))
