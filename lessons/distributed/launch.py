@@ -97,7 +97,7 @@ class RingRun:
     def label(self) -> str:
         """One line saying what ran where, and whether it is a recorded run."""
         m = self.meta
-        kind = f"RECORDED run ({m['date']}, host {m['host']}, {m['mpi']})" if self.recorded else f"run on {m['host']}"
+        kind = f"RECORDED run ({m['date']}, host {m['host']}, {' '.join(m['mpi'].split())})" if self.recorded else f"run on {m['host']}"
         return (f"{kind}: {m['world_size']} ranks, schedule {m['schedule']}, split {m['split']}, N={m['n']}, "
                 f"d={m['d']}, causal={m['causal']}, wall {m['wall_s']:.3f} s")
 

@@ -268,7 +268,7 @@ def _write(args, comm_size, gathered, wall):
 
 def _mpi_version() -> str:
     from mpi4py import MPI
-    return MPI.Get_library_version().strip().splitlines()[0]
+    return " ".join(MPI.Get_library_version().strip().splitlines()[0].split())
 
 
 def main(argv=None) -> int:
