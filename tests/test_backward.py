@@ -373,3 +373,52 @@ def test_measured_backward_peak_memory_quadratic_vs_linear():
     assert 0 < a < 32 * 32 * 4 * 16
     assert r.flash_slope < 1.05
     assert r.flash_bytes[-1] < r.score_bytes[-1] / 4
+
+
+# --- the view draws what the trace recorded ------------------------------------------------
+
+def _small_trace(causal=True):
+    q, k, v, do = qkv(12, 12, 4, seed=12)
+    o, lse = forward(q, k, v, causal=causal)
+    *_, trace = flash_attention_backward(q, k, v, o, lse, do, block_q=4, block_k=4, causal=causal, return_trace=True)
+    return trace, attention_backward(q, k, v, do, causal=causal)
+
+
+def test_backward_figure_plots_the_trace_errors():
+    from lessons.views.backward import backward_figure
+    trace, exact = _small_trace()
+    fig = backward_figure(trace, 3, exact, causal=True)
+    grid, curves = fig.axes
+    err = trace.errors(exact)
+    for line, col in zip(curves.lines[:3], range(3)):
+        np.testing.assert_array_equal(line.get_ydata(), np.maximum(err[:, col], 1e-17))
+    assert len(trace) == 6                                  # 3 x 3 blocks, 3 above the diagonal skipped
+    with pytest.raises(ValueError, match="step must be an int in 1..6"):
+        backward_figure(trace, 0, exact)
+
+
+def test_backward_stepper_readouts_follow_the_slider():
+    from lessons.views.backward import BackwardStepper, backward_step_text
+    trace, exact = _small_trace()
+    st = BackwardStepper(trace, exact, causal=True)
+    assert st.slider.max == len(trace)
+    st.slider.value = len(trace)
+    last = trace.steps[-1]
+    assert f"key block <b>{last.key_block + 1}</b>" in st.readouts["key_block"].value
+    err = trace.errors(exact)[-1]
+    assert f"<b>{float(err[1]):.6g}</b>" in st.readouts["dk_error"].value
+    text = backward_step_text(trace, 1, exact)
+    first = trace.block_errors(0, exact)
+    assert f"{float(first['dk'][0]):.6g}" in text.splitlines()[2]
+
+
+def test_backward_cost_figure_draws_the_counts():
+    from lessons.cost.traffic import PeakMemory
+    from lessons.views.backward import backward_cost_figure
+    peak = PeakMemory(ns=[512, 1024], d=8, dtype="float32", tile=8, block_q=8, textbook_bytes=[10 ** 6, 4 * 10 ** 6],
+                      flash_bytes=[10 ** 4, 2 * 10 ** 4], score_bytes=[512 ** 2 * 4, 1024 ** 2 * 4])
+    t, f = textbook_backward_io(1024, 64), flash_backward_io(1024, 64, block_q=64, block_k=128)
+    mem, bars = backward_cost_figure(peak, t, f).axes
+    np.testing.assert_allclose(mem.lines[0].get_ydata(), np.array(peak.textbook_bytes) / 2 ** 20)
+    heights = [p.get_height() for p in bars.patches]
+    np.testing.assert_allclose(heights, [t.hbm_bytes / 2 ** 30, t.flops / 1e9, f.hbm_bytes / 2 ** 30, f.flops / 1e9])
