@@ -10,6 +10,7 @@ from lessons.schedules.gqa_decode import kv_cache_bytes, paged_decode
 from lessons.schedules.split_kv import flash_decoding, merge_states, reduce_states
 from lessons.course.data import Sample, late_max_case, load_sample, make_case, random_case
 from lessons.schedules.flash import flash_attention
+from lessons.schedules.backward import attention_backward, flash_attention_backward
 from lessons.cost.traffic import flash_block_sizes, flash_io, loglog_slope, measure_peak_memory, roofline_points, textbook_io
 from lessons.schedules.paged import paged_flash_attention
 from lessons.core.reference import attention
@@ -21,6 +22,7 @@ from lessons import gpu  # the same algorithms as CUDA kernels (lessons.gpu.gpu_
 
 __all__ = [
     "attention", "flash_attention",
+    "attention_backward", "flash_attention_backward",
     "State", "absorb", "merge", "finalize", "correction_factor",
     "Trace", "TileStep", "RowTrace",
     "paged_flash_attention", "merge_states", "reduce_states", "flash_decoding", "ring_attention",
