@@ -28,14 +28,14 @@ import numpy as np
 from lessons.gpu.launch import _check_arrays, _check_backend, _check_flash, _Runner, _storage_dtype
 from lessons.gpu.source import flash_attention_backward_build, flash_attention_backward_config
 
-__all__ = ["flash_attention_backward_gpu", "BackwardTrace", "PREPROCESS_ROWS"]
+__all__ = ["flash_attention_backward_gpu", "GpuBackwardTrace", "PREPROCESS_ROWS"]
 
 #: query rows per block of the preprocess kernel (one warp each)
 PREPROCESS_ROWS = 4
 
 
 @dataclass(frozen=True)
-class BackwardTrace:
+class GpuBackwardTrace:
     """What the trace build of the dK/dV kernel recorded for one key block.
 
     ``key_block``: the traced block j; ``block_q``, ``block_k``: the tile sizes (Br, Bc);
@@ -91,11 +91,11 @@ def flash_attention_backward_gpu(q, k, v, o, lse, do, *, scale=None, causal: boo
     block_q, block_k : tile sizes Br, Bc shared by both passes (default per d:
         :func:`lessons.gpu.source.flash_attention_backward_config`).
     trace_block : optional key block index j; the trace build then records the running
-        ``dK_j`` and ``dV_j`` after every query block (see :class:`BackwardTrace`).
+        ``dK_j`` and ``dV_j`` after every query block (see :class:`GpuBackwardTrace`).
     backend : ``"cupy"`` (GPU) or ``"emulator"`` (CPU threads).
 
     Returns ``(dq, dk, dv)`` shaped and typed like ``q``, ``k``, ``v`` (accumulated in float32,
-    rounded once to the storage dtype), plus a :class:`BackwardTrace` when ``trace_block`` is given.
+    rounded once to the storage dtype), plus a :class:`GpuBackwardTrace` when ``trace_block`` is given.
     A row with no visible key gets ``dq = 0`` and adds nothing to ``dk``, ``dv``; a key no row sees
     gets ``dk = dv = 0``. dQ is computed by its own pass (no atomics): the result is bitwise
     repeatable.
@@ -148,7 +148,7 @@ def flash_attention_backward_gpu(q, k, v, o, lse, do, *, scale=None, causal: boo
     if tracing:
         keys = np.arange(trace_block * block_k, min((trace_block + 1) * block_k, f.n_k))
         records = run.host(trace)[..., :keys.size, :].reshape(*f.lead, n_qblocks, 2, keys.size, f.d)
-        result += (BackwardTrace(trace_block, block_q, block_k, keys,
+        result += (GpuBackwardTrace(trace_block, block_q, block_k, keys,
                                  np.ascontiguousarray(records[..., 0, :, :]),
                                  np.ascontiguousarray(records[..., 1, :, :])),)
     return result

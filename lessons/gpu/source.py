@@ -243,6 +243,20 @@ def online_softmax_smem_bytes(tile: int) -> int:
 MAX_BACKWARD_HEAD_DIM = 128
 #: most (query, key) pairs of a tile one thread of the backward recomputes (block_q * block_k / 128)
 MAX_BACKWARD_PAIRS_PER_THREAD = 16
+#: default (block_q, block_k) of the backward, largest first; the first that fits is taken
+BACKWARD_TILE_PREFERENCE = ((32, 64), (32, 32), (16, 32), (16, 16), (8, 16))
+#: most dK_j + dV_j accumulators one thread of the dK/dV kernel holds in registers,
+#: 2 * ceil(d / (128 // block_k)); above it ptxas spills (measured: 58 spill at 128 registers/thread)
+MAX_BACKWARD_ACCUMULATORS = 56
+
+
+def _backward_accumulators(head_dim: int, block_k: int) -> int:
+    return 2 * -(-head_dim // (NUM_THREADS // block_k))
+
+
+def _backward_fits(head_dim: int, block_q: int, block_k: int) -> bool:
+    return (max(flash_attention_backward_smem_bytes(head_dim, block_q, block_k).values()) <= STATIC_SMEM_LIMIT
+            and _backward_accumulators(head_dim, block_k) <= MAX_BACKWARD_ACCUMULATORS)
 
 
 def flash_attention_backward_smem_bytes(head_dim: int, block_q: int, block_k: int) -> dict:
@@ -265,20 +279,28 @@ def flash_attention_backward_config(head_dim: int, block_q: int | None = None,
 
     The same two sizes serve both passes: the dK/dV kernel holds ``block_k`` keys and streams
     query blocks of ``block_q`` rows; the dQ kernel holds ``block_q`` rows and streams key blocks
-    of ``block_k``. Defaults: (32, 64) for d <= 32, (32, 32) for d <= 64, (16, 16) for d <= 128,
-    the largest whose tiles fit 48 KiB of static shared memory. Either may be given instead:
+    of ``block_k``. Default: the first of :data:`BACKWARD_TILE_PREFERENCE` (largest tiles first)
+    whose tiles fit 48 KiB of static shared memory and whose dK/dV accumulators fit in registers
+    (:data:`MAX_BACKWARD_ACCUMULATORS`): (32, 64) for d <= 40, (32, 32) for d <= 78, (16, 32) for
+    d <= 112, (16, 16) up to 128. One given alone takes 16 for the other. Given,
     each must be a power of two dividing 128 (4, 8, 16, 32, 64, 128), with
     ``128 <= block_q * block_k <= 2048`` (each thread recomputes 1..16 (query, key) pairs of a tile).
     ``head_dim`` must be in 1..128 (four float32 tiles of d = 256 do not fit).
-    Raises TypeError / ValueError naming the argument, also when the tiles need more than 48 KiB.
+    Raises TypeError / ValueError naming the argument, also when the tiles need more than 48 KiB
+    or more than 56 accumulators per thread.
     """
     d = _check_int(head_dim, "head_dim", 1, 1 << 30)
     if d > MAX_BACKWARD_HEAD_DIM:
         raise ValueError(f"head_dim must be in 1..{MAX_BACKWARD_HEAD_DIM} for the backward kernels "
                          f"(their Q, dO, K, V tiles must fit 48 KiB of shared memory), got {d}")
-    default_q, default_k = (32, 64) if d <= 32 else (32, 32) if d <= 64 else (16, 16)
-    bq = _check_int(default_q if block_q is None else block_q, "block_q", 1, NUM_THREADS)
-    bk = _check_int(default_k if block_k is None else block_k, "block_k", 1, NUM_THREADS)
+    if block_q is None and block_k is None:
+        block_q, block_k = next((bq, bk) for bq, bk in BACKWARD_TILE_PREFERENCE if _backward_fits(d, bq, bk))
+    elif block_q is None:
+        block_q = 16
+    elif block_k is None:
+        block_k = 16
+    bq = _check_int(block_q, "block_q", 1, NUM_THREADS)
+    bk = _check_int(block_k, "block_k", 1, NUM_THREADS)
     for name, value in (("block_q", bq), ("block_k", bk)):
         if value not in (4, 8, 16, 32, 64, 128):
             raise ValueError(f"{name} must be one of 4, 8, 16, 32, 64, 128 (a power of two dividing 128), "
@@ -290,6 +312,10 @@ def flash_attention_backward_config(head_dim: int, block_q: int | None = None,
     if smem > STATIC_SMEM_LIMIT:
         raise ValueError(f"block_q={bq}, block_k={bk} with head_dim={d} need {smem} bytes of shared memory, "
                          f"more than the {STATIC_SMEM_LIMIT} allowed; use smaller tiles")
+    acc = _backward_accumulators(d, bk)
+    if acc > MAX_BACKWARD_ACCUMULATORS:
+        raise ValueError(f"block_k={bk} with head_dim={d} leaves each thread {acc} dK/dV accumulators, more than "
+                         f"the {MAX_BACKWARD_ACCUMULATORS} that stay in registers; use a smaller block_k")
     return bq, bk
 
 

@@ -180,7 +180,7 @@ flash_attention_backward_dkdv(const scalar_t* __restrict__ q, const scalar_t* __
     int first_qblock = 0;
     if (causal) {
         const long long first_row = (long long)k_start - (n_k - n_q);
-        first_qblock = first_row <= 0 ? 0 : (int)min((long long)n_qblocks, first_row / BLOCK_Q);
+        first_qblock = first_row <= 0 ? 0 : first_row >= n_q ? n_qblocks : (int)(first_row / BLOCK_Q);
     }
 
     for (int qb = first_qblock; qb < n_qblocks; ++qb) {
