@@ -394,3 +394,68 @@ def test_agrees_with_torch_scaled_dot_product_attention_backward(causal):
         size = np.abs(ref).max()
         assert np.abs(ours - theirs).max() <= 1e-2 * size, name
         assert np.abs(ours - ref).max() <= 2 * np.abs(theirs - ref).max() + 1e-3 * size, name
+
+
+# ---------------------------------------------------------------------------
+# benchmarks/gpu_backward.py: what runs without a GPU
+# ---------------------------------------------------------------------------
+
+def _benchmark_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_backward.py"
+    spec = importlib.util.spec_from_file_location("gpu_backward_benchmark", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_benchmark_naive_backward_is_the_textbook_gradient(causal):
+    # the naive baseline, run with NumPy as its array module, against lessons.attention_backward
+    bench = _benchmark_module()
+    rng = np.random.default_rng(12)
+    q, do = (rng.standard_normal((2, 20, 16)) for _ in range(2))
+    k, v = (rng.standard_normal((2, 28, 16)) for _ in range(2))
+    got = bench.naive_backward(np, q, k, v, do, causal)
+    ref = textbook64((2,), q, k, v, do, causal)
+    for g, r in zip(got, ref):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)     # float32 arithmetic inside
+
+
+def test_benchmark_writes_its_table_and_plot_from_rows(tmp_path):
+    """The writer on hand-made rows (the timings themselves need a GPU)."""
+    bench = _benchmark_module()
+    rows = []
+    for impl in bench.IMPLS:
+        for n in (1024, 2048):
+            seconds = None if impl == "torch" else 1e-3 * (n / 1024) ** 2 / (1 + bench.IMPLS.index(impl))
+            rows.append(dict(impl=impl, n=n, d=64, heads=8, causal=False, dtype="float16", seconds=seconds,
+                             tflops=None if seconds is None else bench.backward_flops(n, 64, 8, False) / seconds / 1e12,
+                             peak_bytes=None if seconds is None else (n * n * 4 * 8 * 3 if impl == "naive" else n * 1024),
+                             note="skipped: torch is not installed" if seconds is None else ""))
+    bench.write_results(rows, tmp_path, dict(device="test device", heads=8, causal=False))
+    table = (tmp_path / "results.md").read_text()
+    assert "attention backward, test device" in table and "skipped: torch is not installed" in table
+    assert (tmp_path / "gpu_backward.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(list(csv_rows(tmp_path / "results.csv"))) == len(rows)
+    # 10 N^2 d flops per head: N = 1024, d = 64, 8 heads in 1 ms is 5.37 TFLOP/s
+    assert rows[0]["tflops"] == pytest.approx(10 * 1024**2 * 64 * 8 / 1e-3 / 1e12)
+    assert bench.backward_flops(1024, 64, 8, True) == 5 * 1024**2 * 64 * 8
+    line = bench.format_row(rows[0])
+    assert line.split()[:2] == ["naive", "float16"] and "5.37 TFLOP/s" in line and "96.0 MiB" in line
+
+
+def csv_rows(path):
+    import csv
+
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.mark.skipif(gpu.device_available(), reason="checks what the benchmark says without a device")
+def test_benchmark_without_a_device_says_so(capsys, tmp_path):
+    assert _benchmark_module().main(["--out", str(tmp_path / "out")]) == 0
+    assert "GPU benchmark not run: no CUDA device" in capsys.readouterr().out
+    assert not (tmp_path / "out").exists()
