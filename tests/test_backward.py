@@ -314,3 +314,111 @@ def test_bad_options(kw, exc, match):
     a = good()
     with pytest.raises(exc, match=match):
         flash_attention_backward(a["q"], a["k"], a["v"], a["o"], a["lse"], a["do"], **kw)
+
+
+# --- cost: traffic and FLOPs from the schedule, measured peak memory -----------------------
+
+from lessons.cost.backward import flash_backward_io, measure_backward_peak_memory, textbook_backward_io  # noqa: E402
+from lessons.cost.traffic import flash_io, textbook_io  # noqa: E402
+
+
+@pytest.mark.parametrize("n,d", [(1, 1), (100, 16), (1024, 64)])
+def test_textbook_backward_io_closed_form(n, d):
+    t = textbook_backward_io(n, d, element_size=4)
+    assert t.read_elements == 5 * n * n + 5 * n * d      # P twice, dP, dS twice; dO twice, V, K, Q
+    assert t.write_elements == 2 * n * n + 3 * n * d
+    assert t.hbm_bytes == 4 * (7 * n * n + 8 * n * d)
+    assert t.flops == 4 * 2 * n * n * d == 2 * textbook_io(n, d).flops
+
+
+@pytest.mark.parametrize("n,d,bq,bk", [(1, 1, 1, 1), (100, 16, 7, 30), (1024, 64, 64, 128), (1000, 64, 1000, 1)])
+def test_flash_backward_io_closed_form(n, d, bq, bk):
+    f = flash_backward_io(n, d, block_q=bq, block_k=bk)
+    tc = -(-n // bk)
+    assert f.read_elements == 2 * n * d + 2 * n * d + tc * (3 * n * d + 2 * n)
+    assert f.write_elements == n + 2 * n * d + tc * n * d
+    assert (f.block_q, f.block_k) == (bq, bk)
+    # recomputing S: five N x N x d matmuls, 2.5x the forward's two
+    assert f.flops == 5 * 2 * n * n * d
+    assert f.flops == 2.5 * flash_io(n, d, m_bytes=1, block_q=bq, block_k=bk, order="fa2").flops
+
+
+def test_flash_backward_moves_fewer_bytes_than_textbook():
+    for n in (1024, 8192, 32768):
+        f = flash_backward_io(n, 64, m_bytes=227 * 1024)     # Hopper's shared memory, FA-1 block sizes
+        t = textbook_backward_io(n, 64)
+        assert f.flops == 1.25 * t.flops                     # one more matmul than the textbook backward
+        assert f.hbm_bytes < t.hbm_bytes / 5
+    assert flash_backward_io(8192, 64, m_bytes=227 * 1024).block_k == -(-227 * 512 // 256)
+
+
+def test_flash_backward_io_needs_m_or_both_blocks():
+    with pytest.raises(ValueError, match="m_bytes is needed"):
+        flash_backward_io(64, 8, block_q=8)
+    with pytest.raises(ValueError, match="block_k must be at least 1"):
+        flash_backward_io(64, 8, block_q=8, block_k=0)
+
+
+def test_measured_backward_peak_memory_quadratic_vs_linear():
+    ns, d = (256, 512, 1024), 16
+    r = measure_backward_peak_memory(ns, d, block_q=32, block_k=32)
+    assert r.ns == list(ns) and r.score_bytes == [n * n * 4 for n in ns]
+    # textbook holds P, dP and dS: at least two full (N, N) matrices at its peak, at most a handful
+    for t, s in zip(r.textbook_bytes, r.score_bytes):
+        assert 2 * s <= t <= 8 * s
+    assert 1.9 < r.textbook_slope < 2.1
+    # flash grows by one row each of dq, dk, dv and one D, L per token
+    a, b = r.flash_linear_fit
+    assert b == pytest.approx((3 * d + 2) * 4, rel=0.1)
+    assert 0 < a < 32 * 32 * 4 * 16
+    assert r.flash_slope < 1.05
+    assert r.flash_bytes[-1] < r.score_bytes[-1] / 4
+
+
+# --- the view draws what the trace recorded ------------------------------------------------
+
+def _small_trace(causal=True):
+    q, k, v, do = qkv(12, 12, 4, seed=12)
+    o, lse = forward(q, k, v, causal=causal)
+    *_, trace = flash_attention_backward(q, k, v, o, lse, do, block_q=4, block_k=4, causal=causal, return_trace=True)
+    return trace, attention_backward(q, k, v, do, causal=causal)
+
+
+def test_backward_figure_plots_the_trace_errors():
+    from lessons.views.backward import backward_figure
+    trace, exact = _small_trace()
+    fig = backward_figure(trace, 3, exact, causal=True)
+    grid, curves = fig.axes
+    err = trace.errors(exact)
+    for line, col in zip(curves.lines[:3], range(3)):
+        np.testing.assert_array_equal(line.get_ydata(), np.maximum(err[:, col], 1e-17))
+    assert len(trace) == 6                                  # 3 x 3 blocks, 3 above the diagonal skipped
+    with pytest.raises(ValueError, match="step must be an int in 1..6"):
+        backward_figure(trace, 0, exact)
+
+
+def test_backward_stepper_readouts_follow_the_slider():
+    from lessons.views.backward import BackwardStepper, backward_step_text
+    trace, exact = _small_trace()
+    st = BackwardStepper(trace, exact, causal=True)
+    assert st.slider.max == len(trace)
+    st.slider.value = len(trace)
+    last = trace.steps[-1]
+    assert f"key block <b>{last.key_block + 1}</b>" in st.readouts["key_block"].value
+    err = trace.errors(exact)[-1]
+    assert f"<b>{float(err[1]):.6g}</b>" in st.readouts["dk_error"].value
+    text = backward_step_text(trace, 1, exact)
+    first = trace.block_errors(0, exact)
+    assert f"{float(first['dk'][0]):.6g}" in text.splitlines()[2]
+
+
+def test_backward_cost_figure_draws_the_counts():
+    from lessons.cost.traffic import PeakMemory
+    from lessons.views.backward import backward_cost_figure
+    peak = PeakMemory(ns=[512, 1024], d=8, dtype="float32", tile=8, block_q=8, textbook_bytes=[10 ** 6, 4 * 10 ** 6],
+                      flash_bytes=[10 ** 4, 2 * 10 ** 4], score_bytes=[512 ** 2 * 4, 1024 ** 2 * 4])
+    t, f = textbook_backward_io(1024, 64), flash_backward_io(1024, 64, block_q=64, block_k=128)
+    mem, bars = backward_cost_figure(peak, t, f).axes
+    np.testing.assert_allclose(mem.lines[0].get_ydata(), np.array(peak.textbook_bytes) / 2 ** 20)
+    heights = [p.get_height() for p in bars.patches]
+    np.testing.assert_allclose(heights, [t.hbm_bytes / 2 ** 30, t.flops / 1e9, f.hbm_bytes / 2 ** 30, f.flops / 1e9])

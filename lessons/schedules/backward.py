@@ -198,6 +198,31 @@ class BackwardTrace:
             dv[s.key_start:s.key_stop] = s.dv
         return dq, dk, dv
 
+    def block_errors(self, t, exact):
+        """Per-row max abs error of step ``t``'s running blocks against ``exact = (dq, dk, dv)``.
+
+        Returns a dict: ``"dk"`` and ``"dv"`` (C,) for the keys of the current key block,
+        ``"dq"`` (R,) for the rows of the current query block. Raises as :meth:`gradients_after`
+        and :meth:`errors`; ``t`` must be a real step (>= 0).
+        """
+        t = self._check_step(t)
+        if t < 0:
+            raise IndexError("step t must be >= 0 for block_errors")
+        dq, dk, dv = self._check_exact(exact)
+        s = self.steps[t]
+        rows, keys = slice(s.row_start, s.row_stop), slice(s.key_start, s.key_stop)
+
+        def rowmax(a):
+            return np.abs(a).max(axis=1) if a.shape[1] else np.zeros(a.shape[0])
+        return {"dk": rowmax(s.dk - dk[keys]), "dv": rowmax(s.dv - dv[keys]), "dq": rowmax(s.dq - dq[rows])}
+
+    def _check_exact(self, exact):
+        exact = tuple(np.asarray(x) for x in exact)
+        shapes = ((self.nq, self.d), (self.nk, self.d), (self.nk, self.dv))
+        if len(exact) != 3 or any(x.shape != s for x, s in zip(exact, shapes)):
+            raise ValueError(f"exact must be (dq, dk, dv) of shapes {shapes}, got {[x.shape for x in exact]}")
+        return exact
+
     def errors(self, exact):
         """Max abs error of the running dq, dk, dv after each step against ``exact = (dq, dk, dv)``.
 
@@ -205,11 +230,8 @@ class BackwardTrace:
         yet reached are still partial sums. Raises ValueError for shapes that differ
         from the trace's.
         """
-        exact = tuple(np.asarray(x) for x in exact)
-        shapes = ((self.nq, self.d), (self.nk, self.d), (self.nk, self.dv))
-        if len(exact) != 3 or any(x.shape != s for x, s in zip(exact, shapes)):
-            raise ValueError(f"exact must be (dq, dk, dv) of shapes {shapes}, got {[x.shape for x in exact]}")
-        dq = np.zeros(shapes[0]); dk = np.zeros(shapes[1]); dv = np.zeros(shapes[2])
+        exact = self._check_exact(exact)
+        dq, dk, dv = (np.zeros(x.shape) for x in exact)
         out = np.zeros((len(self.steps), 3))
         for n, s in enumerate(self.steps):
             dq[s.row_start:s.row_stop] = s.dq
