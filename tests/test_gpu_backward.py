@@ -209,6 +209,24 @@ def test_trace_replays_the_numpy_schedule_key_block_by_key_block(backend, causal
         last = max(steps)
         np.testing.assert_array_equal(trace.dk[last], dk[trace.keys])      # the last step is the output
         np.testing.assert_array_equal(trace.dv[last], dv[trace.keys])
+        errors = trace.errors(ref_trace)                                    # the same, as the lesson reads it
+        np.testing.assert_array_equal(errors[:, 0], sorted(steps))
+        assert errors[:, 1:].max() < 1e-5 * max(np.abs(dk).max(), np.abs(dv).max())
+
+
+def test_trace_comparison_names_a_wrong_schedule():
+    # hand-made: key block 0 of 2 query blocks, the kernel "absorbed" only the second
+    dk = np.full((2, 3, 4), np.nan, np.float32)
+    dk[1] = 1.0
+    trace = GpuBackwardTrace(0, 4, 4, np.arange(3), dk, dk.copy())
+    q, k, v, do = (np.ones((8, 4)) for _ in range(4))
+    o, lse = lessons.attention(q, k[:3], v[:3], return_lse=True)
+    *_, ref = lessons.flash_attention_backward(q, k[:3], v[:3], o, lse, do, block_q=4, block_k=4, return_trace=True)
+    with pytest.raises(ValueError, match=r"absorbed query blocks \[1\], NumPy \[0, 1\]"):
+        trace.errors(ref)
+    *_, other = lessons.flash_attention_backward(q, k[:3], v[:3], o, lse, do, block_q=8, block_k=4, return_trace=True)
+    with pytest.raises(ValueError, match="block_q, block_k = 8, 4"):
+        trace.errors(other)
 
 
 def test_trace_covers_every_head(backend):
@@ -219,6 +237,9 @@ def test_trace_covers_every_head(backend):
         np.testing.assert_array_equal(trace.dk[h, -1], dk[h, :16])
         np.testing.assert_array_equal(trace.dv[h, -1], dv[h, :16])
         assert not np.array_equal(trace.dv[h, 0], trace.dv[h, 1])    # it does accumulate
+    with pytest.raises(ValueError, match="head must index all 1 leading dims"):
+        trace.errors(lessons.flash_attention_backward(*(x[0].astype(np.float64) for x in inputs), block_q=8,
+                                                      block_k=16, return_trace=True)[-1])
 
 
 def test_gradients_are_bitwise_repeatable(backend):

@@ -20,11 +20,11 @@ threads, :mod:`lessons.gpu.emulator`), like the forward launchers in :mod:`lesso
 """
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 
 import numpy as np
 
+from lessons.core.checks import check_int
 from lessons.gpu.launch import _check_arrays, _check_backend, _check_flash, _Runner, _storage_dtype
 from lessons.gpu.source import flash_attention_backward_build, flash_attention_backward_config
 
@@ -63,14 +63,37 @@ class GpuBackwardTrace:
         """The query rows of query block ``step`` (``n_q`` rows in all)."""
         return range(step * self.block_q, min((step + 1) * self.block_q, n_q))
 
+    def errors(self, numpy_trace, head: tuple = ()) -> np.ndarray:
+        """Step by step against NumPy: max |running dK_j - NumPy's| and the same for dV_j.
+
+        ``numpy_trace``: a :class:`lessons.schedules.backward.BackwardTrace` of
+        :func:`lessons.flash_attention_backward` on the same head's inputs with the same
+        ``block_q``, ``block_k`` and options; ``head``: the leading index of that head ((): none).
+        Returns float64 (steps, 3): query block, dK error, dV error, one row per query block both
+        absorbed, in order. Raises ValueError when the block sizes differ or the two did not visit
+        the same query blocks of this key block (a causal skip that went wrong).
+        """
+        if (numpy_trace.block_q, numpy_trace.block_k) != (self.block_q, self.block_k):
+            raise ValueError(f"numpy_trace has block_q, block_k = {numpy_trace.block_q}, {numpy_trace.block_k}; "
+                             f"this trace {self.block_q}, {self.block_k}")
+        head = tuple(head)
+        dk, dv = self.dk[head], self.dv[head]
+        if dk.ndim != 3:
+            raise ValueError(f"head must index all {self.dk.ndim - 3} leading dims, got {head}")
+        steps = {s.query_block: s for s in numpy_trace.steps if s.key_block == self.key_block}
+        visited = np.flatnonzero(~np.isnan(dk).all(axis=(1, 2))) if self.keys.size else np.array([], int)
+        if sorted(steps) != visited.tolist():
+            raise ValueError(f"key block {self.key_block}: the kernel absorbed query blocks {visited.tolist()}, "
+                             f"NumPy {sorted(steps)}")
+        return np.array([[i, np.abs(dk[i] - steps[i].dk).max(initial=0.0), np.abs(dv[i] - steps[i].dv).max(initial=0.0)]
+                         for i in visited], dtype=np.float64).reshape(-1, 3)
+
 
 def _check_trace_block(trace_block, n_blocks: int) -> int:
-    if isinstance(trace_block, bool) or not isinstance(trace_block, numbers.Integral):
-        raise TypeError(f"trace_block must be an int (a key block index), got {type(trace_block).__name__} "
-                        f"{trace_block!r}")
+    trace_block = check_int(trace_block, "trace_block")
     if not 0 <= trace_block < n_blocks:
         raise ValueError(f"trace_block must be in [0, {n_blocks}) (ceil(Nk / block_k) key blocks), got {trace_block}")
-    return int(trace_block)
+    return trace_block
 
 
 def flash_attention_backward_gpu(q, k, v, o, lse, do, *, scale=None, causal: bool = False,
