@@ -23,7 +23,7 @@ from lessons.gpu import launch
 from lessons.gpu.compile import device_available
 
 KERNELS = ("online_softmax", "flash_attention", "flash_attention_mma", "paged_decode", "flash_decoding",
-           "flash_attention_backward")
+           "flash_backward")
 
 
 def host(x) -> np.ndarray:
@@ -132,7 +132,7 @@ def run_flash_decoding(cp, backend) -> bool:
     return ok
 
 
-def run_flash_attention_backward(cp, backend) -> bool:
+def run_flash_backward(cp, backend) -> bool:
     from lessons import attention_backward
     from lessons.gpu.backward import flash_attention_backward_gpu
 
