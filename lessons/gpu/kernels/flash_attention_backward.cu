@@ -31,7 +31,6 @@
 // pair instead of 5: 1.4x the FLOPs of the fused loop) and owns its rows: every dQ_i is summed in
 // one fixed key order by one thread block, so dq, dk and dv are bitwise the same on every run,
 // with no atomics and no extra buffer. A lesson values that repeatability over the 40 %.
-// (FlashAttention-3's "deterministic" backward makes the same trade with ordered semaphores.)
 //
 // Masking, as the forward (lessons/gpu/kernels/flash_attention.cu):
 //   * causal != 0 is aligned bottom-right: query i sees key j iff j <= i + n_k - n_q;
