@@ -7,7 +7,8 @@ zones around every buffer) and, where there is one, on a CUDA device. References
   textbook gradient, P materialised) is the truth;
 * the same NumPy code in the kernel's precision (float32 arithmetic, the result rounded to the
   storage dtype, as the kernel does) sets the bar: the kernel's largest error against float64
-  must be at most twice NumPy's, plus a floor of 1e-6 of the gradient's size;
+  must be at most twice NumPy's, plus a floor of 1e-8 of the gradient's size (NumPy's error
+  includes the rounding of the o and lse both receive);
 * :func:`lessons.flash_attention_backward` with ``return_trace=True`` gives the running
   ``dK_j``, ``dV_j`` after each query block, which the kernel's trace build must reproduce.
 
@@ -29,7 +30,7 @@ BACKENDS = [
     pytest.param("cupy", marks=pytest.mark.skipif(not gpu.device_available(), reason=NO_DEVICE)),
 ]
 gpu_only = pytest.mark.skipif(not gpu.device_available(), reason=NO_DEVICE)
-FLOOR = 1e-6          # relative to max |gradient|: only matters where NumPy happens to be exact
+FLOOR = 1e-8          # relative to max |gradient|, below float32 rounding: only matters where NumPy is exact
 
 
 @pytest.fixture(params=BACKENDS)
