@@ -229,13 +229,18 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           "A left fold (one loop) and a tree (log2 rounds, as a GPU reduction does) give the same output up "
           "to rounding. Reread section 2, 'Flash-decoding: split the keys, merge the partials' (the "
           "paragraph 'Any merge order gives the same output')."),
-        Q("In ring attention, what travels around the ring?",
-          ("The query blocks", "The states (m, l, o)",
-           "The key/value blocks; each device keeps its query block and its states", "The score matrix"),
-          2,
-          "Device r keeps query block r and its (m, l, o); at every step it folds the KV block it holds and "
-          "passes that block on. After world_size steps every device has seen every block. Reread section "
-          "3, 'Ring attention: the blocks travel, the states stay'."),
+        Q("Ring attention can pass the key/value blocks around the ring (Liu et al.), or pass each query "
+          "block together with its state (m, l, o) while the key/value blocks stay. Which is right?",
+          ("Only the key/value blocks may travel: moving the state changes the output",
+           "Either may travel: both give the same output up to rounding",
+           "Only the query block with its state may travel",
+           "Neither: every device needs all the keys at once"),
+          1,
+          "Either way every query block's state absorbs every KV block exactly once, only in a different order, "
+          "and the fold does not care where its tiles come from. What differs is what crosses the link each "
+          "step: a KV block, rows x (d + dv) numbers, or a query block and its state, rows x (d + 2 + dv), plus "
+          "one last send that returns each finished state to its owner; and only the KV schedule can overlap "
+          "the transfer with the fold. Reread section 3, 'Ring attention: two ways round the ring'."),
     ),
     "07_paged_gqa_decode": (
         Q("num_heads = 8 query heads share num_kv_heads = 2 KV heads. Which KV head does query head 3 read?",
