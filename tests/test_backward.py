@@ -422,3 +422,50 @@ def test_backward_cost_figure_draws_the_counts():
     np.testing.assert_allclose(mem.lines[0].get_ydata(), np.array(peak.textbook_bytes) / 2 ** 20)
     heights = [p.get_height() for p in bars.patches]
     np.testing.assert_allclose(heights, [t.hbm_bytes / 2 ** 30, t.flops / 1e9, f.hbm_bytes / 2 ** 30, f.flops / 1e9])
+
+
+# --- a gradient never depends on what its row (or key) cannot see --------------------------
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning",
+                            "ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.parametrize("poison", [np.nan, np.inf, -np.inf, 1e30])
+@pytest.mark.parametrize("fn", ["textbook", "flash"])
+def test_unseen_keys_and_rows_change_nothing(poison, fn):
+    """Key 6 is seen by no row, row 2 sees no key: poisoning their inputs leaves every gradient bitwise equal."""
+    q, k, v, do = qkv(5, 8, 4, dv=3, seed=21)
+    mask = np.ones((5, 8), bool)
+    mask[:, 6] = False
+    mask[2] = False
+    mask[0, :3] = False                                   # and row 0 does not see keys 0..2
+
+    def grads(q, k, v, do):
+        if fn == "textbook":
+            return attention_backward(q, k, v, do, mask=mask)
+        o, lse = forward(q, k, v, mask=mask)
+        return flash_attention_backward(q, k, v, o, lse, do, block_q=2, block_k=3, mask=mask)
+
+    clean = grads(q, k, v, do)
+    pq, pk, pv, pdo = q.copy(), k.copy(), v.copy(), do.copy()
+    pk[6], pv[6], pq[2], pdo[2] = poison, poison, poison, poison
+    dirty = grads(pq, pk, pv, pdo)
+    for c, d in zip(clean, dirty):
+        assert np.array_equal(c, d), f"max change {np.nanmax(np.abs(c - d))}"
+    assert np.all(dirty[0][2] == 0) and np.all(dirty[1][6] == 0) and np.all(dirty[2][6] == 0)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("fn", ["textbook", "flash"])
+def test_a_nan_key_reaches_only_the_rows_that_see_it(fn):
+    q, k, v, do = qkv(6, 6, 4, seed=22)
+    k[5] = np.nan                                          # causal: only the last row sees key 5
+
+    def grads(k):
+        if fn == "textbook":
+            return attention_backward(q, k, v, do, causal=True)
+        o, lse = forward(q, k, v, causal=True)
+        return flash_attention_backward(q, k, v, o, lse, do, block_q=2, block_k=2, causal=True)
+
+    clean = grads(np.where(np.isnan(k), 0.0, k))
+    dq = grads(k)[0]
+    assert np.isnan(dq[5]).all()
+    assert np.array_equal(dq[:5], clean[0][:5])

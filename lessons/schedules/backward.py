@@ -22,16 +22,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lessons.core.checks import as_float_array, causal_visible, check_flag, check_mask, check_positive_int, \
-    check_qkv, check_scale
-from lessons.schedules.causal import SKIPPED, tile_kind
+from lessons.core.causal_rule import SKIPPED, causal_visible, tile_kind
+from lessons.core.checks import as_float_array, check_flag, check_mask, check_positive_int, check_qkv, check_scale
+from lessons.core.result import output_dtype
 
 __all__ = ["attention_backward", "flash_attention_backward", "BackwardStep", "BackwardTrace",
            "recomputed_probabilities"]
-
-
-def _float_dtype(*xs):
-    return np.result_type(*(np.asarray(x).dtype for x in xs))
 
 
 def _check_like(x, name, shape, single, dtype):
@@ -88,6 +84,9 @@ def attention_backward(q, k, v, do, *, scale=None, causal=False, mask=None):
     (dq, dk, dv): shapes of q, k, v, in the inputs' dtype (float16 computed in
     float32). A query row with no visible key has ``dq = 0`` and contributes nothing
     to dk, dv; a key no row can see gets ``dk = dv = 0``; never NaN from masking.
+    A gradient never depends on what cannot be seen: NaN or inf in a key or value a row
+    cannot see (or in the q, dO of a row a key is hidden from) changes nothing, bitwise;
+    a row that sees one gets a NaN ``dq`` (and the keys it sees NaN ``dk``, ``dv``).
     Memory: P, dP and dS are (Nq, Nk) each.
 
     Raises TypeError / ValueError naming the argument for non-float dtypes, wrong
@@ -97,8 +96,7 @@ def attention_backward(q, k, v, do, *, scale=None, causal=False, mask=None):
     2017, Eq. 1); the softmax Jacobian ``dS_i = P_i * (dP_i - P_i . dP_i)`` as in
     Dao et al. 2022, App. B.2.
     """
-    out_dtype = _float_dtype(q, k, v, do) if all(np.issubdtype(_float_dtype(x), np.floating)
-                                                  for x in (q, k, v, do)) else None
+    out_dtype = output_dtype(q, k, v, do)
     q2, k, v, single, dtype = check_qkv(q, k, v)
     causal = check_flag(causal, "causal")
     nq, nk = q2.shape[0], k.shape[0]
@@ -114,13 +112,22 @@ def attention_backward(q, k, v, do, *, scale=None, causal=False, mask=None):
     e = np.exp(s - m)
     total = e.sum(axis=1, keepdims=True)
     p = e / np.where(total > 0, total, 1.0)                  # (Nq, Nk), stored: the cost FlashAttention avoids
-    dv = p.T @ do
     dp = do @ v.T                                            # (Nq, Nk), stored as well
-    ds = p * (dp - (p * dp).sum(axis=1, keepdims=True))      # softmax's Jacobian-vector product
     if visible is not None:
-        ds = np.where(visible, ds, 0.0)
-    dq = scale * (ds @ k)
-    dk = scale * (ds.T @ q2)
+        dp = np.where(visible, dp, 0.0)                      # a value a row cannot see is no part of its dP
+    ds = p * (dp - (p * dp).sum(axis=1, keepdims=True))      # softmax's Jacobian-vector product
+    # dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO, with each operand's NaN/inf rows zeroed: a zero of
+    # dS or P times NaN would be NaN. They come back as NaN only in the rows that see them.
+    seen = np.ones((nq, nk)) if visible is None else visible.astype(dtype)
+
+    def product(a, b, sees):
+        bad = ~np.isfinite(b).all(axis=1)
+        out = a @ np.where(bad[:, None], 0.0, b)
+        return np.where((sees @ bad.astype(dtype) > 0)[:, None], np.nan, out)
+
+    dv = product(p.T, do, seen.T)
+    dq = scale * product(ds, k, seen)
+    dk = scale * product(ds.T, q2, seen.T)
     return _cast_back(dq, dk, dv, single, out_dtype)
 
 
@@ -241,6 +248,23 @@ class BackwardTrace:
         return out
 
 
+def _seen_product(a, b, seen):
+    """``a @ b`` (a (R, T), b (T, n)) in which a pair hidden by ``seen`` (R, T) adds exactly nothing.
+
+    ``a`` is 0 wherever ``seen`` is False, but ``0 * NaN`` is NaN: a NaN or inf in a row of
+    ``b`` that belongs to a hidden key (or row) would still leak in. The product runs on
+    ``b`` with its non-finite entries zeroed; a row of the result that *sees* a non-finite
+    entry is NaN (its scores or probabilities are NaN already). Bitwise ``a @ b`` when ``b``
+    is finite or nothing is hidden.
+    """
+    finite = np.isfinite(b)
+    if seen is None or finite.all():
+        return a @ b
+    out = a @ np.where(finite, b, 0.0)
+    poisoned = seen.astype(a.dtype) @ (~finite).astype(a.dtype) > 0
+    return np.where(poisoned, np.nan, out).astype(out.dtype, copy=False)
+
+
 def flash_attention_backward(q, k, v, o, lse, do, *, block_q=64, block_k=64, scale=None, causal=False,
                              mask=None, return_trace=False):
     """Gradients of attention tile by tile, recomputing P from the stored row log-sum-exp.
@@ -265,7 +289,8 @@ def flash_attention_backward(q, k, v, o, lse, do, *, block_q=64, block_k=64, sca
     ``(dq, dk, dv)`` or ``(dq, dk, dv, trace)``: shapes of q, k, v, in the inputs'
     dtype (float16 computed in float32). Equal to :func:`attention_backward` up to
     rounding for every block size. A row with ``lse = -inf`` gets ``dq = 0``; a key
-    no row sees gets ``dk = dv = 0``; never NaN from masking. Extra memory:
+    no row sees gets ``dk = dv = 0``; never NaN from masking, and NaN or inf where a row
+    (or key) cannot see changes nothing, as in :func:`attention_backward`. Extra memory:
     O(block_q * block_k) for S, P, dP, dS and O(Nq) for D, never (Nq, Nk).
 
     Raises TypeError / ValueError naming the argument for non-float dtypes, wrong
@@ -273,9 +298,7 @@ def flash_attention_backward(q, k, v, o, lse, do, *, block_q=64, block_k=64, sca
 
     Source: Dao 2023 (FlashAttention-2), Alg. 2; Dao et al. 2022, Alg. 4 and App. B.
     """
-    arrays = (q, k, v, o, lse, do)
-    out_dtype = _float_dtype(q, k, v, do) if all(np.issubdtype(_float_dtype(x), np.floating)
-                                                  for x in arrays) else None
+    out_dtype = output_dtype(q, k, v, do)
     q2, k, v, single, dtype = check_qkv(q, k, v)
     causal, return_trace = check_flag(causal, "causal"), check_flag(return_trace, "return_trace")
     block_q, block_k = check_positive_int(block_q, "block_q"), check_positive_int(block_k, "block_k")
@@ -312,13 +335,14 @@ def flash_attention_backward(q, k, v, o, lse, do, *, block_q=64, block_k=64, sca
             if keep is not None:
                 s = np.where(keep, s, -np.inf)
             p = np.exp(s - L[r0:r1, None])                   # P_ij = exp(S_ij - L_i): already normalised
-            dv_j += p.T @ do[r0:r1]
             dp = do[r0:r1] @ v_j.T
             ds = p * (dp - D[r0:r1, None])
             if keep is not None:
-                ds = np.where(keep, ds, 0.0)
-            dq[r0:r1] += scale * (ds @ k_j)                  # read dQ_i, add, write back
-            dk_j += scale * (ds.T @ q2[r0:r1])
+                ds = np.where(keep, ds, 0.0)                 # 0, not 0 * NaN, where a key is hidden
+            keep_t = None if keep is None else keep.T
+            dv_j += _seen_product(p.T, do[r0:r1], keep_t)
+            dq[r0:r1] += scale * _seen_product(ds, k_j, keep)    # read dQ_i, add, write back
+            dk_j += scale * _seen_product(ds.T, q2[r0:r1], keep_t)
             if trace is not None:
                 trace.steps.append(BackwardStep(
                     key_block=j, query_block=i, row_start=r0, row_stop=r1, key_start=c0, key_stop=c1,

@@ -19,7 +19,6 @@ from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import NullLocator
 
 from lessons.schedules.backward import BackwardTrace
-from lessons.schedules.causal import tile_kind, SKIPPED
 from lessons.views.flash import TILE_COLOURS
 from lessons.views.plot import new_figure, tidy
 from lessons.views.softmax import figure_png
