@@ -164,16 +164,15 @@ flash_attention_forward(const scalar_t* __restrict__ q, const scalar_t* __restri
 
         // 4. o = alpha * o + P V_j for the columns c = lane + i * THREADS_PER_ROW this thread
         //    owns: rescale once, then add one key at a time (each p_j read once, broadcast).
-        //    A key this row cannot see is skipped, not multiplied by its p = 0: in the diagonal
-        //    tile its v may hold NaN or inf (a position not yet written), and 0 * NaN = NaN
-        //    would reach the row. (Keys past n_k are zeros in v_s, so only causality is checked.)
-        //    A key the row does see always counts, even when its p underflowed to 0: NaN in
-        //    its v makes the row's output NaN, as in the reference's P V.
+        //    A key with p = 0 is skipped, not multiplied: a key above the causal diagonal has
+        //    p = 0 exactly, and in the diagonal tile its v may hold NaN or inf (a position not
+        //    yet written); 0 * NaN = NaN would reach a row that cannot see it. (Keys past n_k
+        //    are zeros in v_s.) NaN or inf in v with p > 0 still reaches the row, as in P V.
 #pragma unroll
         for (int i = 0; i < COLS_PER_THREAD; ++i) o[i] *= alpha;
         for (int j = 0; j < BLOCK_K; ++j) {        // runtime loop; the i loop inside unrolls
-            if (causal && k_start + j > diagonal) break;   // this key and all after it are hidden
             const float p = p_s[r][j];
+            if (p == 0.f) continue;                // adds exactly nothing, whatever v holds
 #pragma unroll
             for (int i = 0; i < COLS_PER_THREAD; ++i) {
                 const int c = lane + i * THREADS_PER_ROW;

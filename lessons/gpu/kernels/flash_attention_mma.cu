@@ -45,10 +45,10 @@
 // 0 * NaN = NaN reaches row r. So:
 //   * the load writes non-finite V values into v_s as 0, and __syncthreads_or tells the
 //     whole block whether the tile had any (a finite v times p = 0 adds exactly 0);
-//   * only then (never, for clean data) step 6 adds the missing terms by hand, for the
-//     keys each row *does* see: p * v with v = inf or NaN is inf or NaN when p > 0, and
-//     NaN when p rounded to 0 (0 * inf). So NaN or inf in a visible v still reaches the
-//     row's output, in the same columns as in the reference's P V, and hidden keys add nothing.
+//   * only then (never, for clean data) step 6 adds the missing terms p * v by hand where
+//     p > 0: for v = inf or NaN that term is v itself (inf, or NaN). A key with p = 0
+//     (every hidden key) adds nothing. So NaN or inf in V reaches exactly the rows and
+//     columns it reaches in the reference's P V, and nothing else.
 //
 // Not done here, to keep the lesson short (each is a next step on the way to FA-2's
 // speed): cp.async double buffering of K/V, ldmatrix fragment loads, exp2 with log2(e)
@@ -304,23 +304,22 @@ flash_attention_mma(const scalar_t* __restrict__ q, const scalar_t* __restrict__
         }
 
         // 6. (only for a tile whose V held inf or NaN; the same for the whole block) the terms
-        //    p * v that step 5 left out, for the keys each row sees. For v = inf or NaN, p * v is
-        //    v itself when p > 0 and NaN when p == 0 (0 * inf), with p as rounded for the mma;
-        //    a key the row cannot see adds nothing. Key j's p of rows g, g + 8 is in lane
-        //    4g + (j % 8) / 2 of the quad, which passes its p_zero bits by a shuffle.
+        //    p * v that step 5 left out: for v = inf or NaN and p > 0 (as rounded for the mma)
+        //    p * v is v itself; p = 0 (every key the row cannot see) adds nothing. Key j's p of
+        //    rows g, g + 8 is in lane 4g + (j % 8) / 2 of the quad, which passes its p_zero bits
+        //    by a shuffle.
         if (tile_has_non_finite_v) {
             const int n_keys = min(BLOCK_K, n_k - k_start);          // the same for the whole block
 #pragma unroll 1
             for (int j = 0; j < n_keys; ++j) {
                 const int key = k_start + j;
-                bool sees[2], p_zero[2];
+                bool adds[2];                                        // p > 0 for row rows[h]
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const unsigned bits = __shfl_sync(0xffffffffu, p_zero_bits[h], 4 * g + (j % 8) / 2);
-                    p_zero[h] = (bits >> (2 * (j / 8) + j % 2)) & 1u;
-                    sees[h] = !causal || key <= rows[h] + n_k - n_q;
+                    adds[h] = !((bits >> (2 * (j / 8) + j % 2)) & 1u);
                 }
-                if (!sees[0] && !sees[1]) continue;                  // (no shuffle follows)
+                if (!adds[0] && !adds[1]) continue;                  // (no shuffle follows)
                 const scalar_t* v_row = v_bh + (long long)key * HEAD_DIM + 2 * t;
 #pragma unroll
                 for (int n = 0; n < O_TILES; ++n)
@@ -330,7 +329,7 @@ flash_attention_mma(const scalar_t* __restrict__ q, const scalar_t* __restrict__
                         if (!non_finite(x)) continue;                // already in o via v_s
 #pragma unroll
                         for (int h = 0; h < 2; ++h)
-                            if (sees[h]) o[n][2 * h + e] += p_zero[h] ? __int_as_float(0x7fc00000) : to_float(x);
+                            if (adds[h]) o[n][2 * h + e] += to_float(x);
                     }
             }
         }
