@@ -20,11 +20,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lessons.core.checks import causal_visible, check_positive_int, check_qkv, check_scale
+from lessons.core.causal_rule import DIAGONAL, SKIPPED, causal_visible, tile_kind
+from lessons.core.checks import check_flag, check_positive_int, check_qkv, check_scale
+from lessons.core.result import output_dtype, pack_result, shape_result
+from lessons.core.state import State, absorb, finalize
+from lessons.core.trace import TileStep, Trace, record_step
 from lessons.schedules.split_kv import split_ranges
-from lessons.core.reference import _all_float, _shape_result
-from lessons.core.state import State, absorb, correction_factor, finalize
-from lessons.core.trace import TileStep, Trace
 
 __all__ = ["ring_attention", "RingStep", "RingTrace"]
 
@@ -92,16 +93,21 @@ def ring_attention(q, k, v, world_size, *, causal=False, scale=None, return_lse=
     out, or ``(out[, lse][, trace])``; ``out`` has shape (Nq, dv), or (dv,) for a
     single query, in the inputs' dtype (float16 is accumulated in float32).
 
+    A row's output never depends on a key it cannot see (causal-hidden): NaN, inf or
+    any value in that key's k or v leaves the row bitwise unchanged, for every
+    ``world_size``. NaN in a key or value the row sees, or in its own query, makes
+    that row (and only that row) NaN.
+
     Raises TypeError / ValueError naming the argument for non-float input, wrong
     ranks, mismatched d or Nk, or ``world_size`` < 1.
 
     Source: Liu et al. 2023 (Ring Attention), Alg. 1; Dao 2023, Alg. 1.
     """
-    out_dtype = np.result_type(*(np.asarray(x).dtype for x in (q, k, v))) if _all_float(q, k, v) else None
+    out_dtype = output_dtype(q, k, v)                    # before q, k, v are cast for the work
     q2, k, v, single, dtype = check_qkv(q, k, v)
     world_size = check_positive_int(world_size, "world_size")
-    if not isinstance(causal, (bool, np.bool_)):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__} {causal!r}")
+    causal = check_flag(causal, "causal")
+    return_lse, return_trace = check_flag(return_lse, "return_lse"), check_flag(return_trace, "return_trace")
     nq, nk, dv = q2.shape[0], k.shape[0], v.shape[1]
     scale = dtype.type(check_scale(scale, q2.shape[1]))
     q_ranges = split_ranges(nq, world_size)
@@ -121,18 +127,16 @@ def ring_attention(q, k, v, world_size, *, causal=False, scale=None, return_lse=
             (r0, r1), (c0, c1) = q_ranges[r], kv_ranges[b]
             if r1 == r0 or c1 == c0:
                 continue                                 # nothing to fold
-            if causal and c0 > (r1 - 1) + nk - nq:       # block wholly above the diagonal
+            kind = tile_kind(r0, r1, c0, c1, nq, nk, causal)
+            if kind == SKIPPED:                          # block wholly above the diagonal
                 continue
             s = (q2[r0:r1] @ k[c0:c1].T) * scale
-            if causal:
+            if kind == DIAGONAL:
                 s = np.where(causal_visible(np.arange(r0, r1), np.arange(c0, c1), nq, nk), s, -np.inf)
             new = absorb(states[r], s, v[c0:c1])
             folded[t, r] = True
-            if trace is not None:
-                trace.steps.append(RingStep(
-                    tile=b, row_start=r0, row_stop=r1, key_start=c0, key_stop=c1, scores=s,
-                    m_before=states[r].m, m=new.m, alpha=correction_factor(states[r].m, new.m),
-                    l=new.l, o=new.o, ring_step=t, device=r))
+            record_step(trace, states[r], new, s, RingStep, tile=b, row_start=r0, row_stop=r1,
+                        key_start=c0, key_stop=c1, ring_step=t, device=r)
             states[r] = new
         # (here every device sends its KV block to device r + 1)
 
@@ -141,10 +145,5 @@ def ring_attention(q, k, v, world_size, *, causal=False, scale=None, return_lse=
     for (r0, r1), state in zip(q_ranges, states):
         out[r0:r1], lse[r0:r1] = finalize(state)
 
-    out, lse = _shape_result(out, lse, single, out_dtype, True)
-    result = (out,)
-    if return_lse:
-        result += (lse,)
-    if return_trace:
-        result += (trace,)
-    return result if len(result) > 1 else result[0]
+    out, lse = shape_result(out, lse, single, out_dtype)
+    return pack_result(out, (return_lse, lse), (return_trace, trace))
