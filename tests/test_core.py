@@ -313,7 +313,8 @@ def test_bad_tile(tile, exc, match):
 def test_tile_is_an_alias_of_block_k():
     q, k, v = qkv(9, 13, 4, seed=4)
     by_position, trace = flash_attention(q, k, v, 5, block_q=4, return_trace=True)
-    assert trace.tile == 5 and [s.key_start for s in trace.steps[:3]] == [0, 5, 10]
+    assert trace.tile == trace.block_k == trace.row(0).block_k == 5 and trace.block_q == 4
+    assert [s.key_start for s in trace.steps[:3]] == [0, 5, 10]
     for kwargs in (dict(block_k=5), dict(tile=5), dict(block_k=5, tile=5)):
         assert np.array_equal(flash_attention(q, k, v, block_q=4, **kwargs), by_position)
     assert flash_attention(q, k, v, return_trace=True)[1].tile == 64          # the default

@@ -70,6 +70,11 @@ class RowTrace:
         return len(self.tile)
 
     @property
+    def block_k(self) -> int:
+        """Keys per tile (Bc); ``tile_size`` is the same number under its older name."""
+        return self.tile_size
+
+    @property
     def output(self) -> np.ndarray:
         """Running normalised output ``o / l`` after each step, (n, dv); 0 while ``l == 0``."""
         seen = self.l > 0
@@ -97,7 +102,8 @@ class Trace:
     """Every absorb a tiled schedule made, in order.
 
     ``steps`` is a list of TileStep; ``nq``, ``nk`` the problem size; ``tile``
-    the keys per tile (block_k); ``block_q`` the query rows per block.
+    the keys per tile (read it as :attr:`block_k`, Bc); ``block_q`` the query rows per
+    block (Br). A step's ``tile`` is the index of its key tile, not a size.
     """
 
     nq: int
@@ -108,6 +114,11 @@ class Trace:
 
     def __len__(self) -> int:
         return len(self.steps)
+
+    @property
+    def block_k(self) -> int:
+        """Keys per tile (Bc in the papers); the field ``tile`` holds it."""
+        return self.tile
 
     def row(self, i: int) -> RowTrace:
         """The steps of query row ``i`` (0 <= i < Nq); raises IndexError outside, TypeError for a non-int."""
