@@ -137,16 +137,20 @@ def _named_mistakes(recs, failed) -> list[list[str]]:
     """
     def pairs(r):
         catches, hints = list(r.get("catches") or ()), list(r.get("hints") or ())
-        if len(catches) != len(hints):               # records without keys: the hint is its own key
-            return list(zip(hints, hints))
+        if len(catches) != len(hints):               # a record without keys: its hints are kept as they are
+            return [(None, h) for h in hints]
         return list(zip(catches, hints))
 
-    ruled_out = {r["catches"][0] for r in recs
-                 if r["outcome"] == "passed" and len(r.get("catches") or ()) == 1}
-    kept = [[(k, h) for k, h in pairs(r) if k not in ruled_out] for r in failed]
-    confirmed = {x[0][0] for x in kept if len(x) == 1}
+    def single(r):
+        catches = r.get("catches") or ()
+        return catches[0] if len(catches) == 1 else None
+
+    confirmed = {single(r) for r in failed} - {None}
+    ruled_out = {single(r) for r in recs if r["outcome"] == "passed"} - {None} - confirmed
+    kept = [[(k, h) for k, h in pairs(r) if k is None or k not in ruled_out] for r in failed]
+    confirmed |= {x[0][0] for x in kept if len(x) == 1 and x[0][0] is not None}
     if confirmed:
-        kept = [[(k, h) for k, h in x if k in confirmed] for x in kept]
+        kept = [[(k, h) for k, h in x if k is None or k in confirmed] for x in kept]
     return [[h for _, h in x] for x in kept]
 
 
