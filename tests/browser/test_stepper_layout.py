@@ -32,7 +32,7 @@ CELLS = [
 def steppers(lab, browser):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
-    nbformat.write(nb, lab.root / NAME)
+    nbformat.write(nb, lab.root / "notebooks" / NAME)
     context = browser.new_context(viewport=VIEWPORT)
     context.set_default_timeout(120_000)
     try:
