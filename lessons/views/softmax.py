@@ -115,7 +115,8 @@ def online_softmax_figure(x, trace, row=0):
         axl.annotate(f"{val:.3g}", (c, val), xytext=(0, 5), textcoords="offset points", ha="center", fontsize=8.5)
     axl.set_xlim(-0.5, n - 0.5)
     axl.set_ylabel("l", fontsize=10)
-    axl.set_xlabel("element j (tiles of %d)" % (trace.key_stop[0] - trace.key_start[0]), fontsize=10)
+    axl.set_xlabel("element index j, from 0 (tiles of %d, counted from 1)" % (trace.key_stop[0] - trace.key_start[0]),
+                   fontsize=10)
     axl.set_title("running sum l = Σ exp(x_j − m) over the elements seen, against the current m", fontsize=10,
                   loc="left")
     axl.margins(y=0.3)

@@ -52,9 +52,13 @@ def steppers(lab, browser):
 
 def _boxes(view):
     image = view.cell.locator(".widget-image").first
-    table = view.cell.locator("table").last
+    table = view.cell.locator(".widget-html", has_text="α in bold orange").first   # the per-tile table
     image.scroll_into_view_if_needed()
-    return image.bounding_box(), table.bounding_box()
+    img, tab = image.bounding_box(), table.bounding_box()
+    if img is None or tab is None:
+        jlab.screenshot(view.cell, "stepper-layout-missing-box")
+        raise AssertionError(f"picture {img} or table {tab} is not on the page")
+    return img, tab
 
 
 @pytest.mark.parametrize("which", [0, 1, 2], ids=["with kernel trace", "plain", "paged"])
