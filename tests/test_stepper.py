@@ -343,9 +343,10 @@ def test_paged_stepper_shows_the_block_table_and_the_page_of_the_step():
         s.slider.value = step
         text = re.sub(r"<[^>]+>", "", s.readouts["page"].value)
         assert text == f"logical block {step - 1} → physical page {int(table[step - 1])}"
-        cells = [(style, c) for style, c in re.findall(r"<td style='padding:0 5px;text-align:center;([^']*)'>(\d+)</td>",
-                                                        s.readouts["block_table"].value)
-                 if "#888" not in style]                               # the index row is grey
+        cells = re.findall(r"<td style='padding:0 5px;text-align:center;([^']*)'><div[^>]*>(\d+)</div>"
+                           r"<div data-page='(\d+)'>", s.readouts["block_table"].value)
+        assert [int(i) for _, i, _ in cells] == list(range(len(table)))
+        cells = [(style, page) for style, _, page in cells]
         assert [int(c) for _, c in cells] == [int(p) for p in table]
         assert [i for i, (style, _) in enumerate(cells) if "background" in style] == [step - 1]
     state = s.widget.children[2]                                       # the state row holds the page

@@ -399,15 +399,15 @@ class TileStepper:
             j = int(rt.tile[i])                          # logical block of this step (an index from 0)
             r["page"].value = (f"<b>logical block</b> {format_value(j)} → <b>physical page</b> "
                                f"{format_value(int(table[j]))}")
-            cells = "".join(
-                f"<td style='padding:0 5px;text-align:center;{'background:#f39c3a;font-weight:bold;' if jj == j else ''}"
-                f"'>{format_value(int(page))}</td>" for jj, page in enumerate(table))
-            index = "".join(f"<td style='padding:0 5px;text-align:center;color:#888'>{jj}</td>"
-                            for jj in range(len(table)))
+            cells = "".join(                             # one cell per entry: its index above its page
+                f"<td style='padding:0 5px;text-align:center;{'background:#f39c3a;font-weight:bold;' if jj == j else ''}'>"
+                f"<div style='color:#888;font-size:10px'>{jj}</div><div data-page='{int(page)}'>"
+                f"{format_value(int(page))}</div></td>" for jj, page in enumerate(table))
             r["block_table"].value = (
-                "<table style='border-collapse:collapse;font-family:monospace;font-size:12px'>"
-                f"<tr><td style='color:#888;padding-right:8px'>logical block (index)</td>{index}</tr>"
-                f"<tr><td style='padding-right:8px'><b>block_table</b> (page)</td>{cells}</tr></table>")
+                "<table style='border-collapse:collapse;font-family:monospace;font-size:12px'><tr>"
+                "<td style='padding-right:8px;text-align:right'><div style='color:#888;font-size:10px'>"
+                "logical block (index)</div><div><b>block_table</b> (page)</div></td>"
+                f"{cells}</tr></table>")
         r["scores_in_memory"].value = f"scores in memory now: <b>{format_value(b - a)}</b>"
         r["rescales"].value = f"rescales so far: <b>{format_value(int(self._rescales[i]))}</b>"
         r["max_error"].value = f"max |o/l − exact| = <b>{format_value(self._errors[i])}</b>"
