@@ -13,11 +13,12 @@ that would not fit before asking the compiler.
 """
 from __future__ import annotations
 
-import numbers
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+
+from lessons.core.checks import check_int
 
 __all__ = [
     "KERNEL_DIR", "KERNELS", "DTYPES", "STATIC_SMEM_LIMIT", "NUM_THREADS", "MAX_HEAD_DIM",
@@ -96,8 +97,7 @@ def flash_attention_smem_bytes(head_dim: int, block_q: int, block_k: int) -> int
 
 
 def _check_int(value, name: str, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    value = check_int(value, name)
     if not lo <= value <= hi:
         raise ValueError(f"{name} must be in {lo}..{hi}, got {value}")
     return int(value)
