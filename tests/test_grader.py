@@ -266,7 +266,9 @@ def test_summarise_statuses_and_hint_order():
         _rec("paged", "passed"), _rec("paged", "not attempted"),
         _rec("gqa_decode", "passed"), _rec("gqa_decode", "skipped"),
     ])}
-    assert results["absorb"] == ExerciseResult("absorb", "failed", 1, 2, 0, ("B", "A", "x"), ("t", "t"))
+    assert results["absorb"] == ExerciseResult("absorb", "failed", 1, 2, 0, ("B", "A"), ("t", "t"))
+    advice_only = summarise([_rec("absorb", "failed", [], ["x"]), _rec("absorb", "failed", [], ["y", "x"])])
+    assert advice_only[0].hints == ("x", "y")           # no named mistake: the checks' advice instead
     assert results["causal"].status == "not attempted"
     assert results["paged"].status == "incomplete"
     assert results["gqa_decode"].status == "passed" and results["gqa_decode"].total == 1
@@ -284,6 +286,12 @@ def _crec(outcome, catches, test="t"):
 
 def test_only_the_hint_of_the_mistake_made():
     on_o, on_l = MISTAKES.hint_text("alpha_missing_on_o"), MISTAKES.hint_text("alpha_missing_on_l")
+    # a check without a named mistake (tile size) also fails: its advice waits until the mistake is fixed
+    tile = {"exercise": "absorb", "test": "tile", "outcome": "failed", "catches": [], "hints": [],
+            "advice": ["the tile size must not change the result"]}
+    (r,) = summarise([_crec("passed", ["alpha_missing_on_l"], "l"), _crec("failed", ["alpha_missing_on_o"], "o"),
+                      tile])
+    assert r.hints == (on_o,)
     # alpha missing on o: the check of l passes, the check of o fails, the check of o / l fails
     (r,) = summarise([_crec("passed", ["alpha_missing_on_l"], "l"), _crec("failed", ["alpha_missing_on_o"], "o"),
                       _crec("failed", ["alpha_missing_on_o", "alpha_missing_on_l"], "o/l")])

@@ -169,7 +169,8 @@ def summarise(records, *, max_hints: int = 3) -> list[ExerciseResult]:
     some passed and the rest hit a stub, else ``passed``. The hints shown are those of
     the mistakes actually made (a mistake whose own check passed is ruled out; one whose
     own check failed is confirmed and shown alone), the one named by the most failures
-    first, then the other advice ranked the same way; at most ``max_hints``. Raises
+    first; only when no named mistake is left, the other advice (or the failure
+    messages) ranked the same way; at most ``max_hints``. Raises
     ValueError for an unknown outcome.
     """
     by_name: dict[str, list[dict]] = {}
@@ -184,8 +185,9 @@ def summarise(records, *, max_hints: int = 3) -> list[ExerciseResult]:
         count = Counter(r["outcome"] for r in recs)
         failed = [r for r in recs if r["outcome"] == "failed"]
         named = _named_mistakes(recs, failed)
-        advice = [r.get("advice") or () for r in failed]
-        if not any(named):                           # no named mistake left: say what failed
+        if any(named):                               # the mistakes made; other advice after they are fixed
+            advice = []
+        else:                                        # no named mistake: the checks' advice, or what failed
             advice = [list(r.get("advice") or ()) or ([r["message"]] if r.get("message") else [])
                       for r in failed]
         hints = _ranked(named) + _ranked(advice)
