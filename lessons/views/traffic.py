@@ -135,8 +135,9 @@ def roofline_figure(points, hardware=H200):
     for p in points:
         colour = {"textbook": TEXTBOOK_COLOUR, "flash-fa1": FA1_COLOUR}.get(p.count.algorithm, FLASH_COLOUR)
         filled = p.precision == precisions[0]
-        ax.loglog([p.intensity], [p.attainable], ls="none", marker=markers.get(p.count.d, "D"), ms=9,
-                  mfc=colour if filled else "white", mec=colour, mew=1.8,
+        fa2 = p.count.algorithm == "flash-fa2"          # drawn smaller and on top: it can sit on another point
+        ax.loglog([p.intensity], [p.attainable], ls="none", marker=markers.get(p.count.d, "D"), ms=7 if fa2 else 9,
+                  mfc=colour if filled else "white", mec=colour, mew=1.8, zorder=4 if fa2 else 3,
                   label=f"{p.label}: {p.intensity:.0f} FLOP/B ({p.bound})")
     ax.set_xlabel("arithmetic intensity (FLOPs per HBM byte)", fontsize=10)
     ax.set_ylabel("attainable FLOP/s", fontsize=10)
