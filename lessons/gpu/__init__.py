@@ -28,6 +28,8 @@ from lessons.gpu.source import (KERNELS, KernelBuild, default_builds, flash_atte
                      paged_decode_build, paged_decode_config)
 from lessons.gpu.backward import GpuBackwardTrace, flash_attention_backward_gpu
 from lessons.gpu.source import flash_attention_backward_build, flash_attention_backward_config
+from lessons.gpu.launch import flash_attention_regtile_gpu
+from lessons.gpu.source import flash_attention_regtile_build, flash_attention_regtile_config
 from lessons.gpu.trace_compare import GpuRowTrace, GpuTrace, TraceDivergence, first_divergence
 
 __all__ = [
@@ -41,4 +43,5 @@ __all__ = [
     "online_softmax_build", "GpuTrace", "GpuRowTrace", "TraceDivergence", "first_divergence",
     "to_bfloat16_bits", "from_bfloat16_bits", "emulator_available", "EmulatorError", "EmulatorMemoryError",
     "flash_attention_backward_gpu", "GpuBackwardTrace", "flash_attention_backward_config", "flash_attention_backward_build",
+    "flash_attention_regtile_gpu", "flash_attention_regtile_config", "flash_attention_regtile_build",
 ]

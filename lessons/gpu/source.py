@@ -27,6 +27,8 @@ __all__ = [
     "paged_decode_config", "paged_decode_smem_bytes", "online_softmax_smem_bytes", "default_builds",
     "MAX_BACKWARD_HEAD_DIM", "flash_attention_backward_config", "flash_attention_backward_smem_bytes",
     "flash_attention_backward_build",
+    "REGTILE_TILES", "flash_attention_regtile_config", "flash_attention_regtile_smem_bytes",
+    "flash_attention_regtile_build",
 ]
 
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
@@ -36,6 +38,7 @@ KERNELS = {
     "online_softmax": ("online_softmax",),
     "flash_attention": ("flash_attention_forward",),
     "flash_attention_mma": ("flash_attention_mma", "mma_probe"),
+    "flash_attention_regtile": ("flash_attention_regtile",),
     "paged_decode": ("paged_decode", "paged_decode_split", "merge_splits"),
     "flash_attention_backward": ("flash_attention_backward_preprocess", "flash_attention_backward_dkdv",
                                  "flash_attention_backward_dq"),
@@ -191,6 +194,61 @@ def flash_attention_mma_build(head_dim: int, dtype: str = "float16", trace: bool
                          f"use flash_attention_gpu for float32")
     bk = flash_attention_mma_config(head_dim, block_k)
     return KernelBuild.make("flash_attention_mma", dtype, trace, HEAD_DIM=head_dim, BLOCK_K=bk)
+
+
+# ---------------------------------------------------------------------------
+# flash attention forward, register-tiled (CUDA cores, float32)
+# ---------------------------------------------------------------------------
+
+#: (block_q, block_k) of the register-tiled kernel, largest first; the first that fits is taken
+REGTILE_TILES = ((64, 64), (64, 32), (32, 32), (32, 16), (16, 16))
+
+
+def flash_attention_regtile_smem_bytes(head_dim: int, block_q: int, block_k: int) -> int:
+    """Static shared memory of ``flash_attention_regtile`` in bytes: float32 ``q_s[block_q][d+4]``,
+    ``kv_s[block_k][d+4]`` (K, then V, of the tile), ``p_s[block_q][block_k+4]``."""
+    return 4 * (block_q * (head_dim + 4) + block_k * (head_dim + 4) + block_q * (block_k + 4))
+
+
+def flash_attention_regtile_config(head_dim: int, block_q: int | None = None,
+                                   block_k: int | None = None) -> tuple[int, int]:
+    """Tile sizes ``(block_q, block_k)`` of the register-tiled forward kernel for head dim ``d``.
+
+    ``head_dim`` must be a multiple of 4 in 4..256 (rows are read 16 bytes at a time).
+    128 threads = 16 row groups x 8 lanes, so ``block_q`` is 16, 32 or 64 (1, 2 or 4 rows per
+    thread) and ``block_k`` 8, 16, 32 or 64 (1..8 keys per thread). By default the first pair
+    of :data:`REGTILE_TILES` whose tiles fit 48 KiB of static shared memory: (64, 64) up to
+    d = 56, (64, 32) up to d = 100, (32, 32) up to d = 168, (32, 16) up to 236, then (16, 16).
+    Raises TypeError / ValueError naming the argument.
+    """
+    d = _check_int(head_dim, "head_dim", 4, MAX_HEAD_DIM)
+    if d % 4:
+        raise ValueError(f"head_dim must be a multiple of 4 for the register-tiled kernel (16-byte loads), "
+                         f"got {d}; flash_attention_gpu takes any head dim")
+    if block_q is None and block_k is None:
+        fits = [t for t in REGTILE_TILES if flash_attention_regtile_smem_bytes(d, *t) <= STATIC_SMEM_LIMIT]
+        return fits[0]
+    bq = 32 if block_q is None else _check_int(block_q, "block_q", 1, 1024)
+    bk = 16 if block_k is None else _check_int(block_k, "block_k", 1, 1024)
+    if bq not in (16, 32, 64):
+        raise ValueError(f"block_q must be 16, 32 or 64 (1, 2 or 4 rows per thread), got {bq}")
+    if bk not in (8, 16, 32, 64):
+        raise ValueError(f"block_k must be 8, 16, 32 or 64 (1..8 keys per thread), got {bk}")
+    smem = flash_attention_regtile_smem_bytes(d, bq, bk)
+    if smem > STATIC_SMEM_LIMIT:
+        raise ValueError(f"block_q={bq}, block_k={bk} with head_dim={d} need {smem} bytes of shared memory, "
+                         f"more than the {STATIC_SMEM_LIMIT} allowed; use smaller tiles")
+    return bq, bk
+
+
+def flash_attention_regtile_build(head_dim: int, dtype: str = "float32", trace: bool = False,
+                                  block_q: int | None = None, block_k: int | None = None) -> "KernelBuild":
+    """The :class:`KernelBuild` of the register-tiled forward kernel (float32 storage only)."""
+    if dtype != "float32":
+        raise ValueError(f"the register-tiled kernel takes dtype float32, got {dtype!r}; "
+                         f"use flash_attention_gpu or flash_attention_mma_gpu for 16-bit inputs")
+    bq, bk = flash_attention_regtile_config(head_dim, block_q, block_k)
+    return KernelBuild.make("flash_attention_regtile", dtype, trace, HEAD_DIM=head_dim, BLOCK_Q=bq, BLOCK_K=bk)
 
 
 # ---------------------------------------------------------------------------
@@ -376,6 +434,8 @@ class KernelBuild:
             return flash_attention_mma_smem_bytes(d["HEAD_DIM"], d["BLOCK_K"])
         if self.kernel == "paged_decode":
             return paged_decode_smem_bytes(d["HEAD_DIM"], d["BLOCK_SIZE"], d["HEADS_PER_BLOCK"])
+        if self.kernel == "flash_attention_regtile":
+            return flash_attention_regtile_smem_bytes(d["HEAD_DIM"], d["BLOCK_Q"], d["BLOCK_K"])
         if self.kernel == "flash_attention_backward":
             return max(flash_attention_backward_smem_bytes(d["HEAD_DIM"], d["BLOCK_Q"], d["BLOCK_K"]).values())
         return online_softmax_smem_bytes(d.get("TILE", 256))
