@@ -73,7 +73,7 @@ RUNGS = (
          "the fold over key tiles (m, l, o per row) in one kernel: S and P never leave the chip",
          "HBM traffic drops to Q, K, V read once per query block plus O written once; but each FMA of "
          "S = Q K^T needs one 4-byte shared-memory load (k_s[j][c]): 1 load per FMA",
-         "fma.rn.f32", "shared-memory loads: L1/TEX pipe 94% busy (ncu, d = 64)"),
+         "fma.rn.ftz.f32", "shared-memory loads: L1/TEX pipe 94% busy (ncu, d = 64)"),
     Rung("regtile", "CUDA cores, register-tiled", None, "flash_attention_regtile",
          "lessons.gpu.flash_attention_regtile_gpu", "float32",
          "each thread owns a block of S (4 rows x 4 keys at d = 64) and of O (4 rows x 8 columns), "

@@ -1,0 +1,213 @@
+"""The kernel ladder: the register-tiled rung against NumPy (emulator, and the GPU where one
+is present), every rung's PTX holding the instruction it is about, no spills, and the registry's
+recorded figures read back from the shipped H200 results."""
+import csv
+
+import numpy as np
+import pytest
+
+import lessons
+import lessons.gpu as gpu
+from lessons.gpu import ladder
+from kernel_tolerance import assert_within_baseline, baseline_attention
+
+BACKENDS = [
+    pytest.param("emulator", marks=pytest.mark.skipif(not gpu.emulator_available(), reason="no C++ compiler")),
+    pytest.param("cupy", marks=pytest.mark.skipif(not gpu.device_available(), reason="no CUDA device")),
+]
+needs_nvrtc = pytest.mark.skipif(not gpu.nvrtc_available(), reason="CuPy/NVRTC not installed")
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    return request.param
+
+
+def reference(q, k, v, causal):
+    out, lse = np.zeros(q.shape), np.zeros(q.shape[:-1])
+    for idx in np.ndindex(*q.shape[:-2]):
+        out[idx], lse[idx] = lessons.attention(q[idx], k[idx], v[idx], causal=causal, return_lse=True)
+    return out, lse
+
+
+def assert_close(out, lse, q, k, v, causal):
+    """FlashAttention's rule (tests/kernel_tolerance.py): at most twice the error of the same
+    attention computed in float32, against float64."""
+    q64, k64, v64 = (x.astype(np.float64) for x in (q, k, v))
+    ref, ref_lse = reference(q64, k64, v64, causal)
+    base, base_lse = baseline_attention(q64, k64, v64, "float32", causal=causal)
+    assert_within_baseline(np.asarray(out, np.float64), ref, base)
+    assert_within_baseline(lse, ref_lse, base_lse, what="lse")
+
+
+CASES = [
+    pytest.param((), 100, 100, 64, False, id="N-not-a-multiple-of-the-tiles"),
+    pytest.param((), 5, 7, 64, False, id="below-one-tile"),
+    pytest.param((2,), 37, 53, 4, True, id="d4-causal-Nq<Nk"),
+    pytest.param((1, 2), 70, 45, 80, True, id="d80-causal-Nq>Nk-empty-rows"),
+    pytest.param((), 33, 90, 128, True, id="d128-causal"),
+    pytest.param((2,), 40, 70, 36, False, id="d36-chunks-not-a-multiple-of-8"),
+    pytest.param((), 20, 20, 256, False, id="d256"),
+]
+
+
+@pytest.mark.parametrize("lead, nq, nk, d, causal", CASES)
+def test_register_tiled_kernel_matches_the_reference(backend, lead, nq, nk, d, causal):
+    rng = np.random.default_rng(nq * 1000 + nk + d)
+    q, k, v = (rng.standard_normal((*lead, n, d)).astype(np.float32) for n in (nq, nk, nk))
+    out, lse = gpu.flash_attention_regtile_gpu(q, k, v, causal=causal, backend=backend)
+    assert out.shape == q.shape and out.dtype == np.float32 and lse.shape == q.shape[:-1]
+    assert not np.isnan(out).any()
+    assert_close(out, lse, q, k, v, causal)
+
+
+def test_register_tiled_rows_that_see_no_key_and_hidden_nan(backend):
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((20, 8)).astype(np.float32)
+    k, v = rng.standard_normal((2, 5, 8)).astype(np.float32)
+    v[4] = np.nan                  # key 4 is seen only by row 19 (bottom-right causal, 20 rows, 5 keys)
+    out, lse = gpu.flash_attention_regtile_gpu(q, k, v, causal=True, backend=backend)
+    assert np.all(out[:15] == 0) and np.all(np.isneginf(lse[:15]))       # rows 0..14 see nothing
+    assert not np.isnan(out[:19]).any() and np.isnan(out[19]).all()      # NaN reaches only the row that sees it
+    v[4] = 0
+    out2, lse2 = gpu.flash_attention_regtile_gpu(q, k, v, causal=True, backend=backend)
+    np.testing.assert_array_equal(out2[:19], out[:19])
+    assert_close(out2, lse2, q, k, v, True)
+    out, lse = gpu.flash_attention_regtile_gpu(q, k[:0], v[:0], backend=backend)
+    assert np.all(out == 0) and np.all(np.isneginf(lse))
+
+
+def test_register_tiled_kernel_writes_nothing_into_the_next_head(backend):
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((3, 70, 64)).astype(np.float32)
+    k = rng.standard_normal((3, 40, 64)).astype(np.float32)
+    v = (rng.standard_normal((3, 40, 64)) + 100 * np.arange(3)[:, None, None]).astype(np.float32)
+    out, lse = gpu.flash_attention_regtile_gpu(q, k, v, backend=backend)
+    assert_close(out, lse, q, k, v, False)
+
+
+def test_register_tiled_kernel_is_bitwise_reproducible(backend):
+    rng = np.random.default_rng(6)
+    q, k, v = (rng.standard_normal((2, 50, 64)).astype(np.float32) for _ in range(3))
+    runs = [gpu.flash_attention_regtile_gpu(q, k, v, causal=True, backend=backend) for _ in range(3)]
+    for out, lse in runs[1:]:
+        assert out.tobytes() == runs[0][0].tobytes() and lse.tobytes() == runs[0][1].tobytes()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_register_tiled_trace_matches_the_numpy_trace(backend, causal):
+    rng = np.random.default_rng(7)
+    q = rng.standard_normal((2, 70, 64)).astype(np.float32)
+    k = (2 * rng.standard_normal((2, 100, 64))).astype(np.float32)
+    v = rng.standard_normal((2, 100, 64)).astype(np.float32)
+    block_q, block_k = gpu.flash_attention_regtile_config(64)
+    rows = [0, 3, 5, 63, 64, 69]
+    _, _, trace = gpu.flash_attention_regtile_gpu(q, k, v, causal=causal, trace_rows=rows, backend=backend)
+    for h in range(2):
+        _, ref = lessons.flash_attention(*(x[h].astype(np.float64) for x in (q, k, v)), tile=block_k,
+                                         block_q=block_q, causal=causal, return_trace=True)
+        for row in rows:
+            mine, theirs = trace.row(h, row), ref.row(row)
+            assert len(mine) == len(theirs) > 0
+            assert gpu.first_divergence(mine, theirs, rtol=2e-5, atol=1e-6) is None, (h, row)
+
+
+def test_register_tiled_kernel_refuses_what_it_cannot_do():
+    x = np.zeros((8, 16), np.float32)
+    with pytest.raises(TypeError, match="float32"):
+        gpu.flash_attention_regtile_gpu(x.astype(np.float16), x.astype(np.float16), x.astype(np.float16),
+                                        backend="emulator")
+    odd = np.zeros((8, 18), np.float32)
+    with pytest.raises(ValueError, match="head_dim must be a multiple of 4"):
+        gpu.flash_attention_regtile_gpu(odd, odd, odd, backend="emulator")
+    with pytest.raises(ValueError, match="block_q"):
+        gpu.flash_attention_regtile_gpu(x, x, x, block_q=48, backend="emulator")
+    with pytest.raises(ValueError, match="shared memory"):
+        gpu.flash_attention_regtile_config(256, 64, 64)
+
+
+def test_regtile_config_takes_the_largest_tiles_that_fit():
+    for d in range(4, 257, 4):
+        bq, bk = gpu.flash_attention_regtile_config(d)
+        smem = gpu.source.flash_attention_regtile_smem_bytes
+        assert smem(d, bq, bk) <= 48 * 1024
+        larger = gpu.source.REGTILE_TILES[:gpu.source.REGTILE_TILES.index((bq, bk))]
+        assert all(smem(d, *t) > 48 * 1024 for t in larger)
+    # by hand: d = 64, (64, 32): 4 * (64*68 + 32*68 + 64*36) = 35328 bytes
+    assert gpu.flash_attention_regtile_config(64) == (64, 32)
+    assert gpu.source.flash_attention_regtile_smem_bytes(64, 64, 32) == 35328
+
+
+# ---------------------------------------------------------------------------
+# what each rung claims, checked in its compiled code
+# ---------------------------------------------------------------------------
+
+KERNEL_RUNGS = [r.name for r in ladder.RUNGS if r.kernel]
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("name", KERNEL_RUNGS)
+@pytest.mark.parametrize("d", [64, 128])
+def test_each_rung_holds_the_instruction_it_is_about(name, d):
+    from lessons.gpu.compile import compile_ptx
+
+    r = ladder.rung(name)
+    ptx = compile_ptx(ladder.rung_build(r, d), "sm_80")
+    assert r.ptx_grep in ptx
+    if name == "regtile":             # the point of the rung: vector shared loads feed the S loop
+        assert ptx.count("ld.shared.v4.f32") >= 6
+    if name == "scalar":
+        assert "ld.shared.v4.f32" not in ptx
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("d", [4, 36, 64, 128, 256])
+def test_register_tiled_kernel_compiles_without_spills(arch, d):
+    res = gpu.compile_kernel(gpu.flash_attention_regtile_build(d), arch).resources["flash_attention_regtile"]
+    assert res.spill_store_bytes == 0 and res.spill_load_bytes == 0 and res.stack_bytes == 0
+    assert res.smem_bytes == gpu.source.flash_attention_regtile_smem_bytes(d, *gpu.flash_attention_regtile_config(d))
+    if d in (64, 128):                # what the rung's prediction states: at most 128 registers, 4 blocks per SM
+        assert res.registers <= 128
+
+
+# ---------------------------------------------------------------------------
+# the registry and the recorded figures
+# ---------------------------------------------------------------------------
+
+def test_recorded_figures_are_the_shipped_csv():
+    with open(ladder.RECORDED_DIR / "results.csv", newline="") as f:
+        raw = [r for r in csv.DictReader(f) if r["n"] == "8192" and r["d"] == "64" and r["seconds"]]
+    by = {(r["impl"], r["dtype"]): float(r["seconds"]) for r in raw}
+    table = {e["name"]: e for e in ladder.ladder_table(8192, 64)}
+    assert table["scalar"]["ms"] == pytest.approx(by["kernel", "float32"] * 1e3)
+    assert table["scalar"]["x_naive"] == pytest.approx(by["naive", "float32"] / by["kernel", "float32"])
+    assert table["mma"]["x_sdpa"] == pytest.approx(by["torch", "float16"] / by["mma", "float16"])
+    # the register-tiled rung was added after the H200 run: it shows no number
+    assert table["regtile"]["ms"] is None and table["regtile"]["figure"] == ladder.NOT_MEASURED
+    # the README's headline: 13.6 TFLOP/s, 1.47x naive at d = 64; slower than naive at d = 128
+    assert table["scalar"]["tflops"] == pytest.approx(13.6, abs=0.05)
+    assert {e["name"]: e for e in ladder.ladder_table(8192, 128)}["scalar"]["x_naive"] < 1
+
+
+def test_ladder_table_takes_live_rows_by_rung_name():
+    rows = [dict(impl=name, n=1024, d=64, heads=8, causal=False, dtype=dt, seconds=s, tflops=1.0, note="")
+            for name, dt, s in [("naive", "float32", 4.0), ("scalar", "float32", 2.0), ("regtile", "float32", 1.0),
+                                ("naive", "float16", 4.0), ("mma", "float16", 0.5), ("sdpa", "float16", 0.25)]]
+    t = {e["name"]: e for e in ladder.ladder_table(1024, 64, rows=rows)}
+    assert t["regtile"]["x_naive"] == 4.0 and t["regtile"]["x_previous"] == 2.0
+    assert t["mma"]["x_naive"] == 8.0 and t["mma"]["x_previous"] == 2.0 and t["sdpa"]["x_previous"] == 2.0
+
+
+def test_rung_intensity_follows_the_io_model():
+    from lessons.cost.traffic import flash_io, textbook_io
+
+    # by hand for the naive rung: 4 N^2 d FLOPs over the textbook's HBM bytes (float32)
+    c = textbook_io(8192, 64, element_size=4)
+    assert ladder.rung_intensity("naive", 8192, 64) == pytest.approx(c.flops / c.hbm_bytes)
+    # larger query blocks re-read K and V fewer times: the mma rung (64 rows, fp16) beats the scalar one
+    assert ladder.rung_intensity("mma", 8192, 64) > ladder.rung_intensity("scalar", 8192, 64)
+    with pytest.raises(ValueError, match="rung must be one of"):
+        ladder.rung("warp-specialised")
+    with pytest.raises(ValueError, match="no kernel"):
+        ladder.rung_build("sdpa")
