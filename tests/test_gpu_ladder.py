@@ -156,6 +156,7 @@ def test_each_rung_holds_the_instruction_it_is_about(name, d):
     assert r.ptx_grep in ptx
     if name == "regtile":             # the point of the rung: vector shared loads feed the S loop
         assert ptx.count("ld.shared.v4.f32") >= 6
+        assert "ld.global.nc.v4.f32" in ptx   # and 16-byte loads from HBM
     if name == "scalar":
         assert "ld.shared.v4.f32" not in ptx
 
@@ -211,3 +212,40 @@ def test_rung_intensity_follows_the_io_model():
         ladder.rung("warp-specialised")
     with pytest.raises(ValueError, match="no kernel"):
         ladder.rung_build("sdpa")
+
+
+def test_ladder_figure_draws_every_measured_rung_and_labels_the_rest():
+    from lessons.views.ladder import ladder_figure
+
+    points = ladder.ladder_points(8192, (64, 128))
+    fig = ladder_figure(points, label=ladder.RECORDED_LABEL)
+    roof, bars = fig.axes
+    measured = [p for p in points if p["tflops"] is not None]
+    # one marker per measured (rung, d) on the roofline, at its measured TFLOP/s
+    dots = sorted(float(line.get_ydata()[0]) for line in roof.get_lines() if line.get_marker() in ("o", "s"))
+    assert dots == pytest.approx(sorted(p["tflops"] for p in measured))
+    assert sorted(b.get_width() for b in bars.patches) == pytest.approx(sorted(p["tflops"] for p in measured))
+    texts = [t.get_text() for t in bars.texts]
+    assert sum(ladder.NOT_MEASURED in t for t in texts) == 2          # the register-tiled rung, d = 64 and 128
+    assert "recorded on one NVIDIA H200, 2026-11-30" in fig._suptitle.get_text()
+    with pytest.raises(ValueError):
+        ladder_figure([], label="x")
+
+
+def test_speedup_claim_reads_the_recorded_ratios():
+    rows = ladder.recorded_rows()
+    claim = ladder.speedup_claim(8192)
+    for d in (64, 128):
+        naive16 = ladder.recorded("naive", 8192, d, "float16", rows)["seconds"]
+        assert claim[d]["ours"][0] == "mma"
+        assert claim[d]["ours"][1] == pytest.approx(naive16 / ladder.recorded("mma", 8192, d, rows=rows)["seconds"])
+        assert claim[d]["sdpa"] == pytest.approx(naive16 / ladder.recorded("sdpa", 8192, d, rows=rows)["seconds"])
+
+
+@needs_nvrtc
+def test_rung_evidence_is_the_compiler_report():
+    ev = {e["name"]: e for e in ladder.rung_evidence(64, "sm_80")}
+    assert set(ev) == {"scalar", "regtile", "mma"}
+    res = gpu.compile_kernel(gpu.flash_attention_regtile_build(64), "sm_80").resources["flash_attention_regtile"]
+    assert ev["regtile"]["registers"] == res.registers and ev["regtile"]["spill_bytes"] == 0
+    assert all(e["count"] > 0 for e in ev.values())

@@ -23,7 +23,8 @@ from lessons.cost.traffic import H200, flash_io, textbook_io
 
 __all__ = ["Rung", "RUNGS", "RECORDED_DIR", "RECORDED_LABEL", "SDPA_KERNEL", "NOT_MEASURED", "rung",
            "attention_flops", "recorded_rows", "recorded", "ladder_table", "rung_intensity",
-           "rung_build", "measure_ladder"]
+           "rung_build", "measure_ladder", "ladder_points", "speedup_claim",
+           "ladder_markdown", "rung_evidence"]
 
 ROOT = Path(__file__).resolve().parents[2]
 #: the recorded H200 run shipped in the repository
@@ -66,7 +67,7 @@ RUNGS = (
     Rung("naive", "naive CuPy (S materialised)", "naive", None, "lessons.gpu.measure.naive_attention", "float32",
          "the textbook: S = scale Q K^T written to HBM in float32, softmax, then P V (cuBLAS matmuls)",
          "HBM traffic grows with N^2: S (N x N float32 per head) is written and read back; at N = 8192 "
-         "that is 256 MiB per head, 2 GiB for 8 heads, against 2 MiB of Q, K, V",
+         "that is 256 MiB per head, 2 GiB for 8 heads, against 6 MiB of Q, K, V per head at d = 64",
          None, "HBM traffic of S and the separate softmax passes"),
     Rung("scalar", "CUDA cores, one thread per row slice", "kernel", "flash_attention", "lessons.gpu.flash_attention_gpu",
          "float32",
@@ -85,7 +86,7 @@ RUNGS = (
          "float16",
          "both products (Q K^T and P V) on tensor cores, mma.sync.m16n8k16, float16 in, float32 accumulate",
          "one warp instruction does 16 x 8 x 16 multiply-adds (4096 FLOPs) instead of 32 FMAs; bound by "
-         "occupancy instead: 196-254 registers per thread allow 2 blocks of 4 warps per SM",
+         "occupancy instead: 196-254 registers per thread (ncu on the H200) allow 2 blocks of 4 warps per SM",
          "mma.sync.aligned.m16n8k16", "occupancy 12.5%, no warp eligible 57% of cycles, synchronous loads (ncu)"),
     Rung("sdpa", "torch SDPA (the reference point)", "torch", None,
          "torch.nn.functional.scaled_dot_product_attention", "float16",
@@ -244,4 +245,67 @@ def measure_ladder(n: int = 8192, d: int = 64, heads: int = 8, warmup: int = 2, 
             out.append(dict(impl=name, n=n, d=d, heads=heads, causal=False, dtype=dtype, seconds=seconds,
                             tflops=flops / seconds / 1e12, note=""))
         cupy.get_default_memory_pool().free_all_blocks()
+    return out
+
+
+def ladder_points(n: int = 8192, ds=(64, 128), rows=None) -> list[dict]:
+    """What the ladder's roofline draws: one dict per (rung, d) with name, title, d, precision
+    (``"fp32"`` or ``"bf16"``, the roof its dtype runs under; fp16 shares bf16's), intensity
+    (FLOPs per HBM byte, :func:`rung_intensity`), tflops (measured, None when not) and figure."""
+    out = []
+    for d in ds:
+        for entry in ladder_table(n, d, rows):
+            r = rung(entry["name"])
+            out.append(dict(name=r.name, title=r.title, d=d, precision="fp32" if r.dtype == "float32" else "bf16",
+                            intensity=rung_intensity(r, n, d), tflops=entry["tflops"], figure=entry["figure"]))
+    return out
+
+
+def speedup_claim(n: int = 8192, rows=None) -> dict:
+    """Where "FlashAttention is 2-4x faster than standard attention" stands on the measured GPU:
+    for each head dim, the wall-clock speed-up over naive CuPy (same dtype) of our best measured
+    rung and of SDPA. Returns ``{d: {"ours": (rung name, x), "sdpa": x}}`` (None when unmeasured).
+    Source of the claim: Dao et al. 2022, Sec. 4 (2-4x over standard attention on GPT-2 / long-range arena)."""
+    out = {}
+    for d in (64, 128):
+        table = ladder_table(n, d, rows)
+        ours = [(e["name"], e["x_naive"]) for e in table if e["name"] not in ("naive", "sdpa") and e["x_naive"]]
+        best = max(ours, key=lambda t: t[1]) if ours else None
+        sdpa = next(e["x_naive"] for e in table if e["name"] == "sdpa")
+        out[d] = {"ours": best, "sdpa": sdpa}
+    return out
+
+
+def _fmt(x, spec):
+    return "-" if x is None else format(x, spec)
+
+
+def ladder_markdown(n: int = 8192, d: int = 64, rows=None) -> str:
+    """A Markdown table of the ladder at ``(n, d)``: rung, what changed, predicted effect, the
+    instruction its PTX must hold, the figure (recorded/live or "not yet measured on a GPU")
+    and its speed-up over naive CuPy, the previous measured rung and its fraction of SDPA."""
+    lines = ["| rung | what changed | predicted effect | PTX holds | time, TFLOP/s | x naive | x previous | of SDPA |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r, e in zip(RUNGS, ladder_table(n, d, rows)):
+        lines.append(f"| {r.title} ({r.dtype}) | {r.changed} | {r.predicted} | "
+                     f"{'`' + r.ptx_grep + '`' if r.ptx_grep else '-'} | {e['figure']} | {_fmt(e['x_naive'], '.2f')} | "
+                     f"{_fmt(e['x_previous'], '.2f')} | {_fmt(e['x_sdpa'], '.0%')} |")
+    return "\n".join(lines)
+
+
+def rung_evidence(d: int = 64, arch: str = "sm_90") -> list[dict]:
+    """What the compiler says of each rung with a kernel of ours at head dim ``d``, no GPU needed:
+    name, registers per thread, static shared memory (bytes), spilled bytes, and how many times
+    the rung's instruction (:attr:`Rung.ptx_grep`) occurs in its PTX. Needs CuPy/NVRTC."""
+    from lessons.gpu.compile import compile_kernel, compile_ptx
+
+    out = []
+    for r in RUNGS:
+        if r.kernel is None:
+            continue
+        build = rung_build(r, d)
+        res = next(iter(compile_kernel(build, arch).resources.values()))
+        out.append(dict(name=r.name, registers=res.registers, smem_bytes=res.smem_bytes,
+                        spill_bytes=res.spill_store_bytes + res.spill_load_bytes, instruction=r.ptx_grep,
+                        count=compile_ptx(build, arch).count(r.ptx_grep)))
     return out
