@@ -159,6 +159,11 @@ def test_each_rung_holds_the_instruction_it_is_about(name, d):
         assert "ld.global.nc.v4.f32" in ptx   # and 16-byte loads from HBM
     if name == "scalar":
         assert "ld.shared.v4.f32" not in ptx
+    if name == "mma_async":           # ldmatrix for K and V, cp.async into two stages, waiting for one tile
+        assert "ldmatrix.sync.aligned.m8n8.x2.shared.b16" in ptx and "cp.async.cg.shared.global" in ptx
+        assert "cp.async.wait_group 1" in ptx and "cp.async.commit_group" in ptx
+    if name == "mma":
+        assert "ldmatrix" not in ptx and "cp.async" not in ptx
 
 
 @needs_nvrtc
@@ -226,7 +231,7 @@ def test_ladder_figure_draws_every_measured_rung_and_labels_the_rest():
     assert dots == pytest.approx(sorted(p["tflops"] for p in measured))
     assert sorted(b.get_width() for b in bars.patches) == pytest.approx(sorted(p["tflops"] for p in measured))
     texts = [t.get_text() for t in bars.texts]
-    assert sum(ladder.NOT_MEASURED in t for t in texts) == 2          # the register-tiled rung, d = 64 and 128
+    assert sum(ladder.NOT_MEASURED in t for t in texts) == 4          # regtile and mma_async, d = 64 and 128
     assert "recorded on one NVIDIA H200, 2026-11-30" in fig._suptitle.get_text()
     with pytest.raises(ValueError):
         ladder_figure([], label="x")
@@ -245,7 +250,103 @@ def test_speedup_claim_reads_the_recorded_ratios():
 @needs_nvrtc
 def test_rung_evidence_is_the_compiler_report():
     ev = {e["name"]: e for e in ladder.rung_evidence(64, "sm_80")}
-    assert set(ev) == {"scalar", "regtile", "mma"}
+    assert set(ev) == {"scalar", "regtile", "mma", "mma_async"}
     res = gpu.compile_kernel(gpu.flash_attention_regtile_build(64), "sm_80").resources["flash_attention_regtile"]
     assert ev["regtile"]["registers"] == res.registers and ev["regtile"]["spill_bytes"] == 0
     assert all(e["count"] > 0 for e in ev.values())
+
+
+# ---------------------------------------------------------------------------
+# the cp.async + ldmatrix tensor-core rung
+# ---------------------------------------------------------------------------
+
+def stored16(x, dtype):
+    if dtype == "bfloat16":
+        bits = gpu.to_bfloat16_bits(x)
+        return bits, gpu.from_bfloat16_bits(bits).astype(np.float64)
+    arr = np.ascontiguousarray(x, dtype=dtype)
+    return arr, arr.astype(np.float64)
+
+
+def values16(out, dtype):
+    return (gpu.from_bfloat16_bits(out) if dtype == "bfloat16" else out).astype(np.float64)
+
+
+ASYNC_CASES = [
+    pytest.param((), 100, 150, 64, False, "float16", id="three-tiles-N-not-a-multiple"),
+    pytest.param((2,), 70, 45, 64, True, "float16", id="causal-Nq>Nk-empty-rows"),
+    pytest.param((), 33, 100, 128, True, "float16", id="d128-causal"),
+    pytest.param((), 40, 70, 16, False, "bfloat16", id="bf16-d16"),
+    pytest.param((), 20, 40, 256, False, "float16", id="d256"),
+]
+
+
+@pytest.mark.parametrize("lead, nq, nk, d, causal, dtype", ASYNC_CASES)
+def test_async_tensor_core_kernel_matches_the_reference(backend, lead, nq, nk, d, causal, dtype):
+    rng = np.random.default_rng(nq * 1000 + nk + d)
+    (q, q64), (k, k64), (v, v64) = (stored16(rng.standard_normal((*lead, n, d)), dtype) for n in (nq, nk, nk))
+    out, lse = gpu.flash_attention_mma_async_gpu(q, k, v, causal=causal, bfloat16=dtype == "bfloat16",
+                                                 backend=backend)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    ref, ref_lse = reference(q64, k64, v64, causal)
+    base, base_lse = baseline_attention(q64, k64, v64, dtype, causal=causal)
+    assert_within_baseline(values16(out, dtype), ref, base)
+    assert_within_baseline(lse, ref_lse, base_lse, what="lse")
+
+
+def test_async_kernel_equals_the_synchronous_one_bit_for_bit(backend):
+    # the same products in the same order: only how the bytes reach shared memory and registers changed
+    rng = np.random.default_rng(9)
+    q, k, v = (rng.standard_normal((2, 90, 64)).astype(np.float16) for _ in range(3))
+    a = gpu.flash_attention_mma_async_gpu(q, k, v, causal=True, block_k=64, backend=backend)
+    b = gpu.flash_attention_mma_gpu(q, k, v, causal=True, block_k=64, backend=backend)
+    assert a[0].tobytes() == b[0].tobytes() and a[1].tobytes() == b[1].tobytes()
+    again = gpu.flash_attention_mma_async_gpu(q, k, v, causal=True, block_k=64, backend=backend)
+    assert again[0].tobytes() == a[0].tobytes()
+
+
+def test_async_kernel_keeps_hidden_nan_out_and_visible_nan_in(backend):
+    rng = np.random.default_rng(10)
+    q, k, v = (rng.standard_normal((20, 16)).astype(np.float16) for _ in range(3))
+    v[19, 3] = np.nan               # causal, Nq = Nk: only row 19 sees key 19
+    out, lse = gpu.flash_attention_mma_async_gpu(q, k, v, causal=True, block_k=16, backend=backend)
+    out = out.astype(np.float64)
+    assert not np.isnan(out[:19]).any() and np.isnan(out[19, 3]) and not np.isnan(np.delete(out[19], 3)).any()
+
+
+def test_async_trace_matches_the_numpy_trace(backend):
+    rng = np.random.default_rng(11)
+    q, k, v = (rng.standard_normal((70 if i == 0 else 100, 64)).astype(np.float16) for i in range(3))
+    block_k = gpu.flash_attention_mma_async_config(64)
+    rows = [0, 17, 63, 64, 69]
+    _, _, trace = gpu.flash_attention_mma_async_gpu(q, k, v, trace_rows=rows, backend=backend)
+    _, ref = lessons.flash_attention(*(x.astype(np.float64) for x in (q, k, v)), tile=block_k, block_q=64,
+                                     return_trace=True)
+    for row in rows:
+        mine, theirs = trace.row(row), ref.row(row)
+        assert len(mine) == len(theirs) > 0
+        # m and alpha exactly as NumPy's up to float32; l after P rounded to float16 for the mma: 1e-3
+        assert gpu.first_divergence(mine, theirs, rtol=2e-3, atol=1e-3) is None, row
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("d", [16, 64, 128, 256])
+def test_async_kernel_compiles_without_spills(arch, d):
+    build = gpu.flash_attention_mma_async_build(d)
+    res = gpu.compile_kernel(build, arch).resources["flash_attention_mma_async"]
+    assert res.spill_store_bytes == 0 and res.spill_load_bytes == 0
+    assert res.smem_bytes == 2 * gpu.source.flash_attention_mma_smem_bytes(d, gpu.flash_attention_mma_async_config(d))
+    assert res.smem_bytes <= 48 * 1024
+
+
+def test_async_kernel_refuses_what_it_cannot_do():
+    x = np.zeros((8, 16), np.float16)
+    with pytest.raises(TypeError, match="float16"):
+        gpu.flash_attention_mma_async_gpu(*[x.astype(np.float32)] * 3, backend="emulator")
+    with pytest.raises(ValueError, match="block_k must be 16, 32 or 64"):
+        gpu.flash_attention_mma_async_gpu(x, x, x, block_k=48, backend="emulator")
+    with pytest.raises(ValueError, match="two stages"):
+        gpu.flash_attention_mma_async_config(256, 64)
+    # by hand: two stages of K and V, 2 bytes each: 8 * block_k * (d + 8) <= 49152
+    assert [gpu.flash_attention_mma_async_config(d) for d in (64, 80, 96, 176, 192)] == [64, 64, 32, 32, 16]

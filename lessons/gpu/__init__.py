@@ -28,7 +28,8 @@ from lessons.gpu.source import (KERNELS, KernelBuild, default_builds, flash_atte
                      paged_decode_build, paged_decode_config)
 from lessons.gpu.backward import GpuBackwardTrace, flash_attention_backward_gpu
 from lessons.gpu.source import flash_attention_backward_build, flash_attention_backward_config
-from lessons.gpu.launch import flash_attention_regtile_gpu
+from lessons.gpu.launch import flash_attention_mma_async_gpu, flash_attention_regtile_gpu
+from lessons.gpu.source import flash_attention_mma_async_build, flash_attention_mma_async_config
 from lessons.gpu.source import flash_attention_regtile_build, flash_attention_regtile_config
 from lessons.gpu.trace_compare import GpuRowTrace, GpuTrace, TraceDivergence, first_divergence
 
@@ -44,4 +45,5 @@ __all__ = [
     "to_bfloat16_bits", "from_bfloat16_bits", "emulator_available", "EmulatorError", "EmulatorMemoryError",
     "flash_attention_backward_gpu", "GpuBackwardTrace", "flash_attention_backward_config", "flash_attention_backward_build",
     "flash_attention_regtile_gpu", "flash_attention_regtile_config", "flash_attention_regtile_build",
+    "flash_attention_mma_async_gpu", "flash_attention_mma_async_config", "flash_attention_mma_async_build",
 ]

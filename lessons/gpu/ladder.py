@@ -88,6 +88,14 @@ RUNGS = (
          "one warp instruction does 16 x 8 x 16 multiply-adds (4096 FLOPs) instead of 32 FMAs; bound by "
          "occupancy instead: 196-254 registers per thread (ncu on the H200) allow 2 blocks of 4 warps per SM",
          "mma.sync.aligned.m16n8k16", "occupancy 12.5%, no warp eligible 57% of cycles, synchronous loads (ncu)"),
+    Rung("mma_async", "tensor cores, + ldmatrix + cp.async double buffering", None, "flash_attention_mma_async",
+         "lessons.gpu.flash_attention_mma_async_gpu", "float16",
+         "K/V tiles copied by cp.async into two shared-memory stages (tile j + 1 in flight while tile j "
+         "is multiplied); K and V fragments loaded by ldmatrix.x2 (.trans for V), one instruction per warp",
+         "the synchronous loads the mma rung stalls on overlap the previous tile's tensor-core work; "
+         "per V fragment one ldmatrix instead of four 16-bit loads and two packs; two stages double the "
+         "shared memory, so block_k drops to 32 at d = 128 (64 at d = 64)",
+         "ldmatrix.sync.aligned.m8n8.x2.trans", "not profiled yet"),
     Rung("sdpa", "torch SDPA (the reference point)", "torch", None,
          "torch.nn.functional.scaled_dot_product_attention", "float16",
          "not ours: what a tuned library does on this GPU (Hopper wgmma + TMA, warp specialisation)",
@@ -180,6 +188,9 @@ def rung_intensity(r: Rung | str, n: int = 8192, d: int = 64) -> float:
     elif r.name == "mma":
         from lessons.gpu.source import MMA_BLOCK_Q, flash_attention_mma_config
         bq, bk = MMA_BLOCK_Q, flash_attention_mma_config(d)
+    elif r.name == "mma_async":
+        from lessons.gpu.source import MMA_BLOCK_Q, flash_attention_mma_async_config
+        bq, bk = MMA_BLOCK_Q, flash_attention_mma_async_config(d)
     elif r.name == "regtile":
         from lessons.gpu.source import flash_attention_regtile_config
         bq, bk = flash_attention_regtile_config(d)
@@ -199,7 +210,8 @@ def rung_build(r: Rung | str, d: int = 64):
         raise ValueError(f"rung {r.name!r} has no kernel of ours to build")
     return {"scalar": lambda: source.flash_attention_build(d, r.dtype),
             "regtile": lambda: source.flash_attention_regtile_build(d, r.dtype),
-            "mma": lambda: source.flash_attention_mma_build(d, r.dtype)}[r.name]()
+            "mma": lambda: source.flash_attention_mma_build(d, r.dtype),
+            "mma_async": lambda: source.flash_attention_mma_async_build(d, r.dtype)}[r.name]()
 
 
 def measure_ladder(n: int = 8192, d: int = 64, heads: int = 8, warmup: int = 2, repeats: int = 7,
@@ -231,6 +243,7 @@ def measure_ladder(n: int = 8192, d: int = 64, heads: int = 8, warmup: int = 2, 
             calls["regtile"] = lambda: gpu.flash_attention_regtile_gpu(q, k, v)
         else:
             calls["mma"] = lambda: gpu.flash_attention_mma_gpu(q, k, v)
+            calls["mma_async"] = lambda: gpu.flash_attention_mma_async_gpu(q, k, v)
             try:
                 import torch
                 import torch.nn.functional as F

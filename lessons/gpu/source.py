@@ -28,7 +28,7 @@ __all__ = [
     "MAX_BACKWARD_HEAD_DIM", "flash_attention_backward_config", "flash_attention_backward_smem_bytes",
     "flash_attention_backward_build",
     "REGTILE_TILES", "flash_attention_regtile_config", "flash_attention_regtile_smem_bytes",
-    "flash_attention_regtile_build",
+    "flash_attention_regtile_build", "flash_attention_mma_async_config", "flash_attention_mma_async_build",
 ]
 
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
@@ -39,6 +39,7 @@ KERNELS = {
     "flash_attention": ("flash_attention_forward",),
     "flash_attention_mma": ("flash_attention_mma", "mma_probe"),
     "flash_attention_regtile": ("flash_attention_regtile",),
+    "flash_attention_mma_async": ("flash_attention_mma_async",),
     "paged_decode": ("paged_decode", "paged_decode_split", "merge_splits"),
     "flash_attention_backward": ("flash_attention_backward_preprocess", "flash_attention_backward_dkdv",
                                  "flash_attention_backward_dq"),
@@ -251,6 +252,37 @@ def flash_attention_regtile_build(head_dim: int, dtype: str = "float32", trace: 
     return KernelBuild.make("flash_attention_regtile", dtype, trace, HEAD_DIM=head_dim, BLOCK_Q=bq, BLOCK_K=bk)
 
 
+def flash_attention_mma_async_config(head_dim: int, block_k: int | None = None) -> int:
+    """``block_k`` of the tensor-core kernel with cp.async double buffering and ldmatrix.
+
+    ``head_dim`` a multiple of 16 in 16..256; two stages of 16-bit K and V tiles must fit 48 KiB,
+    so by default ``block_k`` is the largest of 64, 32, 16 that fits (64 up to d = 80, 32 up to
+    d = 176, then 16); a given one must be 16, 32 or 64 and fit. Raises TypeError/ValueError
+    naming the argument."""
+    d = _check_int(head_dim, "head_dim", 16, MAX_HEAD_DIM)
+    if d % 16:
+        raise ValueError(f"head_dim must be a multiple of 16 for the tensor-core kernel (mma.m16n8k16), got {d}")
+    if block_k is None:
+        block_k = next(bk for bk in (64, 32, 16) if 2 * flash_attention_mma_smem_bytes(d, bk) <= STATIC_SMEM_LIMIT)
+    block_k = _check_int(block_k, "block_k", 16, 64)
+    if block_k not in (16, 32, 64):
+        raise ValueError(f"block_k must be 16, 32 or 64, got {block_k}")
+    smem = 2 * flash_attention_mma_smem_bytes(d, block_k)
+    if smem > STATIC_SMEM_LIMIT:
+        raise ValueError(f"block_k={block_k} with head_dim={d} needs {smem} bytes of shared memory (two stages), "
+                         f"more than the {STATIC_SMEM_LIMIT} allowed; use a smaller block_k")
+    return block_k
+
+
+def flash_attention_mma_async_build(head_dim: int, dtype: str = "float16", trace: bool = False,
+                                    block_k: int | None = None) -> "KernelBuild":
+    """The :class:`KernelBuild` of the cp.async + ldmatrix tensor-core kernel (float16 or bfloat16)."""
+    if dtype not in MMA_DTYPES:
+        raise ValueError(f"the tensor-core kernel takes dtype float16 or bfloat16, got {dtype!r}")
+    bk = flash_attention_mma_async_config(head_dim, block_k)
+    return KernelBuild.make("flash_attention_mma_async", dtype, trace, HEAD_DIM=head_dim, BLOCK_K=bk)
+
+
 # ---------------------------------------------------------------------------
 # paged decode (one pass and split-KV)
 # ---------------------------------------------------------------------------
@@ -434,6 +466,8 @@ class KernelBuild:
             return flash_attention_mma_smem_bytes(d["HEAD_DIM"], d["BLOCK_K"])
         if self.kernel == "paged_decode":
             return paged_decode_smem_bytes(d["HEAD_DIM"], d["BLOCK_SIZE"], d["HEADS_PER_BLOCK"])
+        if self.kernel == "flash_attention_mma_async":
+            return 2 * flash_attention_mma_smem_bytes(d["HEAD_DIM"], d["BLOCK_K"])
         if self.kernel == "flash_attention_regtile":
             return flash_attention_regtile_smem_bytes(d["HEAD_DIM"], d["BLOCK_Q"], d["BLOCK_K"])
         if self.kernel == "flash_attention_backward":
@@ -492,6 +526,8 @@ def default_builds(head_dim: int = 128, dtype: str = "float16", trace: bool = Fa
     builds.append(paged_decode_build(head_dim, 16, 32, 8, dtype, trace))
     if head_dim <= MAX_BACKWARD_HEAD_DIM:
         builds.append(flash_attention_backward_build(head_dim, dtype, trace))
+    if dtype in MMA_DTYPES and head_dim % 16 == 0:
+        builds.append(flash_attention_mma_async_build(head_dim, dtype, trace))
     if head_dim % 4 == 0:                    # the register-tiled rung (float32 storage whatever dtype says)
         builds.append(flash_attention_regtile_build(head_dim, "float32", trace))
     return builds

@@ -12,7 +12,7 @@ from lessons.views.plot import new_figure, tidy
 
 __all__ = ["RUNG_COLOURS", "ladder_figure"]
 
-RUNG_COLOURS = {"naive": "#c44e52", "scalar": "#1f77b4", "regtile": "#17becf", "mma": "#8c564b",
+RUNG_COLOURS = {"naive": "#c44e52", "scalar": "#1f77b4", "regtile": "#17becf", "mma": "#8c564b", "mma_async": "#9467bd",
                 "sdpa": "#2ca02c"}
 
 
