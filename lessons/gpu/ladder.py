@@ -88,7 +88,7 @@ RUNGS = (
          "one warp instruction does 16 x 8 x 16 multiply-adds (4096 FLOPs) instead of 32 FMAs; bound by "
          "occupancy instead: 196-254 registers per thread (ncu on the H200) allow 2 blocks of 4 warps per SM",
          "mma.sync.aligned.m16n8k16", "occupancy 12.5%, no warp eligible 57% of cycles, synchronous loads (ncu)"),
-    Rung("mma_async", "tensor cores, + ldmatrix + cp.async double buffering", None, "flash_attention_mma_async",
+    Rung("mma_async", "tensor cores + ldmatrix, cp.async", None, "flash_attention_mma_async",
          "lessons.gpu.flash_attention_mma_async_gpu", "float16",
          "K/V tiles copied by cp.async into two shared-memory stages (tile j + 1 in flight while tile j "
          "is multiplied); K and V fragments loaded by ldmatrix.x2 (.trans for V), one instruction per warp",
