@@ -25,8 +25,8 @@ html: $(STAMP)  ## static, executed HTML of the series under _build/html/
 	$(PY) scripts/build_html.py --out _build/html
 
 ANSWERS ?= exercises
-grade: $(STAMP)  ## grade your answers in exercises/ and print a score card (ANSWERS=solutions: the reference)
-	PYTHONDONTWRITEBYTECODE=1 $(PY) -m pytest -c grading/pytest.ini grading --answers $(ANSWERS) -q --tb=short
+grade: $(STAMP)  ## grade your answers in exercises/: the score card (ANSWERS=solutions: the reference; DETAILS=1: what each failing check asserted)
+	PYTHONDONTWRITEBYTECODE=1 $(PY) -m lessons.course.grade run --answers $(ANSWERS) $(if $(DETAILS),--details)
 
 reset-exercise: $(STAMP)  ## restore one stub, your file kept as NAME.py.bak-...: make reset-exercise NAME=absorb
 	@test -n "$(NAME)" || { echo "usage: make reset-exercise NAME=<exercise>  (python -m lessons.course.grade list)"; exit 2; }

@@ -29,16 +29,10 @@ def absorb(m, l, o, s, v):
     -------
     (m, l, o) : new arrays of the same shapes. Do not modify the inputs in place.
 
-    Rule::
-
-        m_new = max(m, max of s over the tile)     per row
-        alpha = exp(m - m_new)                      the correction factor
-        p     = exp(s - m_new)
-        l     = alpha * l + sum(p)
-        o     = alpha * o + p @ v
-
-    A row whose ``m_new`` is still ``-inf`` (a fully masked tile reaching an empty
-    state) must stay empty, ``(-inf, 0, 0)``, never NaN: ``exp(-inf - -inf)`` is NaN,
-    so subtract 0 instead of ``m_new`` for such rows.
+    What must hold after every tile (the grader checks each): ``m`` is the max of all
+    scores absorbed so far, ``l`` and ``o`` are exactly the sums over all keys absorbed
+    so far measured against that ``m``, and after the last tile ``o / l`` is the
+    attention output, whatever the tile size. A row that has seen only ``-inf`` scores
+    stays empty, ``(-inf, 0, 0)``, never NaN. Notebook 02, section 2, derives the update.
     """
     raise NotImplementedError

@@ -45,11 +45,9 @@ def flash_backward(q, k, v, o, lse, do, *, block_q=4, block_k=4, causal=False):
     -------
     (dq, dk, dv) : shapes (Nq, d), (Nk, d), (Nk, dv). Scale the scores by ``1/sqrt(d)``.
 
-    Rule: compute ``D`` once, then loop over key blocks ``j`` (outer) and query blocks
-    ``i`` (inner). For each tile recompute the scores and ``P = exp(S - L_i)`` (0 where
-    causal hides a key), add this tile's share to ``dV_j``, ``dK_j`` and ``dQ_i`` with the
-    formulas above, and write ``dK_j``, ``dV_j`` once the inner loop is done. Never build a
-    (Nq, Nk) array. A row with ``lse = -inf`` sees no key: its ``dq`` is 0 and it adds
-    nothing to ``dk``, ``dv``; nothing may be NaN.
+    What must hold: the gradients of attention for any block sizes, computed from ``o``
+    and ``lse`` in the loop of the backward notebook (key blocks outside, query blocks
+    inside) without ever building a (Nq, Nk) array. A row with ``lse = -inf`` sees no
+    key: its ``dq`` is 0 and it adds nothing to ``dk``, ``dv``; nothing may be NaN.
     """
     raise NotImplementedError

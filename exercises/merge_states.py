@@ -29,12 +29,9 @@ def merge_states(o_a, lse_a, o_b, lse_b):
     -------
     (o, lse) : shapes (R, dv) and (R,), the state over both key sets.
 
-    Rule::
-
-        lse = log(exp(lse_a) + exp(lse_b))      computed stably: subtract max(lse_a, lse_b)
-        o   = exp(lse_a - lse) * o_a + exp(lse_b - lse) * o_b
-
-    ``lse`` can be large (hundreds): never exponentiate it unshifted. Two empty parts
-    give ``o = 0, lse = -inf``: no NaN (``exp(-inf - -inf)``), and never ``lse = +inf``.
+    What must hold: the result is the state of attention over the union of the two key
+    sets (notebook 06, section 1, writes it in this form); the merge is commutative;
+    ``lse`` values in the hundreds must not overflow; two empty parts give ``o = 0,
+    lse = -inf``, never NaN and never ``lse = +inf``.
     """
     raise NotImplementedError

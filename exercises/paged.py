@@ -33,10 +33,8 @@ def paged_attention(q, block_table, k_cache, v_cache, seq_len, block_size):
     out : float array, shape (dv,): ``softmax(q . k / sqrt(d)) @ v`` over the sequence's
         ``seq_len`` keys. ``seq_len = 0`` gives zeros.
 
-    Rule: for ``j`` in ``range(ceil(seq_len / block_size))``: ``n = min(block_size,
-    seq_len - j * block_size)`` valid tokens, keys ``k_cache[block_table[j], :n]`` (and
-    the same values); fold the block into ``(m, l, o)`` with the online softmax. Read
-    only those n slots: past ``seq_len`` the page holds stale data, even NaN. Do not pad
-    with zeros either: a zero key still scores 0.
+    What must hold: the output equals attention over the sequence's ``seq_len`` keys,
+    in one pass over its pages (notebook 05, section 2), whatever the slots of the last
+    page past ``seq_len`` hold (stale data, even NaN).
     """
     raise NotImplementedError

@@ -23,13 +23,10 @@ from lessons import attention, flash_attention
 def peak_bytes(fn, *args, **kwargs):
     """Peak memory allocated while ``fn(*args, **kwargs)`` runs, in bytes (an int).
 
-    Rule: measure with :mod:`tracemalloc`. Count only what the call adds: take the
-    memory already traced when the call starts as the baseline, reset the peak
-    (``tracemalloc.reset_peak()``), run the call, and return the peak during it minus
-    the baseline. Not what is still allocated after it returns: a call that allocates
-    8 MB, frees it and returns a small result has a peak of about 8 MB. Start
-    tracemalloc if it is not running and stop it afterwards only if you started it.
-    The value ``fn`` returns is discarded.
+    Measure with :mod:`tracemalloc` and count only what the call adds, at its highest:
+    a call that allocates 8 MB, frees it and returns a small result has a peak of about
+    8 MB, and memory allocated before the call is not counted. Leave tracemalloc as you
+    found it (running or not). The value ``fn`` returns is discarded.
     """
     raise NotImplementedError
 
@@ -41,9 +38,7 @@ def loglog_slope(ns, values):
     ``ns``, ``values``: sequences of positive numbers, the same length, at least 2.
     Returns a float. (Exactly ``c * n**k`` data gives exactly ``k``.)
 
-    Rule: fit a straight line to the points ``(log n, log value)`` by least squares
-    (``np.polyfit`` of degree 1, or the formula) and return its slope; use every point,
-    not just the first and the last.
+    Use every point, not just the first and the last.
     """
     raise NotImplementedError
 
@@ -51,8 +46,8 @@ def loglog_slope(ns, values):
 def measure(sizes=(512, 2048, 8192), *, d=64, tile=64, seed=0):
     """Peak memory of :func:`lessons.attention` and :func:`lessons.flash_attention`.
 
-    Rule: for each N in ``sizes`` make random float32 ``q, k, v`` of shape (N, d) first
-    (the inputs are not counted), then measure :func:`peak_bytes` of
+    For each N in ``sizes``, random float32 ``q, k, v`` of shape (N, d) (made before
+    measuring: the inputs are not counted), then :func:`peak_bytes` of
     ``attention(q, k, v)`` and of ``flash_attention(q, k, v, tile)``.
 
     Returns a dict::

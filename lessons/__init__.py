@@ -38,6 +38,7 @@ from lessons.course.data import Sample, late_max_case, load_sample, make_case, r
 from lessons.schedules.flash import flash_attention
 from lessons.schedules.backward import attention_backward, flash_attention_backward
 from lessons.cost.traffic import flash_block_sizes, flash_io, loglog_slope, measure_peak_memory, roofline_points, textbook_io
+from lessons.cost.traffic import compare_traffic
 from lessons.schedules.paged import paged_flash_attention
 from lessons.core.reference import attention
 from lessons.schedules.ring import ring_attention
@@ -58,4 +59,5 @@ __all__ = [
     "run_variant", "run_variants", "example_case",
     "tile_schedule", "count_tiles", "causal_mask", "masked_rows_report",
     "textbook_io", "flash_io", "flash_block_sizes", "measure_peak_memory", "roofline_points", "loglog_slope",
+    "compare_traffic",
 ]

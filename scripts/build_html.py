@@ -5,7 +5,8 @@ kernel each, working directory ``notebooks/``) and written as one HTML page
 under the output folder, with its figures inlined as PNG data; an
 ``index.html`` links the pages in order. The notebooks themselves are not
 modified. Widgets need a live kernel, so a page shows the static figures the
-lessons draw next to them.
+lessons draw next to them, and each self-test quiz (a widget) gets a static copy:
+question, choices, and the answer behind a collapsible ``<details>``.
 
     python scripts/build_html.py                 # -> _build/html/
     python scripts/build_html.py --out DIR NB... # only some notebooks
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import html
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -40,6 +42,27 @@ def notebook_title(nb, fallback: str) -> str:
     return fallback
 
 
+_QUIZ_CALL = re.compile(r"""quiz_widget\(\s*["']([^"']+)["']\s*\)""")
+
+
+def add_static_quizzes(nb) -> int:
+    """Append the static HTML of each quiz to the outputs of the cell that calls ``quiz_widget("KEY")``.
+
+    ``nb``: an executed notebook node (changed in place). Returns how many quizzes were added.
+    """
+    from lessons.course.quiz import static_quiz_html
+
+    added = 0
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        for key in _QUIZ_CALL.findall(cell.source):
+            cell.setdefault("outputs", []).append(nbformat.v4.new_output(
+                "display_data", data={"text/html": static_quiz_html(key), "text/plain": f"quiz {key}"}))
+            added += 1
+    return added
+
+
 def build_page(path: Path, out_dir: Path, timeout: float = 600) -> tuple[Path, object, float]:
     """Execute notebook PATH and write OUT_DIR/<stem>.html.
 
@@ -50,6 +73,7 @@ def build_page(path: Path, out_dir: Path, timeout: float = 600) -> tuple[Path, o
     nb = nbformat.read(path, as_version=4)
     ExecutePreprocessor(timeout=timeout, kernel_name="python3").preprocess(
         nb, {"metadata": {"path": str(path.parent)}})
+    add_static_quizzes(nb)
     body, _ = HTMLExporter(template_name="lab").from_notebook_node(
         nb, resources={"metadata": {"name": notebook_title(nb, path.stem)}})
     out = out_dir / f"{path.stem}.html"

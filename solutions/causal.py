@@ -22,11 +22,10 @@ def absorb_unguarded(m, l, o, s, v):
     ``o (R, dv)``, ``s (R, T)`` scaled scores (``-inf`` = masked), ``v (T, dv)``;
     returns the new ``(m, l, o)``.
 
-    Rule: exactly ``m_new = max(m, rowmax(s)); alpha = exp(m - m_new);
-    p = exp(s - m_new); l = alpha*l + sum(p); o = alpha*o + p @ v`` with no guard.
     It must agree with the guarded update whenever every row has a finite score so
-    far, and it must reproduce the NaN: absorbing a fully masked tile into an empty
-    state (``m = -inf``) gives NaN in ``l`` and ``o`` for that row.
+    far, and it must reproduce the trap of notebook 03, section 5: absorbing a fully
+    masked tile into an empty state (``m = -inf``) gives NaN in ``l`` and ``o`` for
+    that row.
     """
     with np.errstate(invalid="ignore"):
         m_new = np.maximum(m, s.max(axis=1))
@@ -53,12 +52,10 @@ def causal_flash_attention(q, k, v, tile, *, block_q=16, mask=None):
     (out, lse) : ``out`` shape (Nq, dv), ``lse`` shape (Nq,) with ``lse = m + log(l)``.
     Scale the scores by ``1/sqrt(d)``.
 
-    Rule: for each block of ``block_q`` query rows, walk the key tiles in order and
-    fold each into the rows' ``(m, l, o)``; mask with ``-inf`` every key j that query i
-    may not see: ``j > i + Nk - Nq`` (bottom-right causal) or ``mask[i, j]`` False. Tiles
-    wholly above the diagonal for the whole block may be skipped. A fully masked tile
-    must leave a row's state unchanged (guard ``exp(-inf - -inf)``); a row that sees no
-    key at all gets ``out = 0`` and ``lse = -inf``, never NaN.
+    What must hold: ``out`` equals causal attention with the mask aligned bottom-right,
+    as in FlashAttention-2 (notebook 03, section 2), for any ``tile`` and ``block_q``;
+    a row's output never depends on a key it may not see; a row that sees no key at
+    all gets ``out = 0`` and ``lse = -inf``, never NaN.
     """
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     nq, nk, dv = q.shape[0], k.shape[0], v.shape[1]

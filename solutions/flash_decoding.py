@@ -27,8 +27,7 @@ def merge(a, b):
     them all. ``merge(a, b) == merge(b, a)``, merging with an empty state changes
     nothing, and two empty states merge to an empty state, never NaN.
 
-    Rule: ``m = max(m_a, m_b)``, ``l = exp(m_a - m) * l_a + exp(m_b - m) * l_b``, and
-    the same factors on ``o``; guard ``m = -inf`` (both empty).
+    Notebook 06, section 1, derives the merge from the absorb step.
     """
     (m_a, l_a, o_a), (m_b, l_b, o_b) = a, b
     m = max(m_a, m_b)
@@ -55,11 +54,10 @@ def flash_decoding(q, k, v, num_splits=4, tile=16):
     ``partials`` a list of ``num_splits`` states ``(m, l, o)`` as in :func:`merge`, one
     per worker, in worker order.
 
-    Rule: with ``c = ceil(Nk / num_splits)``, worker i takes keys ``[i*c, min((i+1)*c, Nk))``
-    (trailing workers may get none: their state is empty). Each worker folds its keys
-    tile by tile into its own ``(m, l, o)``, starting empty, with scores scaled by
-    ``1/sqrt(d)``. Then merge the partials left to right and return ``o / l``
-    (zeros if ``l == 0``).
+    How the keys are split: with ``c = ceil(Nk / num_splits)``, worker i takes keys
+    ``[i*c, min((i+1)*c, Nk))`` (trailing workers may get none: their state is empty).
+    Each partial must be exactly its worker's state over its own keys, and ``out`` must
+    not depend on ``num_splits`` or ``tile`` beyond rounding.
     """
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     nk, dv = k.shape[0], v.shape[1]

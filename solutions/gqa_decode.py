@@ -19,9 +19,9 @@ def kv_head(h, num_heads, num_kv_heads):
 
     Parameters: ``h`` int in ``[0, num_heads)``; ``num_heads``, ``num_kv_heads`` ints >= 1.
 
-    Rule: heads are grouped consecutively, ``group = num_heads // num_kv_heads`` query
-    heads per KV head, so the answer is ``h // group``. Raise ValueError if
-    ``num_heads`` is not a multiple of ``num_kv_heads`` or ``h`` is out of range.
+    The grouping is the one of notebook 07, section 2 (as in Llama 2 and vLLM). Raise
+    ValueError if ``num_heads`` is not a multiple of ``num_kv_heads`` or ``h`` is out
+    of range.
     """
     if num_kv_heads < 1 or num_heads % num_kv_heads:
         raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})")
@@ -48,10 +48,10 @@ def paged_gqa_decode(q, block_table, k_cache, v_cache, seq_len, block_size):
         ``softmax(q[h] . k[:, kv_head(h)] / sqrt(d)) @ v[:, kv_head(h)]`` over the
         ``seq_len`` tokens.
 
-    Rule: one pass over the logical blocks, the last one partial (read only its first
-    ``seq_len - j * block_size`` slots; the rest is stale, even NaN). Each block's keys
-    of a KV head serve every query head of its group. Raise ValueError if
-    ``num_heads`` is not a multiple of ``num_kv_heads``.
+    What must hold: each head's output equals attention over the sequence's first
+    ``seq_len`` tokens of its KV head, whatever the slots of the last page past
+    ``seq_len`` hold (stale data, even NaN). Raise ValueError if ``num_heads`` is not
+    a multiple of ``num_kv_heads``.
     """
     q = np.asarray(q, dtype=np.float64)
     num_heads, d = q.shape

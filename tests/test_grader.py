@@ -11,6 +11,7 @@ import ast
 import importlib.util
 import json
 import os
+import re
 import subprocess
 from collections import defaultdict
 from datetime import datetime
@@ -123,7 +124,10 @@ def test_stub_and_solution_have_the_same_functions(name):
         assert len(body) == 2 and isinstance(body[1], ast.Raise) and \
             ast.unparse(body[1].exc) == "NotImplementedError", f"stub {name}.{fname} must only raise"
         doc = ast.get_docstring(stub[fname])
-        assert doc and "Rule" in doc, f"{name}.{fname}: the docstring states the rule to obey"
+        # the task, not the answer: no update spelled out line by line (the notebook derives it)
+        answer_lines = [line for line in doc.splitlines()
+                        if re.search(r"\balpha\s*=\s*exp|\bm_new\s*=|=\s*alpha\s*\*|=\s*exp\(\w+_a\s*-|\bh\s*//", line)]
+        assert doc and "Rule" not in doc and not answer_lines, f"{name}.{fname}: the docstring spells out the answer: {answer_lines}"
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -244,6 +248,9 @@ def test_mutant_fails_with_a_hint_naming_its_mistake(mutant_runs, path, exercise
         f"{path.name}: the first hint should name {mistake!r}, got {result['hints']}")
     flat = " ".join(card.replace("│", " ").split())          # the table's wrapped hint column, unwrapped
     assert exercise in flat and " ".join(text.split()) in flat, f"the score card does not show the hint:\n{card}"
+    others = [MISTAKES.hint_text(k) for k in MISTAKES.MISTAKES if k != mistake]
+    assert not [h for h in result["hints"] if h in others], (
+        f"{path.name} makes only {mistake!r}, but the card also names {[h for h in result['hints'] if h in others]}")
 
 
 # --- summarise, score card, check and reset, in process ------------------------------------
@@ -259,7 +266,9 @@ def test_summarise_statuses_and_hint_order():
         _rec("paged", "passed"), _rec("paged", "not attempted"),
         _rec("gqa_decode", "passed"), _rec("gqa_decode", "skipped"),
     ])}
-    assert results["absorb"] == ExerciseResult("absorb", "failed", 1, 2, 0, ("B", "A", "x"), ("t", "t"))
+    assert results["absorb"] == ExerciseResult("absorb", "failed", 1, 2, 0, ("B", "A"), ("t", "t"))
+    advice_only = summarise([_rec("absorb", "failed", [], ["x"]), _rec("absorb", "failed", [], ["y", "x"])])
+    assert advice_only[0].hints == ("x", "y")           # no named mistake: the checks' advice instead
     assert results["causal"].status == "not attempted"
     assert results["paged"].status == "incomplete"
     assert results["gqa_decode"].status == "passed" and results["gqa_decode"].total == 1
@@ -269,11 +278,76 @@ def test_summarise_statuses_and_hint_order():
         summarise([_rec("absorb", "xfailed")])
 
 
+def _crec(outcome, catches, test="t"):
+    """A record as the grader writes it: the hints are the named mistakes' texts, in the order of catches."""
+    return {"exercise": "absorb", "test": test, "outcome": outcome, "catches": list(catches),
+            "hints": [MISTAKES.hint_text(k) for k in catches] if outcome == "failed" else [], "advice": []}
+
+
+def test_only_the_hint_of_the_mistake_made():
+    on_o, on_l = MISTAKES.hint_text("alpha_missing_on_o"), MISTAKES.hint_text("alpha_missing_on_l")
+    # a check without a named mistake (tile size) also fails: its advice waits until the mistake is fixed
+    tile = {"exercise": "absorb", "test": "tile", "outcome": "failed", "catches": [], "hints": [],
+            "advice": ["the tile size must not change the result"]}
+    (r,) = summarise([_crec("passed", ["alpha_missing_on_l"], "l"), _crec("failed", ["alpha_missing_on_o"], "o"),
+                      tile])
+    assert r.hints == (on_o,)
+    # alpha missing on o: the check of l passes, the check of o fails, the check of o / l fails
+    (r,) = summarise([_crec("passed", ["alpha_missing_on_l"], "l"), _crec("failed", ["alpha_missing_on_o"], "o"),
+                      _crec("failed", ["alpha_missing_on_o", "alpha_missing_on_l"], "o/l")])
+    assert r.hints == (on_o,)
+    # only the shared check failed, the distinguishing check of l passed: o is the one left
+    (r,) = summarise([_crec("passed", ["alpha_missing_on_l"], "l"),
+                      _crec("failed", ["alpha_missing_on_o", "alpha_missing_on_l"], "o/l")])
+    assert r.hints == (on_o,)
+    # both distinguishing checks failed: both mistakes were made, both hints shown
+    (r,) = summarise([_crec("failed", ["alpha_missing_on_l"], "l"), _crec("failed", ["alpha_missing_on_o"], "o"),
+                      _crec("failed", ["alpha_missing_on_o", "alpha_missing_on_l"], "o/l")])
+    assert set(r.hints) == {on_o, on_l}
+    # a parametrised check that passes in one case and fails in another still confirms its mistake
+    (r,) = summarise([_crec("passed", ["no_guard"], "e[1]"), _crec("failed", ["no_guard"], "e[2]")])
+    assert r.hints == (MISTAKES.hint_text("no_guard"),)
+    # every named mistake ruled out by its own passing check: the failure's own message is shown instead
+    rec = _crec("failed", ["alpha_missing_on_o", "alpha_missing_on_l"], "o/l")
+    rec["message"] = "AssertionError: o / l is wrong"
+    (r,) = summarise([_crec("passed", ["alpha_missing_on_l"], "l"), _crec("passed", ["alpha_missing_on_o"], "o"), rec])
+    assert r.hints == ("AssertionError: o / l is wrong",)
+
+
+def test_untouched_stub_is_answered_without_running_the_grader(workspace, monkeypatch):
+    def no_pytest(*args, **kwargs):
+        raise AssertionError("the grader was started for an untouched stub")
+    monkeypatch.setattr(grade.subprocess, "run", no_pytest)
+    res = check("absorb", file=workspace / "absorb.py")
+    assert res.status == "not attempted" and str(res).startswith("absorb: not attempted")
+    assert grade.is_untouched_stub("absorb", workspace / "absorb.py")
+    (workspace / "absorb.py").write_text((workspace / "absorb.py").read_text() + "\n# started\n")
+    assert not grade.is_untouched_stub("absorb", workspace / "absorb.py")
+    assert not grade.is_untouched_stub("absorb", workspace / "missing.py")
+
+
+def test_run_prints_the_score_card_first_and_details_on_request(tmp_path):
+    import io
+    answers = tmp_path / "answers"
+    answers.mkdir()
+    (answers / "absorb.py").write_bytes((ROOT / "mutants" / "absorb__alpha_missing_on_o.py").read_bytes())
+    short, long = io.StringIO(), io.StringIO()
+    assert grade.run(answers, ["absorb"], out=short) == 1
+    text = short.getvalue()
+    assert text.lstrip().startswith("score card") and "absorb" in text
+    assert "FAILURES" not in text and "Traceback" not in text and "DETAILS=1" in text
+    assert __import__("re").search(r"\b\d+ of \d+ checks failed", text)
+    assert grade.run(answers, ["absorb"], details=True, out=long) == 1
+    text = long.getvalue()
+    assert text.index("score card") < text.index("FAILURES") and "test_o_after_every_tile" in text
+
+
 def test_score_card_has_one_line_per_exercise():
     results = summarise([_rec("absorb", "failed", ["alpha missing on o: rescale o"]), _rec("causal", "not attempted"),
                          _rec("paged", "passed")])
     card = format_score_card(results, answers="exercises/")
-    assert "alpha missing on o" in card and "not attempted" in card and "passed (1/1)" in card
+    assert "alpha missing on o" in card and "not attempted" in card and "1 check passed" in card
+    assert "FAILED" not in card and "1 of 1 check failed" in card
     assert "exercises: 1 passed, 1 failed, 1 not attempted" in card
 
 
@@ -371,12 +445,12 @@ def test_command_line_list_and_bad_name(capsys):
 
 def test_check_result_lines():
     done = ExerciseResult("absorb", "passed", 9, 0, 0)
-    assert str(CheckResult("absorb", "passed", "", done)) == "absorb: passed (9 checks)"
+    assert str(CheckResult("absorb", "passed", "", done)) == "absorb: all 9 checks passed"
     half = ExerciseResult("absorb", "incomplete", 4, 0, 5)
-    assert str(CheckResult("absorb", "incomplete", "", half)).startswith("absorb: incomplete (4 checks pass, 5 ")
-    failed = ExerciseResult("absorb", "failed", 7, 2, 0, ("alpha missing on o: rescale o",))
+    assert str(CheckResult("absorb", "incomplete", "", half)).startswith("absorb: incomplete: 4 of 9 checks passed, 5 ")
+    failed = ExerciseResult("absorb", "failed", 6, 3, 0, ("alpha missing on o: rescale o",))
     assert str(CheckResult("absorb", "failed", failed.hints[0], failed)) == \
-        "absorb: failed (2 of 9 checks): alpha missing on o: rescale o"
+        "absorb: 3 of 9 checks failed. Hint: alpha missing on o: rescale o"
     assert str(CheckResult("absorb", "error", "timeout")) == "absorb: could not grade: timeout"
 
 

@@ -80,3 +80,16 @@ def test_notebook_02_page_shows_the_final_step_picture(site):
     assert pictures[0] in [_b64(m) for m in _DATA_PNG.findall(html)]
     width, height = _png_size(pictures[0])
     assert width >= 600 and height >= 300, f"the final-step picture is only {width}x{height}"
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_page_has_a_static_copy_of_its_quiz(site, name):
+    import html as html_lib
+
+    from lessons.course.quiz import QUIZZES
+
+    page, _ = site[1][name]
+    questions = QUIZZES[name[:-6]]
+    assert page.count("<summary>Show the answer</summary>") == len(questions)
+    for q in questions:
+        assert html_lib.escape(q.question) in page

@@ -102,3 +102,61 @@ def test_widget_escapes_text_and_names_unknown_keys():
     assert "<=" not in text.replace("<br>", "").replace("<b>", "").replace("</b>", "")
     with pytest.raises(ValueError, match="01_online_softmax"):
         quiz_widget("no_such_notebook")
+
+
+def test_no_choice_carries_its_own_justification():
+    """A choice is an answer, not an argument: no worked formula in brackets (the explanation has it)."""
+    import re
+
+    from lessons.course.quiz import QUIZZES
+
+    worked = re.compile(r"\([^)]*(=|//|%)[^)]*\)")
+    bad = [(key, c) for key, qs in QUIZZES.items() for q in qs for c in q.choices if worked.search(c)]
+    assert not bad, bad
+
+
+def test_static_quiz_has_question_choices_and_answer_behind_details():
+    import html as html_lib
+    import re
+
+    from lessons.course.quiz import QUIZZES, static_quiz_html
+
+    for key, qs in QUIZZES.items():
+        page = static_quiz_html(key)
+        assert page.count("<details>") == len(qs) and page.count("<summary>Show the answer</summary>") == len(qs)
+        for q, block in zip(qs, re.findall(r"<li><p><b>.*?</details></li>", page)):
+            assert html_lib.escape(q.question) in block
+            shown = re.findall(r"<li>(.*?)</li>", block.split("<details>")[0].split("<ol type='a'>")[1])
+            assert shown == [html_lib.escape(c) for c in q.choices]
+            hidden = block.split("<details>")[1]
+            letter = "abcdefgh"[q.answer]
+            assert f"({letter}) {html_lib.escape(q.choices[q.answer])}" in hidden
+            assert html_lib.escape(q.explanation) in hidden
+            assert html_lib.escape(q.explanation) not in block.split("<details>")[0]
+    with pytest.raises(ValueError, match="quizzes"):
+        static_quiz_html("99_nope")
+
+
+def test_html_build_adds_the_static_quiz_to_the_quiz_cell():
+    import importlib.util
+    from pathlib import Path
+
+    import nbformat
+
+    from lessons.course.quiz import static_quiz_html
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("build_html_for_quiz", root / "scripts" / "build_html.py")
+    build_html = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build_html)
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("x = 1"),
+        nbformat.v4.new_code_cell('from lessons.course.quiz import quiz_widget\n\nquiz_widget("04_io_awareness")')])
+    assert build_html.add_static_quizzes(nb) == 1
+    assert nb.cells[0].get("outputs", []) == []
+    (out,) = nb.cells[1].outputs
+    assert out["output_type"] == "display_data" and out["data"]["text/html"] == static_quiz_html("04_io_awareness")
+    # every notebook's self-test cell is found by the build
+    for path in sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        assert build_html.add_static_quizzes(nb) == 1, path.name

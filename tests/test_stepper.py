@@ -313,3 +313,58 @@ def test_the_forward_kernels_trace_agrees_with_numpy_tile_by_tile():
     np.testing.assert_allclose(kr.l, rt.l, rtol=1e-5)
     stepper.tile_size.value = 7                     # odd tiles: the kernel takes them with block_q = 128
     assert stepper.divergence is None and len(stepper.kernel_row) == len(stepper.row_trace) == 19
+
+
+def test_causal_stepper_legend_stays_inside_the_figure():
+    """With "skipped" tiles the legend has five entries; none may run off the picture."""
+    from lessons.schedules.causal import block_schedule
+    from lessons.views.stepper import TileStepper
+
+    s = TileStepper(kind="real", row=93, tile=16, schedule=block_schedule(16), options={"causal": True})
+    fig = s._figure.figure
+    fig.canvas.draw()
+    legend = s._figure.ax_scores.get_legend()
+    labels = [t.get_text() for t in legend.get_texts()]
+    assert "skipped (fully masked)" in labels and "running max m" in labels
+    box, page = legend.get_window_extent(), fig.bbox
+    assert page.x0 <= box.x0 and box.x1 <= page.x1 and box.y1 <= page.y1, (box, page)
+
+
+def test_paged_stepper_shows_the_block_table_and_the_page_of_the_step():
+    from lessons.course.data import make_case
+    from lessons.schedules.paged import paged_schedule
+    from lessons.views.stepper import TileStepper
+
+    s = TileStepper(kind="real", row=93, tile=16, schedule=paged_schedule)
+    q, k, v = make_case("real", layer=0, head=0)
+    table = paged_schedule(q, k, v, 16).block_table                   # the same shuffled pool (seed 0)
+    assert s.paged and len(table) == 8
+    for step in (1, 3, 8):
+        s.slider.value = step
+        text = re.sub(r"<[^>]+>", "", s.readouts["page"].value)
+        assert text == f"logical block {step - 1} → physical page {int(table[step - 1])}"
+        cells = re.findall(r"<td style='padding:0 5px;text-align:center;([^']*)'><div[^>]*>(\d+)</div>"
+                           r"<div data-page='(\d+)'>", s.readouts["block_table"].value)
+        assert [int(i) for _, i, _ in cells] == list(range(len(table)))
+        cells = [(style, page) for style, _, page in cells]
+        assert [int(c) for _, c in cells] == [int(p) for p in table]
+        assert [i for i, (style, _) in enumerate(cells) if "background" in style] == [step - 1]
+    state = s.widget.children[2]                                       # the state row holds the page
+    assert s.readouts["page"] in state.children
+    plain = TileStepper(kind="random", row=0, tile=32)
+    assert not plain.paged and "page" not in plain.readouts and "block_table" not in plain.readouts
+
+
+def test_changing_row_head_or_layer_keeps_the_tile_clamped():
+    from lessons.views.stepper import TileStepper
+
+    s = TileStepper(kind="real", row=93, tile=16)
+    s.slider.value = 5
+    s.row.value = 10
+    assert s.slider.value == 5 and s.play.value == 5
+    s.head.value = 3
+    assert s.slider.value == 5
+    s.layer.value = 2
+    assert s.slider.value == 5
+    s.tile_size.value = 64                                             # 2 tiles now: clamped to what exists
+    assert s.slider.max == 2 and s.slider.value == 2

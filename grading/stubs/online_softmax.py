@@ -29,11 +29,9 @@ def online_max_sum(tiles):
     (m, l) : two floats
         ``m = max(x)`` over all scores and ``l = sum(exp(x - m))``.
 
-    Rule: keep only ``m`` and ``l`` between tiles. When a tile raises the max from
-    ``m_old`` to ``m_new``, multiply ``l`` by ``alpha = exp(m_old - m_new)`` before
-    adding the tile's ``sum(exp(x - m_new))``. Scores may be ``-inf`` (masked). If every
-    score is ``-inf``, or there are no scores, return ``m = -inf, l = 0.0``, never NaN:
-    ``exp(-inf - -inf)`` is NaN, so guard that case.
+    Keep only ``m`` and ``l`` between tiles (notebook 01, section 3, derives the update).
+    Scores may be ``-inf`` (masked). If every score is ``-inf``, or there are no
+    scores, return ``m = -inf, l = 0.0``, never NaN.
     """
     raise NotImplementedError
 
@@ -52,8 +50,7 @@ def online_max_sum_rows(tiles):
         Per row, ``m = max`` and ``l = sum(exp(x - m))``; a row of only ``-inf`` gives
         ``m = -inf, l = 0``, never NaN. There is always at least one tile.
 
-    Rule: the same recurrence as :func:`online_max_sum`, vectorised over the rows
-    (``np.maximum``, ``np.where``), with the guard applied per row.
+    The same one pass as :func:`online_max_sum`, for every row at once.
     """
     raise NotImplementedError
 
@@ -71,8 +68,7 @@ def online_softmax(x, tile):
     float array of the shape of ``x``: ``exp(x - m) / l`` per row. A row of only
     ``-inf`` gives zeros, never NaN.
 
-    Rule: pass 1 feeds the tiles ``x[..., a:a + tile]`` to :func:`online_max_sum` (1-D)
-    or :func:`online_max_sum_rows` (2-D); pass 2 computes ``exp(x - m) / l``.
-    Raise ValueError if ``tile < 1``.
+    Pass 1 reads ``x`` once, a tile at a time, with the functions above; pass 2
+    normalises. Raise ValueError if ``tile < 1``.
     """
     raise NotImplementedError

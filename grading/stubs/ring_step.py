@@ -36,9 +36,9 @@ def ring_step(m, l, o, q, k_block, v_block, *, q_start, k_start, causal=False):
     -------
     (m, l, o) : the new state, same shapes; do not modify the inputs in place.
 
-    Rule: scores ``q @ k_block.T / sqrt(d)``, ``-inf`` where the causal mask hides a key
-    (compare global positions, not positions inside the block), then the absorb
-    update. A block every key of which is in the future of a query leaves that query's
-    state unchanged, never NaN.
+    What must hold: the new state is the old one with this block's keys absorbed
+    (scores scaled by ``1/sqrt(d)``), each query seeing only the keys the causal mask
+    allows at their global positions. A block every key of which is in the future of a
+    query leaves that query's state unchanged, never NaN.
     """
     raise NotImplementedError

@@ -1,7 +1,9 @@
 """The inputs the lessons run on: real q, k, v from a pretrained model, and two made-up cases.
 
 * ``"real"`` - q, k, v captured from all-MiniLM-L6-v2 (a 6-layer BERT encoder, 12 heads of
-  dimension 32; Apache-2.0) reading the opening of *Alice's Adventures in Wonderland*
+  dimension 32; Apache-2.0): a bidirectional sentence encoder, not a generative language
+  model, so its own attention has no causal mask; the causal lessons apply one to these
+  q, k, v for teaching. Reading the opening of *Alice's Adventures in Wonderland*
   (Lewis Carroll, 1865; public domain). Shipped with the package in ``lessons/course/sample_data/``
   (float16, under 2 MB) together with the model's own attention output for layers 0 and 5,
   so the lessons can check their attention against what the real model computed.

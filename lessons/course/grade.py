@@ -8,7 +8,9 @@ attempted (the stub still raises ``NotImplementedError``).
 
 Command line (``python -m lessons.course.grade ...``)::
 
-    run [--answers DIR] [NAME ...]   grade, print the score card (same as ``make grade``)
+    run [--answers DIR] [--details] [NAME ...]
+                                     grade, print the score card, then (--details) what each
+                                     failing check asserted (same as ``make grade [DETAILS=1]``)
     check NAME [--file PATH]         grade one exercise, print one line
     reset NAME                       restore the stub; your file is kept as NAME.py.bak-YYYYmmdd-HHMMSS
     list                             the exercises, in lesson order
@@ -33,7 +35,7 @@ from pathlib import Path
 
 __all__ = [
     "Exercise", "EXERCISES", "ExerciseResult", "CheckResult", "STATUSES",
-    "repo_root", "get_exercise", "summarise", "format_score_card",
+    "repo_root", "get_exercise", "summarise", "format_score_card", "is_untouched_stub",
     "pytest_command", "run", "check", "reset", "main",
 ]
 
@@ -125,18 +127,51 @@ def _ranked(lists) -> list[str]:
     return sorted(count, key=lambda h: (-count[h], first[h]))
 
 
+def _named_mistakes(recs, failed) -> list[list[str]]:
+    """Per failed check, the hints of the named mistakes it really points to.
+
+    A check that catches exactly one mistake *distinguishes* it: if that check passed,
+    the mistake was not made, and its hint is dropped from every other failure; if it
+    failed, the mistake is confirmed, and a failure that names several mistakes then
+    shows only the confirmed ones. So an answer missing alpha on o, which fails the
+    check of o (alpha on o only) and the check of o / l (either alpha), but passes the
+    check of l, gets only "alpha missing on o".
+    """
+    def pairs(r):
+        catches, hints = list(r.get("catches") or ()), list(r.get("hints") or ())
+        if len(catches) != len(hints):               # a record without keys: its hints are kept as they are
+            return [(None, h) for h in hints]
+        return list(zip(catches, hints))
+
+    def single(r):
+        catches = r.get("catches") or ()
+        return catches[0] if len(catches) == 1 else None
+
+    confirmed = {single(r) for r in failed} - {None}
+    ruled_out = {single(r) for r in recs if r["outcome"] == "passed"} - {None} - confirmed
+    kept = [[(k, h) for k, h in pairs(r) if k is None or k not in ruled_out] for r in failed]
+    confirmed |= {x[0][0] for x in kept if len(x) == 1 and x[0][0] is not None}
+    if confirmed:
+        kept = [[(k, h) for k, h in x if k is None or k in confirmed] for x in kept]
+    return [[h for _, h in x] for x in kept]
+
+
 def summarise(records, *, max_hints: int = 3) -> list[ExerciseResult]:
     """Fold per-test records into one :class:`ExerciseResult` per exercise, in lesson order.
 
     ``records``: iterable of dicts with keys ``exercise`` (str), ``test`` (str),
     ``outcome`` (``"passed"``, ``"failed"``, ``"not attempted"`` or ``"skipped"``; a
-    plain skip counts for nothing), and for failures ``hints`` (list of str: the named
-    mistakes the check points to) and ``advice`` (list of str: other advice, or the
-    failure message). An exercise is ``failed`` if any check failed, ``not attempted``
-    if every check hit a stub, ``incomplete`` if some passed and the rest hit a stub,
-    else ``passed``. The hints shown are the distinct named mistakes of the failed
-    checks, the one named by the most failures first, then the other advice ranked the
-    same way; at most ``max_hints``. Raises ValueError for an unknown outcome.
+    plain skip counts for nothing), optionally ``catches`` (list of mistake keys the
+    check distinguishes, see ``grading/mistakes.py``), and for failures ``hints`` (list
+    of str: the named mistakes' hints, in the order of ``catches``) and ``advice``
+    (list of str: other advice, or the failure message). An exercise is ``failed`` if
+    any check failed, ``not attempted`` if every check hit a stub, ``incomplete`` if
+    some passed and the rest hit a stub, else ``passed``. The hints shown are those of
+    the mistakes actually made (a mistake whose own check passed is ruled out; one whose
+    own check failed is confirmed and shown alone), the one named by the most failures
+    first; only when no named mistake is left, the other advice (or the failure
+    messages) ranked the same way; at most ``max_hints``. Raises
+    ValueError for an unknown outcome.
     """
     by_name: dict[str, list[dict]] = {}
     for rec in records:
@@ -149,9 +184,14 @@ def summarise(records, *, max_hints: int = 3) -> list[ExerciseResult]:
         recs = by_name[name]
         count = Counter(r["outcome"] for r in recs)
         failed = [r for r in recs if r["outcome"] == "failed"]
-        hints = (_ranked(r.get("hints") or () for r in failed)
-                 + _ranked(r.get("advice") or () for r in failed))
-        hints = list(dict.fromkeys(hints))[:max_hints]
+        named = _named_mistakes(recs, failed)
+        if any(named):                               # the mistakes made; other advice after they are fixed
+            advice = []
+        else:                                        # no named mistake: the checks' advice, or what failed
+            advice = [list(r.get("advice") or ()) or ([r["message"]] if r.get("message") else [])
+                      for r in failed]
+        hints = _ranked(named) + _ranked(advice)
+        hints = [h for h in dict.fromkeys(hints) if h][:max_hints]
         if count["failed"]:
             status = "failed"
         elif count["not attempted"] and count["passed"]:
@@ -166,13 +206,17 @@ def summarise(records, *, max_hints: int = 3) -> list[ExerciseResult]:
     return results
 
 
+def _checks(n: int) -> str:
+    return f"{n} check" + ("" if n == 1 else "s")
+
+
 def _status_text(r: ExerciseResult) -> str:
     if r.status == "passed":
-        return f"passed ({r.passed}/{r.total})"
+        return f"all {_checks(r.total)} passed" if r.total > 1 else "1 check passed"
     if r.status == "failed":
-        return f"FAILED ({r.failed}/{r.total})"
+        return f"{r.failed} of {_checks(r.total)} failed"
     if r.status == "incomplete":
-        return f"incomplete ({r.passed}/{r.total})"
+        return f"{r.passed} of {_checks(r.total)} passed, {r.not_attempted} not written yet"
     return "not attempted"
 
 
@@ -193,7 +237,7 @@ def format_score_card(results, *, answers: str = "exercises", width: int = 100) 
     table.add_column("hint / next step", overflow="fold")
     for r in results:
         if r.status == "failed":
-            note = "\n".join(f"- {h}" for h in r.hints) or "see the failures above"
+            note = "\n".join(f"- {h}" for h in r.hints) or "make grade DETAILS=1 shows the failing checks"
         elif r.status == "not attempted":
             note = f"open exercises/{r.name}.py"
         elif r.status == "incomplete":
@@ -240,12 +284,48 @@ def _env() -> dict:
     return env
 
 
-def run(answers="exercises", names=()) -> int:
-    """Grade ``names`` (default: all) from the folder ``answers`` and print the score card.
+def run(answers="exercises", names=(), *, details: bool = False, out=None) -> int:
+    """Grade ``names`` (default: all) from the folder ``answers``; print the score card first.
 
-    Returns pytest's exit status (0: nothing failed; 1: a check failed).
+    The score card comes first, then one line counting the failed checks; with
+    ``details=True`` pytest's report of each failing check (its assertion and the
+    lines of the grading test) follows the card. ``out``: a text stream (default
+    ``sys.stdout``). Returns pytest's exit status (0: nothing failed; 1: a check failed).
     """
-    return subprocess.call(pytest_command(answers, names), cwd=repo_root(), env=_env())
+    out = sys.stdout if out is None else out
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "report.json"
+        cmd = pytest_command(answers, names, report=report, extra=["--tb=short" if details else "--tb=no"])
+        proc = subprocess.run(cmd, cwd=repo_root(), env=_env(), capture_output=True, text=True)
+        if not report.is_file():
+            out.write(proc.stdout + proc.stderr)
+            return proc.returncode or 1
+        data = json.loads(report.read_text())
+    results = summarise(data["records"])
+    out.write(data["score_card"])
+    failed = sum(r.failed for r in results)
+    total = sum(r.total for r in results)
+    if failed:
+        out.write(f"{failed} of {_checks(total)} failed.")
+        if details:
+            out.write(" The failing checks, as pytest reports them:\n\n")
+            out.write(_failure_details(proc.stdout))
+        else:
+            out.write(" For what each failing check asserted: make grade DETAILS=1\n")
+    elif total:
+        out.write(f"{total - sum(r.not_attempted for r in results)} of {_checks(total)} passed, none failed.\n")
+    return proc.returncode
+
+
+def _failure_details(pytest_output: str) -> str:
+    """The FAILURES section of pytest's output, without the grader's own score card after it."""
+    lines = pytest_output.splitlines()
+    start = next((i for i, line in enumerate(lines) if "FAILURES" in line and line.startswith("=")), None)
+    if start is None:
+        return pytest_output
+    stop = next((i for i in range(start + 1, len(lines))
+                 if lines[i].startswith("=") and "FAILURES" not in lines[i]), len(lines))
+    return "\n".join(lines[start:stop]) + "\n"
 
 
 @dataclass(frozen=True)
@@ -265,14 +345,14 @@ class CheckResult:
     def __str__(self) -> str:
         r = self.result
         if self.status == "passed":
-            return f"{self.name}: passed ({r.passed} checks)"
+            return f"{self.name}: all {_checks(r.passed)} passed"
         if self.status == "not attempted":
-            return f"{self.name}: not attempted (write your answer in exercises/{self.name}.py and save it)"
+            return f"{self.name}: not attempted yet (write your answer in exercises/{self.name}.py and save it)"
         if self.status == "incomplete":
-            return (f"{self.name}: incomplete ({r.passed} checks pass, {r.not_attempted} still hit "
-                    f"NotImplementedError)")
+            return (f"{self.name}: incomplete: {r.passed} of {_checks(r.total)} passed, {r.not_attempted} "
+                    f"still raise NotImplementedError")
         if self.status == "failed":
-            return f"{self.name}: failed ({r.failed} of {r.total} checks): {self.hint}"
+            return f"{self.name}: {r.failed} of {_checks(r.total)} failed. Hint: {self.hint}"
         return f"{self.name}: could not grade: {self.hint}"
 
     __repr__ = __str__
@@ -281,16 +361,33 @@ class CheckResult:
         p.text(str(self))
 
 
+def is_untouched_stub(name: str, file=None) -> bool:
+    """True when the answer file (``file``, default ``exercises/<name>.py``) is byte for byte
+    the stub in ``grading/stubs/``: nothing attempted, no need to start the grader.
+    False when either file is missing or differs. Raises ValueError for an unknown ``name``."""
+    get_exercise(name)
+    root = repo_root()
+    target = Path(file) if file is not None else root / "exercises" / f"{name}.py"
+    stub = root / "grading" / "stubs" / f"{name}.py"
+    try:
+        return target.is_file() and stub.is_file() and target.read_bytes() == stub.read_bytes()
+    except OSError:
+        return False
+
+
 def check(name: str, *, file=None, timeout: float = 600.0) -> CheckResult:
     """Grade one exercise now and return a one-line :class:`CheckResult` (for a notebook cell).
 
     ``name``: an exercise name (see :data:`EXERCISES`); ``file``: grade this file instead of
-    ``exercises/<name>.py``. Runs the grader in a subprocess, so the file on disk is graded
-    as it is now (save it first). Never raises for the learner's code: a stub gives
+    ``exercises/<name>.py``. An untouched stub (the same bytes as ``grading/stubs/<name>.py``)
+    answers "not attempted" at once; otherwise runs the grader in a subprocess, so the file
+    on disk is graded as it is now (save it first). Never raises for the learner's code: a stub gives
     ``not attempted``, a broken module or a grader crash gives ``failed`` or ``error``.
     Raises ValueError only for an unknown ``name``.
     """
     get_exercise(name)
+    if is_untouched_stub(name, file):
+        return CheckResult(name, "not attempted")
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         files = {name: Path(file).resolve()} if file is not None else None
@@ -373,6 +470,7 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     p_run = sub.add_parser("run", help="grade and print the score card")
     p_run.add_argument("--answers", default="exercises", help="folder of answer modules (default: exercises)")
+    p_run.add_argument("--details", action="store_true", help="after the score card, what each failing check asserted")
     p_run.add_argument("names", nargs="*", help="exercises to grade (default: all)")
     p_check = sub.add_parser("check", help="grade one exercise, print one line")
     p_check.add_argument("name")
@@ -383,7 +481,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "run":
-            return run(args.answers, args.names)
+            return run(args.answers, args.names, details=args.details)
         if args.command == "check":
             res = check(args.name, file=args.file)
             print(res)

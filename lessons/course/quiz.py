@@ -12,7 +12,7 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
-__all__ = ["Question", "QUIZZES", "quiz_widget", "check_answer"]
+__all__ = ["Question", "QUIZZES", "quiz_widget", "check_answer", "static_quiz_html"]
 
 
 @dataclass(frozen=True)
@@ -122,13 +122,14 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
     ),
     "03_query_blocks_and_causal": (
         Q("With Nq = 2 queries and Nk = 5 keys, which keys does query 0 see under FlashAttention-2's causal mask?",
-          ("Keys 0 to 3 (j <= i + Nk - Nq)",
-           "Key 0 only (j <= i)",
+          ("Keys 0 to 3",
+           "Key 0 only",
            "All five keys",
            "None"),
           0,
           "The mask is aligned bottom-right: the last query is the newest token and sees every key, so query "
-          "i sees keys j <= i + Nk - Nq = i + 3. Reread section 2, 'Bottom-right alignment'."),
+          "i sees keys j <= i + Nk - Nq = i + 3 (query and key positions are indices from 0). 'Key 0 only' is "
+          "the top-left rule j <= i, right only when Nq == Nk. Reread section 2, 'Bottom-right alignment'."),
         Q("A row meets a fully masked key tile while its m is still -inf, and the update is written literally. "
           "What happens?",
           ("Nothing: the tile adds zero",
@@ -288,13 +289,15 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
     ),
     "07_paged_gqa_decode": (
         Q("num_heads = 8 query heads share num_kv_heads = 2 KV heads. Which KV head does query head 3 read?",
-          ("KV head 0: heads 0-3 form its group (3 // 4 = 0)",
-           "KV head 1: heads alternate between KV heads (3 % 2 = 1)",
+          ("KV head 0",
+           "KV head 1",
            "Both KV heads",
            "KV head 3"),
           0,
-          "The query heads are cut into consecutive groups of num_heads // num_kv_heads = 4; head h reads KV "
-          "head h // 4. Reread section 2, 'Which KV head does a query head read?'."),
+          "The query heads are cut into consecutive groups of num_heads // num_kv_heads = 4: heads 0-3 form KV "
+          "head 0's group, so head h reads KV head h // 4 = 3 // 4 = 0 (heads and KV heads are indices from 0). "
+          "KV head 1 would be h % num_kv_heads, as if heads alternated. Reread section 2, 'Which KV head does a "
+          "query head read?'."),
         Q("Why share key/value heads at all?",
           ("It makes the softmax faster",
            "It removes the need for a block table",
@@ -325,6 +328,28 @@ def check_answer(question: Question, choice: int | None) -> tuple[bool | None, s
     verdict = ("<b>Right.</b>" if right else
                f"<b>Not quite.</b> The answer is: {html.escape(question.choices[question.answer])}.")
     return right, f"{verdict}<br>{html.escape(question.explanation)}"
+
+
+def static_quiz_html(key: str) -> str:
+    """The quiz of notebook ``key`` as static HTML, for pages read without a kernel.
+
+    One numbered question per item, its choices lettered (a), (b), ..., and the answer
+    with its explanation behind a collapsible ``<details>`` element ("Show the answer"),
+    so a reader can still answer first. All text is HTML-escaped. Returns a str.
+    Raises ValueError naming the known keys.
+    """
+    if key not in QUIZZES:
+        raise ValueError(f"key must name a notebook's quiz, got {key!r}; quizzes: {', '.join(QUIZZES)}")
+    parts = ["<div class='static-quiz'><h4>Self-test (static version)</h4>"
+             "<p><i>Answer first, then open the answer: the explanation says what to reread.</i></p><ol>"]
+    for q in QUIZZES[key]:
+        choices = "".join(f"<li>{html.escape(c)}</li>" for c in q.choices)
+        letter = chr(ord("a") + q.answer)
+        parts.append(f"<li><p><b>{html.escape(q.question)}</b></p><ol type='a'>{choices}</ol>"
+                     f"<details><summary>Show the answer</summary><p>({letter}) "
+                     f"{html.escape(q.choices[q.answer])}. {html.escape(q.explanation)}</p></details></li>")
+    parts.append("</ol></div>")
+    return "".join(parts)
 
 
 def quiz_widget(key: str):

@@ -258,7 +258,7 @@ def _verdict(t, vis, dtype) -> str:
     overflow = float(np.log(np.finfo(dtype).max))
     if first is not None:
         c0, c1 = int(t["key_start"][first]), int(t["key_stop"][first])
-        where = f"row {r} leaves the exact result at tile {first} (keys {c0}..{c1 - 1})"
+        where = f"row {r} leaves the exact result at tile {first + 1} (keys {c0}..{c1 - 1})"   # tiles counted from 1
         m_before = m[first - 1, r] if first else _initial_m(name, 1, np.float64)[0]
         if name == "no_alpha_on_l":
             why = (f"the running max moved from {m_before:.4g} to {m[first, r]:.4g}; l should have been "
@@ -280,7 +280,7 @@ def _verdict(t, vis, dtype) -> str:
             why = "the update is not the textbook one"
         wrong = np.flatnonzero(t["diverged"][-1]).tolist()
         healed = np.flatnonzero(t["diverged"].any(axis=0) & ~t["diverged"][-1]).tolist()
-        tail = (f"; it is exact again from tile {t['recovers_at']} on" if t["recovers_at"] is not None
+        tail = (f"; it is exact again from tile {t['recovers_at'] + 1} on" if t["recovers_at"] is not None
                 else f"; the returned output is wrong for row(s) {wrong}")
         if healed and t["recovers_at"] is None:
             tail += f" (row(s) {healed} are exact again by the end)"

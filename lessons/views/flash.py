@@ -240,8 +240,10 @@ class StepFigure:
         handles = [Patch(facecolor=TILE_COLOURS[s], edgecolor="#888888", lw=0.6,
                          hatch="////" if s == "skipped" else None, label=TILE_LABELS[s]) for s in states]
         handles.append(self.max_line)
+        crowded = len(handles) > 4                       # the causal stepper adds "skipped": keep it on the figure
         ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.0, 1.01), ncol=len(handles),
-                  frameon=False, fontsize=9.5, handlelength=1.6, columnspacing=1.4, borderaxespad=0.2)
+                  frameon=False, fontsize=9.0 if crowded else 9.5, handlelength=1.2 if crowded else 1.6,
+                  handletextpad=0.5 if crowded else 0.8, columnspacing=0.8 if crowded else 1.4, borderaxespad=0.2)
 
     def _build_keys(self):
         ax, rt = self.ax_keys, self.row_trace

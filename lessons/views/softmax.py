@@ -90,7 +90,7 @@ def online_softmax_figure(x, trace, row=0):
     ax, axl = fig.add_subplot(gs[0]), fig.add_subplot(gs[1], sharex=None)
     for i, (a, b) in enumerate(zip(trace.key_start, trace.key_stop)):
         ax.axvspan(a - 0.5, b - 0.5, color="#f3f3f3" if i % 2 else "#e6e6e6", lw=0, zorder=0)
-        ax.text((a + b - 1) / 2, 0.97, f"tile {i}", transform=ax.get_xaxis_transform(), ha="center", va="top",
+        ax.text((a + b - 1) / 2, 0.97, f"tile {i + 1}", transform=ax.get_xaxis_transform(), ha="center", va="top",
                 fontsize=8.5, color="#666666")
     finite = np.isfinite(xs)
     ax.bar(np.arange(n)[finite], xs[finite], width=0.7, color="#6fa8cf", zorder=1, label="x")
@@ -115,7 +115,8 @@ def online_softmax_figure(x, trace, row=0):
         axl.annotate(f"{val:.3g}", (c, val), xytext=(0, 5), textcoords="offset points", ha="center", fontsize=8.5)
     axl.set_xlim(-0.5, n - 0.5)
     axl.set_ylabel("l", fontsize=10)
-    axl.set_xlabel("element j (tiles of %d)" % (trace.key_stop[0] - trace.key_start[0]), fontsize=10)
+    axl.set_xlabel("element index j, from 0 (tiles of %d, counted from 1)" % (trace.key_stop[0] - trace.key_start[0]),
+                   fontsize=10)
     axl.set_title("running sum l = Σ exp(x_j − m) over the elements seen, against the current m", fontsize=10,
                   loc="left")
     axl.margins(y=0.3)
@@ -275,7 +276,7 @@ class VariantExplorer:
             err = t.error[i, r]
             bad = t.diverged[i, r]
             mark = "<span style='color:#b00020'>left the exact result</span>" if bad else "exact"
-            cells = [format_value(i), f"{t.key_start[i]}–{t.key_stop[i] - 1}", format_value(float(t.m[i, r])),
+            cells = [str(i + 1), f"{t.key_start[i]}–{t.key_stop[i] - 1}", format_value(float(t.m[i, r])),
                      format_value(float(t.alpha[i, r])), format_value(float(t.l[i, r])),
                      format_value(float(err)), mark]
             bg = f"background:{TILE_COLOURS['current']}40;" if i == step - 1 else ""
@@ -302,7 +303,7 @@ class VariantExplorer:
                         color="#b00020", label="inf / NaN (drawn at the top)" if j == 0 else None,
                         transform=ax.get_xaxis_transform())
         ax.axvline(step - 1, color=TILE_COLOURS["current"], lw=1.2, zorder=0)
-        ax.set_xticks(tiles)
+        ax.set_xticks(tiles, [str(i + 1) for i in tiles])                 # tiles counted from 1
         ax.set_xlabel("tile", fontsize=9)
         ax.set_title(f"row {r}: running output, every output dimension", fontsize=9.5, loc="left")
         ax.legend(fontsize=8, frameon=False, loc="best")

@@ -118,7 +118,10 @@ class TileStepper:
     tile_size, row, layer, head : IntSliders; data : ToggleButtons (value = kind).
     readouts : dict of widgets.HTML with keys ``tile, keys, m, alpha, l, max_error,
         scores_in_memory, naive_scores, rescales``; each ``.value`` holds the number
-        formatted by :func:`format_value`.
+        formatted by :func:`format_value`. A paged schedule adds ``page`` and ``block_table``
+        (shown beside the state) (a trace with a ``block_table``, e.g.
+        :func:`lessons.schedules.paged.paged_schedule`): the logical block of the current step,
+        the physical page it read, and the whole table with that entry highlighted.
     table : HTML table of the tiles absorbed so far (tile number from 1, keys, m, alpha, l).
     image : widgets.Image holding the PNG of the current step (see lessons.views.flash).
     caption : HTML line saying what happened at this step.
@@ -185,12 +188,13 @@ class TileStepper:
         names = ["tile", "keys", "m", "alpha", "l", "max_error", "scores_in_memory", "naive_scores", "rescales"]
         if kernel is not None:
             names.append("kernel")
-            self.table.layout.width = "560px"
         self.readouts = {n: widgets.HTML() for n in names}
 
         self._figure = None
         self._busy = False
         self._load(row=self._default_rows.get(kind, 0) if row is None else row)
+        if self.paged:                                     # the table and the page beside the state
+            self.readouts.update(page=widgets.HTML(), block_table=widgets.HTML())
         self.slider.value = 1
         self._render()
 
@@ -201,22 +205,39 @@ class TileStepper:
         self.widget = self._layout()
 
     # -- building the view ----------------------------------------------------------------
+    #: Widths (px) of the table beside the picture; the picture takes the rest of the row (at
+    #: most its own 720 px), so picture and table stay side by side in a 1400 x 900 window.
+    TABLE_WIDTH = 300
+    KERNEL_TABLE_WIDTH = 470
+
     def _layout(self):
         card = {"border": "1px solid #dddddd", "padding": "2px 10px", "margin": "2px"}
         for r in self.readouts.values():
             r.layout = widgets.Layout(**card)
         memory = widgets.HBox([self.readouts[k] for k in ("scores_in_memory", "naive_scores", "rescales",
                                                           "max_error")], layout={"flex_flow": "row wrap"})
-        state = widgets.HBox([self.readouts[k] for k in ("tile", "keys", "m", "alpha", "l")],
+        paged = ("page",) if self.paged else ()
+        state = widgets.HBox([self.readouts[k] for k in ("tile", "keys", *paged, "m", "alpha", "l")],
                              layout={"flex_flow": "row wrap"})
         controls = widgets.VBox([
             self.data,
             widgets.HBox([self.layer, self.head, self.row, self.tile_size], layout={"flex_flow": "row wrap"}),
             widgets.HBox([self.play, self.slider]),
         ])
-        body = widgets.HBox([self.image, self.table], layout={"flex_flow": "row wrap", "align_items": "flex-start"})
+        width = self.KERNEL_TABLE_WIDTH if "kernel" in self.readouts else self.TABLE_WIDTH
+        self.table.layout = widgets.Layout(width=f"{width}px", flex="0 0 auto", overflow="auto")
+        self.image.layout = widgets.Layout(width="720px", max_width=f"calc(100% - {width + 12}px)",
+                                           height="auto", flex="0 1 auto")
+        body = widgets.HBox([self.image, self.table],
+                            layout={"flex_flow": "row nowrap", "align_items": "flex-start", "width": "100%"})
         extra = [self.readouts["kernel"]] if "kernel" in self.readouts else []
-        return widgets.VBox([controls, self.caption, state, memory, *extra, body])
+        table = [self.readouts["block_table"]] if self.paged else []
+        return widgets.VBox([controls, self.caption, state, *table, memory, *extra, body])
+
+    @property
+    def paged(self) -> bool:
+        """True when the schedule reads its tiles through a block table (a paged trace)."""
+        return getattr(self.trace, "block_table", None) is not None
 
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)
@@ -356,7 +377,8 @@ class TileStepper:
         r["naive_scores"].value = (f"textbook S holds <b>{format_value(naive[0])} × {format_value(naive[1])}"
                                    f" = {format_value(naive[0] * naive[1])}</b> scores")
         if step == 0:   # a row that sees no key at all (fully masked)
-            for key in ("tile", "keys", "m", "alpha", "l", "max_error", "scores_in_memory", "rescales"):
+            for key in ("tile", "keys", "m", "alpha", "l", "max_error", "scores_in_memory", "rescales",
+                        *(("page",) if self.paged else ())):
                 r[key].value = f"{key}: —"
             self.caption.value = f"<b>Query row {rt.row}</b> sees no key: nothing is absorbed, the output is 0."
             self.table.value = ""
@@ -369,6 +391,20 @@ class TileStepper:
         r["m"].value = f"<b>m</b> (running max) = {format_value(rt.m[i])}"
         r["alpha"].value = f"<b>α</b> = exp(m<sub>old</sub> − m<sub>new</sub>) = {format_value(rt.alpha[i])}"
         r["l"].value = f"<b>l</b> (running sum) = {format_value(rt.l[i])}"
+        if self.paged:
+            table = np.asarray(self.trace.block_table)
+            j = int(rt.tile[i])                          # logical block of this step (an index from 0)
+            r["page"].value = (f"<b>logical block</b> {format_value(j)} → <b>physical page</b> "
+                               f"{format_value(int(table[j]))}")
+            cells = "".join(                             # one cell per entry: its index above its page
+                f"<td style='padding:0 5px;text-align:center;{'background:#f39c3a;font-weight:bold;' if jj == j else ''}'>"
+                f"<div style='color:#888;font-size:10px'>{jj}</div><div data-page='{int(page)}'>"
+                f"{format_value(int(page))}</div></td>" for jj, page in enumerate(table))
+            r["block_table"].value = (
+                "<table style='border-collapse:collapse;font-family:monospace;font-size:12px'><tr>"
+                "<td style='padding-right:8px;text-align:right'><div style='color:#888;font-size:10px'>"
+                "logical block (index)</div><div><b>block_table</b> (page)</div></td>"
+                f"{cells}</tr></table>")
         r["scores_in_memory"].value = f"scores in memory now: <b>{format_value(b - a)}</b>"
         r["rescales"].value = f"rescales so far: <b>{format_value(int(self._rescales[i]))}</b>"
         r["max_error"].value = f"max |o/l − exact| = <b>{format_value(self._errors[i])}</b>"
@@ -432,6 +468,9 @@ class TileStepper:
         note = "α in bold orange: the max moved and everything accumulated so far was rescaled."
         if kr is not None:
             note += " Bold red: the first kernel value that parts from NumPy's."
-        return ("<table style='border-collapse:collapse;font-size:12px;font-family:monospace'>"
-                f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+        size, pad = ("11px", "1px 4px") if kr is not None else ("12px", "1px 6px")   # eight columns must fit
+        body = "".join(rows).replace("padding:1px 6px", f"padding:{pad}")
+        head = head.replace("padding:1px 6px", f"padding:{pad}")
+        return (f"<table style='border-collapse:collapse;font-size:{size};font-family:monospace'>"
+                f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
                 f"<div style='font-size:11px;color:#666;margin-top:4px'>{note}</div>")

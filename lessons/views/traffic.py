@@ -9,39 +9,43 @@ from __future__ import annotations
 import numpy as np
 
 from lessons.views.plot import new_figure, tidy
-from lessons.cost.traffic import H200, PeakMemory, RooflinePoint, flash_io, textbook_io
+from lessons.cost.traffic import H200, PeakMemory, RooflinePoint, compare_traffic
 
-__all__ = ["TEXTBOOK_COLOUR", "FLASH_COLOUR", "traffic_figure", "peak_memory_figure", "roofline_figure"]
+__all__ = ["TEXTBOOK_COLOUR", "FLASH_COLOUR", "FA1_COLOUR", "traffic_figure", "peak_memory_figure", "roofline_figure"]
 
 TEXTBOOK_COLOUR = "#c44e52"
 FLASH_COLOUR = "#1f77b4"
+FA1_COLOUR = "#8c6bb1"
 _MIB = 2 ** 20
 
 
-def traffic_figure(ns, d=64, *, m_bytes=H200.sram_bytes, element_size=2, order="fa1"):
-    """HBM bytes and FLOPs of textbook and flash attention against N (log-log), two panels.
+def traffic_figure(ns, d=64, *, m_bytes=H200.sram_bytes, element_size=2):
+    """HBM bytes and FLOPs of textbook attention and both flash loop orders against N (log-log), two panels.
 
-    ``ns``: increasing ints >= 1; ``d``, ``m_bytes``, ``element_size``, ``order`` as in
-    :func:`lessons.cost.traffic.flash_io`. Left: bytes moved to and from HBM; right: matmul
-    FLOPs, the same for both. Returns a Figure.
+    ``ns``: increasing ints >= 1; ``d``, ``m_bytes``, ``element_size`` as in
+    :func:`lessons.cost.traffic.compare_traffic` (FA-2 and FA-1 at the same block sizes).
+    Left: bytes moved to and from HBM, textbook (Dao et al. 2022, Alg. 0), FA-2 (Dao 2023,
+    Alg. 1, the order of this series' kernels; the headline) and FA-1 (Dao et al. 2022,
+    Alg. 1, dashed); right: matmul FLOPs, the same for all three. Returns a Figure.
     """
     ns = [int(n) for n in ns]
-    text = [textbook_io(n, d, element_size=element_size) for n in ns]
-    flash = [flash_io(n, d, m_bytes=m_bytes, element_size=element_size, order=order) for n in ns]
-    fig = new_figure((10.0, 3.9))
+    rows = [compare_traffic(n, d, m_bytes=m_bytes, element_size=element_size) for n in ns]
+    text, fa2, fa1 = ([getattr(r, a) for r in rows] for a in ("textbook", "fa2", "fa1"))
+    fig = new_figure((10.0, 4.1))
     ax, axf = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
-    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.15, top=0.83, wspace=0.28)
-    for counts, colour, name in ((text, TEXTBOOK_COLOUR, "textbook (Alg. 0)"),
-                                 (flash, FLASH_COLOUR, f"flash ({order.upper()}, Br={flash[-1].block_q}, "
-                                                       f"Bc={flash[-1].block_k})")):
-        ax.loglog(ns, [c.hbm_bytes for c in counts], marker="o", color=colour, label=name)
-        axf.loglog(ns, [c.flops for c in counts], marker="o", color=colour, label=name,
-                   lw=4 if colour == TEXTBOOK_COLOUR else 1.5, alpha=0.5 if colour == TEXTBOOK_COLOUR else 1.0)
-    ratio = text[-1].hbm_bytes / flash[-1].hbm_bytes
-    lo, hi = flash[-1].hbm_bytes, text[-1].hbm_bytes
-    ax.annotate("", (ns[-1] * 1.12, lo), xytext=(ns[-1] * 1.12, hi),
+    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.14, top=0.80, wspace=0.28)
+    sizes = f"Br={fa2[-1].block_q}, Bc={fa2[-1].block_k}"
+    series = ((text, TEXTBOOK_COLOUR, "-", 4, 0.5, "textbook (Alg. 0)"),
+              (fa2, FLASH_COLOUR, "-", 1.8, 1.0, f"flash, FA-2 order ({sizes}): our kernels"),
+              (fa1, FA1_COLOUR, "--", 1.5, 1.0, "flash, FA-1 order (same blocks)"))
+    for counts, colour, ls, lw, alpha, name in series:
+        ax.loglog(ns, [c.hbm_bytes for c in counts], marker="o", color=colour, ls=ls, label=name)
+        axf.loglog(ns, [c.flops for c in counts], marker="o", color=colour, ls=ls, label=name, lw=lw, alpha=alpha)
+    x = ns[-1] * 1.12
+    ax.annotate("", (x, fa2[-1].hbm_bytes), xytext=(x, text[-1].hbm_bytes),
                 arrowprops=dict(arrowstyle="<->", color="#555555", lw=1.0))
-    ax.text(0.98, 0.04, f"flash moves {ratio:.1f}x fewer bytes at N = {ns[-1]} (arrow)", transform=ax.transAxes,
+    ax.text(0.98, 0.04, f"at N = {ns[-1]}: FA-2 {rows[-1].fa2_saving:.1f}x fewer bytes (arrow),\n"
+                        f"FA-1 {rows[-1].fa1_saving:.1f}x fewer", transform=ax.transAxes,
             ha="right", va="bottom", fontsize=9, color="#333333")
     ax.set_xlabel("sequence length N", fontsize=10)
     ax.set_ylabel("HBM bytes read + written", fontsize=10)
@@ -97,6 +101,8 @@ def peak_memory_figure(result):
 def roofline_figure(points, hardware=H200):
     """A roofline (attainable FLOP/s against arithmetic intensity, log-log) with the algorithms on it.
 
+    Colours: textbook red, FA-2 loop order blue, FA-1 loop order purple.
+
     ``points``: :class:`lessons.cost.traffic.RooflinePoint` list from :func:`lessons.cost.traffic.roofline_points`;
     ``hardware``: the :class:`lessons.cost.traffic.Hardware` they were placed on. One roof per
     precision present; each point sits on its precision's roof. Returns a Figure.
@@ -127,17 +133,18 @@ def roofline_figure(points, hardware=H200):
                 textcoords="offset points")
     markers = {64: "o", 128: "s"}
     for p in points:
-        colour = TEXTBOOK_COLOUR if p.count.algorithm == "textbook" else FLASH_COLOUR
+        colour = {"textbook": TEXTBOOK_COLOUR, "flash-fa1": FA1_COLOUR}.get(p.count.algorithm, FLASH_COLOUR)
         filled = p.precision == precisions[0]
-        ax.loglog([p.intensity], [p.attainable], ls="none", marker=markers.get(p.count.d, "D"), ms=9,
-                  mfc=colour if filled else "white", mec=colour, mew=1.8,
+        fa2 = p.count.algorithm == "flash-fa2"          # drawn smaller and on top: it can sit on another point
+        ax.loglog([p.intensity], [p.attainable], ls="none", marker=markers.get(p.count.d, "D"), ms=7 if fa2 else 9,
+                  mfc=colour if filled else "white", mec=colour, mew=1.8, zorder=4 if fa2 else 3,
                   label=f"{p.label}: {p.intensity:.0f} FLOP/B ({p.bound})")
     ax.set_xlabel("arithmetic intensity (FLOPs per HBM byte)", fontsize=10)
     ax.set_ylabel("attainable FLOP/s", fontsize=10)
     n = points[0].count.n
     ax.set_title(f"{hardware.name}, attention forward at N = {n} (one head)", fontsize=10.5, loc="left")
     ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), frameon=False, fontsize=8.5,
-              title="red: textbook, blue: flash (FA-1 model)\ncircle: d=64, square: d=128\n"
+              title="red: textbook, blue: flash FA-2 order, purple: FA-1 order\ncircle: d=64, square: d=128\n"
                     f"filled: {precisions[0]}" + (f", open: {', '.join(precisions[1:])}" if len(precisions) > 1 else ""),
               title_fontsize=8.5)
     ax.grid(True, which="major", color="#eeeeee", lw=0.6)
