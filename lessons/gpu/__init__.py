@@ -5,6 +5,8 @@ Kernels (CUDA C in ``lessons/gpu/kernels/``, one launcher each):
 * :func:`online_softmax_gpu` - softmax streaming over tiles, one block per row;
 * :func:`flash_attention_gpu` - FlashAttention-2 forward, causal bottom-right, fp32/fp16/bf16;
 * :func:`flash_attention_mma_gpu` - the same on tensor cores (``mma.sync``), fp16/bf16, sm_80+;
+* :func:`flash_attention_regtile_gpu` - the CUDA-core forward register-tiled (16-byte shared loads), fp32;
+* :func:`flash_attention_mma_async_gpu` - the tensor-core forward with ``cp.async`` double buffering and ``ldmatrix``;
 * :func:`paged_decode_gpu` - decoding over a paged KV cache (vLLM layout) with GQA;
 * :func:`flash_decoding_gpu` - the same split over the keys, partial states merged;
 * :func:`flash_attention_backward_gpu` - FlashAttention-2 backward (D, dK/dV, dQ), P recomputed from lse.
