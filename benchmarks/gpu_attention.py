@@ -8,6 +8,10 @@ head dim d (batch 1, ``--heads`` heads):
 * ``naive``  - CuPy: S = scale * Q K^T in float32 (N x N per head), softmax, then P V;
 * ``kernel`` - :func:`lessons.gpu.flash_attention_gpu` (FlashAttention-2 loop, float32 FMAs
   on CUDA cores, no tensor cores: a lesson, not a tuned kernel);
+* ``regtile`` - :func:`lessons.gpu.flash_attention_regtile_gpu` (the same loop register-tiled:
+  each thread a block of S and O, 16-byte shared loads; float32 only);
+* ``mma_async`` - :func:`lessons.gpu.flash_attention_mma_async_gpu` (the tensor-core kernel with
+  cp.async double-buffered K/V tiles and ldmatrix fragment loads; float16 only);
 * ``mma``    - :func:`lessons.gpu.flash_attention_mma_gpu` (the same loop on tensor cores,
   ``mma.sync.m16n8k16``; float16 only);
 * ``torch``  - ``torch.nn.functional.scaled_dot_product_attention`` (FlashAttention or
@@ -33,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-IMPLS = ("naive", "kernel", "mma", "torch")
+IMPLS = ("naive", "kernel", "regtile", "mma", "mma_async", "torch")
 DTYPES = ("float16", "float32")
 
 
@@ -171,6 +175,8 @@ def run_size(args, cupy, torch, torch_reason, rng, dtype, d, n, t0):
         "naive": lambda: naive_attention(cupy, q, k, v, args.causal),
         "kernel": lambda: gpu.flash_attention_gpu(q, k, v, causal=args.causal),
         "mma": lambda: gpu.flash_attention_mma_gpu(q, k, v, causal=args.causal),
+        "regtile": lambda: gpu.flash_attention_regtile_gpu(q, k, v, causal=args.causal),
+        "mma_async": lambda: gpu.flash_attention_mma_async_gpu(q, k, v, causal=args.causal),
     }
     rows = []
     for impl in IMPLS:
@@ -180,8 +186,10 @@ def run_size(args, cupy, torch, torch_reason, rng, dtype, d, n, t0):
             row["note"] = "skipped: time budget spent"
         elif impl == "torch" and torch is None:
             row["note"] = f"skipped: {torch_reason}"
-        elif impl == "mma" and dtype != "float16":
+        elif impl in ("mma", "mma_async") and dtype != "float16":
             row["note"] = "skipped: tensor cores take float16/bfloat16"
+        elif impl == "regtile" and dtype != "float32":
+            row["note"] = "skipped: the register-tiled kernel takes float32"
         else:
             try:
                 if impl == "torch":
@@ -246,6 +254,8 @@ def plot_results(rows, path: Path, meta: dict) -> None:
     style = {"naive": ("tab:red", "o", "naive CuPy (S materialised)"),
              "kernel": ("tab:blue", "s", "RawKernel, CUDA cores"),
              "mma": ("tab:purple", "D", "RawKernel, tensor cores"),
+             "regtile": ("tab:cyan", "v", "RawKernel, CUDA cores, register-tiled"),
+             "mma_async": ("tab:olive", "P", "RawKernel, tensor cores + ldmatrix + cp.async"),
              "torch": ("tab:green", "^", "torch SDPA")}
     for col, d in enumerate(head_dims):
         for dtype in DTYPES:

@@ -23,6 +23,10 @@ notebook             schedule              view            kernel               
 07 paged GQA decode  schedules.gqa_decode  views.paged     paged_decode.cu         gqa_decode
 ===================  ====================  ==============  ======================  =========================
 
+04b, the kernel ladder (after IO awareness): gpu.ladder (every forward kernel as a rung, with the
+recorded H200 figures), views.ladder, kernels flash_attention.cu, flash_attention_regtile.cu,
+flash_attention_mma.cu; no exercise.
+
 Every notebook's GPU section is in :mod:`lessons.gpu.lesson`; the fold, the oracle, the
 trace and the input checks every schedule shares are in :mod:`lessons.core`.
 """

@@ -5,6 +5,8 @@ Kernels (CUDA C in ``lessons/gpu/kernels/``, one launcher each):
 * :func:`online_softmax_gpu` - softmax streaming over tiles, one block per row;
 * :func:`flash_attention_gpu` - FlashAttention-2 forward, causal bottom-right, fp32/fp16/bf16;
 * :func:`flash_attention_mma_gpu` - the same on tensor cores (``mma.sync``), fp16/bf16, sm_80+;
+* :func:`flash_attention_regtile_gpu` - the CUDA-core forward register-tiled (16-byte shared loads), fp32;
+* :func:`flash_attention_mma_async_gpu` - the tensor-core forward with ``cp.async`` double buffering and ``ldmatrix``;
 * :func:`paged_decode_gpu` - decoding over a paged KV cache (vLLM layout) with GQA;
 * :func:`flash_decoding_gpu` - the same split over the keys, partial states merged;
 * :func:`flash_attention_backward_gpu` - FlashAttention-2 backward (D, dK/dV, dQ), P recomputed from lse.
@@ -30,6 +32,9 @@ from lessons.gpu.source import (KERNELS, KernelBuild, default_builds, flash_atte
                      paged_decode_build, paged_decode_config)
 from lessons.gpu.backward import GpuBackwardTrace, flash_attention_backward_gpu
 from lessons.gpu.source import flash_attention_backward_build, flash_attention_backward_config
+from lessons.gpu.launch import flash_attention_mma_async_gpu, flash_attention_regtile_gpu
+from lessons.gpu.source import flash_attention_mma_async_build, flash_attention_mma_async_config
+from lessons.gpu.source import flash_attention_regtile_build, flash_attention_regtile_config
 from lessons.gpu.trace_compare import GpuRowTrace, GpuTrace, TraceDivergence, first_divergence
 
 __all__ = [
@@ -43,4 +48,6 @@ __all__ = [
     "online_softmax_build", "GpuTrace", "GpuRowTrace", "TraceDivergence", "first_divergence",
     "to_bfloat16_bits", "from_bfloat16_bits", "emulator_available", "EmulatorError", "EmulatorMemoryError",
     "flash_attention_backward_gpu", "GpuBackwardTrace", "flash_attention_backward_config", "flash_attention_backward_build",
+    "flash_attention_regtile_gpu", "flash_attention_regtile_config", "flash_attention_regtile_build",
+    "flash_attention_mma_async_gpu", "flash_attention_mma_async_config", "flash_attention_mma_async_build",
 ]

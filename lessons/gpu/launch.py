@@ -29,11 +29,14 @@ from lessons.gpu.compile import device_available, device_module, device_name
 from lessons.gpu.source import (MAX_HEAD_DIM, MMA_BLOCK_Q, MMA_DTYPES, flash_attention_build, flash_attention_config,
                      flash_attention_mma_build, flash_attention_mma_config, kernel_signature,
                      online_softmax_build, paged_decode_build)
+from lessons.gpu.source import flash_attention_regtile_build, flash_attention_regtile_config
+from lessons.gpu.source import flash_attention_mma_async_build, flash_attention_mma_async_config
 from lessons.gpu.trace_compare import GpuTrace
 
 __all__ = ["flash_attention_gpu", "flash_attention_mma_gpu", "mma_probe_gpu", "online_softmax_gpu", "paged_decode_gpu",
            "flash_decoding_gpu",
            "SplitTraces", "BACKENDS", "MAX_TRACE_ROWS", "Runner"]
+__all__ += ["flash_attention_regtile_gpu", "flash_attention_mma_async_gpu"]
 
 BACKENDS = ("cupy", "emulator")
 #: most rows one launch may trace (each traced row is looked up by every thread)
@@ -425,6 +428,74 @@ def flash_attention_mma_gpu(q, k, v, *, scale=None, causal: bool = False, block_
     _require_tensor_cores(run)
     return _launch_forward(run, build, "flash_attention_mma", f, [_aligned(run, run.put(x)) for x in (q, k, v)],
                            MMA_BLOCK_Q, block_k, rows)
+
+
+def flash_attention_regtile_gpu(q, k, v, *, scale=None, causal: bool = False, block_q: int | None = None,
+                                block_k: int | None = None, trace_rows=None, backend: str = "cupy"):
+    """FlashAttention-2 forward on CUDA cores, register-tiled (float32), or its CPU emulation.
+
+    The fold of :func:`flash_attention_gpu`, but each thread owns a small block of S (up to
+    4 rows x 8 keys) and of O (up to 4 rows x 4*ceil(d/32) columns), and reads shared memory
+    16 bytes at a time, so one shared-memory load feeds several FMAs instead of one.
+
+    Parameters
+    ----------
+    q, k, v : as :func:`flash_attention_gpu`, but float32 only and the head dim d a multiple
+        of 4 in 4..256 (rows are read as 16-byte vectors).
+    scale, causal, trace_rows, backend : as :func:`flash_attention_gpu`.
+    block_q, block_k : tile sizes Br (16, 32, 64) and Bc (8, 16, 32, 64); default per d from
+        :func:`lessons.gpu.source.flash_attention_regtile_config`.
+
+    Returns ``(out, lse)`` or ``(out, lse, trace)`` as :func:`flash_attention_gpu`; the trace
+    compares with ``lessons.flash_attention(q, k, v, tile=block_k, block_q=block_q, return_trace=True)``.
+    Raises TypeError for 16-bit input, ValueError naming the argument for bad shapes, a head dim
+    that is not a multiple of 4, or bad tiles; RuntimeError with backend "cupy" and no CUDA device.
+    Source: Dao 2023 (FlashAttention-2), Alg. 1; register tiling as in Volkov & Demmel 2008.
+    """
+    backend = _check_backend(backend)
+    dtype = getattr(q, "dtype", None)
+    if dtype is not None and np.dtype(dtype) != np.float32:
+        raise TypeError(f"the register-tiled kernel takes float32 q, k, v, got {np.dtype(dtype)}; "
+                        f"use flash_attention_gpu or flash_attention_mma_gpu for 16-bit inputs")
+    if len(getattr(q, "shape", ())) >= 2:
+        flash_attention_regtile_config(int(q.shape[-1]), block_q, block_k)
+    f = _check_flash(q, k, v, scale, causal, False)
+    block_q, block_k = flash_attention_regtile_config(f.d, block_q, block_k)
+    tracing = trace_rows is not None
+    rows = _check_rows(trace_rows, "trace_rows", f.n_q) if tracing else []
+    build = flash_attention_regtile_build(f.d, f.dtype, tracing, block_q, block_k)
+    run = Runner(backend, f.kind)
+    return _launch_forward(run, build, "flash_attention_regtile", f, [_aligned(run, run.put(x)) for x in (q, k, v)],
+                           block_q, block_k, rows)
+
+
+def flash_attention_mma_async_gpu(q, k, v, *, scale=None, causal: bool = False, block_k: int | None = None,
+                                  bfloat16: bool = False, trace_rows=None, backend: str = "cupy"):
+    """:func:`flash_attention_mma_gpu` with K/V tiles copied by ``cp.async`` into two shared-memory
+    stages (tile j + 1 in flight while tile j is multiplied) and fragments loaded by ``ldmatrix``.
+
+    Same arguments, returns and errors as :func:`flash_attention_mma_gpu`, except ``block_k``:
+    16, 32 or 64, default from :func:`lessons.gpu.source.flash_attention_mma_async_config`
+    (two stages must fit 48 KiB). The trace compares with
+    ``lessons.flash_attention(q, k, v, tile=block_k, block_q=64, return_trace=True)``.
+    Source: Dao 2023 (FlashAttention-2), Alg. 1 and Sec. 3.3; PTX ISA, cp.async and ldmatrix.
+    """
+    backend = _check_backend(backend)
+    dtype = getattr(q, "dtype", None)
+    if dtype is not None and not bfloat16 and np.dtype(dtype) != np.float16:
+        raise TypeError(f"the tensor-core kernel takes float16 q, k, v (or bfloat16 bits with bfloat16=True), "
+                        f"got {np.dtype(dtype)}; use flash_attention_gpu or flash_attention_regtile_gpu for float32")
+    if len(getattr(q, "shape", ())) >= 2:
+        flash_attention_mma_async_config(int(q.shape[-1]), block_k)
+    f = _check_flash(q, k, v, scale, causal, bfloat16)
+    block_k = flash_attention_mma_async_config(f.d, block_k)
+    tracing = trace_rows is not None
+    rows = _check_rows(trace_rows, "trace_rows", f.n_q) if tracing else []
+    build = flash_attention_mma_async_build(f.d, f.dtype, tracing, block_k)
+    run = Runner(backend, f.kind)
+    _require_tensor_cores(run)
+    return _launch_forward(run, build, "flash_attention_mma_async", f,
+                           [_aligned(run, run.put(x)) for x in (q, k, v)], MMA_BLOCK_Q, block_k, rows)
 
 
 def _require_tensor_cores(run) -> None:

@@ -27,6 +27,8 @@ __all__ = [
     "paged_decode_config", "paged_decode_smem_bytes", "online_softmax_smem_bytes", "default_builds",
     "MAX_BACKWARD_HEAD_DIM", "flash_attention_backward_config", "flash_attention_backward_smem_bytes",
     "flash_attention_backward_build",
+    "REGTILE_TILES", "flash_attention_regtile_config", "flash_attention_regtile_smem_bytes",
+    "flash_attention_regtile_build", "flash_attention_mma_async_config", "flash_attention_mma_async_build",
 ]
 
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
@@ -36,6 +38,8 @@ KERNELS = {
     "online_softmax": ("online_softmax",),
     "flash_attention": ("flash_attention_forward",),
     "flash_attention_mma": ("flash_attention_mma", "mma_probe"),
+    "flash_attention_regtile": ("flash_attention_regtile",),
+    "flash_attention_mma_async": ("flash_attention_mma_async",),
     "paged_decode": ("paged_decode", "paged_decode_split", "merge_splits"),
     "flash_attention_backward": ("flash_attention_backward_preprocess", "flash_attention_backward_dkdv",
                                  "flash_attention_backward_dq"),
@@ -191,6 +195,92 @@ def flash_attention_mma_build(head_dim: int, dtype: str = "float16", trace: bool
                          f"use flash_attention_gpu for float32")
     bk = flash_attention_mma_config(head_dim, block_k)
     return KernelBuild.make("flash_attention_mma", dtype, trace, HEAD_DIM=head_dim, BLOCK_K=bk)
+
+
+# ---------------------------------------------------------------------------
+# flash attention forward, register-tiled (CUDA cores, float32)
+# ---------------------------------------------------------------------------
+
+#: (block_q, block_k) of the register-tiled kernel, largest first; the first that fits is taken
+REGTILE_TILES = ((64, 64), (64, 32), (32, 32), (32, 16), (16, 16))
+
+
+def flash_attention_regtile_smem_bytes(head_dim: int, block_q: int, block_k: int) -> int:
+    """Static shared memory of ``flash_attention_regtile`` in bytes: float32 ``q_s[block_q][d+4]``,
+    ``kv_s[block_k][d+4]`` (K, then V, of the tile), ``p_s[block_q][block_k+4]``."""
+    return 4 * (block_q * (head_dim + 4) + block_k * (head_dim + 4) + block_q * (block_k + 4))
+
+
+def flash_attention_regtile_config(head_dim: int, block_q: int | None = None,
+                                   block_k: int | None = None) -> tuple[int, int]:
+    """Tile sizes ``(block_q, block_k)`` of the register-tiled forward kernel for head dim ``d``.
+
+    ``head_dim`` must be a multiple of 4 in 4..256 (rows are read 16 bytes at a time).
+    128 threads = 16 row groups x 8 lanes, so ``block_q`` is 16, 32 or 64 (1, 2 or 4 rows per
+    thread) and ``block_k`` 8, 16, 32 or 64 (1..8 keys per thread). By default the first pair
+    of :data:`REGTILE_TILES` whose tiles fit 48 KiB of static shared memory: (64, 64) up to
+    d = 56, (64, 32) up to d = 100, (32, 32) up to d = 168, (32, 16) up to 236, then (16, 16).
+    Raises TypeError / ValueError naming the argument.
+    """
+    d = _check_int(head_dim, "head_dim", 4, MAX_HEAD_DIM)
+    if d % 4:
+        raise ValueError(f"head_dim must be a multiple of 4 for the register-tiled kernel (16-byte loads), "
+                         f"got {d}; flash_attention_gpu takes any head dim")
+    if block_q is None and block_k is None:
+        fits = [t for t in REGTILE_TILES if flash_attention_regtile_smem_bytes(d, *t) <= STATIC_SMEM_LIMIT]
+        return fits[0]
+    bq = 32 if block_q is None else _check_int(block_q, "block_q", 1, 1024)
+    bk = 16 if block_k is None else _check_int(block_k, "block_k", 1, 1024)
+    if bq not in (16, 32, 64):
+        raise ValueError(f"block_q must be 16, 32 or 64 (1, 2 or 4 rows per thread), got {bq}")
+    if bk not in (8, 16, 32, 64):
+        raise ValueError(f"block_k must be 8, 16, 32 or 64 (1..8 keys per thread), got {bk}")
+    smem = flash_attention_regtile_smem_bytes(d, bq, bk)
+    if smem > STATIC_SMEM_LIMIT:
+        raise ValueError(f"block_q={bq}, block_k={bk} with head_dim={d} need {smem} bytes of shared memory, "
+                         f"more than the {STATIC_SMEM_LIMIT} allowed; use smaller tiles")
+    return bq, bk
+
+
+def flash_attention_regtile_build(head_dim: int, dtype: str = "float32", trace: bool = False,
+                                  block_q: int | None = None, block_k: int | None = None) -> "KernelBuild":
+    """The :class:`KernelBuild` of the register-tiled forward kernel (float32 storage only)."""
+    if dtype != "float32":
+        raise ValueError(f"the register-tiled kernel takes dtype float32, got {dtype!r}; "
+                         f"use flash_attention_gpu or flash_attention_mma_gpu for 16-bit inputs")
+    bq, bk = flash_attention_regtile_config(head_dim, block_q, block_k)
+    return KernelBuild.make("flash_attention_regtile", dtype, trace, HEAD_DIM=head_dim, BLOCK_Q=bq, BLOCK_K=bk)
+
+
+def flash_attention_mma_async_config(head_dim: int, block_k: int | None = None) -> int:
+    """``block_k`` of the tensor-core kernel with cp.async double buffering and ldmatrix.
+
+    ``head_dim`` a multiple of 16 in 16..256; two stages of 16-bit K and V tiles must fit 48 KiB,
+    so by default ``block_k`` is the largest of 64, 32, 16 that fits (64 up to d = 80, 32 up to
+    d = 176, then 16); a given one must be 16, 32 or 64 and fit. Raises TypeError/ValueError
+    naming the argument."""
+    d = _check_int(head_dim, "head_dim", 16, MAX_HEAD_DIM)
+    if d % 16:
+        raise ValueError(f"head_dim must be a multiple of 16 for the tensor-core kernel (mma.m16n8k16), got {d}")
+    if block_k is None:
+        block_k = next(bk for bk in (64, 32, 16) if 2 * flash_attention_mma_smem_bytes(d, bk) <= STATIC_SMEM_LIMIT)
+    block_k = _check_int(block_k, "block_k", 16, 64)
+    if block_k not in (16, 32, 64):
+        raise ValueError(f"block_k must be 16, 32 or 64, got {block_k}")
+    smem = 2 * flash_attention_mma_smem_bytes(d, block_k)
+    if smem > STATIC_SMEM_LIMIT:
+        raise ValueError(f"block_k={block_k} with head_dim={d} needs {smem} bytes of shared memory (two stages), "
+                         f"more than the {STATIC_SMEM_LIMIT} allowed; use a smaller block_k")
+    return block_k
+
+
+def flash_attention_mma_async_build(head_dim: int, dtype: str = "float16", trace: bool = False,
+                                    block_k: int | None = None) -> "KernelBuild":
+    """The :class:`KernelBuild` of the cp.async + ldmatrix tensor-core kernel (float16 or bfloat16)."""
+    if dtype not in MMA_DTYPES:
+        raise ValueError(f"the tensor-core kernel takes dtype float16 or bfloat16, got {dtype!r}")
+    bk = flash_attention_mma_async_config(head_dim, block_k)
+    return KernelBuild.make("flash_attention_mma_async", dtype, trace, HEAD_DIM=head_dim, BLOCK_K=bk)
 
 
 # ---------------------------------------------------------------------------
@@ -376,6 +466,10 @@ class KernelBuild:
             return flash_attention_mma_smem_bytes(d["HEAD_DIM"], d["BLOCK_K"])
         if self.kernel == "paged_decode":
             return paged_decode_smem_bytes(d["HEAD_DIM"], d["BLOCK_SIZE"], d["HEADS_PER_BLOCK"])
+        if self.kernel == "flash_attention_mma_async":
+            return 2 * flash_attention_mma_smem_bytes(d["HEAD_DIM"], d["BLOCK_K"])
+        if self.kernel == "flash_attention_regtile":
+            return flash_attention_regtile_smem_bytes(d["HEAD_DIM"], d["BLOCK_Q"], d["BLOCK_K"])
         if self.kernel == "flash_attention_backward":
             return max(flash_attention_backward_smem_bytes(d["HEAD_DIM"], d["BLOCK_Q"], d["BLOCK_K"]).values())
         return online_softmax_smem_bytes(d.get("TILE", 256))
@@ -425,13 +519,17 @@ def default_builds(head_dim: int = 128, dtype: str = "float16", trace: bool = Fa
     """One representative build per kernel file: online softmax (tile 256), flash attention
     (``head_dim``), its tensor-core variant (16-bit dtypes and head dims that are multiples of
     16 only), paged decode (``head_dim``, block_size 16, 32 query heads on 8 kv heads), the
-    backward (head dims up to 128)."""
+    backward (head dims up to 128), the register-tiled forward (float32, head dims a multiple of 4)."""
     builds = [online_softmax_build(256, dtype, trace), flash_attention_build(head_dim, dtype, trace)]
     if dtype in MMA_DTYPES and head_dim % 16 == 0:
         builds.append(flash_attention_mma_build(head_dim, dtype, trace))
     builds.append(paged_decode_build(head_dim, 16, 32, 8, dtype, trace))
     if head_dim <= MAX_BACKWARD_HEAD_DIM:
         builds.append(flash_attention_backward_build(head_dim, dtype, trace))
+    if dtype in MMA_DTYPES and head_dim % 16 == 0:
+        builds.append(flash_attention_mma_async_build(head_dim, dtype, trace))
+    if head_dim % 4 == 0:                    # the register-tiled rung (float32 storage whatever dtype says)
+        builds.append(flash_attention_regtile_build(head_dim, "float32", trace))
     return builds
 
 

@@ -1,0 +1,250 @@
+// flash_attention_regtile.cu - FlashAttention-2 forward on CUDA cores, register-tiled.
+//
+// The same fold as flash_attention.cu (Dao 2023, FA-2 Alg. 1: one query block per thread
+// block, key tiles in order, m, l, o per row, one division at the end), with one change:
+// how a thread reaches the numbers it multiplies.
+//
+// In flash_attention.cu a thread owns one query row and a few keys, so each FMA of
+// S = Q K^T needs one fresh shared-memory load (k_s[j][c]); ncu on an H200 showed the
+// shared-memory pipe 94% busy, the arithmetic waiting on it. Here each thread owns a small
+// block of the score tile, TM rows x TN keys, and of the output, TM rows x 4*NC columns:
+//
+//   S:  for each 4 columns c..c+3 of the head dim:
+//           TM 16-byte loads of q_s (its rows),  TN 16-byte loads of k_s (its keys)
+//           -> TM * TN * 4 FMAs                  (at d=64: 8 loads feed 64 FMAs, not 64)
+//   PV: for each key j of the tile:
+//           TM loads of p_s (one per row, broadcast),  NC 16-byte loads of v_s
+//           -> TM * NC * 4 FMAs
+//
+// Thread layout: 128 threads = 16 row groups (ty) x 8 lanes (tx). Thread (ty, tx) owns rows
+// ty*TM .. ty*TM+TM-1 of the block; of the tile's keys, tx, tx+8, ..., tx+8*(TN-1); of the
+// head dim, the 4-column chunks tx, tx+8, ... (NC of them, those below HEAD_DIM/4).
+// The 8 lanes of a row group are consecutive lanes of one warp: they agree on the row max
+// and row sum with the same butterfly shuffle as the other kernels (group_max/sum<8>).
+//
+// Shared memory (float32, rows padded by 4 floats: 16-byte aligned, and the 8 lanes of a
+// row group reading 8 different rows at one column hit 8 different groups of 4 banks):
+//   q_s [BLOCK_Q][HEAD_DIM + 4]   the query block, loaded once
+//   kv_s[BLOCK_K][HEAD_DIM + 4]   the key tile, then (after S is done) the value tile
+//   p_s [BLOCK_Q][BLOCK_K + 4]    the tile's probabilities P
+// K and V take turns in one buffer so that larger tiles fit in 48 KiB of static shared
+// memory (lessons/gpu/source.py: flash_attention_regtile_config picks the tiles).
+//
+// Storage is float32 only (the rung is about CUDA-core FMAs; the tensor-core rungs take
+// 16-bit inputs); HEAD_DIM must be a multiple of 4 so that every row starts 16-byte aligned.
+// Launch: grid = (ceil(n_q / BLOCK_Q), batch * heads), block = (128). Defines: HEAD_DIM,
+// BLOCK_Q (16, 32 or 64), BLOCK_K (8, 16, 32 or 64), FA_TRACE.
+#include "common.cuh"
+
+#ifndef HEAD_DIM
+#error "compile with -DHEAD_DIM=<d>"
+#endif
+#ifndef BLOCK_Q
+#define BLOCK_Q 64
+#endif
+#ifndef BLOCK_K
+#define BLOCK_K 32
+#endif
+#define NUM_THREADS 128
+#define LANES 8                                   // lanes per row group (tx)
+#define GROUPS (NUM_THREADS / LANES)              // row groups (ty)
+#define TM (BLOCK_Q / GROUPS)                     // rows per thread
+#define TN (BLOCK_K / LANES)                      // keys per thread
+#define D4 (HEAD_DIM / 4)                         // 16-byte chunks per row
+#define NC ((D4 + LANES - 1) / LANES)             // output chunks per thread
+#define D_PAD (HEAD_DIM + 4)
+#define K_PAD (BLOCK_K + 4)
+
+#if FA_DTYPE != 0
+#error "the register-tiled kernel stores float32 only"
+#endif
+static_assert(HEAD_DIM >= 4 && HEAD_DIM <= 256 && HEAD_DIM % 4 == 0, "HEAD_DIM must be a multiple of 4 in 4..256");
+static_assert(BLOCK_Q % GROUPS == 0 && TM >= 1 && TM <= 4, "BLOCK_Q must be 16, 32 or 64");
+static_assert(BLOCK_K % LANES == 0 && TN >= 1 && TN <= 8, "BLOCK_K must be 8, 16, 32 or 64");
+
+// Four floats moved as one 16-byte access (ld.global.v4.f32 / ld.shared.v4.f32).
+struct __align__(16) vec4 { float x, y, z, w; };
+
+__device__ __forceinline__ vec4 load4(const float* p) { return *reinterpret_cast<const vec4*>(p); }
+__device__ __forceinline__ void store4(float* p, vec4 v) { *reinterpret_cast<vec4*>(p) = v; }
+__device__ __forceinline__ float dot4(vec4 a, vec4 b, float acc) {
+    acc = fmaf(a.x, b.x, acc); acc = fmaf(a.y, b.y, acc);
+    acc = fmaf(a.z, b.z, acc); return fmaf(a.w, b.w, acc);
+}
+
+// Copy `rows` rows of HEAD_DIM floats, starting at global row `first`, into a padded shared
+// tile, 16 bytes per thread per step (coalesced); rows at or past `limit` become zeros.
+__device__ __forceinline__ void load_tile(float* dst, const float* __restrict__ src, int first, int limit,
+                                          int rows, int tid) {
+    for (int idx = tid; idx < rows * D4; idx += NUM_THREADS) {
+        const int rr = idx / D4, c4 = idx % D4;
+        const int g = first + rr;
+        const vec4 zero = {0.f, 0.f, 0.f, 0.f};
+        store4(dst + rr * D_PAD + 4 * c4, g < limit ? load4(src + (long long)g * HEAD_DIM + 4 * c4) : zero);
+    }
+}
+
+// q, k, v: (batch*heads, n, HEAD_DIM) float32, C-contiguous, 16-byte aligned; out like q;
+// lse (batch*heads, n_q). causal != 0: query i sees key j iff j <= i + n_k - n_q.
+// Trace: as flash_attention.cu, (m, alpha, l) after each tile for the rows in trace_rows.
+extern "C" __global__ void __launch_bounds__(NUM_THREADS, 2)
+flash_attention_regtile(const float* __restrict__ q, const float* __restrict__ k,
+                        const float* __restrict__ v, float* __restrict__ out,
+                        float* __restrict__ lse, int n_q, int n_k, float scale, int causal,
+                        const int* __restrict__ trace_rows, int n_trace_rows, int trace_tiles,
+                        float* __restrict__ trace) {
+    __shared__ __align__(16) float q_s[BLOCK_Q * D_PAD];
+    __shared__ __align__(16) float kv_s[BLOCK_K * D_PAD];
+    __shared__ __align__(16) float p_s[BLOCK_Q * K_PAD];
+
+    const int tid = threadIdx.x;
+    const int ty = tid / LANES, tx = tid % LANES;
+    const int q_start = blockIdx.x * BLOCK_Q;
+    const long long bh = blockIdx.y;
+    const float* q_bh = q + bh * n_q * HEAD_DIM;
+    const float* k_bh = k + bh * n_k * HEAD_DIM;
+    const float* v_bh = v + bh * n_k * HEAD_DIM;
+
+    load_tile(q_s, q_bh, q_start, n_q, BLOCK_Q, tid);   // read after the first barrier below
+
+    const int n_tiles = tiles_to_visit(q_start, BLOCK_Q, n_q, n_k, BLOCK_K, causal);
+
+    // ---- the running state of this thread's TM rows ---------------------------------
+    float m[TM], l[TM];
+    float o[TM][NC][4];
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {
+        m[i] = NEG_INF; l[i] = 0.f;
+#pragma unroll
+        for (int c = 0; c < NC; ++c) o[i][c][0] = o[i][c][1] = o[i][c][2] = o[i][c][3] = 0.f;
+    }
+
+#ifdef FA_TRACE
+    int trace_slot[TM];
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {
+        trace_slot[i] = -1;
+        const int row = q_start + ty * TM + i;
+        if (row < n_q)
+            for (int t = 0; t < n_trace_rows; ++t)
+                if (trace_rows[t] == row) trace_slot[i] = t;
+    }
+#endif
+
+    for (int tile = 0; tile < n_tiles; ++tile) {
+        const int k_start = tile * BLOCK_K;
+
+        // 1. K_j into kv_s (zeros past n_k)
+        load_tile(kv_s, k_bh, k_start, n_k, BLOCK_K, tid);
+        __syncthreads();                                    // K_j (and Q the first time) ready
+
+        // 2. S for my TM x TN block: per 4 columns, TM + TN 16-byte loads, TM * TN * 4 FMAs
+        float s[TM][TN];
+#pragma unroll
+        for (int i = 0; i < TM; ++i)
+#pragma unroll
+            for (int j = 0; j < TN; ++j) s[i][j] = 0.f;
+        for (int c4 = 0; c4 < D4; ++c4) {                   // runtime loop; the block inside unrolls
+            vec4 a[TM], b[TN];
+#pragma unroll
+            for (int i = 0; i < TM; ++i) a[i] = load4(q_s + (ty * TM + i) * D_PAD + 4 * c4);
+#pragma unroll
+            for (int j = 0; j < TN; ++j) b[j] = load4(kv_s + (tx + LANES * j) * D_PAD + 4 * c4);
+#pragma unroll
+            for (int i = 0; i < TM; ++i)
+#pragma unroll
+                for (int j = 0; j < TN; ++j) s[i][j] = dot4(a[i], b[j], s[i][j]);
+        }
+        __syncthreads();                                    // everyone is done with K_j
+
+        // 3. V_j into kv_s while this thread does the softmax step of its rows
+        load_tile(kv_s, v_bh, k_start, n_k, BLOCK_K, tid);
+
+        float alpha[TM];
+#pragma unroll
+        for (int i = 0; i < TM; ++i) {
+            const int row = q_start + ty * TM + i;
+            const int diagonal = row + n_k - n_q;           // last key this row sees when causal
+            float tile_max = NEG_INF;
+#pragma unroll
+            for (int j = 0; j < TN; ++j) {
+                const int key = k_start + tx + LANES * j;
+                const bool visible = key < n_k && (!causal || key <= diagonal);
+                s[i][j] = visible ? s[i][j] * scale : NEG_INF;
+                tile_max = fmaxf(tile_max, s[i][j]);
+            }
+            tile_max = group_max<LANES>(tile_max);
+            const float m_new = fmaxf(m[i], tile_max);
+            alpha[i] = correction_factor(m[i], m_new);
+            float row_sum = 0.f;
+#pragma unroll
+            for (int j = 0; j < TN; ++j) {
+                const float p = expf(s[i][j] - safe_max(m_new));   // masked: exp(-inf) = 0
+                p_s[(ty * TM + i) * K_PAD + tx + LANES * j] = p;
+                row_sum += p;
+            }
+            row_sum = group_sum<LANES>(row_sum);
+            l[i] = alpha[i] * l[i] + row_sum;
+            m[i] = m_new;
+#pragma unroll
+            for (int c = 0; c < NC; ++c)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) o[i][c][e] *= alpha[i];
+        }
+        __syncthreads();                                    // V_j and P are ready
+
+        // 4. o += P V_j: per key, TM broadcast loads of p, NC 16-byte loads of v.
+        //    p == 0 adds nothing, whatever v holds (a hidden key's v may be NaN): select, not multiply.
+        for (int j = 0; j < BLOCK_K; ++j) {                 // runtime loop; the block inside unrolls
+            float p[TM];
+#pragma unroll
+            for (int i = 0; i < TM; ++i) p[i] = p_s[(ty * TM + i) * K_PAD + j];
+#pragma unroll
+            for (int c = 0; c < NC; ++c) {
+                const int c4 = tx + LANES * c;
+                if (c4 < D4) {
+                    const vec4 b = load4(kv_s + j * D_PAD + 4 * c4);
+#pragma unroll
+                    for (int i = 0; i < TM; ++i) {
+                        if (p[i] != 0.f) {
+                            o[i][c][0] = fmaf(p[i], b.x, o[i][c][0]);
+                            o[i][c][1] = fmaf(p[i], b.y, o[i][c][1]);
+                            o[i][c][2] = fmaf(p[i], b.z, o[i][c][2]);
+                            o[i][c][3] = fmaf(p[i], b.w, o[i][c][3]);
+                        }
+                    }
+                }
+            }
+        }
+
+#ifdef FA_TRACE
+        if (tx == 0)
+#pragma unroll
+            for (int i = 0; i < TM; ++i)
+                if (trace_slot[i] >= 0) {
+                    float* rec = trace + ((bh * n_trace_rows + trace_slot[i]) * trace_tiles + tile) * TRACE_FIELDS;
+                    rec[0] = m[i]; rec[1] = alpha[i]; rec[2] = l[i];
+                }
+#endif
+        __syncthreads();                                    // everyone is done with V_j and P
+    }
+
+    // ---- finalize: one division per row; rows past n_q write nothing --------------------
+#pragma unroll
+    for (int i = 0; i < TM; ++i) {
+        const int row = q_start + ty * TM + i;
+        if (row >= n_q) continue;
+        float* out_row = out + (bh * n_q + row) * HEAD_DIM;
+        const bool seen = l[i] != 0.f;                      // nothing visible -> out 0, lse -inf
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            const int c4 = tx + LANES * c;
+            if (c4 < D4) {
+                const vec4 r = {seen ? o[i][c][0] / l[i] : 0.f, seen ? o[i][c][1] / l[i] : 0.f,
+                                seen ? o[i][c][2] / l[i] : 0.f, seen ? o[i][c][3] / l[i] : 0.f};
+                store4(out_row + 4 * c4, r);
+            }
+        }
+        if (tx == 0) lse[bh * n_q + row] = seen ? m[i] + logf(l[i]) : NEG_INF;
+    }
+}

@@ -1,0 +1,324 @@
+"""The kernel ladder: every attention forward of the series as a named rung, slowest first.
+
+Each :class:`Rung` says what it changes over the rung below, what that change should do
+(bytes moved, instructions per FMA, occupancy), which instruction in its PTX proves the
+change is there (``tests/test_gpu_ladder.py`` greps for it), and what it measured on a GPU,
+if it was measured. Figures come from one run on one NVIDIA H200 on 2026-11-30
+(``benchmarks/results/gpu_h200_2026-11-30/``: machine, driver and commit in its README);
+a rung that was added after that run says "not yet measured on a GPU" and is never given
+a number it did not earn. With a CUDA device present, :func:`measure_ladder` times every
+rung live with CUDA events (:func:`lessons.gpu.measure.median_cuda_seconds`).
+
+FLOPs are counted as in ``benchmarks/gpu_attention.py``: ``4 N^2 d`` per head (2 for Q K^T,
+2 for P V). Source of the algorithm of every rung: Dao 2023 (FlashAttention-2), Alg. 1.
+"""
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+from lessons.core.checks import check_int
+from lessons.cost.traffic import H200, flash_io, textbook_io
+
+__all__ = ["Rung", "RUNGS", "RECORDED_DIR", "RECORDED_LABEL", "SDPA_KERNEL", "NOT_MEASURED", "rung",
+           "attention_flops", "recorded_rows", "recorded", "ladder_table", "rung_intensity",
+           "rung_build", "measure_ladder", "ladder_points", "speedup_claim",
+           "ladder_markdown", "rung_evidence"]
+
+ROOT = Path(__file__).resolve().parents[2]
+#: the recorded H200 run shipped in the repository
+RECORDED_DIR = ROOT / "benchmarks" / "results" / "gpu_h200_2026-11-30"
+#: how every recorded figure is labelled
+RECORDED_LABEL = "recorded on one NVIDIA H200, 2026-11-30 (driver 580.159.04, CUDA 13.0, commit 1b1cd0d)"
+#: the kernel torch SDPA dispatched to in that run (profiler kernel names, fp16, N = 8192)
+SDPA_KERNEL = "cuDNN cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16 (132 persistent blocks of 384 threads)"
+#: what a rung without a GPU figure shows
+NOT_MEASURED = "not yet measured on a GPU"
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One kernel variant of the ladder.
+
+    name: short key (``"regtile"``); title: what a learner reads; impl: its key in the
+    recorded results (``results.csv`` column ``impl``), None if it was never measured;
+    kernel: the ``.cu`` file in ``lessons/gpu/kernels/`` (None for CuPy/torch); launcher:
+    the function that runs it; dtype: the storage dtype it is timed in; changed: what this
+    rung changes over the one below; predicted: the effect that change should have (bytes,
+    instructions, occupancy), with numbers where the code fixes them; ptx_grep: the PTX
+    instruction the change is about (None when there is no kernel of ours); limit: what
+    bounds it, from Nsight Compute where it was profiled.
+    """
+
+    name: str
+    title: str
+    impl: str | None
+    kernel: str | None
+    launcher: str
+    dtype: str
+    changed: str
+    predicted: str
+    ptx_grep: str | None
+    limit: str
+
+
+RUNGS = (
+    Rung("naive", "naive CuPy (S materialised)", "naive", None, "lessons.gpu.measure.naive_attention", "float32",
+         "the textbook: S = scale Q K^T written to HBM in float32, softmax, then P V (cuBLAS matmuls)",
+         "HBM traffic grows with N^2: S (N x N float32 per head) is written and read back; at N = 8192 "
+         "that is 256 MiB per head, 2 GiB for 8 heads, against 6 MiB of Q, K, V per head at d = 64",
+         None, "HBM traffic of S and the separate softmax passes"),
+    Rung("scalar", "CUDA cores, one thread per row slice", "kernel", "flash_attention", "lessons.gpu.flash_attention_gpu",
+         "float32",
+         "the fold over key tiles (m, l, o per row) in one kernel: S and P never leave the chip",
+         "HBM traffic drops to Q, K, V read once per query block plus O written once; but each FMA of "
+         "S = Q K^T needs one 4-byte shared-memory load (k_s[j][c]): 1 load per FMA",
+         "fma.rn.ftz.f32", "shared-memory loads: L1/TEX pipe 94% busy (ncu, d = 64)"),
+    Rung("regtile", "CUDA cores, register-tiled", None, "flash_attention_regtile",
+         "lessons.gpu.flash_attention_regtile_gpu", "float32",
+         "each thread owns a block of S (4 rows x 4 keys at d = 64) and of O (4 rows x 8 columns), "
+         "and reads shared memory 16 bytes at a time (ld.shared.v4)",
+         "shared loads per FMA in S: (TM + TN) / (4 TM TN) = 8 / 64 = 1/8 at d = 64, 6 / 32 at d = 128 "
+         "(the scalar rung: 1); 122-124 registers per thread, no spills (4 blocks of 128 threads per SM)",
+         "ld.shared.v4.f32", "not profiled yet"),
+    Rung("mma", "tensor cores, mma.sync", "mma", "flash_attention_mma", "lessons.gpu.flash_attention_mma_gpu",
+         "float16",
+         "both products (Q K^T and P V) on tensor cores, mma.sync.m16n8k16, float16 in, float32 accumulate",
+         "one warp instruction does 16 x 8 x 16 multiply-adds (4096 FLOPs) instead of 32 FMAs; bound by "
+         "occupancy instead: 196-254 registers per thread (ncu on the H200) allow 2 blocks of 4 warps per SM",
+         "mma.sync.aligned.m16n8k16", "occupancy 12.5%, no warp eligible 57% of cycles, synchronous loads (ncu)"),
+    Rung("mma_async", "tensor cores + ldmatrix, cp.async", None, "flash_attention_mma_async",
+         "lessons.gpu.flash_attention_mma_async_gpu", "float16",
+         "K/V tiles copied by cp.async into two shared-memory stages (tile j + 1 in flight while tile j "
+         "is multiplied); K and V fragments loaded by ldmatrix.x2 (.trans for V), one instruction per warp",
+         "the synchronous loads the mma rung stalls on overlap the previous tile's tensor-core work; "
+         "per V fragment one ldmatrix instead of four 16-bit loads and two packs; two stages double the "
+         "shared memory, so block_k drops to 32 at d = 128 (64 at d = 64)",
+         "ldmatrix.sync.aligned.m8n8.x2.trans", "not profiled yet"),
+    Rung("sdpa", "torch SDPA (the reference point)", "torch", None,
+         "torch.nn.functional.scaled_dot_product_attention", "float16",
+         "not ours: what a tuned library does on this GPU (Hopper wgmma + TMA, warp specialisation)",
+         "near the tensor-core roof: one persistent block of 3 warpgroups per SM",
+         None, "tuned by NVIDIA for sm_90"),
+)
+
+
+def rung(name: str) -> Rung:
+    """The rung called ``name`` (one of ``[r.name for r in RUNGS]``); ValueError otherwise."""
+    for r in RUNGS:
+        if r.name == name:
+            return r
+    raise ValueError(f"rung must be one of {[r.name for r in RUNGS]}, got {name!r}")
+
+
+def attention_flops(n: int, d: int, heads: int = 1, causal: bool = False) -> float:
+    """FLOPs of one attention forward: ``4 N^2 d`` per head (half when causal)."""
+    n, d, heads = check_int(n, "n"), check_int(d, "d"), check_int(heads, "heads")
+    return 4.0 * n * n * d * heads * (0.5 if causal else 1.0)
+
+
+def recorded_rows(path: Path | None = None) -> list[dict]:
+    """The rows of the recorded ``results.csv`` (impl, n, d, heads, causal, dtype, seconds,
+    tflops, peak_bytes, note) with numbers as int/float and None where a run was skipped.
+    Raises FileNotFoundError when the file is not there (an installed package without the repo)."""
+    path = RECORDED_DIR / "results.csv" if path is None else Path(path)
+    rows = []
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            rows.append(dict(impl=r["impl"], n=int(r["n"]), d=int(r["d"]), heads=int(r["heads"]),
+                             causal=r["causal"] == "True", dtype=r["dtype"],
+                             seconds=float(r["seconds"]) if r["seconds"] else None,
+                             tflops=float(r["tflops"]) if r["tflops"] else None, note=r["note"]))
+    return rows
+
+
+def recorded(r: Rung | str, n: int = 8192, d: int = 64, dtype: str | None = None, rows=None) -> dict | None:
+    """The recorded H200 row of rung ``r`` at ``(n, d)`` in ``dtype`` (default: the rung's),
+    or None when that rung was not measured there. ``rows``: default the recorded H200 run;
+    rows from :func:`measure_ladder` (impl = the rung's name) work too."""
+    r = rung(r) if isinstance(r, str) else r
+    rows = recorded_rows() if rows is None else rows
+    dtype = r.dtype if dtype is None else dtype
+    keys = {r.name} | ({r.impl} if r.impl else set())      # recorded runs use impl, live ones the name
+    for row in rows:
+        if row["impl"] in keys and row["n"] == n and row["d"] == d and row["dtype"] == dtype \
+                and not row["causal"] and row["seconds"] is not None:
+            return row
+    return None
+
+
+def ladder_table(n: int = 8192, d: int = 64, rows=None) -> list[dict]:
+    """One dict per rung at ``(n, d)``: name, title, dtype, ms, tflops (None: not measured),
+    x_naive (speed-up over naive CuPy in the same dtype), x_previous (over the nearest measured
+    rung below), x_sdpa (fraction of SDPA's float16 TFLOP/s), figure (text, recorded or
+    NOT_MEASURED). ``rows``: measured rows (default: the recorded H200 run)."""
+    rows = recorded_rows() if rows is None else rows
+    sdpa = recorded("sdpa", n, d, rows=rows)
+    out, previous = [], None
+    for r in RUNGS:
+        row = recorded(r, n, d, rows=rows)
+        naive = recorded("naive", n, d, r.dtype, rows=rows)
+        entry = dict(name=r.name, title=r.title, dtype=r.dtype, ms=None, tflops=None, x_naive=None,
+                     x_previous=None, x_sdpa=None, figure=NOT_MEASURED)
+        if row is not None:
+            entry.update(ms=row["seconds"] * 1e3, tflops=row["tflops"],
+                         figure=f"{row['seconds'] * 1e3:.2f} ms, {row['tflops']:.1f} TFLOP/s")
+            if naive is not None:
+                entry["x_naive"] = naive["seconds"] / row["seconds"]
+            if previous is not None:
+                entry["x_previous"] = previous["seconds"] / row["seconds"]
+            if sdpa is not None:
+                entry["x_sdpa"] = row["tflops"] / sdpa["tflops"]
+            previous = row
+        out.append(entry)
+    return out
+
+
+def rung_intensity(r: Rung | str, n: int = 8192, d: int = 64) -> float:
+    """Arithmetic intensity (FLOPs per HBM byte, one head) of rung ``r`` by the IO model of
+    :mod:`lessons.cost.traffic`: textbook for the naive rung (S in HBM), FA-2 loop order with
+    the rung's own tiles for ours, 128-row query blocks and 64-key tiles for SDPA (Dao 2023)."""
+    r = rung(r) if isinstance(r, str) else r
+    es = 4 if r.dtype == "float32" else 2
+    if r.name == "naive":
+        return textbook_io(n, d, element_size=es).intensity
+    if r.name == "sdpa":
+        bq, bk = 128, 64
+    elif r.name == "mma":
+        from lessons.gpu.source import MMA_BLOCK_Q, flash_attention_mma_config
+        bq, bk = MMA_BLOCK_Q, flash_attention_mma_config(d)
+    elif r.name == "mma_async":
+        from lessons.gpu.source import MMA_BLOCK_Q, flash_attention_mma_async_config
+        bq, bk = MMA_BLOCK_Q, flash_attention_mma_async_config(d)
+    elif r.name == "regtile":
+        from lessons.gpu.source import flash_attention_regtile_config
+        bq, bk = flash_attention_regtile_config(d)
+    else:
+        from lessons.gpu.source import flash_attention_config
+        bq, bk = flash_attention_config(d)
+    return flash_io(n, d, m_bytes=H200.sram_bytes, element_size=es, order="fa2", block_q=bq, block_k=bk).intensity
+
+
+def rung_build(r: Rung | str, d: int = 64):
+    """The :class:`lessons.gpu.source.KernelBuild` of a rung with a kernel of ours at head dim
+    ``d``; ValueError for the rungs without one (naive, sdpa)."""
+    from lessons.gpu import source
+
+    r = rung(r) if isinstance(r, str) else r
+    if r.kernel is None:
+        raise ValueError(f"rung {r.name!r} has no kernel of ours to build")
+    return {"scalar": lambda: source.flash_attention_build(d, r.dtype),
+            "regtile": lambda: source.flash_attention_regtile_build(d, r.dtype),
+            "mma": lambda: source.flash_attention_mma_build(d, r.dtype),
+            "mma_async": lambda: source.flash_attention_mma_async_build(d, r.dtype)}[r.name]()
+
+
+def measure_ladder(n: int = 8192, d: int = 64, heads: int = 8, warmup: int = 2, repeats: int = 7,
+                   seed: int = 0) -> list[dict]:
+    """Time every rung on the CUDA device now (median of CUDA events), in each rung's dtype.
+
+    Returns rows shaped like :func:`recorded_rows` (impl = the rung's name; note says why a
+    rung was skipped, e.g. torch missing), which :func:`ladder_table` takes as ``rows``.
+    Raises RuntimeError without a CUDA device.
+    """
+    import numpy as np
+
+    import lessons.gpu as gpu
+    from lessons.gpu.measure import median_cuda_seconds, naive_attention
+
+    if not gpu.device_available():
+        raise RuntimeError("measure_ladder needs a CUDA device; without one show the recorded table")
+    import cupy
+
+    rng = np.random.default_rng(seed)
+    host = [rng.standard_normal((heads, n, d), dtype=np.float32) for _ in range(3)]
+    flops = attention_flops(n, d, heads)
+    out = []
+    for dtype in ("float32", "float16"):
+        q, k, v = (cupy.asarray(x.astype(dtype)) for x in host)
+        calls = {"naive": lambda: naive_attention(cupy, q, k, v),
+                 "scalar": lambda: gpu.flash_attention_gpu(q, k, v)}
+        if dtype == "float32":
+            calls["regtile"] = lambda: gpu.flash_attention_regtile_gpu(q, k, v)
+        else:
+            calls["mma"] = lambda: gpu.flash_attention_mma_gpu(q, k, v)
+            calls["mma_async"] = lambda: gpu.flash_attention_mma_async_gpu(q, k, v)
+            try:
+                import torch
+                import torch.nn.functional as F
+
+                tq, tk, tv = (torch.as_tensor(x, device="cuda").unsqueeze(0) for x in (q, k, v))
+                calls["sdpa"] = lambda: F.scaled_dot_product_attention(tq, tk, tv)
+            except ImportError:
+                out.append(dict(impl="sdpa", n=n, d=d, heads=heads, causal=False, dtype=dtype, seconds=None,
+                                tflops=None, note="skipped: torch is not installed"))
+        for name, fn in calls.items():
+            seconds = median_cuda_seconds(cupy, fn, warmup, repeats)
+            out.append(dict(impl=name, n=n, d=d, heads=heads, causal=False, dtype=dtype, seconds=seconds,
+                            tflops=flops / seconds / 1e12, note=""))
+        cupy.get_default_memory_pool().free_all_blocks()
+    return out
+
+
+def ladder_points(n: int = 8192, ds=(64, 128), rows=None) -> list[dict]:
+    """What the ladder's roofline draws: one dict per (rung, d) with name, title, d, precision
+    (``"fp32"`` or ``"bf16"``, the roof its dtype runs under; fp16 shares bf16's), intensity
+    (FLOPs per HBM byte, :func:`rung_intensity`), tflops (measured, None when not) and figure."""
+    out = []
+    for d in ds:
+        for entry in ladder_table(n, d, rows):
+            r = rung(entry["name"])
+            out.append(dict(name=r.name, title=r.title, d=d, precision="fp32" if r.dtype == "float32" else "bf16",
+                            intensity=rung_intensity(r, n, d), tflops=entry["tflops"], figure=entry["figure"]))
+    return out
+
+
+def speedup_claim(n: int = 8192, rows=None) -> dict:
+    """Where "FlashAttention is 2-4x faster than standard attention" stands on the measured GPU:
+    for each head dim, the wall-clock speed-up over naive CuPy (same dtype) of our best measured
+    rung and of SDPA. Returns ``{d: {"ours": (rung name, x), "sdpa": x}}`` (None when unmeasured).
+    Source of the claim: Dao et al. 2022, Sec. 4 (2-4x over standard attention on GPT-2 / long-range arena)."""
+    out = {}
+    for d in (64, 128):
+        table = ladder_table(n, d, rows)
+        ours = [(e["name"], e["x_naive"]) for e in table if e["name"] not in ("naive", "sdpa") and e["x_naive"]]
+        best = max(ours, key=lambda t: t[1]) if ours else None
+        sdpa = next(e["x_naive"] for e in table if e["name"] == "sdpa")
+        out[d] = {"ours": best, "sdpa": sdpa}
+    return out
+
+
+def _fmt(x, spec):
+    return "-" if x is None else format(x, spec)
+
+
+def ladder_markdown(n: int = 8192, d: int = 64, rows=None) -> str:
+    """A Markdown table of the ladder at ``(n, d)``: rung, what changed, predicted effect, the
+    instruction its PTX must hold, the figure (recorded/live or "not yet measured on a GPU")
+    and its speed-up over naive CuPy, the previous measured rung and its fraction of SDPA."""
+    lines = ["| rung | what changed | predicted effect | PTX holds | time, TFLOP/s | x naive | x previous | of SDPA |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r, e in zip(RUNGS, ladder_table(n, d, rows)):
+        lines.append(f"| {r.title} ({r.dtype}) | {r.changed} | {r.predicted} | "
+                     f"{'`' + r.ptx_grep + '`' if r.ptx_grep else '-'} | {e['figure']} | {_fmt(e['x_naive'], '.2f')} | "
+                     f"{_fmt(e['x_previous'], '.2f')} | {_fmt(e['x_sdpa'], '.0%')} |")
+    return "\n".join(lines)
+
+
+def rung_evidence(d: int = 64, arch: str = "sm_90") -> list[dict]:
+    """What the compiler says of each rung with a kernel of ours at head dim ``d``, no GPU needed:
+    name, registers per thread, static shared memory (bytes), spilled bytes, and how many times
+    the rung's instruction (:attr:`Rung.ptx_grep`) occurs in its PTX. Needs CuPy/NVRTC."""
+    from lessons.gpu.compile import compile_kernel, compile_ptx
+
+    out = []
+    for r in RUNGS:
+        if r.kernel is None:
+            continue
+        build = rung_build(r, d)
+        res = next(iter(compile_kernel(build, arch).resources.values()))
+        out.append(dict(name=r.name, registers=res.registers, smem_bytes=res.smem_bytes,
+                        spill_bytes=res.spill_store_bytes + res.spill_load_bytes, instruction=r.ptx_grep,
+                        count=compile_ptx(build, arch).count(r.ptx_grep)))
+    return out

@@ -1,0 +1,78 @@
+"""Pictures for the kernel ladder: each rung on the H200 roofline, and its measured speed.
+
+The numbers come from :mod:`lessons.gpu.ladder` (the IO model of :mod:`lessons.cost.traffic`
+for the intensities, a recorded or live GPU run for the TFLOP/s); these functions only draw.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from lessons.cost.traffic import H200
+from lessons.views.plot import new_figure, tidy
+
+__all__ = ["RUNG_COLOURS", "ladder_figure"]
+
+RUNG_COLOURS = {"naive": "#c44e52", "scalar": "#1f77b4", "regtile": "#17becf", "mma": "#8c564b", "mma_async": "#9467bd",
+                "sdpa": "#2ca02c"}
+
+
+def ladder_figure(points, *, label: str, hardware=H200):
+    """Two panels: left, each measured rung at (intensity, measured FLOP/s) under the roofs of
+    ``hardware`` (circle d = 64, square d = 128; a rung's dtype picks its roof); right, measured
+    TFLOP/s per rung and head dim (log scale), unmeasured rungs marked as such.
+
+    ``points``: dicts from :func:`lessons.gpu.ladder.ladder_points`; ``label``: where the numbers
+    come from (e.g. "recorded on one NVIDIA H200, 2026-11-30"), printed in the title.
+    Returns a Figure. Raises ValueError for an empty ``points``.
+    """
+    points = list(points)
+    if not points:
+        raise ValueError("points must not be empty")
+    fig = new_figure((12.5, 5.0))
+    ax = fig.add_axes([0.06, 0.12, 0.37, 0.74])
+    xs = np.geomspace(4, 400, 200)
+    for prec, ls in (("bf16", "-"), ("fp32", "--")):
+        roof = np.minimum(hardware.peak_flops[prec], hardware.hbm_bytes_per_s * xs) / 1e12
+        ax.loglog(xs, roof, color="#444444", ls=ls, lw=1.3)
+        name = "fp16/bf16 tensor cores" if prec == "bf16" else "fp32 CUDA cores"
+        ax.annotate(f"{name} {hardware.peak_flops[prec] / 1e12:.0f} TFLOP/s", (xs[-1], hardware.peak_flops[prec] / 1e12),
+                    xytext=(-4, 4), textcoords="offset points", ha="right", va="bottom", fontsize=8, color="#444444")
+    markers = {64: "o", 128: "s"}
+    for p in points:
+        if p["tflops"] is None:
+            continue
+        ax.loglog([p["intensity"]], [p["tflops"]], ls="none", marker=markers.get(p["d"], "D"), ms=8,
+                  color=RUNG_COLOURS.get(p["name"], "k"))
+    ax.set_xlim(xs[0], xs[-1])
+    ax.set_ylim(3, 2000)
+    ax.set_xlabel("arithmetic intensity (FLOPs per HBM byte, IO model)", fontsize=9.5)
+    ax.set_ylabel("TFLOP/s", fontsize=9.5)
+    ax.set_title("rungs under the roofs (circle d = 64, square d = 128)", fontsize=9.5, loc="left")
+    ax.grid(True, which="major", color="#eeeeee", lw=0.6)
+    tidy(ax)
+
+    bx = fig.add_axes([0.655, 0.12, 0.33, 0.74])
+    names = list(dict.fromkeys(p["name"] for p in points))
+    titles = {p["name"]: p["title"] for p in points}
+    ds = sorted({p["d"] for p in points})
+    height = 0.8 / len(ds)
+    for i, d in enumerate(ds):
+        for j, name in enumerate(names):
+            p = next((q for q in points if q["name"] == name and q["d"] == d), None)
+            y = j + (i - (len(ds) - 1) / 2) * height
+            if p is None or p["tflops"] is None:
+                bx.text(1.1, y, f"d={d}: not yet measured on a GPU", va="center", fontsize=7.5, color="#777777")
+                continue
+            bx.barh(y, p["tflops"], height=height * 0.9, color=RUNG_COLOURS.get(name, "k"),
+                    alpha=1.0 if d == ds[0] else 0.55)
+            bx.text(p["tflops"] * 1.08, y, f"d={d}: {p['tflops']:.1f}", va="center", fontsize=7.5)
+    bx.set_xscale("log")
+    bx.set_xlim(1, 3000)
+    bx.set_yticks(range(len(names)), [titles[n] for n in names], fontsize=8)
+    bx.invert_yaxis()
+    bx.set_xlabel("TFLOP/s (4 N^2 d per head)", fontsize=9.5)
+    bx.set_title("measured speed per rung", fontsize=9.5, loc="left")
+    tidy(bx)
+    fig.suptitle(f"The kernel ladder, attention forward, N = 8192, 8 heads: {label}", fontsize=10.5, x=0.02,
+                 ha="left")
+    return fig
