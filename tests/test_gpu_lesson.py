@@ -97,6 +97,11 @@ def test_reported_shared_memory_is_what_the_tiles_need(results, nb):
             expected = 4 * (bq * (hd + 1) + 2 * bk * (hd + 1) + bq * (bk + 1))  # q, k, v, p tiles
         elif res.entry == "flash_attention_mma":
             expected = 2 * 2 * d["BLOCK_K"] * (d["HEAD_DIM"] + 8)                # float16 k, v tiles, +8 padding
+        elif res.entry == "flash_attention_mma_async":
+            expected = 2 * 2 * 2 * d["BLOCK_K"] * (d["HEAD_DIM"] + 8)            # the same tiles, twice (two stages)
+        elif res.entry == "flash_attention_regtile":
+            hd, bq, bk = d["HEAD_DIM"], d["BLOCK_Q"], d["BLOCK_K"]
+            expected = 4 * (bq * (hd + 4) + bk * (hd + 4) + bq * (bk + 4))       # q, k-then-v, p tiles, +4 padding
         elif res.entry in ("merge_splits", "mma_probe", "flash_attention_backward_preprocess"):
             expected = 0
         elif res.entry.startswith("flash_attention_backward"):
@@ -119,7 +124,8 @@ def test_each_section_reports_only_the_entry_points_it_runs(results):
     assert {r.entry for r in results["04"].resources} == {"online_softmax", "flash_attention_forward", "paged_decode",
                                                           "paged_decode_split", "merge_splits", "flash_attention_mma",
                                                           "mma_probe", "flash_attention_backward_preprocess",
-                                                          "flash_attention_backward_dkdv", "flash_attention_backward_dq"}
+                                                          "flash_attention_backward_dkdv", "flash_attention_backward_dq",
+                                                          "flash_attention_regtile", "flash_attention_mma_async"}
     assert {r.entry for r in results["04 tensor cores"].resources} == {"flash_attention_mma", "mma_probe"}
 
 
