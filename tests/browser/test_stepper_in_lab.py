@@ -20,9 +20,9 @@ import pytest
 
 import jlab
 
-pytestmark = pytest.mark.browser
-
-NOTEBOOK = next(iter(sorted(p.name for p in jlab.NOTEBOOKS.glob("02_*.ipynb"))), None)
+NOTEBOOK = jlab.STEPPER_NOTEBOOK
+# One Run All (the module fixture) serves every test here: under xdist they share one worker.
+pytestmark = [pytest.mark.browser, pytest.mark.notebook(NOTEBOOK), pytest.mark.xdist_group("stepper-in-lab")]
 
 
 @pytest.fixture(scope="module")
