@@ -48,7 +48,10 @@ def test_a_learner_runs_a_notebook_in_make_lab_and_make_test_stays_clean(learner
             raise
         # The setting `make lab` wrote is the one the lab runs with, and no news toast shows.
         settings = learner_lab.api("GET", f"/lab/api/settings/{NOTIFICATION_PLUGIN}")
-        assert settings["composite"]["fetchNews"] == "false", settings["composite"]
+        defaults = {k: v.get("default") for k, v in settings["schema"]["properties"].items()}
+        effective = {**defaults, **(settings.get("settings") or {})}     # overrides.json sets the defaults
+        assert effective["fetchNews"] == "false", effective
+        assert effective["checkForUpdates"] is False, effective
         toasts = page.locator(".Toastify__toast").all_text_contents()
         assert not any("news" in t.lower() for t in toasts), f"a news pop-up is showing: {toasts}"
     finally:
