@@ -1,17 +1,13 @@
 """How the whole test run is laid out (pytest loads this file for tests/ and notebooks/ alike).
 
-`make test` runs pytest-xdist workers with ``--dist=loadgroup`` (pyproject's addopts),
-and every test gets a group here, so that work done once per module or session is
-done once per run:
+`make test` runs pytest-xdist workers with ``--dist=loadfile`` (pyproject's addopts):
+every test of a file runs in one worker, so nbval's cells of one notebook run in
+order in one kernel (spread over workers, later cells would fail with NameError),
+and a module's expensive fixtures (the HTML build, the grader runs, the emulated
+GPU sections, the browser tests' JupyterLab) run once, not once per worker.
+(``loadgroup`` cannot be used here: pytest 9.2 ignores the node-id suffix through
+which pytest-xdist 3.8 marks groups.)
 
-- nbval makes one test per notebook cell and runs them in order in one kernel, so
-  every cell of a notebook carries the group ``notebook-NAME`` and all of them run in
-  one worker (spread over workers, later cells fail with NameError).
-- Any other test without an ``xdist_group`` mark of its own is grouped by its file,
-  as ``--dist=loadfile`` would: a module's expensive fixtures (the HTML build, the
-  grader runs, the emulated GPU sections) run once, not once per worker. A file may
-  split itself with its own marks (the browser tests group each notebook apart, each
-  worker then starting its own JupyterLab on its own port).
 - A notebook that another selected test executes top to bottom, failing on any
   error (tests marked ``notebook(NAME, ...)``: the HTML build in tests/test_html.py,
   the browser tests' Run All in JupyterLab), is not executed once more by nbval in
@@ -31,13 +27,6 @@ import pytest
 
 def _is_notebook_cell(item) -> bool:
     return type(item).__name__ == "IPyNbCell" and str(item.fspath).endswith(".ipynb")
-
-
-def pytest_itemcollected(item):            # as each test is collected: before xdist reads the groups
-    if _is_notebook_cell(item):
-        item.add_marker(pytest.mark.xdist_group(f"notebook-{Path(str(item.fspath)).name}"))
-    elif item.get_closest_marker("xdist_group") is None:
-        item.add_marker(pytest.mark.xdist_group(f"file-{item.nodeid.split('::')[0]}"))
 
 
 def _will_run_notebooks(item) -> bool:

@@ -27,8 +27,6 @@ NOTEBOOKS = [name for name in jlab.notebook_names()
              if name not in (jlab.STEPPER_NOTEBOOK, jlab.LEARNER_NOTEBOOK)]
 
 
-# Each notebook its own xdist group: they may run in parallel workers (one JupyterLab per worker).
-@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.notebook(n), pytest.mark.xdist_group(f"lab-{n}")])
-                                  for n in NOTEBOOKS])
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.notebook(n)) for n in NOTEBOOKS])
 def test_run_all_in_jupyterlab(lab, lab_page, name, timings):
     jlab.run_all_and_check(lab_page, lab, name, timings)

@@ -21,8 +21,8 @@ import pytest
 import jlab
 
 NOTEBOOK = jlab.STEPPER_NOTEBOOK
-# One Run All (the module fixture) serves every test here: under xdist they share one worker.
-pytestmark = [pytest.mark.browser, pytest.mark.notebook(NOTEBOOK), pytest.mark.xdist_group("stepper-in-lab")]
+# One Run All (the module fixture) serves every test here (under xdist, --dist=loadfile keeps them in one worker).
+pytestmark = [pytest.mark.browser, pytest.mark.notebook(NOTEBOOK)]
 
 
 @pytest.fixture(scope="module")
