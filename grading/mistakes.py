@@ -55,6 +55,28 @@ MISTAKES = {
         "causal mask on local indices",
         "a device's KV block starts at k_start and its queries at q_start: compare global "
         "positions, key k_start + j is visible to query q_start + i iff k_start + j <= q_start + i"),
+    "d_left_out": (
+        "D left out of dS",
+        "softmax's gradient subtracts each row's D_i = dO_i . O_i (= sum_j P_ij dP_ij): "
+        "dS = P * (dP - D), not P * dP; without it dQ and dK are wrong, dV is not"),
+    "p_not_normalised_by_l": (
+        "P not normalised by L",
+        "the backward recomputes P_ij = exp(S_ij - L_i) with the forward's log-sum-exp L_i = m_i + log(l_i); "
+        "exp(S) alone is neither stable nor normalised (its rows do not sum to 1)"),
+    "scale_missing_on_dq": (
+        "scale missing on dQ",
+        "S = scale * Q K^T, so the chain rule brings the scale back: dQ_i += scale * dS K_j"),
+    "scale_missing_on_dk": (
+        "scale missing on dK",
+        "S = scale * Q K^T, so the chain rule brings the scale back: dK_j += scale * dS^T Q_i"),
+    "causal_dropped_in_backward": (
+        "causal mask dropped in the backward",
+        "the backward must mask exactly what the forward masked: set S to -inf where j > i + Nk - Nq "
+        "before P = exp(S - L), or the hidden keys get probability and gradient"),
+    "dv_uses_p_not_pt": (
+        "dV uses P instead of P^T",
+        "dV = P^T dO: key j collects the dO_i of every row i that attended to it, weighted by P_ij; "
+        "dV_j += P^T dO_i has shape (block_k, dv)"),
 }
 
 

@@ -3,6 +3,28 @@
 The core is one fold over key tiles (:mod:`lessons.core.state`); every lesson is a
 different schedule of it. Start with :func:`attention` (the textbook reference)
 and :func:`flash_attention` (the tiled, one-pass version).
+
+Where each notebook's code lives (modules under ``lessons/``, kernels under
+``lessons/gpu/kernels/``, exercises under ``exercises/``):
+
+===================  ====================  ==============  ======================  =========================
+notebook             schedule              view            kernel                  exercise
+===================  ====================  ==============  ======================  =========================
+01 online softmax    schedules.softmax     views.softmax   online_softmax.cu       online_softmax
+02 flash attention   schedules.flash       views.flash,    flash_attention.cu,     absorb
+                                           views.stepper   flash_attention_mma.cu
+03 query blocks,     schedules.causal      views.causal    flash_attention.cu      causal
+   causal            (core.causal_rule)                    (causal=True)
+04 IO awareness      cost.traffic,         views.traffic,  flash_attention.cu,     peak_memory
+                     cost.memory           views.gpu       flash_attention_mma.cu
+05 paged attention   schedules.paged       views.paged     paged_decode.cu         paged
+06 flash-decoding,   schedules.split_kv,   views.split_kv  paged_decode.cu         merge_states,
+   ring              schedules.ring                        (num_splits)            flash_decoding, ring_step
+07 paged GQA decode  schedules.gqa_decode  views.paged     paged_decode.cu         gqa_decode
+===================  ====================  ==============  ======================  =========================
+
+Every notebook's GPU section is in :mod:`lessons.gpu.lesson`; the fold, the oracle, the
+trace and the input checks every schedule shares are in :mod:`lessons.core`.
 """
 from lessons.schedules.variants import example_case, run_variant, run_variants
 from lessons.schedules.causal import causal_mask, count_tiles, masked_rows_report, tile_schedule
@@ -10,6 +32,7 @@ from lessons.schedules.gqa_decode import kv_cache_bytes, paged_decode
 from lessons.schedules.split_kv import flash_decoding, merge_states, reduce_states
 from lessons.course.data import Sample, late_max_case, load_sample, make_case, random_case
 from lessons.schedules.flash import flash_attention
+from lessons.schedules.backward import attention_backward, flash_attention_backward
 from lessons.cost.traffic import flash_block_sizes, flash_io, loglog_slope, measure_peak_memory, roofline_points, textbook_io
 from lessons.schedules.paged import paged_flash_attention
 from lessons.core.reference import attention
@@ -21,6 +44,7 @@ from lessons import gpu  # the same algorithms as CUDA kernels (lessons.gpu.gpu_
 
 __all__ = [
     "attention", "flash_attention",
+    "attention_backward", "flash_attention_backward",
     "State", "absorb", "merge", "finalize", "correction_factor",
     "Trace", "TileStep", "RowTrace",
     "paged_flash_attention", "merge_states", "reduce_states", "flash_decoding", "ring_attention",

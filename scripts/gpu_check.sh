@@ -94,7 +94,7 @@ then step "compile report" ok "compile_report.txt"; else step "compile report" F
 SELECT="not emulator"
 if [ $DRY -eq 1 ]; then SELECT="emulator and (instruction or keeps_nan)"; fi
 if timeout 240 "$PY" -m pytest -p no:nbval -o addopts="" -q -rs \
-        tests/test_gpu_kernels.py tests/test_gpu_compile.py tests/test_gpu_lesson.py -k "$SELECT" \
+        tests/test_gpu_kernels.py tests/test_gpu_compile.py tests/test_gpu_lesson.py tests/test_gpu_backward.py -k "$SELECT" \
         --junitxml="$RESULTS/pytest.xml" > "$RESULTS/pytest.txt" 2>&1; then
     step "pytest (GPU cases)" ok "$(tail -n 1 "$RESULTS/pytest.txt")"
 else
@@ -119,7 +119,7 @@ for base in (spec.submodule_search_locations if spec else []):
 EOF
 )"
 fi
-KERNELS="online_softmax flash_attention flash_attention_mma paged_decode flash_decoding"
+KERNELS="online_softmax flash_attention flash_attention_mma paged_decode flash_decoding flash_backward"
 if [ $DRY -eq 1 ]; then
     for kernel in $KERNELS; do
         log="$RESULTS/sanitizer/emulator_${kernel}.txt"

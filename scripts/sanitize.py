@@ -22,7 +22,8 @@ from lessons import attention
 from lessons.gpu import launch
 from lessons.gpu.compile import device_available
 
-KERNELS = ("online_softmax", "flash_attention", "flash_attention_mma", "paged_decode", "flash_decoding")
+KERNELS = ("online_softmax", "flash_attention", "flash_attention_mma", "paged_decode", "flash_decoding",
+           "flash_backward")
 
 
 def host(x) -> np.ndarray:
@@ -128,6 +129,29 @@ def run_flash_decoding(cp, backend) -> bool:
     for num_splits in (1, 3, 8):                          # 8 splits > 3 pages: empty splits
         out, _, _ = launch.flash_decoding_gpu(*args, num_splits, trace_rows=[(0, 1)], backend=backend)
         ok &= _close(f"flash_decoding num_splits={num_splits}", out, ref, 1e-5)
+    return ok
+
+
+def run_flash_backward(cp, backend) -> bool:
+    from lessons import attention_backward
+    from lessons.gpu.backward import flash_attention_backward_gpu
+
+    rng = np.random.default_rng(4)
+    ok = True
+    # partial blocks, causal with Nq > Nk (rows that see nothing) and Nq < Nk, 16-bit storage, the trace build
+    for lead, nq, nk, d, causal, dtype, trace_block in [((2,), 70, 45, 64, True, np.float16, 1),
+                                                        ((), 33, 100, 128, True, np.float32, None),
+                                                        ((), 5, 3, 16, False, np.float32, 0)]:
+        q, k, v, do = (rng.standard_normal((*lead, n, d)).astype(dtype) for n in (nq, nk, nk, nq))
+        o, lse = launch.flash_attention_gpu(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal=causal,
+                                            backend=backend)
+        grads = flash_attention_backward_gpu(cp.asarray(q), cp.asarray(k), cp.asarray(v), o, lse, cp.asarray(do),
+                                             causal=causal, trace_block=trace_block, backend=backend)
+        for idx in np.ndindex(*lead):
+            ref = attention_backward(*(x[idx].astype(np.float64) for x in (q, k, v, do)), causal=causal)
+            for name, got, r in zip(("dq", "dk", "dv"), grads, ref):
+                ok &= _close(f"backward {name} {lead} {nq}x{nk} d={d} causal={causal} {np.dtype(dtype).name}",
+                             host(got)[idx], r, 2e-2 if dtype == np.float16 else 1e-4, 1e-2)
     return ok
 
 

@@ -297,13 +297,29 @@ def test_bad_masks(fn):
         fn(q, k, v, mask=np.ones((1, 4, 6), bool))
 
 
-@pytest.mark.parametrize("tile,exc,match", [(0, ValueError, "tile must be at least 1"),
-                                            (-3, ValueError, "tile must be at least 1"),
-                                            (2.5, TypeError, "tile must be an int"),
-                                            (True, TypeError, "tile must be an int")])
+@pytest.mark.parametrize("tile,exc,match", [(0, ValueError, "must be at least 1"),
+                                            (-3, ValueError, "must be at least 1"),
+                                            (2.5, TypeError, "must be an int"),
+                                            (True, TypeError, "must be an int")])
 def test_bad_tile(tile, exc, match):
-    with pytest.raises(exc, match=match):
+    with pytest.raises(exc, match="block_k " + match):
         flash_attention(*GOOD, tile)
+    with pytest.raises(exc, match="block_k " + match):
+        flash_attention(*GOOD, block_k=tile)
+    with pytest.raises(exc, match="tile " + match):
+        flash_attention(*GOOD, tile=tile)
+
+
+def test_tile_is_an_alias_of_block_k():
+    q, k, v = qkv(9, 13, 4, seed=4)
+    by_position, trace = flash_attention(q, k, v, 5, block_q=4, return_trace=True)
+    assert trace.tile == trace.block_k == trace.row(0).block_k == 5 and trace.block_q == 4
+    assert [s.key_start for s in trace.steps[:3]] == [0, 5, 10]
+    for kwargs in (dict(block_k=5), dict(tile=5), dict(block_k=5, tile=5)):
+        assert np.array_equal(flash_attention(q, k, v, block_q=4, **kwargs), by_position)
+    assert flash_attention(q, k, v, return_trace=True)[1].tile == 64          # the default
+    with pytest.raises(ValueError, match="block_k or its alias tile, not both"):
+        flash_attention(q, k, v, 4, tile=5)
 
 
 def test_bad_block_q_and_scale():

@@ -103,8 +103,6 @@ def test_merge_does_not_overflow_with_huge_lse():
     ((np.zeros((2, 3)), np.zeros(2), np.zeros((2, 4)), np.zeros(2)), ValueError, ["o_a and o_b", "(2, 3)", "(2, 4)"]),
     ((np.zeros((2, 3)), np.zeros(3), np.zeros((2, 3)), np.zeros(2)), ValueError, ["lse_a", "(2,)", "(3,)"]),
     ((np.zeros((2, 3)), np.zeros(2), np.zeros((2, 3)), np.zeros((2, 1))), ValueError, ["lse_b"]),
-    ((np.zeros(3), np.array(np.nan), np.zeros(3), np.array(0.0)), ValueError, ["lse_a", "NaN"]),
-    ((np.zeros(3), np.array(0.0), np.zeros(3), np.array(np.inf)), ValueError, ["lse_b", "+inf"]),
     ((np.zeros(3, dtype=int), np.array(0.0), np.zeros(3), np.array(0.0)), TypeError, ["o_a", "float"]),
     ((np.array(1.0), np.array(0.0), np.array(1.0), np.array(0.0)), ValueError, ["o_a"]),
 ])

@@ -91,8 +91,12 @@ def test_reported_shared_memory_is_what_the_tiles_need(results, nb):
             expected = 4 * (bq * (hd + 1) + 2 * bk * (hd + 1) + bq * (bk + 1))  # q, k, v, p tiles
         elif res.entry == "flash_attention_mma":
             expected = 2 * 2 * d["BLOCK_K"] * (d["HEAD_DIM"] + 8)                # float16 k, v tiles, +8 padding
-        elif res.entry in ("merge_splits", "mma_probe"):
+        elif res.entry in ("merge_splits", "mma_probe", "flash_attention_backward_preprocess"):
             expected = 0
+        elif res.entry.startswith("flash_attention_backward"):
+            hd, bq, bk = d["HEAD_DIM"], d["BLOCK_Q"], d["BLOCK_K"]
+            tiles = 2 * (bq + bk) * (hd + 1)                                   # q, dO, k, v tiles
+            expected = 4 * (tiles + (2 * bk * (bq + 1) + 2 * bq if res.entry.endswith("dkdv") else bq * (bk + 1)))
         else:
             hd, bs, h = d["HEAD_DIM"], d["BLOCK_SIZE"], d["HEADS_PER_BLOCK"]
             expected = 4 * (h * (hd + 1) + 2 * bs * (hd + 1) + h * (bs + 1) + 3 * h)
@@ -108,7 +112,8 @@ def test_each_section_reports_only_the_entry_points_it_runs(results):
     assert {r.entry for r in results["07"].resources} == {"paged_decode"}
     assert {r.entry for r in results["04"].resources} == {"online_softmax", "flash_attention_forward", "paged_decode",
                                                           "paged_decode_split", "merge_splits", "flash_attention_mma",
-                                                          "mma_probe"}
+                                                          "mma_probe", "flash_attention_backward_preprocess",
+                                                          "flash_attention_backward_dkdv", "flash_attention_backward_dq"}
     assert {r.entry for r in results["04 tensor cores"].resources} == {"flash_attention_mma", "mma_probe"}
 
 

@@ -125,7 +125,7 @@ def test_ring_figure_shows_the_schedule_of_the_trace():
     from lessons.views.split_kv import ring_figure
     q, k, v = qkv(8, 8, seed=9)
     _, trace = ring_attention(q, k, v, 4, causal=True, return_trace=True)
-    fig = ring_figure(trace, step=1)
+    fig = ring_figure(trace, step=2)                        # ring steps count from 1: this is the second
     cells = [p for p in fig.axes[1].patches if p.get_width() == 1 and p.get_height() == 1]
     assert len(cells) == 16
     for p in cells:
@@ -133,5 +133,132 @@ def test_ring_figure_shows_the_schedule_of_the_trace():
         assert (p.get_hatch() is None) == bool(trace.folded[t, r])   # hatched = nothing folded
     labels = [txt.get_text() for txt in fig.axes[1].texts]
     assert labels == [str(trace.holds[t, r]) for t in range(4) for r in range(4)]
-    with pytest.raises(ValueError, match="step"):
-        ring_figure(trace, step=4)
+    outlined = [p for p in fig.axes[1].patches if p.get_height() == 4 and not p.get_fill()]
+    assert [p.get_x() for p in outlined] == [1]             # column index 1 = ring step 2
+    assert "ring step 2 of 4" in fig.axes[0].get_title()
+    for bad in (0, 5):
+        with pytest.raises(ValueError, match="step"):
+            ring_figure(trace, step=bad)
+    assert "ring step 4 of 4" in ring_figure(trace).axes[0].get_title()   # default: the last step
+
+
+# --- the second schedule (the query block and its state travel) and the zigzag split ---
+
+from lessons.schedules.ring import fold_block, layout_index, ring_blocks, ring_layout, ring_message_bytes  # noqa: E402
+
+
+@pytest.mark.parametrize("schedule", ["kv", "q"])
+@pytest.mark.parametrize("split", ["contiguous", "zigzag"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_both_schedules_and_splits_give_the_textbook_answer(schedule, split, causal):
+    for nq, nk in ((13, 13), (10, 6), (6, 10)):
+        q, k, v = qkv(nq, nk, seed=nq + 7 * nk)
+        ref, ref_lse = attention(q, k, v, causal=causal, return_lse=True)
+        for world_size in range(1, 8):
+            for block_k in (None, 2):
+                out, lse = ring_attention(q, k, v, world_size, causal=causal, schedule=schedule, split=split,
+                                          block_k=block_k, return_lse=True)
+                np.testing.assert_allclose(out, ref, rtol=0, atol=ATOL)
+                np.testing.assert_allclose(lse, ref_lse, rtol=0, atol=ATOL)
+
+
+def test_q_schedule_moves_the_query_blocks_and_keeps_the_kv_blocks():
+    q, k, v = qkv(8, 8, seed=5)
+    out, trace = ring_attention(q, k, v, 4, schedule="q", return_trace=True)
+    # at step t device r holds query block (r - t) mod 4 and always its own KV block r: by hand
+    np.testing.assert_array_equal(trace.q_holds, [[0, 1, 2, 3],
+                                                  [3, 0, 1, 2],
+                                                  [2, 3, 0, 1],
+                                                  [1, 2, 3, 0]])
+    np.testing.assert_array_equal(trace.holds, np.tile(np.arange(4), (4, 1)))
+    # query block 1 visits devices 1, 2, 3, 0 and so folds KV blocks 1, 2, 3, 0 in that order
+    assert [rec.kv_block for rec in trace.records if rec.q_block == 1] == [1, 2, 3, 0]
+    assert [rec.rank for rec in trace.records if rec.q_block == 1] == [1, 2, 3, 0]
+    assert ring_blocks("q", 4, 1, 0) == (3, 0) and ring_blocks("kv", 4, 1, 0) == (0, 3)
+    kv_out = ring_attention(q, k, v, 4, schedule="kv")
+    np.testing.assert_allclose(out, kv_out, rtol=0, atol=ATOL)     # same output, other order of the sums
+
+
+def test_records_hold_the_state_after_each_step():
+    q, k, v = qkv(6, 6, d=4, dv=2, seed=11)
+    _, trace = ring_attention(q, k, v, 3, schedule="q", return_trace=True)
+    s = (q @ k.T) / 2.0                                            # scale 1/sqrt(4)
+    for rec in trace.records:
+        rows = layout_index(trace.q_chunks[rec.q_block])
+        seen = [b for b in range(3) if any(x.q_block == rec.q_block and x.kv_block == b and x.step <= rec.step
+                                           for x in trace.records)]
+        keys = np.concatenate([np.arange(*trace.kv_ranges[b]) for b in seen])
+        np.testing.assert_allclose(rec.m, s[np.ix_(rows, keys)].max(axis=1), rtol=0, atol=ATOL)
+        np.testing.assert_allclose(rec.l, np.exp(s[np.ix_(rows, keys)] - rec.m[:, None]).sum(axis=1),
+                                   rtol=0, atol=ATOL)
+
+
+def test_zigzag_layout_by_hand():
+    # 16 tokens, 4 ranks: 8 chunks of 2; rank r owns chunks r and 7 - r
+    assert ring_layout(16, 4, "zigzag") == [[(0, 2), (14, 16)], [(2, 4), (12, 14)], [(4, 6), (10, 12)],
+                                            [(6, 8), (8, 10)]]
+    assert ring_layout(10, 3, "contiguous") == [[(0, 4)], [(4, 8)], [(8, 10)]]
+    # 7 tokens, 2 ranks: chunks of 2 (the last short): rank 0 owns [0, 2) and [6, 7)
+    assert ring_layout(7, 2, "zigzag") == [[(0, 2), (6, 7)], [(2, 4), (4, 6)]]
+    np.testing.assert_array_equal(layout_index([(0, 2), (6, 7)]), [0, 1, 6])
+    with pytest.raises(ValueError, match="split"):
+        ring_layout(8, 2, "striped")
+
+
+def test_zigzag_evens_out_causal_work():
+    # 16 tokens, 4 ranks, tiles of 2 keys. Contiguous: rank r folds r + 1 blocks of 4 x 4 scores.
+    # Zigzag: chunk r sees r + 1 tiles, chunk 7 - r sees 8 - r: 9 tiles of 2 x 2 on every rank.
+    q, k, v = qkv(16, 16, seed=2)
+    _, contiguous = ring_attention(q, k, v, 4, causal=True, return_trace=True)
+    _, zigzag = ring_attention(q, k, v, 4, causal=True, split="zigzag", block_k=2, return_trace=True)
+    np.testing.assert_array_equal(contiguous.work(), [16, 32, 48, 64])
+    np.testing.assert_array_equal(zigzag.work(), [36, 36, 36, 36])
+
+
+def test_message_bytes_by_hand():
+    # 100 rows, d = dv = 64, float64: KV block 100 * 128 * 8; query block + m + l + o = 100 * 130 * 8
+    assert ring_message_bytes("kv", 100, 64, 64) == {"per_step": 102400, "last_step": 0}
+    assert ring_message_bytes("q", 100, 64, 64) == {"per_step": 104000, "last_step": 52800}
+    with pytest.raises(ValueError, match="schedule"):
+        ring_message_bytes("ring", 1, 1, 1)
+
+
+def test_fold_block_skips_tiles_in_the_future():
+    q, k, v = qkv(4, 4, d=2, dv=1, seed=1)
+    from lessons.core.state import State
+    state, work = fold_block(State.empty(2, 1), q[:2], [(0, 2)], k[2:], v[2:], [(2, 4)], nq=4, nk=4,
+                             scale=1.0, causal=True)
+    assert work == 0 and np.all(np.isneginf(state.m))             # keys 2, 3 lie after queries 0, 1
+
+
+@pytest.mark.parametrize("kwargs, word", [(dict(schedule="ring"), "schedule"), (dict(split="striped"), "split"),
+                                          (dict(block_k=0), "block_k")])
+def test_bad_schedule_split_block_k(kwargs, word):
+    q, k, v = qkv(4, 4)
+    with pytest.raises(ValueError, match=word):
+        ring_attention(q, k, v, 2, **kwargs)
+
+
+def test_ring_figure_of_the_q_schedule():
+    from lessons.views.split_kv import ring_figure
+    q, k, v = qkv(8, 8, seed=9)
+    _, trace = ring_attention(q, k, v, 4, schedule="q", return_trace=True)
+    fig = ring_figure(trace, step=1)
+    labels = [txt.get_text() for txt in fig.axes[1].texts]
+    assert labels == [str(trace.q_holds[t, r]) for t in range(4) for r in range(4)]   # the travelling query block
+    assert "query block" in fig.axes[1].get_title()
+
+
+@pytest.mark.parametrize("schedule", ["kv", "q"])
+@pytest.mark.parametrize("split", ["contiguous", "zigzag"])
+def test_hidden_keys_change_nothing_in_every_schedule(schedule, split):
+    # key 8 is the last of 9: under the causal mask only row 8 sees it
+    q, k, v = qkv(9, 9, seed=4)
+    kwargs = dict(causal=True, schedule=schedule, split=split, block_k=2)
+    ref = ring_attention(q, k, v, 3, **kwargs)
+    k2, v2 = k.copy(), v.copy()
+    k2[8], v2[8] = np.nan, np.inf
+    with np.errstate(invalid="ignore"):
+        out = ring_attention(q, k2, v2, 3, **kwargs)
+    np.testing.assert_array_equal(out[:8], ref[:8])
+    assert np.all(np.isnan(out[8]))

@@ -5,6 +5,11 @@ import numbers
 
 import numpy as np
 
+from lessons.core.causal_rule import causal_visible  # re-exported: the rule lives in causal_rule
+
+__all__ = ["as_float_array", "check_qkv", "check_scale", "check_int", "check_positive_int", "check_block_k",
+           "check_flag", "check_mask", "causal_visible"]
+
 
 def as_float_array(x, name: str, ndims: tuple[int, ...]) -> np.ndarray:
     """Return ``x`` as a float ndarray with one of the allowed ranks, or raise.
@@ -57,13 +62,39 @@ def check_scale(scale, d: int) -> float:
     return float(scale)
 
 
-def check_positive_int(value, name: str) -> int:
-    """An int >= 1 (bools refused)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+def check_int(value, name: str, *, min: int | None = None, max: int | None = None) -> int:
+    """``value`` as a Python int, or a TypeError / ValueError that names ``name``.
+
+    Python and NumPy integers pass; bools, floats (even ``2.0``) and everything else
+    are a TypeError. ``min`` / ``max`` (inclusive, optional) bound the value.
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be at least 1, got {value}")
+    if min is not None and value < min:
+        raise ValueError(f"{name} must be at least {min}, got {value}")
+    if max is not None and value > max:
+        raise ValueError(f"{name} must be at most {max}, got {value}")
     return int(value)
+
+
+def check_positive_int(value, name: str) -> int:
+    """An int >= 1 (bools refused): ``check_int(value, name, min=1)``."""
+    return check_int(value, name, min=1)
+
+
+def check_block_k(block_k, tile, default: int = 64) -> int:
+    """The keys per tile (block_k, Bc in the papers) from ``block_k`` or its alias ``tile``.
+
+    ``tile`` is the name the first notebooks and the exercises use. Give one of them
+    (or neither, for ``default``); both with different values is a ValueError.
+    Returns an int >= 1; TypeError / ValueError naming the argument otherwise.
+    """
+    if tile is not None:
+        tile = check_int(tile, "tile", min=1)
+        if block_k is not None and check_int(block_k, "block_k", min=1) != tile:
+            raise ValueError(f"give block_k or its alias tile, not both: block_k = {block_k}, tile = {tile}")
+        return tile
+    return check_int(default if block_k is None else block_k, "block_k", min=1)
 
 
 def check_flag(value, name: str) -> bool:
@@ -92,11 +123,3 @@ def check_mask(mask, nq: int, nk: int, single: bool):
         raise ValueError(
             f"mask of shape {arr.shape} is not broadcastable to (Nq, Nk) = ({nq}, {nk})"
         ) from None
-
-
-def causal_visible(rows: np.ndarray, cols: np.ndarray, nq: int, nk: int) -> np.ndarray:
-    """Bottom-right aligned causal mask: query i sees key j iff ``j <= i + Nk - Nq``.
-
-    ``rows`` (R,) and ``cols`` (C,) are index arrays; returns a bool array (R, C).
-    """
-    return cols[None, :] <= rows[:, None] + (nk - nq)

@@ -11,6 +11,10 @@ we keep
 partial states (flash-decoding, ring attention), ``finalize`` divides once at
 the end. Source: Milakov & Gimelshein 2018 (online softmax), Dao et al. 2022
 (FlashAttention, Alg. 1), Dao 2023 (FlashAttention-2, Alg. 1).
+
+A row's output never depends on a key it cannot see: a masked score is ``-inf``, its
+``p`` is exactly 0, and :func:`weighted_sum` makes that key add exactly nothing to
+``o`` whatever its value holds (NaN, inf), so every schedule of the fold inherits it.
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["State", "correction_factor", "absorb", "merge", "finalize"]
+__all__ = ["State", "safe_max", "correction_factor", "absorb", "merge", "finalize", "weighted_sum"]
 
 
 @dataclass(frozen=True)
@@ -56,8 +60,13 @@ class State:
         return self.m.shape[0]
 
 
-def _safe_max(m: np.ndarray) -> np.ndarray:
-    """``m`` with ``-inf`` replaced by 0, so that ``x - m`` never computes ``-inf - -inf``."""
+def safe_max(m: np.ndarray) -> np.ndarray:
+    """``m`` with ``-inf`` replaced by 0, so that ``x - m`` never computes ``-inf - -inf``.
+
+    The one guard of the fold (the CUDA kernels' ``safe_max`` in ``common.cuh``): a row
+    whose max is still ``-inf`` has seen nothing, and ``exp(-inf - 0) = 0`` is right
+    for it. Any shape; returns the same shape and dtype.
+    """
     m = np.asarray(m)
     return np.where(np.isneginf(m), 0.0, m).astype(m.dtype, copy=False)
 
@@ -94,7 +103,31 @@ def correction_factor(m_old: np.ndarray, m_new: np.ndarray) -> np.ndarray:
     ``-inf`` (nothing visible yet) it returns 0, not ``exp(nan)``: the state is empty,
     so there is nothing to rescale (the NaN trap of a fully masked tile).
     """
-    return np.exp(np.asarray(m_old) - _safe_max(m_new))
+    return np.exp(np.asarray(m_old) - safe_max(m_new))
+
+
+def weighted_sum(p: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """``p @ v`` in which a key with weight 0 contributes exactly nothing.
+
+    ``p`` (R, T) holds non-negative weights, ``v`` (T, dv) the values. Plain ``p @ v``
+    turns ``0 * NaN`` into NaN, so a NaN or inf value at a key that a row cannot see
+    (masked, causal-hidden, padding past ``seq_len``) would poison that row. Here such a
+    value reaches only the rows that give its key a weight > 0, as IEEE arithmetic would
+    there: NaN, or +/-inf (NaN where both infinities meet). Finite values go through one
+    matrix product; returns an array of shape (R, dv), bitwise equal to ``p @ v`` wherever
+    ``v`` is finite.
+    """
+    finite = np.isfinite(v)
+    if finite.all():
+        return p @ v
+    sees = (p > 0).astype(p.dtype)                                   # (R, T): which keys each row sees
+    out = p @ np.where(finite, v, 0.0)
+    nan = sees @ np.isnan(v).astype(p.dtype) > 0
+    pos = sees @ np.isposinf(v).astype(p.dtype) > 0
+    neg = sees @ np.isneginf(v).astype(p.dtype) > 0
+    out = np.where(pos, np.inf, out)
+    out = np.where(neg, -np.inf, out)
+    return np.where(nan | (pos & neg), np.nan, out).astype(out.dtype, copy=False)
 
 
 def absorb(state: State, s: np.ndarray, v: np.ndarray) -> State:
@@ -111,7 +144,8 @@ def absorb(state: State, s: np.ndarray, v: np.ndarray) -> State:
 
     Returns the new State. A tile whose scores are all ``-inf`` for a row leaves
     that row's state unchanged (and empty rows stay empty, never NaN); a tile of
-    T = 0 keys changes nothing. Raises TypeError / ValueError naming ``s``, ``v`` or
+    T = 0 keys changes nothing. A key a row cannot see (score ``-inf``) adds exactly
+    nothing to it, even if its value is NaN or inf (:func:`weighted_sum`). Raises TypeError / ValueError naming ``s``, ``v`` or
     ``state`` when the shapes do not fit (nothing is broadcast).
     """
     s, v = _check_tile(state, s, v)
@@ -119,9 +153,9 @@ def absorb(state: State, s: np.ndarray, v: np.ndarray) -> State:
         return state
     m_new = np.maximum(state.m, s.max(axis=1))
     alpha = correction_factor(state.m, m_new)
-    p = np.exp(s - _safe_max(m_new)[:, None])
+    p = np.exp(s - safe_max(m_new)[:, None])
     l = alpha * state.l + p.sum(axis=1)
-    o = alpha[:, None] * state.o + p @ v
+    o = alpha[:, None] * state.o + weighted_sum(p, v)
     return State(m=m_new, l=l, o=o)
 
 

@@ -9,7 +9,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["TileStep", "Trace", "RowTrace"]
+from lessons.core.state import correction_factor
+from lessons.core.checks import check_int
+
+__all__ = ["TileStep", "Trace", "RowTrace", "record_step"]
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,11 @@ class RowTrace:
         return len(self.tile)
 
     @property
+    def block_k(self) -> int:
+        """Keys per tile (Bc); ``tile_size`` is the same number under its older name."""
+        return self.tile_size
+
+    @property
     def output(self) -> np.ndarray:
         """Running normalised output ``o / l`` after each step, (n, dv); 0 while ``l == 0``."""
         seen = self.l > 0
@@ -94,7 +102,8 @@ class Trace:
     """Every absorb a tiled schedule made, in order.
 
     ``steps`` is a list of TileStep; ``nq``, ``nk`` the problem size; ``tile``
-    the keys per tile (block_k); ``block_q`` the query rows per block.
+    the keys per tile (read it as :attr:`block_k`, Bc); ``block_q`` the query rows per
+    block (Br). A step's ``tile`` is the index of its key tile, not a size.
     """
 
     nq: int
@@ -106,10 +115,14 @@ class Trace:
     def __len__(self) -> int:
         return len(self.steps)
 
+    @property
+    def block_k(self) -> int:
+        """Keys per tile (Bc in the papers); the field ``tile`` holds it."""
+        return self.tile
+
     def row(self, i: int) -> RowTrace:
         """The steps of query row ``i`` (0 <= i < Nq); raises IndexError outside, TypeError for a non-int."""
-        if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
-            raise TypeError(f"row index i must be an int, got {type(i).__name__} {i!r}")
+        i = check_int(i, "row index i")
         if not -self.nq <= i < self.nq:
             raise IndexError(f"row {i} out of range for Nq = {self.nq}")
         i %= self.nq
@@ -137,3 +150,19 @@ class Trace:
                 yield dict(tile=s.tile, row=s.row_start + r, key_start=s.key_start, key_stop=s.key_stop,
                            scores=s.scores[r], m_before=s.m_before[r], m=s.m[r], alpha=s.alpha[r],
                            l=s.l[r], o=s.o[r])
+
+
+def record_step(trace, before, after, scores, step_type=TileStep, **where) -> None:
+    """Append one absorb to ``trace`` (nothing when ``trace`` is None).
+
+    ``before``/``after``: the :class:`lessons.core.state.State` of the block's rows
+    around the absorb; ``scores`` (R, T) the tile's scores; ``step_type`` the record
+    class (:class:`TileStep` or a schedule's subclass); ``where``: its remaining fields
+    (``tile``, ``row_start``, ``row_stop``, ``key_start``, ``key_stop``, ...).
+    ``alpha`` is recomputed from the two maxima with the fold's own
+    :func:`lessons.core.state.correction_factor`.
+    """
+    if trace is not None:
+        trace.steps.append(step_type(scores=scores, m_before=before.m, m=after.m,
+                                     alpha=correction_factor(before.m, after.m), l=after.l, o=after.o,
+                                     **where))

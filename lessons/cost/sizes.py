@@ -10,16 +10,13 @@ from __future__ import annotations
 import numbers
 
 import numpy as np
+from lessons.core.checks import check_int
 
 __all__ = ["score_matrix_bytes", "format_bytes", "element_size", "EXTRA_ITEMSIZE"]
 
 
 def _check_count(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be at least 1, got {value}")
-    return int(value)
+    return check_int(value, name, min=1)
 
 
 #: Bytes per element of float formats NumPy itself does not have (names are lower-case).

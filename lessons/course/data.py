@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import functools
 import json
-import numbers
 import types
 from dataclasses import dataclass, field
 from importlib import resources
 
 import numpy as np
 
-from lessons.core.checks import check_positive_int
+from lessons.core.checks import check_int, check_positive_int
 
 __all__ = ["Sample", "load_sample", "random_case", "late_max_case", "late_max_keys", "make_case", "CASE_KINDS"]
 
@@ -141,8 +140,7 @@ class Sample:
 
     @staticmethod
     def _index(value, name: str, size: int) -> int:
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+        value = check_int(value, name)
         if not 0 <= value < size:
             raise ValueError(f"{name} must be in 0..{size - 1}, got {value}")
         return int(value)
@@ -306,8 +304,7 @@ def late_max_keys(tile: int) -> int:
 
 
 def _seed(seed) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise TypeError(f"seed must be an int, got {type(seed).__name__} {seed!r}")
+    seed = check_int(seed, "seed")
     if seed < 0:
         raise ValueError(f"seed must be >= 0, got {seed}")
     return int(seed)

@@ -59,6 +59,8 @@ EXERCISES: tuple[Exercise, ...] = (
              "the absorb step: fold one tile into (m, l, o)"),
     Exercise("causal", "03_query_blocks_and_causal",
              "causal mask in the tiled loop; the NaN of a fully masked tile"),
+    Exercise("backward", "04_backward_pass",
+             "the backward pass tile by tile: recompute P from L, D = rowsum(dO * O)"),
     Exercise("peak_memory", "04_io_awareness",
              "peak memory of textbook vs flash: quadratic vs linear"),
     Exercise("paged", "05_paged_attention",

@@ -149,6 +149,50 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           "the diagonal tiles are computed in full and partly thrown away. Reread section 3, 'How much a "
           "causal mask saves'."),
     ),
+    "04_backward_pass": (
+        Q("What does the FlashAttention backward keep from the forward pass?",
+          ("The probabilities P, tile by tile",
+           "The output O and one number per query row, the log-sum-exp L = m + log(l)",
+           "Nothing: it runs the whole forward again first",
+           "The running max m and the running sum l of every tile"),
+          1,
+          "P_ij = exp(S_ij - L_i): L holds both the row maximum and the row sum, so each tile of P is "
+          "recomputed from a tile of S in one pass, and O gives D = rowsum(dO * O). Reread section 2, "
+          "'What the forward keeps: O and L'."),
+        Q("Why is D_i = sum_j P_ij dP_ij computed as the dot product of dO_i with O_i?",
+          ("It is an approximation that is good enough for training",
+           "Because dP is symmetric",
+           "Because sum_j P_ij (dO_i . V_j) = dO_i . sum_j P_ij V_j = dO_i . O_i: exact, and it needs no row of P",
+           "To avoid a division by l"),
+          2,
+          "dP_ij = dO_i . V_j, so the sum over j pulls dO_i out and leaves sum_j P_ij V_j, which is the "
+          "output row O_i the forward already wrote. Reread section 2, 'What the forward keeps: O and L'."),
+        Q("In the FlashAttention-2 backward the outer loop runs over key blocks. Which gradient is read and "
+          "written back to HBM once per key block?",
+          ("dK", "dV", "dQ", "None: all three are written once"),
+          2,
+          "dK_j and dV_j sum over all query rows, so with the key block fixed they accumulate on chip and are "
+          "written once; dQ_i sums over all keys, so each key block adds its share to dQ_i in HBM. Reread "
+          "section 3, 'The loop: key blocks outside, query blocks inside'."),
+        Q("How many N x N x d matrix products does the flash backward do, compared with the forward's two?",
+          ("Five: S is recomputed, then dV, dP, dQ, dK (2.5 times the forward)",
+           "Four, the same as the textbook backward",
+           "Two, the same as the forward",
+           "Eight: everything is done twice"),
+          0,
+          "The textbook backward reads P and does four products (dV, dP, dQ, dK); recomputing S adds a fifth. "
+          "It is 2.5 times the forward's FLOPs and still moves far fewer bytes. Reread section 5, "
+          "'What recomputation costs, and what it saves'."),
+        Q("Halfway through the backward loop, how far is the running dQ from the textbook dQ?",
+          ("Already exact: each dQ_i is finished when its query block is first visited",
+           "Exact to rounding for every row",
+           "Off by a factor of scale",
+           "Still far off: each row of dQ is a sum over every key block, finished only at the last one it sees"),
+          3,
+          "dQ_i collects scale * dS K_j from every key block, and the key blocks are the outer loop, so a row "
+          "of dQ is complete only after the last key block its rows can see. Reread section 4, "
+          "'Stepping through the backward'."),
+    ),
     "04_io_awareness": (
         Q("Textbook attention and FlashAttention do the same FLOPs. Why is FlashAttention faster on a GPU?",
           ("It uses cheaper instructions for the exponentials",
@@ -229,13 +273,18 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           "A left fold (one loop) and a tree (log2 rounds, as a GPU reduction does) give the same output up "
           "to rounding. Reread section 2, 'Flash-decoding: split the keys, merge the partials' (the "
           "paragraph 'Any merge order gives the same output')."),
-        Q("In ring attention, what travels around the ring?",
-          ("The query blocks", "The states (m, l, o)",
-           "The key/value blocks; each device keeps its query block and its states", "The score matrix"),
-          2,
-          "Device r keeps query block r and its (m, l, o); at every step it folds the KV block it holds and "
-          "passes that block on. After world_size steps every device has seen every block. Reread section "
-          "3, 'Ring attention: the blocks travel, the states stay'."),
+        Q("Ring attention can pass the key/value blocks around the ring (Liu et al.), or pass each query "
+          "block together with its state (m, l, o) while the key/value blocks stay. Which is right?",
+          ("Only the key/value blocks may travel: moving the state changes the output",
+           "Either may travel: both give the same output up to rounding",
+           "Only the query block with its state may travel",
+           "Neither: every device needs all the keys at once"),
+          1,
+          "Either way every query block's state absorbs every KV block exactly once, only in a different order, "
+          "and the fold does not care where its tiles come from. What differs is what crosses the link each "
+          "step: a KV block, rows x (d + dv) numbers, or a query block and its state, rows x (d + 2 + dv), plus "
+          "one last send that returns each finished state to its owner; and only the KV schedule can overlap "
+          "the transfer with the fold. Reread section 3, 'Ring attention: two ways round the ring'."),
     ),
     "07_paged_gqa_decode": (
         Q("num_heads = 8 query heads share num_kv_heads = 2 KV heads. Which KV head does query head 3 read?",

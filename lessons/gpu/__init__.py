@@ -6,7 +6,8 @@ Kernels (CUDA C in ``lessons/gpu/kernels/``, one launcher each):
 * :func:`flash_attention_gpu` - FlashAttention-2 forward, causal bottom-right, fp32/fp16/bf16;
 * :func:`flash_attention_mma_gpu` - the same on tensor cores (``mma.sync``), fp16/bf16, sm_80+;
 * :func:`paged_decode_gpu` - decoding over a paged KV cache (vLLM layout) with GQA;
-* :func:`flash_decoding_gpu` - the same split over the keys, partial states merged.
+* :func:`flash_decoding_gpu` - the same split over the keys, partial states merged;
+* :func:`flash_attention_backward_gpu` - FlashAttention-2 backward (D, dK/dV, dQ), P recomputed from lse.
 
 Each has a trace build (``-DFA_TRACE``) that records ``(m, alpha, l)`` per tile for chosen
 rows; :func:`first_divergence` compares such a trace with NumPy's. Without a GPU the
@@ -25,6 +26,8 @@ from lessons.gpu.launch import (BACKENDS, SplitTraces, flash_attention_gpu, flas
 from lessons.gpu.source import (KERNELS, KernelBuild, default_builds, flash_attention_build, flash_attention_config,
                      flash_attention_mma_build, flash_attention_mma_config, kernel_source, online_softmax_build,
                      paged_decode_build, paged_decode_config)
+from lessons.gpu.backward import GpuBackwardTrace, flash_attention_backward_gpu
+from lessons.gpu.source import flash_attention_backward_build, flash_attention_backward_config
 from lessons.gpu.trace_compare import GpuRowTrace, GpuTrace, TraceDivergence, first_divergence
 
 __all__ = [
@@ -37,4 +40,5 @@ __all__ = [
     "paged_decode_config", "paged_decode_build",
     "online_softmax_build", "GpuTrace", "GpuRowTrace", "TraceDivergence", "first_divergence",
     "to_bfloat16_bits", "from_bfloat16_bits", "emulator_available", "EmulatorError", "EmulatorMemoryError",
+    "flash_attention_backward_gpu", "GpuBackwardTrace", "flash_attention_backward_config", "flash_attention_backward_build",
 ]

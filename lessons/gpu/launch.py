@@ -19,13 +19,12 @@ Storage dtypes: float32 or float16 arrays; bfloat16 as uint16 bit patterns with
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 
-from lessons.core.checks import check_scale
+from lessons.core.checks import check_int, check_scale
 from lessons.gpu.compile import device_available
 from lessons.gpu.source import (MAX_HEAD_DIM, MMA_BLOCK_Q, MMA_DTYPES, flash_attention_build, flash_attention_config,
                      flash_attention_mma_build, flash_attention_mma_config, kernel_signature, kernel_source,
@@ -573,11 +572,9 @@ def flash_decoding_gpu(q, k_cache, v_cache, block_tables, seq_lens, num_splits: 
     backend = _check_backend(backend)
     kind, dtype, num_seqs, num_heads, d, block_size, num_kv_heads, max_blocks = _check_paged(
         q, k_cache, v_cache, block_tables, seq_lens, bfloat16, _check_bool(check_tables, "check_tables"))
-    if isinstance(num_splits, bool) or not isinstance(num_splits, numbers.Integral):
-        raise TypeError(f"num_splits must be an int, got {type(num_splits).__name__} {num_splits!r}")
+    num_splits = check_int(num_splits, "num_splits")
     if not 1 <= num_splits <= _GRID_YZ_LIMIT:
         raise ValueError(f"num_splits must be in 1..{_GRID_YZ_LIMIT}, got {num_splits}")
-    num_splits = int(num_splits)
     scale = _kernel_scale(scale, d)
     return_partials = _check_bool(return_partials, "return_partials")
     tracing = trace_rows is not None

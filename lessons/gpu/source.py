@@ -13,17 +13,20 @@ that would not fit before asking the compiler.
 """
 from __future__ import annotations
 
-import numbers
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+
+from lessons.core.checks import check_int
 
 __all__ = [
     "KERNEL_DIR", "KERNELS", "DTYPES", "STATIC_SMEM_LIMIT", "NUM_THREADS", "MAX_HEAD_DIM",
     "KernelBuild", "kernel_source", "flash_attention_config", "flash_attention_smem_bytes",
     "MMA_BLOCK_Q", "flash_attention_mma_config", "flash_attention_mma_smem_bytes", "flash_attention_mma_build",
     "paged_decode_config", "paged_decode_smem_bytes", "online_softmax_smem_bytes", "default_builds",
+    "MAX_BACKWARD_HEAD_DIM", "flash_attention_backward_config", "flash_attention_backward_smem_bytes",
+    "flash_attention_backward_build",
 ]
 
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
@@ -34,6 +37,8 @@ KERNELS = {
     "flash_attention": ("flash_attention_forward",),
     "flash_attention_mma": ("flash_attention_mma", "mma_probe"),
     "paged_decode": ("paged_decode", "paged_decode_split", "merge_splits"),
+    "flash_attention_backward": ("flash_attention_backward_preprocess", "flash_attention_backward_dkdv",
+                                 "flash_attention_backward_dq"),
 }
 
 #: storage dtype name -> value of the FA_DTYPE define (arithmetic is always float32)
@@ -96,8 +101,7 @@ def flash_attention_smem_bytes(head_dim: int, block_q: int, block_k: int) -> int
 
 
 def _check_int(value, name: str, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    value = check_int(value, name)
     if not lo <= value <= hi:
         raise ValueError(f"{name} must be in {lo}..{hi}, got {value}")
     return int(value)
@@ -232,6 +236,97 @@ def online_softmax_smem_bytes(tile: int) -> int:
 
 
 # ---------------------------------------------------------------------------
+# flash attention backward (preprocess D, dK/dV, dQ)
+# ---------------------------------------------------------------------------
+
+#: largest head dim of the backward kernels (their four float32 tiles must share 48 KiB)
+MAX_BACKWARD_HEAD_DIM = 128
+#: most (query, key) pairs of a tile one thread of the backward recomputes (block_q * block_k / 128)
+MAX_BACKWARD_PAIRS_PER_THREAD = 16
+#: default (block_q, block_k) of the backward, largest first; the first that fits is taken
+BACKWARD_TILE_PREFERENCE = ((32, 64), (32, 32), (16, 32), (16, 16), (8, 16))
+#: most dK_j + dV_j accumulators one thread of the dK/dV kernel holds in registers,
+#: 2 * ceil(d / (128 // block_k)); above it ptxas spills (measured: 58 spill at 128 registers/thread)
+MAX_BACKWARD_ACCUMULATORS = 56
+
+
+def _backward_accumulators(head_dim: int, block_k: int) -> int:
+    return 2 * -(-head_dim // (NUM_THREADS // block_k))
+
+
+def _backward_fits(head_dim: int, block_q: int, block_k: int) -> bool:
+    return (max(flash_attention_backward_smem_bytes(head_dim, block_q, block_k).values()) <= STATIC_SMEM_LIMIT
+            and _backward_accumulators(head_dim, block_k) <= MAX_BACKWARD_ACCUMULATORS)
+
+
+def flash_attention_backward_smem_bytes(head_dim: int, block_q: int, block_k: int) -> dict:
+    """Static shared memory of each backward entry point in bytes, as a dict entry -> bytes.
+
+    ``flash_attention_backward_dkdv``: float32 ``k_s, v_s [block_k][d+1]``, ``q_s, do_s [block_q][d+1]``,
+    ``p_s, ds_s [block_k][block_q+1]``, ``lse_s, delta_s [block_q]``;
+    ``flash_attention_backward_dq``: ``q_s, do_s [block_q][d+1]``, ``k_s, v_s [block_k][d+1]``,
+    ``ds_s [block_q][block_k+1]``; ``flash_attention_backward_preprocess``: none.
+    """
+    tiles = 2 * (block_q + block_k) * (head_dim + 1)
+    return {"flash_attention_backward_preprocess": 0,
+            "flash_attention_backward_dkdv": 4 * (tiles + 2 * block_k * (block_q + 1) + 2 * block_q),
+            "flash_attention_backward_dq": 4 * (tiles + block_q * (block_k + 1))}
+
+
+def flash_attention_backward_config(head_dim: int, block_q: int | None = None,
+                                    block_k: int | None = None) -> tuple[int, int]:
+    """Tile sizes ``(block_q, block_k)`` (Br, Bc) of the backward kernels for head dim ``d``.
+
+    The same two sizes serve both passes: the dK/dV kernel holds ``block_k`` keys and streams
+    query blocks of ``block_q`` rows; the dQ kernel holds ``block_q`` rows and streams key blocks
+    of ``block_k``. Default: the first of :data:`BACKWARD_TILE_PREFERENCE` (largest tiles first)
+    whose tiles fit 48 KiB of static shared memory and whose dK/dV accumulators fit in registers
+    (:data:`MAX_BACKWARD_ACCUMULATORS`): (32, 64) for d <= 40, (32, 32) for d <= 78, (16, 32) for
+    d <= 112, (16, 16) up to 128. One given alone takes 16 for the other. Given,
+    each must be a power of two dividing 128 (4, 8, 16, 32, 64, 128), with
+    ``128 <= block_q * block_k <= 2048`` (each thread recomputes 1..16 (query, key) pairs of a tile).
+    ``head_dim`` must be in 1..128 (four float32 tiles of d = 256 do not fit).
+    Raises TypeError / ValueError naming the argument, also when the tiles need more than 48 KiB
+    or more than 56 accumulators per thread.
+    """
+    d = _check_int(head_dim, "head_dim", 1, 1 << 30)
+    if d > MAX_BACKWARD_HEAD_DIM:
+        raise ValueError(f"head_dim must be in 1..{MAX_BACKWARD_HEAD_DIM} for the backward kernels "
+                         f"(their Q, dO, K, V tiles must fit 48 KiB of shared memory), got {d}")
+    if block_q is None and block_k is None:
+        block_q, block_k = next((bq, bk) for bq, bk in BACKWARD_TILE_PREFERENCE if _backward_fits(d, bq, bk))
+    elif block_q is None:
+        block_q = 16
+    elif block_k is None:
+        block_k = 16
+    bq = _check_int(block_q, "block_q", 1, NUM_THREADS)
+    bk = _check_int(block_k, "block_k", 1, NUM_THREADS)
+    for name, value in (("block_q", bq), ("block_k", bk)):
+        if value not in (4, 8, 16, 32, 64, 128):
+            raise ValueError(f"{name} must be one of 4, 8, 16, 32, 64, 128 (a power of two dividing 128), "
+                             f"got {value}")
+    if not NUM_THREADS <= bq * bk <= NUM_THREADS * MAX_BACKWARD_PAIRS_PER_THREAD:
+        raise ValueError(f"block_q * block_k must be in {NUM_THREADS}..{NUM_THREADS * MAX_BACKWARD_PAIRS_PER_THREAD} "
+                         f"(1..{MAX_BACKWARD_PAIRS_PER_THREAD} pairs per thread), got block_q={bq}, block_k={bk}")
+    smem = max(flash_attention_backward_smem_bytes(d, bq, bk).values())
+    if smem > STATIC_SMEM_LIMIT:
+        raise ValueError(f"block_q={bq}, block_k={bk} with head_dim={d} need {smem} bytes of shared memory, "
+                         f"more than the {STATIC_SMEM_LIMIT} allowed; use smaller tiles")
+    acc = _backward_accumulators(d, bk)
+    if acc > MAX_BACKWARD_ACCUMULATORS:
+        raise ValueError(f"block_k={bk} with head_dim={d} leaves each thread {acc} dK/dV accumulators, more than "
+                         f"the {MAX_BACKWARD_ACCUMULATORS} that stay in registers; use a smaller block_k")
+    return bq, bk
+
+
+def flash_attention_backward_build(head_dim: int, dtype: str = "float32", trace: bool = False,
+                                   block_q: int | None = None, block_k: int | None = None) -> "KernelBuild":
+    """The :class:`KernelBuild` of the backward kernels (see :func:`flash_attention_backward_config`)."""
+    bq, bk = flash_attention_backward_config(head_dim, block_q, block_k)
+    return KernelBuild.make("flash_attention_backward", dtype, trace, HEAD_DIM=head_dim, BLOCK_Q=bq, BLOCK_K=bk)
+
+
+# ---------------------------------------------------------------------------
 # builds: one kernel file + its -D options
 # ---------------------------------------------------------------------------
 
@@ -281,7 +376,17 @@ class KernelBuild:
             return flash_attention_mma_smem_bytes(d["HEAD_DIM"], d["BLOCK_K"])
         if self.kernel == "paged_decode":
             return paged_decode_smem_bytes(d["HEAD_DIM"], d["BLOCK_SIZE"], d["HEADS_PER_BLOCK"])
+        if self.kernel == "flash_attention_backward":
+            return max(flash_attention_backward_smem_bytes(d["HEAD_DIM"], d["BLOCK_Q"], d["BLOCK_K"]).values())
         return online_softmax_smem_bytes(d.get("TILE", 256))
+
+    def entry_smem_bytes(self, entry: str) -> int:
+        """Static shared memory of one entry point (bytes): :attr:`smem_bytes`, except for the
+        backward, whose three entry points declare different tiles."""
+        if self.kernel == "flash_attention_backward":
+            d = dict(self.defines)
+            return flash_attention_backward_smem_bytes(d["HEAD_DIM"], d["BLOCK_Q"], d["BLOCK_K"])[entry]
+        return self.smem_bytes
 
     @property
     def threads_per_block(self) -> int:
@@ -319,11 +424,14 @@ def online_softmax_build(tile: int = 256, dtype: str = "float32", trace: bool = 
 def default_builds(head_dim: int = 128, dtype: str = "float16", trace: bool = False) -> list[KernelBuild]:
     """One representative build per kernel file: online softmax (tile 256), flash attention
     (``head_dim``), its tensor-core variant (16-bit dtypes and head dims that are multiples of
-    16 only), paged decode (``head_dim``, block_size 16, 32 query heads on 8 kv heads)."""
+    16 only), paged decode (``head_dim``, block_size 16, 32 query heads on 8 kv heads), the
+    backward (head dims up to 128)."""
     builds = [online_softmax_build(256, dtype, trace), flash_attention_build(head_dim, dtype, trace)]
     if dtype in MMA_DTYPES and head_dim % 16 == 0:
         builds.append(flash_attention_mma_build(head_dim, dtype, trace))
     builds.append(paged_decode_build(head_dim, 16, 32, 8, dtype, trace))
+    if head_dim <= MAX_BACKWARD_HEAD_DIM:
+        builds.append(flash_attention_backward_build(head_dim, dtype, trace))
     return builds
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lessons.core.causal_rule import DIAGONAL, FULL, SKIPPED, TILE_KINDS, causal_visible, tile_kind
 from lessons.core.checks import check_mask, check_positive_int, check_qkv
 from lessons.schedules.variants import run_variant
 from lessons.schedules.flash import flash_attention
@@ -34,8 +35,6 @@ __all__ = ["FULL", "DIAGONAL", "SKIPPED", "TILE_KINDS", "TileVisit", "TileCounts
            "tile_schedule", "count_tiles", "causal_mask", "MaskedRowsReport", "masked_rows_report",
            "padded_causal_case", "block_schedule"]
 
-FULL, DIAGONAL, SKIPPED = "full", "diagonal", "skipped"
-TILE_KINDS = (FULL, DIAGONAL, SKIPPED)
 
 
 def _check_bool(value, name):
@@ -52,25 +51,7 @@ def causal_mask(nq, nk):
     counts that are not ints >= 1.
     """
     nq, nk = check_positive_int(nq, "nq"), check_positive_int(nk, "nk")
-    return np.arange(nk)[None, :] <= np.arange(nq)[:, None] + (nk - nq)
-
-
-def tile_kind(row_start, row_stop, key_start, key_stop, nq, nk, causal=True):
-    """Classify the tile rows ``[row_start, row_stop)`` x keys ``[key_start, key_stop)``.
-
-    Returns ``"full"``, ``"diagonal"`` or ``"skipped"`` (always ``"full"`` when not
-    causal). With offset ``Nk - Nq``, the tile is skipped when even its last row
-    cannot see its first key (``key_start > row_stop - 1 + offset``), full when
-    its first row sees its last key (``key_stop - 1 <= row_start + offset``).
-    """
-    if not causal:
-        return FULL
-    offset = nk - nq
-    if key_start > row_stop - 1 + offset:
-        return SKIPPED
-    if key_stop - 1 <= row_start + offset:
-        return FULL
-    return DIAGONAL
+    return causal_visible(np.arange(nq), np.arange(nk), nq, nk)
 
 
 @dataclass(frozen=True)

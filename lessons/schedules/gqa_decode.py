@@ -20,11 +20,9 @@ Dao 2023, FA-2 Alg. 1 (the fold).
 """
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 
-from lessons.core.checks import as_float_array, check_scale
+from lessons.core.checks import as_float_array, check_int, check_scale
 from lessons.schedules.paged import _check_caches, _check_index_array, sequence_pages
 from lessons.cost.sizes import element_size
 from lessons.core.state import State, absorb, finalize
@@ -40,11 +38,8 @@ def kv_head_of(num_heads: int, num_kv_heads: int) -> np.ndarray:
     and ValueError if either count is < 1 or ``num_heads`` is not a multiple of
     ``num_kv_heads``. Source: Ainslie et al. 2023 (GQA), Sec. 2.
     """
-    for name, value in (("num_heads", num_heads), ("num_kv_heads", num_kv_heads)):
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-        if value < 1:
-            raise ValueError(f"{name} must be at least 1, got {value}")
+    num_heads = check_int(num_heads, "num_heads", min=1)
+    num_kv_heads = check_int(num_kv_heads, "num_kv_heads", min=1)
     if num_heads % num_kv_heads:
         raise ValueError(f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads}) "
                          f"so that each KV head serves the same number of query heads")
@@ -75,7 +70,10 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, ret
     keys and values of KV head ``h // (num_heads // num_kv_heads)``.
 
     Each page is read once per sequence and each KV head's slice of it serves all the
-    query heads of its group. Nothing past ``seq_lens[b]`` is read.
+    query heads of its group. Nothing past ``seq_lens[b]`` is read: padding slots,
+    free pages and table padding may hold anything (NaN, inf) without changing any
+    output, bitwise. NaN in a sequence's keys or values makes that sequence's query
+    heads of that KV head NaN, and nothing else.
 
     Raises TypeError for non-float q or caches or non-integer tables/lengths;
     ValueError for wrong ranks, mismatched d, num_seqs or cache shapes, ``num_heads``
@@ -165,13 +163,13 @@ def write_paged_batch(keys, values, block_size, num_blocks=None, *, seed=0, fill
             raise ValueError(f"sequence {b}: keys {k.shape} / values {v.shape} do not match (seq_len, "
                              f"num_kv_heads, d) = (*, {keys[0].shape[1]}, {keys[0].shape[2]}) and "
                              f"(seq_len, num_kv_heads, dv) = (*, {values[0].shape[1]}, {values[0].shape[2]})")
-    block_size = _positive(block_size, "block_size")
+    block_size = check_int(block_size, "block_size", min=1)
     seq_lens = np.array([k.shape[0] for k in keys], dtype=np.int64)
     needed = [-(-int(n) // block_size) for n in seq_lens]
     total = sum(needed)
     if num_blocks is None:
         num_blocks = total + max(1, total // 4)
-    num_blocks = _positive(num_blocks, "num_blocks", 0)
+    num_blocks = check_int(num_blocks, "num_blocks", min=0)
     if num_blocks < total:
         raise ValueError(f"num_blocks = {num_blocks} is too small: the batch needs {total} pages of {block_size}")
     _, h, d = keys[0].shape
@@ -189,14 +187,6 @@ def write_paged_batch(keys, values, block_size, num_blocks=None, *, seed=0, fill
             k_cache[page, :stop - start] = k[start:stop]
             v_cache[page, :stop - start] = v[start:stop]
     return k_cache, v_cache, block_tables, seq_lens
-
-
-def _positive(value, name, minimum=1) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}")
-    return int(value)
 
 
 def kv_cache_bytes(seq_len, num_layers, num_kv_heads, head_dim, dtype, *, batch_size=1) -> int:
@@ -225,9 +215,6 @@ def kv_cache_bytes(seq_len, num_layers, num_kv_heads, head_dim, dtype, *, batch_
     counts = dict(seq_len=seq_len, num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim,
                   batch_size=batch_size)
     for name, value in counts.items():
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-        if value < (0 if name == "seq_len" else 1):
-            raise ValueError(f"{name} must be at least {0 if name == 'seq_len' else 1}, got {value}")
+        check_int(value, name, min=0 if name == "seq_len" else 1)
     itemsize = element_size(dtype, integers=True)
     return 2 * int(batch_size) * int(seq_len) * int(num_layers) * int(num_kv_heads) * int(head_dim) * itemsize

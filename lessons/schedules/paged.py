@@ -13,14 +13,14 @@ Dao 2023, FA-2 Alg. 1.
 """
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 
 import numpy as np
 
-from lessons.core.checks import as_float_array, check_positive_int, check_scale
-from lessons.core.state import State, absorb, correction_factor, finalize
-from lessons.core.trace import TileStep, Trace
+from lessons.core.checks import as_float_array, check_int, check_positive_int, check_scale
+from lessons.core.result import pack_result
+from lessons.core.state import State, absorb, finalize
+from lessons.core.trace import TileStep, Trace, record_step
 
 __all__ = ["paged_flash_attention", "sequence_pages", "write_paged_cache", "paged_schedule",
            "PagedStep", "PagedTrace"]
@@ -61,14 +61,6 @@ class PagedTrace(Trace):
         return [s.tile for s in self.steps]
 
 
-def _check_int_scalar(value, name: str, minimum: int) -> int:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be at least {minimum}, got {value}")
-    return int(value)
-
-
 def _check_index_array(x, name: str, ndim: int) -> np.ndarray:
     """An integer array of the given rank (bools and floats refused)."""
     if isinstance(x, (str, bytes)) or x is None:
@@ -106,7 +98,7 @@ def sequence_pages(block_table, seq_len, block_size, num_blocks, *, name="block_
     used entry is outside ``[0, num_blocks)``; TypeError for a non-integer table.
     """
     table = _check_index_array(block_table, name, 1)
-    seq_len = _check_int_scalar(seq_len, "seq_len", 0)
+    seq_len = check_int(seq_len, "seq_len", min=0)
     block_size = check_positive_int(block_size, "block_size")
     needed = -(-seq_len // block_size)
     if table.shape[0] < needed:
@@ -169,7 +161,8 @@ def paged_flash_attention(q, block_table, k_cache, v_cache, seq_len, block_size,
 
     Nothing past ``seq_len`` is read: the unused slots of the last page, pages not in
     the table, and table entries past the blocks in use may hold anything (NaN, inf)
-    without changing the result.
+    without changing the result, bitwise. NaN in a key or value of the sequence, or
+    in a query row, makes the rows that see it NaN.
 
     Raises TypeError for non-float q or caches, a non-integer table or a non-int
     ``seq_len``/``block_size``; ValueError for wrong ranks, mismatched d or cache shapes,
@@ -205,22 +198,16 @@ def paged_flash_attention(q, block_table, k_cache, v_cache, seq_len, block_size,
         v_blk = v_cache[page, :n].astype(dtype, copy=False)   # only the n valid slots are read
         s = (q2 @ k_blk.T) * scale                          # (Nq, n) scores
         new = absorb(state, s, v_blk)
-        if trace is not None:
-            start = logical * block_size
-            trace.steps.append(PagedStep(
-                tile=logical, row_start=0, row_stop=nq, key_start=start, key_stop=start + n,
-                scores=s, m_before=state.m, m=new.m, alpha=correction_factor(state.m, new.m),
-                l=new.l, o=new.o, page=page))
+        start = logical * block_size
+        record_step(trace, state, new, s, PagedStep, tile=logical, row_start=0, row_stop=nq,
+                    key_start=start, key_stop=start + n, page=page)
         state = new
     out, lse = finalize(state)
 
     out = out.astype(out_dtype, copy=False)
-    result = (out[0] if single else out,)
-    if return_lse:
-        result += (lse[0] if single else lse,)
-    if return_trace:
-        result += (trace,)
-    return result if len(result) > 1 else result[0]
+    if single:
+        out, lse = out[0], lse[0]
+    return pack_result(out, (return_lse, lse), (return_trace, trace))
 
 
 def write_paged_cache(k, v, block_size, num_blocks=None, *, seed=0, fill=np.nan):
@@ -257,7 +244,7 @@ def write_paged_cache(k, v, block_size, num_blocks=None, *, seed=0, fill=np.nan)
     needed = -(-nk // block_size)
     if num_blocks is None:
         num_blocks = max(2 * needed, 4)
-    num_blocks = _check_int_scalar(num_blocks, "num_blocks", 0)
+    num_blocks = check_int(num_blocks, "num_blocks", min=0)
     if num_blocks < needed:
         raise ValueError(f"num_blocks = {num_blocks} is too small: Nk = {nk} keys in pages of {block_size} "
                          f"need {needed} pages")

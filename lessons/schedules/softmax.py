@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lessons.core.checks import as_float_array, check_positive_int
-from lessons.core.state import State, absorb, correction_factor, finalize
+from lessons.core.state import State, absorb, correction_factor, finalize, safe_max
 
 __all__ = ["safe_softmax", "online_softmax", "fused_softmax_matmul", "OnlineSoftmaxTrace",
            "SoftmaxTraffic", "softmax_traffic", "SOFTMAX_METHODS"]
@@ -60,11 +60,6 @@ def _row_max(block: np.ndarray, rows: int) -> np.ndarray:
     return block.max(axis=1) if block.shape[1] else np.full(rows, -np.inf, dtype=block.dtype)
 
 
-def _shift(m: np.ndarray) -> np.ndarray:
-    """The value subtracted before exp: ``m``, or 0 for a row whose max is ``-inf`` (nothing visible)."""
-    return np.where(np.isneginf(m), 0.0, m).astype(m.dtype, copy=False)
-
-
 def _normalise(p: np.ndarray, l: np.ndarray) -> np.ndarray:
     """``p / l`` row-wise; a row with ``l == 0`` exactly (all ``-inf``) becomes 0, never NaN.
 
@@ -82,9 +77,9 @@ def _safe_passes(mem: _Memory, tile: int) -> None:
         m = np.maximum(m, _row_max(mem.load(c0, c1), rows))
     l = np.zeros(rows, dtype=mem.x.dtype)
     for c0, c1 in _tiles(n, tile):                       # pass 2: the sum, against that maximum
-        l += np.exp(mem.load(c0, c1) - _shift(m)[:, None]).sum(axis=1)
+        l += np.exp(mem.load(c0, c1) - safe_max(m)[:, None]).sum(axis=1)
     for c0, c1 in _tiles(n, tile):                       # pass 3: normalise and write
-        mem.store(c0, c1, _normalise(np.exp(mem.load(c0, c1) - _shift(m)[:, None]), l))
+        mem.store(c0, c1, _normalise(np.exp(mem.load(c0, c1) - safe_max(m)[:, None]), l))
 
 
 def _online_passes(mem: _Memory, tile: int, record: list | None) -> None:
@@ -95,12 +90,12 @@ def _online_passes(mem: _Memory, tile: int, record: list | None) -> None:
         x = mem.load(c0, c1)
         m_new = np.maximum(m, _row_max(x, rows))
         alpha = correction_factor(m, m_new)              # rescale what was summed against the old max
-        l = alpha * l + np.exp(x - _shift(m_new)[:, None]).sum(axis=1)
+        l = alpha * l + np.exp(x - safe_max(m_new)[:, None]).sum(axis=1)
         if record is not None:
             record.append((c0, c1, m.copy(), m_new.copy(), alpha, l.copy()))
         m = m_new
     for c0, c1 in _tiles(n, tile):                       # pass 2: normalise and write
-        mem.store(c0, c1, _normalise(np.exp(mem.load(c0, c1) - _shift(m)[:, None]), l))
+        mem.store(c0, c1, _normalise(np.exp(mem.load(c0, c1) - safe_max(m)[:, None]), l))
 
 
 def _check_x(x) -> tuple[np.ndarray, bool, np.dtype]:
@@ -217,7 +212,8 @@ def fused_softmax_matmul(x, v, tile):
     Returns
     -------
     ndarray (dv,) for 1-D ``x`` or (rows, dv), in the result dtype of ``x`` and
-    ``v`` (float16 computed in float32). A row of all ``-inf`` gives zeros.
+    ``v`` (float16 computed in float32). A row of all ``-inf`` gives zeros. A value
+    whose score is ``-inf`` in a row adds exactly nothing to that row, even NaN or inf.
 
     Raises TypeError for non-float input or a non-int tile, ValueError for a bad
     rank, ``tile < 1``, or ``v`` whose length differs from ``x``'s.

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from lessons.core.checks import as_float_array, check_positive_int, check_qkv, check_scale
+from lessons.core.checks import as_float_array, check_block_k, check_int, check_positive_int, check_qkv, check_scale
+from lessons.core.result import output_dtype, pack_result, shape_result
 from lessons.schedules.flash import flash_attention
-from lessons.core.reference import _all_float, _shape_result
-from lessons.core.state import State, finalize, merge
+from lessons.core.state import State, finalize, merge, safe_max
 
 __all__ = ["merge_states", "reduce_states", "merge_weights", "split_ranges", "flash_decoding"]
 
@@ -37,10 +37,7 @@ def split_ranges(n: int, num_splits: int) -> list[tuple[int, int]]:
     ``num_splits`` >= 1 are ints; returns a list of ``num_splits`` pairs.
     Raises TypeError / ValueError for a non-int or a value out of range.
     """
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
-        raise TypeError(f"n must be an int, got {type(n).__name__} {n!r}")
-    if n < 0:
-        raise ValueError(f"n must be at least 0, got {n}")
+    n = check_int(n, "n", min=0)
     num_splits = check_positive_int(num_splits, "num_splits")
     chunk = max(1, -(-int(n) // num_splits))
     return [(min(i * chunk, n), min((i + 1) * chunk, n)) for i in range(num_splits)]
@@ -62,8 +59,6 @@ def _check_partial(o, lse, name_o: str, name_lse: str):
     if lse.shape != o.shape[:-1]:
         raise ValueError(f"{name_lse} must have shape {o.shape[:-1]} ({name_o}.shape[:-1]); "
                          f"got {name_o} {o.shape} and {name_lse} {lse.shape}")
-    if np.isnan(lse).any() or np.isposinf(lse).any():
-        raise ValueError(f"{name_lse} must be finite or -inf (an empty state), got NaN or +inf")
     return o, lse
 
 
@@ -82,14 +77,20 @@ def merge_states(o_a, lse_a, o_b, lse_b):
     Parameters
     ----------
     o_a, o_b : float arrays, shape (..., dv), the same shape.
-    lse_a, lse_b : float arrays, shape (...) = ``o.shape[:-1]``; finite or ``-inf``.
+    lse_a, lse_b : float arrays, shape (...) = ``o.shape[:-1]``; finite, or ``-inf``
+        for an empty state.
 
     Returns ``(o, lse)`` of the same shapes, float dtype of the inputs (at least
-    float32); ``dv = 0`` works too (``o`` is then empty, ``lse`` still merged). The empty state is ``o = 0``, ``lse = -inf``: it is the identity of the
-    merge, and merging two empties gives an empty state (no NaN).
+    float32); ``dv = 0`` works too (``o`` is then empty, ``lse`` still merged). The
+    empty state is ``o = 0``, ``lse = -inf``: it is the identity of the merge, and
+    merging two empties gives an empty state (no NaN).
 
-    Raises TypeError for non-float input; ValueError if the shapes differ, ``lse`` does
-    not match ``o.shape[:-1]``, or an ``lse`` holds NaN or ``+inf``.
+    Each row is merged on its own: NaN in a row's ``lse`` or ``o`` (bad data that row
+    saw; a ``+inf`` lse counts as NaN) stays in that row's result and leaves every other
+    row exactly as it would be without it; the batch is never refused for it.
+
+    Raises TypeError for non-float input; ValueError if the shapes differ or ``lse``
+    does not match ``o.shape[:-1]``.
 
     ``lse`` is a natural logarithm, as FlashAttention returns it (some kernels keep it
     in base 2 internally).
@@ -166,14 +167,13 @@ def merge_weights(lse_parts, axis=0):
     if np.isnan(lse_parts).any() or np.isposinf(lse_parts).any():
         raise ValueError("lse_parts must be finite or -inf (an empty state), got NaN or +inf")
     m = lse_parts.max(axis=axis, keepdims=True)
-    safe_m = np.where(np.isneginf(m), 0.0, m)                  # all empty: no -inf - -inf
-    p = np.exp(lse_parts - safe_m)
+    p = np.exp(lse_parts - safe_max(m))                        # all empty: no -inf - -inf
     total = p.sum(axis=axis, keepdims=True)
     return np.where(total > 0, p / np.where(total > 0, total, 1.0), 0.0)
 
 
-def flash_decoding(q, k, v, num_splits, *, tile=64, scale=None, order="left", return_lse=False,
-                   return_partials=False):
+def flash_decoding(q, k, v, num_splits, *, block_k=None, scale=None, order="left", return_lse=False,
+                   return_partials=False, tile=None):
     """Attention with the keys split over ``num_splits`` workers, partial states merged.
 
     Worker ``i`` takes the contiguous keys ``split_ranges(Nk, num_splits)[i]``, folds
@@ -188,7 +188,8 @@ def flash_decoding(q, k, v, num_splits, *, tile=64, scale=None, order="left", re
     k : float array, shape (Nk, d)
     v : float array, shape (Nk, dv)
     num_splits : int >= 1, the number of workers.
-    tile : int >= 1, keys per tile inside a worker.
+    block_k : int >= 1, default 64, keys per tile inside a worker (Bc); ``tile`` is
+        its alias (the name the notebooks and exercises use).
     scale : float, default ``1/sqrt(d)``
     order : ``"left"`` or ``"tree"``, how the partials are reduced (same result).
     return_lse : bool, also return ``lse`` per query row.
@@ -202,15 +203,20 @@ def flash_decoding(q, k, v, num_splits, *, tile=64, scale=None, order="left", re
     out, or ``(out[, lse][, (o_parts, lse_parts)])``; ``out`` has shape (Nq, dv),
     or (dv,) for a single query, in the inputs' dtype.
 
+    NaN in one query row (or in a key it sees) makes that row's output and lse NaN
+    and leaves every other row exactly as it would be: the merge keeps each row's
+    NaN in that row (:func:`merge_states`).
+
     Raises TypeError / ValueError naming the argument for non-float input, wrong
-    ranks, mismatched d or Nk, ``num_splits`` or ``tile`` < 1, or an unknown ``order``.
+    ranks, mismatched d or Nk, ``num_splits`` or ``block_k`` (``tile``) < 1, or an
+    unknown ``order``.
 
     Source: Dao, Haziza, Massa, Sizov 2023 (Flash-Decoding); Dao 2023, Alg. 1.
     """
-    out_dtype = np.result_type(*(np.asarray(x).dtype for x in (q, k, v))) if _all_float(q, k, v) else None
+    out_dtype = output_dtype(q, k, v)                    # before q, k, v are cast for the work
     q2, k, v, single, dtype = check_qkv(q, k, v)
     num_splits = check_positive_int(num_splits, "num_splits")
-    tile = check_positive_int(tile, "tile")
+    block_k = check_block_k(block_k, tile)
     if order not in REDUCE_ORDERS:
         raise ValueError(f"order must be one of {REDUCE_ORDERS}, got {order!r}")
     nq = q2.shape[0]
@@ -219,14 +225,10 @@ def flash_decoding(q, k, v, num_splits, *, tile=64, scale=None, order="left", re
     o_parts = np.zeros((num_splits, nq, v.shape[1]), dtype)
     lse_parts = np.full((num_splits, nq), -np.inf, dtype)
     for i, (start, stop) in enumerate(split_ranges(k.shape[0], num_splits)):   # each worker, independently
-        o_parts[i], lse_parts[i] = flash_attention(q2, k[start:stop], v[start:stop], tile,
+        o_parts[i], lse_parts[i] = flash_attention(q2, k[start:stop], v[start:stop], block_k,
                                                    block_q=max(nq, 1), scale=scale, return_lse=True)
     out, lse = reduce_states(o_parts, lse_parts, order=order)   # the reduction step
 
-    out, lse = _shape_result(out, lse, single, out_dtype, True)
-    result = (out,)
-    if return_lse:
-        result += (lse,)
-    if return_partials:
-        result += ((o_parts[:, 0], lse_parts[:, 0]) if single else (o_parts, lse_parts),)
-    return result if len(result) > 1 else result[0]
+    out, lse = shape_result(out, lse, single, out_dtype)
+    partials = (o_parts[:, 0], lse_parts[:, 0]) if single else (o_parts, lse_parts)
+    return pack_result(out, (return_lse, lse), (return_partials, partials))

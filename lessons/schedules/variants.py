@@ -28,7 +28,7 @@ import numpy as np
 
 from lessons.core.checks import causal_visible, check_mask, check_positive_int, check_qkv, check_scale
 from lessons.core.reference import attention
-from lessons.core.state import State, absorb, correction_factor
+from lessons.core.state import State, absorb, correction_factor, safe_max
 
 __all__ = ["VARIANTS", "VARIANT_NAMES", "FINITE_NEG", "Variant", "VariantTrace", "Case",
            "run_variant", "run_variants", "example_case", "case_from_scores", "EXAMPLE_CASES"]
@@ -63,11 +63,6 @@ VARIANTS = {
 VARIANT_NAMES = tuple(VARIANTS)
 
 
-def _shift(m):
-    """``m`` with ``-inf`` replaced by 0 (the guard of :mod:`lessons.core.state`)."""
-    return np.where(np.isneginf(m), 0.0, m).astype(m.dtype, copy=False)
-
-
 def _initial_m(variant, rows, dtype):
     return np.full(rows, FINITE_NEG if variant == "finite_init" else -np.inf, dtype=dtype)
 
@@ -83,14 +78,14 @@ def _update(variant, m, l, o, s, v):
     if variant in ("no_alpha_on_l", "no_alpha_on_o"):
         m_new = np.maximum(m, s.max(axis=1))
         alpha = correction_factor(m, m_new)
-        p = np.exp(s - _shift(m_new)[:, None])
+        p = np.exp(s - safe_max(m_new)[:, None])
         l_new = (l if variant == "no_alpha_on_l" else alpha * l) + p.sum(axis=1)
         o_new = (o if variant == "no_alpha_on_o" else alpha[:, None] * o) + p @ v
         return m_new, l_new, o_new, alpha, s
     if variant == "stale_m":
         m_new = np.where(np.isneginf(m), s.max(axis=1), m)   # set once, then frozen
         alpha = correction_factor(m, m_new)                   # 0 on the first visible tile, then 1
-        p = np.exp(s - _shift(m_new)[:, None])
+        p = np.exp(s - safe_max(m_new)[:, None])
         return m_new, alpha * l + p.sum(axis=1), alpha[:, None] * o + p @ v, alpha, s
     if variant == "finite_init":
         s = np.where(np.isneginf(s), FINITE_NEG, s)          # masked scores: the same finite number
@@ -102,7 +97,7 @@ def _update(variant, m, l, o, s, v):
         # Dao et al. 2022, Alg. 1, lines 9-12, with exp(m~ - m_new) * P~ folded into p = exp(s - m_new).
         m_new = np.maximum(m, s.max(axis=1))
         alpha = correction_factor(m, m_new)
-        p = np.exp(s - _shift(m_new)[:, None])
+        p = np.exp(s - safe_max(m_new)[:, None])
         l_new = alpha * l + p.sum(axis=1)
         seen = l_new > 0
         o_new = np.where(seen[:, None],

@@ -17,6 +17,7 @@ from matplotlib.collections import PolyCollection
 from matplotlib.patches import Patch, Rectangle
 
 from lessons.views.plot import new_figure
+from lessons.core.causal_rule import last_visible_key
 from lessons.schedules.causal import DIAGONAL, SKIPPED, TileVisit, causal_mask
 from lessons.views.flash import TILE_COLOURS
 from lessons.views.softmax import figure_png
@@ -106,10 +107,9 @@ def schedule_figure(visits, step, *, causal=True, figsize=(6.4, 5.6), dpi=90, ti
                  for i in range(t.row_start, t.row_stop) for j in range(t.key_start, t.key_stop) if not mask[i, j]]
         if cells:
             ax.add_collection(PolyCollection(cells, facecolors=_MASKED, alpha=0.35, linewidths=0, zorder=2))
-        offset = nk - nq                                   # query i sees keys j <= i + offset
         xs, ys = [], []
         for i in range(nq):
-            edge = min(max(i + offset + 1, 0), nk)
+            edge = min(max(last_visible_key(i, nq, nk) + 1, 0), nk)     # the rule: keys j <= i + Nk - Nq
             xs += [edge, edge]
             ys += [i, i + 1]
         ax.plot(xs, ys, color=_DIAGONAL_LINE, lw=1.6, zorder=3)

@@ -33,6 +33,7 @@ from matplotlib.patches import Patch, Rectangle
 
 from lessons.views.plot import new_figure
 from lessons.core.trace import RowTrace
+from lessons.core.checks import check_int
 
 __all__ = [
     "TILE_COLOURS", "TILE_LABELS", "EXACT_COLOUR", "OUTPUT_COLOUR",
@@ -69,8 +70,7 @@ def _check_row_trace(row_trace) -> RowTrace:
 
 
 def _check_step(row_trace: RowTrace, step) -> int:
-    if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
-        raise TypeError(f"step must be an int, got {type(step).__name__} {step!r}")
+    step = check_int(step, "step")
     if not 0 <= step <= len(row_trace):
         raise ValueError(f"step must be in 0..{len(row_trace)} (tiles absorbed by this row), got {step}")
     return int(step)

@@ -130,23 +130,31 @@ def split_strip_figure(nk: int, num_splits: int, *, figsize=(10.0, 1.3), dpi=80)
 def ring_figure(trace: RingTrace, step=None, *, figsize=(10.0, 4.2), dpi=80) -> Figure:
     """Ring attention at one ring step: the ring of devices, and the whole schedule.
 
-    Left: the devices on a ring at step ``step`` (0-based); device r shows its query
-    block ``Q r`` and the KV block it holds now, coloured by KV block; an arrow shows
-    where the block goes next. A device that has nothing to fold at this step (its
-    block is wholly above the causal diagonal, or a block is empty) is drawn hatched.
-    Right: the schedule, rows = devices, columns = ring steps, each cell the KV block
-    held (``trace.holds``), hatched where nothing was folded (``trace.folded``); the
-    current step is outlined.
+    Left: the devices on a ring at ring step ``step`` (counted from 1, as the text and
+    the slider count them); device r shows the query block ``Q`` and the KV block it
+    holds now, coloured by the block that travels (the KV block for the ``"kv"``
+    schedule, the query block with its state for ``"q"``); an arrow shows where that
+    block goes next. A device that has nothing to fold at this step (the block is wholly
+    above the causal diagonal, or a block is empty) is drawn hatched.
+    Right: the schedule, rows = devices, columns = ring steps 1..world_size, each cell
+    the travelling block held (``trace.holds`` or ``trace.q_holds``, block numbers
+    0-based), hatched where nothing was folded (``trace.folded``); the current step is
+    outlined.
 
     ``trace``: RingTrace (``ring_attention(..., return_trace=True)``); ``step``: int in
-    ``0..world_size-1``, default the last. Returns the Figure.
+    ``1..world_size``, default the last. Returns the Figure; raises TypeError for
+    another trace and ValueError for a step outside ``1..world_size``.
     """
     if not isinstance(trace, RingTrace):
         raise TypeError(f"trace must be a lessons.schedules.ring.RingTrace, got {type(trace).__name__}")
     ws = trace.world_size
-    step = ws - 1 if step is None else step
-    if isinstance(step, bool) or not isinstance(step, numbers.Integral) or not 0 <= step < ws:
-        raise ValueError(f"step must be an int in 0..{ws - 1} (ring steps), got {step!r}")
+    step = ws if step is None else step
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral) or not 1 <= step <= ws:
+        raise ValueError(f"step must be an int in 1..{ws} (ring steps count from 1), got {step!r}")
+    t_now = int(step) - 1                                       # array index of this ring step
+    q_schedule = getattr(trace, "schedule", "kv") == "q"
+    q_holds = trace.q_holds if trace.q_holds is not None else np.tile(np.arange(ws), (ws, 1))
+    travelling = q_holds if q_schedule else trace.holds
     fig = new_figure(figsize, dpi)
     ax_r = fig.add_axes([0.01, 0.04, 0.36, 0.82])
     ax_s = fig.add_axes([0.45, 0.16, 0.53, 0.66])
@@ -157,12 +165,12 @@ def ring_figure(trace: RingTrace, step=None, *, figsize=(10.0, 4.2), dpi=80) -> 
     pos = np.stack([np.cos(angles), np.sin(angles)], 1)
     radius = min(0.32, 1.6 / max(ws, 1))
     for r in range(ws):
-        b = int(trace.holds[step, r])
-        busy = bool(trace.folded[step, r])
+        b = int(travelling[t_now, r])
+        busy = bool(trace.folded[t_now, r])
         ax_r.add_patch(Circle(pos[r], radius, facecolor=_colour(b) if busy else "#ffffff", edgecolor=_colour(b),
                               linewidth=2.0, hatch=None if busy else "///", zorder=2))
-        ax_r.text(*pos[r], f"Q{r}\nKV{b}", ha="center", va="center", fontsize=8 if ws <= 8 else 6,
-                  color="white" if busy else "#333333", fontweight="bold", zorder=3)
+        ax_r.text(*pos[r], f"Q{int(q_holds[t_now, r])}\nKV{int(trace.holds[t_now, r])}", ha="center", va="center",
+                  fontsize=8 if ws <= 8 else 6, color="white" if busy else "#333333", fontweight="bold", zorder=3)
         nxt = pos[(r + 1) % ws]
         if ws > 1:
             d = nxt - pos[r]
@@ -172,30 +180,32 @@ def ring_figure(trace: RingTrace, step=None, *, figsize=(10.0, 4.2), dpi=80) -> 
                                            zorder=1))
     ax_r.set_xlim(-1.45, 1.45)
     ax_r.set_ylim(-1.45, 1.45)
-    ax_r.set_title(f"ring step {step + 1} of {ws}: device r folds the KV block it holds,\nthen sends it to r + 1",
-                   fontsize=9)
+    what = ("device r folds its KV block\ninto the query block it holds, then sends\nthat block and its (m, l, o) "
+            "to r + 1" if q_schedule else "device r folds the KV block it holds,\nthen sends it to r + 1")
+    ax_r.set_title(f"ring step {step} of {ws}: {what}", fontsize=9)
     # the schedule
     for t in range(ws):
         for r in range(ws):
-            b = int(trace.holds[t, r])
+            b = int(travelling[t, r])
             busy = bool(trace.folded[t, r])
             ax_s.add_patch(Rectangle((t, r), 1, 1, facecolor=_colour(b) if busy else "#ffffff",
                                      edgecolor="white" if busy else _colour(b), hatch=None if busy else "///",
-                                     linewidth=1.0, alpha=1.0 if t <= step else 0.35))
+                                     linewidth=1.0, alpha=1.0 if t <= t_now else 0.35))
             if ws <= 16:
                 ax_s.text(t + 0.5, r + 0.5, str(b), ha="center", va="center", fontsize=8,
-                          color=("white" if busy else "#333333") if t <= step else "#999999")
-    ax_s.add_patch(Rectangle((step, 0), 1, ws, fill=False, edgecolor="#222222", linewidth=2.2))
+                          color=("white" if busy else "#333333") if t <= t_now else "#999999")
+    ax_s.add_patch(Rectangle((t_now, 0), 1, ws, fill=False, edgecolor="#222222", linewidth=2.2))
     ax_s.set_xlim(0, ws)
     ax_s.set_ylim(ws, 0)
     ticks = np.arange(ws) + 0.5
     ax_s.set_xticks(ticks, [str(t + 1) for t in range(ws)], fontsize=8)
     ax_s.set_yticks(ticks, [str(r) for r in range(ws)], fontsize=8)
-    ax_s.set_xlabel("ring step", fontsize=9)
-    ax_s.set_ylabel("device (owns query block r)", fontsize=9)
+    ax_s.set_xlabel("ring step (from 1)", fontsize=9)
+    ax_s.set_ylabel("device r (0-based)", fontsize=9)
     folded = int(trace.folded.sum())
-    ax_s.set_title(f"KV block held by each device; {folded} of {ws * ws} (step, device) pairs fold a block",
-                   fontsize=9)
+    held = "query block (with its state)" if q_schedule else "KV block"
+    ax_s.set_title(f"{held} held by each device (block numbers 0-based);\n"
+                   f"{folded} of {ws * ws} (step, device) pairs fold a block", fontsize=9)
     ax_s.legend(handles=[Patch(facecolor="#ffffff", edgecolor="#666666", hatch="///",
                                label="nothing to fold (above the causal diagonal, or empty)")],
                 loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False, fontsize=8)

@@ -32,6 +32,7 @@ import numpy as np
 from lessons.views.flash import TILE_COLOURS, StepFigure
 from lessons.schedules.flash import flash_attention
 from lessons.core.reference import attention
+from lessons.core.checks import check_int
 
 __all__ = ["TileStepper", "format_value", "DATA_CHOICES", "DEFAULT_ROWS"]
 
@@ -74,11 +75,7 @@ def _flash_schedule(q, k, v, tile, **options):
 
 
 def _count(value, name, low=0):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < low:
-        raise ValueError(f"{name} must be at least {low}, got {value}")
-    return int(value)
+    return check_int(value, name, min=low)
 
 
 class TileStepper:

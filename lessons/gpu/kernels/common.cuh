@@ -12,8 +12,11 @@
 //     finalize:       out = o / l  (0 when l == 0);   lse = m + log(l)  (-inf when l == 0)
 //                     (the test is l != 0, so NaN from NaN input stays NaN: bad data is never
 //                     reported as an empty row, as in the NumPy core, lessons/state.py)
-//                     NaN or inf in v at a key a row cannot see still reaches that row when its
-//                     tile is loaded (p = 0, and 0 * NaN = NaN), as in the NumPy reference's P V.
+//                     A row's output never depends on a key it cannot see: keys past the end
+//                     (n_k, seq_len) load as zeros, and a key with p = 0 (every key hidden by
+//                     the causal mask in the diagonal tile) adds nothing, never 0 * v
+//                     (0 * NaN = NaN). NaN or inf in a key a row sees, or in a value it gives
+//                     p > 0, still reaches that row, as in the NumPy reference's P V.
 //                     fmaxf skips NaN, so a traced m stays finite (or -inf) where NumPy's m is NaN.
 //
 // (Milakov & Gimelshein 2018; Dao et al. 2022, Alg. 1; Dao 2023, FA-2 Alg. 1.)

@@ -7,7 +7,8 @@
 //   * one block runs at a time; each of its threads is a POSIX thread;
 //   * __shared__ becomes `static`: one copy, shared by the threads of the running block;
 //   * __syncthreads() is a barrier over the block, __syncwarp() over the 32 lanes of a warp;
-//   * __shfl_xor_sync exchanges values through a per-thread slot between two warp barriers;
+//   * __shfl_xor_sync and __shfl_sync exchange values through a per-thread slot between two
+//     warp barriers; __syncthreads_or does the same with block barriers;
 //   * mma.sync (the tensor-core product) is rebuilt from the warp's registers by its documented
 //     fragment layout, between two warp barriers (emu::mma_m16n8k16);
 //   * a barrier that some thread never reaches (a divergent __syncthreads, a bug on a GPU
@@ -104,6 +105,7 @@ struct Barrier {
 inline Barrier block_barrier;
 inline Barrier warp_barrier[32];
 inline float shuffle_slot[1024];
+inline int vote_slot[1024];
 
 template <class Fn>
 struct Job {
@@ -144,6 +146,30 @@ void* run_job(void* p) {
 
 inline void __syncthreads() { emu::block_barrier.wait(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { emu::warp_barrier[threadIdx.x / 32].wait(); }
+
+// __syncthreads_or: a barrier that also returns, to every thread, whether any thread's
+// predicate was non-zero (each publishes it, then all read all of them between two barriers).
+inline int __syncthreads_or(int predicate) {
+    emu::vote_slot[threadIdx.x] = predicate != 0;
+    __syncthreads();                                       // every thread has published its vote
+    int any = 0;
+    for (unsigned i = 0; i < blockDim.x; ++i) any |= emu::vote_slot[i];
+    __syncthreads();                                       // every thread has read before the next vote
+    return any;
+}
+
+// __shfl_sync with width 32: lane src_lane's x (a float or a 32-bit int), for every lane of the warp.
+template <class T>
+inline T __shfl_sync(unsigned, T x, int src_lane) {
+    static_assert(sizeof(T) == 4, "32-bit values only");
+    const unsigned t = threadIdx.x;
+    memcpy(&emu::shuffle_slot[t], &x, 4);                  // (the bits, whatever the type)
+    __syncwarp();                                          // every lane has published its value
+    T other;
+    memcpy(&other, &emu::shuffle_slot[(t & ~31u) | ((unsigned)src_lane & 31u)], 4);
+    __syncwarp();                                          // every lane has read before the next exchange
+    return other;
+}
 
 inline float __shfl_xor_sync(unsigned, float x, int lane_mask) {
     const unsigned t = threadIdx.x;

@@ -163,11 +163,16 @@ flash_attention_forward(const scalar_t* __restrict__ q, const scalar_t* __restri
                                                    // all in this warp) is visible to those lanes
 
         // 4. o = alpha * o + P V_j for the columns c = lane + i * THREADS_PER_ROW this thread
-        //    owns: rescale once, then add one key at a time (each p_j read once, broadcast)
+        //    owns: rescale once, then add one key at a time (each p_j read once, broadcast).
+        //    A key with p = 0 is skipped, not multiplied: a key above the causal diagonal has
+        //    p = 0 exactly, and in the diagonal tile its v may hold NaN or inf (a position not
+        //    yet written); 0 * NaN = NaN would reach a row that cannot see it. (Keys past n_k
+        //    are zeros in v_s.) NaN or inf in v with p > 0 still reaches the row, as in P V.
 #pragma unroll
         for (int i = 0; i < COLS_PER_THREAD; ++i) o[i] *= alpha;
         for (int j = 0; j < BLOCK_K; ++j) {        // runtime loop; the i loop inside unrolls
             const float p = p_s[r][j];
+            if (p == 0.f) continue;                // adds exactly nothing, whatever v holds
 #pragma unroll
             for (int i = 0; i < COLS_PER_THREAD; ++i) {
                 const int c = lane + i * THREADS_PER_ROW;

@@ -38,6 +38,18 @@
 // 16 bytes, keep 16-byte alignment and put the 8 rows g = 0..7 that a K fragment reads
 // on different banks). Keys past n_k are zeros, never read from global memory.
 //
+// What a row cannot see never reaches it. In the diagonal tile a key hidden from row r
+// (j > r + n_k - n_q) has p = 0 exactly, and its score is replaced by -inf whatever K
+// holds. But the tensor core cannot skip a product: o += P V multiplies that p = 0 by
+// the key's v, and if v holds NaN or inf (a cache position not yet written),
+// 0 * NaN = NaN reaches row r. So:
+//   * the load writes non-finite V values into v_s as 0, and __syncthreads_or tells the
+//     whole block whether the tile had any (a finite v times p = 0 adds exactly 0);
+//   * only then (never, for clean data) step 6 adds the missing terms p * v by hand where
+//     p > 0: for v = inf or NaN that term is v itself (inf, or NaN). A key with p = 0
+//     (every hidden key) adds nothing. So NaN or inf in V reaches exactly the rows and
+//     columns it reaches in the reference's P V, and nothing else.
+//
 // Not done here, to keep the lesson short (each is a next step on the way to FA-2's
 // speed): cp.async double buffering of K/V, ldmatrix fragment loads, exp2 with log2(e)
 // folded into the scale, and Hopper's wgmma/TMA (FlashAttention-3).
@@ -72,6 +84,28 @@ static_assert(BLOCK_K % 16 == 0 && BLOCK_K >= 16 && BLOCK_K <= 128, "BLOCK_K mus
 // Two 16-bit values in one 32-bit register, the lower-indexed element in the low half.
 __device__ __forceinline__ unsigned pack2(scalar_t lo, scalar_t hi) {
     return (unsigned)lo | ((unsigned)hi << 16);
+}
+
+// Is a 16-bit float inf or NaN? (all exponent bits set: 5 of float16, 8 of bfloat16)
+#if FA_DTYPE == 1
+#define EXPONENT_BITS 0x7c00u
+#else
+#define EXPONENT_BITS 0x7f80u
+#endif
+__device__ __forceinline__ bool non_finite(scalar_t x) { return (x & EXPONENT_BITS) == EXPONENT_BITS; }
+
+// Copy 8 16-bit values (one 16-byte word) with every inf or NaN replaced by 0; *bad is set
+// when there was one.
+__device__ __forceinline__ uint4 finite_part(uint4 w, bool* bad) {
+    unsigned* u = reinterpret_cast<unsigned*>(&w);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const scalar_t lo = (scalar_t)(u[i] & 0xffffu), hi = (scalar_t)(u[i] >> 16);
+        const bool bad_lo = non_finite(lo), bad_hi = non_finite(hi);
+        *bad = *bad || bad_lo || bad_hi;
+        u[i] = pack2(bad_lo ? (scalar_t)0 : lo, bad_hi ? (scalar_t)0 : hi);
+    }
+    return w;
 }
 
 // c += a * b for one 16x16 (a) times 16x8 (b) tile: one tensor-core instruction per warp.
@@ -162,19 +196,23 @@ flash_attention_mma(const scalar_t* __restrict__ q, const scalar_t* __restrict__
     for (int tile = 0; tile < n_tiles; ++tile) {
         const int k_start = tile * BLOCK_K;
 
-        // 1. K_j, V_j into shared memory, 8 values (16 bytes) per load; zeros past n_k
+        // 1. K_j, V_j into shared memory, 8 values (16 bytes) per load; zeros past n_k,
+        //    and zeros for inf/NaN in V (added back in step 6 where a row sees them)
+        bool v_had_non_finite = false;
         for (int idx = tid; idx < BLOCK_K * (HEAD_DIM / 8); idx += NUM_THREADS) {
             const int j = idx / (HEAD_DIM / 8), c = (idx % (HEAD_DIM / 8)) * 8;
             const int key = k_start + j;
             uint4 kw = make_uint4(0u, 0u, 0u, 0u), vw = kw;
             if (key < n_k) {
                 kw = *reinterpret_cast<const uint4*>(k_bh + (long long)key * HEAD_DIM + c);
-                vw = *reinterpret_cast<const uint4*>(v_bh + (long long)key * HEAD_DIM + c);
+                vw = finite_part(*reinterpret_cast<const uint4*>(v_bh + (long long)key * HEAD_DIM + c),
+                                 &v_had_non_finite);
             }
             *reinterpret_cast<uint4*>(k_s + j * K_PITCH + c) = kw;
             *reinterpret_cast<uint4*>(v_s + j * K_PITCH + c) = vw;
         }
-        __syncthreads();
+        // the barrier, which also tells every thread whether any thread met inf/NaN in V
+        const bool tile_has_non_finite_v = __syncthreads_or(v_had_non_finite) != 0;
 
         // 2. S = Q K_j^T on tensor cores. B = K^T, so b0,b1 = K[key 8n + g][2t, 2t+1]:
         //    two neighbouring values of one row of k_s, one 32-bit load.
@@ -235,6 +273,16 @@ flash_attention_mma(const scalar_t* __restrict__ q, const scalar_t* __restrict__
 #pragma unroll
             for (int i = 0; i < 4; ++i) o[n][i] *= alpha[i / 2];
 
+        // (for step 6, only when V held inf or NaN: which of this lane's p round to 0 in the
+        //  mma; bit 2n + e of p_zero_bits[h] is key 8n + 2t + e of row rows[h])
+        unsigned p_zero_bits[2] = {0u, 0u};
+        if (tile_has_non_finite_v)
+#pragma unroll
+            for (int n = 0; n < S_TILES; ++n)
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    if (from_float(s[n][i]) == 0) p_zero_bits[i / 2] |= 1u << (2 * n + i % 2);
+
         // 5. o += P V_j on tensor cores. P's A fragment for keys 16ks .. 16ks+15 is the C
         //    fragments of score tiles 2ks and 2ks+1, rounded to 16 bits. B = V, so
         //    b0,b1 = V[key 16ks + 2t, 2t+1][column 8n + g]: two rows of v_s, one value each.
@@ -252,6 +300,37 @@ flash_attention_mma(const scalar_t* __restrict__ q, const scalar_t* __restrict__
                 const unsigned b[2] = {pack2(v_n[0], v_n[K_PITCH]),
                                        pack2(v_n[8 * K_PITCH], v_n[9 * K_PITCH])};
                 mma_16x8x16(o[n], p_frag, b);
+            }
+        }
+
+        // 6. (only for a tile whose V held inf or NaN; the same for the whole block) the terms
+        //    p * v that step 5 left out: for v = inf or NaN and p > 0 (as rounded for the mma)
+        //    p * v is v itself; p = 0 (every key the row cannot see) adds nothing. Key j's p of
+        //    rows g, g + 8 is in lane 4g + (j % 8) / 2 of the quad, which passes its p_zero bits
+        //    by a shuffle.
+        if (tile_has_non_finite_v) {
+            const int n_keys = min(BLOCK_K, n_k - k_start);          // the same for the whole block
+#pragma unroll 1
+            for (int j = 0; j < n_keys; ++j) {
+                const int key = k_start + j;
+                bool adds[2];                                        // p > 0 for row rows[h]
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const unsigned bits = __shfl_sync(0xffffffffu, p_zero_bits[h], 4 * g + (j % 8) / 2);
+                    adds[h] = !((bits >> (2 * (j / 8) + j % 2)) & 1u);
+                }
+                if (!adds[0] && !adds[1]) continue;                  // (no shuffle follows)
+                const scalar_t* v_row = v_bh + (long long)key * HEAD_DIM + 2 * t;
+#pragma unroll
+                for (int n = 0; n < O_TILES; ++n)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const scalar_t x = v_row[n * 8 + e];
+                        if (!non_finite(x)) continue;                // already in o via v_s
+#pragma unroll
+                        for (int h = 0; h < 2; ++h)
+                            if (adds[h]) o[n][2 * h + e] += to_float(x);
+                    }
             }
         }
 

@@ -171,13 +171,16 @@ __device__ __forceinline__ void decode_tiles(
             const int idx = tid + k * NUM_THREADS;
             if (idx < HEADS_PER_BLOCK * HEAD_DIM) o[k] *= sh.alpha[idx / HEAD_DIM];
         }
+        //    (a token with p = 0 adds exactly nothing: skipped, never 0 * v, so NaN or inf in
+        //    its v cannot reach the row; slots past seq_len are zeros in v anyway)
         for (int t = 0; t < BLOCK_SIZE; ++t) {     // runtime loop; the k loop inside unrolls
 #pragma unroll
             for (int k = 0; k < OUT_PER_THREAD; ++k) {
                 const int idx = tid + k * NUM_THREADS;
                 if (idx < HEADS_PER_BLOCK * HEAD_DIM) {
                     const int i = idx / HEAD_DIM, c = idx % HEAD_DIM;
-                    o[k] += sh.s[i][t] * sh.v[t][c];
+                    const float p = sh.s[i][t];
+                    if (p != 0.f) o[k] += p * sh.v[t][c];
                 }
             }
         }
