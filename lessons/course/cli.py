@@ -197,7 +197,7 @@ def _run_trace(args, parser) -> int:
                   caption="exact = lessons.attention in float64. alpha = 0 on the first tile: nothing to "
                           "rescale yet; alpha < 1 later (marked *): the max rose, so l and o were rescaled."
                           + (" visible 0: the tile was absorbed for later rows of the query block "
-                             "(try --block-q 1)." if args.causal else ""),
+                             "(try --block-q 1)." if args.causal and any(r["visible"] == 0 for r in rows) else ""),
                   caption_justify="left")
     for col in table.columns[2:]:                 # numbers right-aligned
         col.justify = "right"
