@@ -172,6 +172,7 @@ def test_default_row_with_causal_is_the_last(capsys):
     (["--head", "-1"], "--head"),
     (["--tile", "0"], "--tile"),
     (["--tile", "two"], "--tile"),
+    (["--data", "late-max", "--tile", "100000"], "--tile"),     # N = 200000: S would need 320 GB
     (["--data", "random", "--layer", "1"], "--layer"),
 ])
 def test_bad_option_exits_2_naming_it(capsys, argv, option):
