@@ -2,33 +2,47 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed
+# `make lab` installs what the notebooks need (NVRTC included, so the GPU sections compile their
+# kernels without a GPU); `make test` adds the test tools (pytest, nbval, Playwright, MPI).
+LAB_EXTRAS  ?= gpu
+TEST_EXTRAS ?= test,distributed
+LAB_STAMP   := $(VENV)/.installed-lab
+TEST_STAMP  := $(VENV)/.installed-test
+# Extra JupyterLab arguments: make lab LAB_ARGS="--no-browser --port 8890"
+LAB_ARGS ?=
+# Test workers (pytest-xdist); extra pytest arguments: make test PYTEST_ARGS="-m 'not browser'"
+JOBS        ?= auto
+PYTEST_ARGS ?=
 
 .PHONY: lab test bench html grade reset-exercise clean-venv
 
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+$(LAB_STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test]"
-	touch $(STAMP)
+	$(PY) -m pip install --quiet -e ".[$(LAB_EXTRAS)]"
+	touch $@
 
-lab: $(STAMP)  ## start JupyterLab on the notebooks
-	$(VENV)/bin/jupyter lab notebooks/
+$(TEST_STAMP): $(LAB_STAMP)
+	$(PY) -m pip install --quiet -e ".[$(TEST_EXTRAS)]"
+	touch $@
 
-test: $(STAMP)  ## every test, notebooks included
-	$(PY) -m pytest
+lab: $(LAB_STAMP)  ## JupyterLab on your copies of the notebooks (my_notebooks/, made once, never overwritten)
+	$(PY) scripts/lab.py $(LAB_ARGS)
 
-bench: $(STAMP)  ## CPU benchmarks (tables and plots under benchmarks/results/)
+test: $(TEST_STAMP)  ## every test, notebooks included, on all cores
+	$(PY) -m pytest -n $(JOBS) $(PYTEST_ARGS)
+
+bench: $(TEST_STAMP)  ## CPU benchmarks (tables and plots under benchmarks/results/)
 	$(PY) benchmarks/memory_time.py
 
-html: $(STAMP)  ## static, executed HTML of the series under _build/html/
+html: $(TEST_STAMP)  ## static, executed HTML of the series under _build/html/
 	$(PY) scripts/build_html.py --out _build/html
 
 ANSWERS ?= exercises
-grade: $(STAMP)  ## grade your answers in exercises/: the score card (ANSWERS=solutions: the reference; DETAILS=1: what each failing check asserted)
+grade: $(LAB_STAMP)  ## grade your answers in exercises/: the score card (ANSWERS=solutions: the reference; DETAILS=1: what each failing check asserted)
 	PYTHONDONTWRITEBYTECODE=1 $(PY) -m lessons.course.grade run --answers $(ANSWERS) $(if $(DETAILS),--details)
 
-reset-exercise: $(STAMP)  ## restore one stub, your file kept as NAME.py.bak-...: make reset-exercise NAME=absorb
+reset-exercise: $(LAB_STAMP)  ## restore one stub, your file kept as NAME.py.bak-...: make reset-exercise NAME=absorb
 	@test -n "$(NAME)" || { echo "usage: make reset-exercise NAME=<exercise>  (python -m lessons.course.grade list)"; exit 2; }
 	$(PY) -m lessons.course.grade reset $(NAME)
 

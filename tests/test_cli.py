@@ -146,6 +146,7 @@ def test_causal_row_skips_future_tiles(capsys):
     rows = parse_table(out)
     assert [r[2] for r in rows] == ["8", "8", "5"]          # keys 0..20 visible: 8 + 8 + 5
     check_table(rows, prefix_states(q, k, v, 20, 8, causal=True, block_q=1), causal=True)
+    assert "visible 0" not in " ".join(out.split())       # no tile the row cannot see: no note about them
 
 
 def test_causal_block_absorbs_tiles_the_row_cannot_see(capsys):
@@ -153,6 +154,7 @@ def test_causal_block_absorbs_tiles_the_row_cannot_see(capsys):
     q, k, v = make_case("random")
     rows = parse_table(out)
     assert len(rows) == 8                                   # block rows 0..63 reach keys 0..63
+    assert "visible 0: the tile was absorbed" in " ".join(out.split())
     check_table(rows, prefix_states(q, k, v, 20, 8, causal=True), causal=True)
 
 
@@ -170,6 +172,7 @@ def test_default_row_with_causal_is_the_last(capsys):
     (["--head", "-1"], "--head"),
     (["--tile", "0"], "--tile"),
     (["--tile", "two"], "--tile"),
+    (["--data", "late-max", "--tile", "100000"], "--tile"),     # N = 200000: S would need 320 GB
     (["--data", "random", "--layer", "1"], "--layer"),
 ])
 def test_bad_option_exits_2_naming_it(capsys, argv, option):

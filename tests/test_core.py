@@ -380,3 +380,11 @@ def test_trace_row_index_must_be_int():
     with pytest.raises(TypeError, match="row index i must be an int"):
         tr.row(2.0)
     assert tr.row(np.int64(1)).row == 1
+
+
+def test_a_rank_error_for_any_rank_reads_at_least_n_d():
+    import lessons
+    with pytest.raises(ValueError, match=r"o_a must be at least 1-D, got shape \(\)$"):
+        lessons.merge_states(np.float64(1.0), np.float64(0.0), np.float64(1.0), np.float64(0.0))
+    with pytest.raises(ValueError, match=r"o must be at least 2-D, got shape \(2,\)$"):
+        lessons.reduce_states(np.array([1.0, 2.0]), np.array([0.0, 0.0]))

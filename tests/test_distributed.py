@@ -129,6 +129,7 @@ def test_a_hanging_rank_is_killed_at_the_time_limit(mpi, tmp_path):
     (["--n", "20", "--d", "0"], "--d must be at least 1"),
     (["--n", "20", "--schedule", "ring"], "invalid choice: 'ring'"),
     (["--n", "20", "--split", "striped"], "invalid choice: 'striped'"),
+    (["--n", "20", "--seed", "-1"], "--seed must be at least 0"),
 ])
 def test_bad_arguments_stop_every_rank(mpi, tmp_path, args, words):
     # each rank runs under a shell that prints the rank's own exit status
@@ -138,6 +139,19 @@ def test_bad_arguments_stop_every_rank(mpi, tmp_path, args, words):
     assert output.count(words) == 1, output                   # said once, by rank 0
     assert output.count("rank-exit-status 2") == 3, output    # and every rank exits 2
     assert not (tmp_path / "r").exists()
+
+
+def test_world_size_is_checked_before_starting(tmp_path):
+    with pytest.raises(TypeError, match="world_size must be an int"):
+        run_ring(2.0, tmp_path / "run", n=10, d=4)
+    with pytest.raises(ValueError, match="world_size must be at least 1"):
+        run_ring(0, tmp_path / "run", n=10, d=4)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_numpy_int_world_size_runs(mpi, tmp_path):
+    run = run_ring(np.int64(2), tmp_path / "run", n=10, d=4, timeout=LIMIT)
+    assert run.world_size == 2
 
 
 def test_results_are_never_written_over(mpi, tmp_path):

@@ -19,6 +19,9 @@ _spec = importlib.util.spec_from_file_location("build_html", ROOT / "scripts" / 
 build_html = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(build_html)
 
+# The build executes every notebook and fails on any error: nbval need not run them again (conftest.py).
+pytestmark = pytest.mark.notebook(*NOTEBOOKS)
+
 _DATA_PNG = re.compile(r'<img\b[^>]*\bsrc="data:image/png;base64,([^"]+)"')
 
 

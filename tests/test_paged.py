@@ -293,3 +293,13 @@ def test_property_any_layout_equals_textbook(block_size, seq_len, extra, garbage
     ref, ref_lse = attention(q, k, v, return_lse=True)
     np.testing.assert_allclose(out, ref, rtol=0, atol=ATOL)
     assert lse == pytest.approx(ref_lse, abs=ATOL) if seq_len else lse == -np.inf
+
+
+def test_float_seq_lens_are_called_token_counts_not_page_indices():
+    from lessons import paged_decode
+    q = np.zeros((1, 2, 3))
+    kc, vc = np.zeros((4, 2, 2, 3)), np.zeros((4, 2, 2, 2))
+    with pytest.raises(TypeError, match=r"seq_lens must hold integers \(token counts\)"):
+        paged_decode(q, kc, vc, np.arange(3)[None], np.array([5.0]))
+    with pytest.raises(TypeError, match=r"block_tables must hold integers \(page indices\)"):
+        paged_decode(q, kc, vc, np.arange(3.0)[None], np.array([5]))

@@ -25,7 +25,10 @@ def as_float_array(x, name: str, ndims: tuple[int, ...]) -> np.ndarray:
             f"convert with {name}.astype(np.float64)"
         )
     if arr.ndim not in ndims:
-        want = " or ".join(f"{n}-D" for n in ndims)
+        if len(ndims) > 3 and tuple(ndims) == tuple(range(min(ndims), max(ndims) + 1)):
+            want = f"at least {min(ndims)}-D"       # "1-D or 2-D or ... or 32-D" says nothing more
+        else:
+            want = " or ".join(f"{n}-D" for n in ndims)
         raise ValueError(f"{name} must be {want}, got shape {arr.shape}")
     return arr
 

@@ -34,6 +34,18 @@ def _positive_int(text: str) -> int:
     return value
 
 
+MAX_TILE = 2048    # late-max builds N = 2 * tile keys; the exact reference holds an N x N matrix
+
+
+def _tile(text: str) -> int:
+    value = _positive_int(text)
+    if value > MAX_TILE:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {MAX_TILE}, got {value} (the exact reference the table compares with "
+            f"materialises S, which grows as the square of N)")
+    return value
+
+
 def _non_negative_int(text: str) -> int:
     try:
         value = int(text)
@@ -85,7 +97,7 @@ def _add_trace(sub) -> None:
     p.add_argument("--head", type=int, default=None, help="attention head, 0-based (--data real only; default 0)")
     p.add_argument("--row", type=int, default=None,
                    help="query row to follow, 0..N-1 (default 0, or N-1 with --causal so it sees every key)")
-    p.add_argument("--tile", type=_positive_int, default=16, help="keys per tile, block_k (default 16)")
+    p.add_argument("--tile", type=_tile, default=16, help=f"keys per tile, block_k (1 to {MAX_TILE}; default 16)")
     p.add_argument("--block-q", type=_positive_int, default=64,
                    help="query rows per block, block_q (default 64); under --causal a block absorbs a tile "
                         "if any of its rows sees a key in it")
@@ -197,7 +209,7 @@ def _run_trace(args, parser) -> int:
                   caption="exact = lessons.attention in float64. alpha = 0 on the first tile: nothing to "
                           "rescale yet; alpha < 1 later (marked *): the max rose, so l and o were rescaled."
                           + (" visible 0: the tile was absorbed for later rows of the query block "
-                             "(try --block-q 1)." if args.causal else ""),
+                             "(try --block-q 1)." if args.causal and any(r["visible"] == 0 for r in rows) else ""),
                   caption_justify="left")
     for col in table.columns[2:]:                 # numbers right-aligned
         col.justify = "right"

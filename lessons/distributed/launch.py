@@ -135,8 +135,11 @@ def run_ring(world_size: int, out_dir, *, n: int = 4096, d: int = 64, causal: bo
     missing, ValueError for a bad ``world_size``/``schedule``/``split`` before starting,
     and RingRunError when the job exits non-zero (its output attached).
     """
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ValueError(f"world_size must be an int >= 1, got {world_size!r}")
+    if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)):
+        raise TypeError(f"world_size must be an int, got {type(world_size).__name__} {world_size!r}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be at least 1, got {world_size}")
+    world_size = int(world_size)
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     if split not in SPLITS:

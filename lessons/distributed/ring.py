@@ -102,7 +102,7 @@ def build_parser(rank: int = 0) -> argparse.ArgumentParser:
     p.add_argument("--schedule", choices=SCHEDULES, default="kv",
                    help="kv: KV blocks travel (Liu et al.); q: the query block and its state (m, l, o) travel")
     p.add_argument("--split", choices=SPLITS, default="contiguous",
-                   help="contiguous blocks, or zigzag (rank r owns chunks r and 2W-1-r: even causal work)")
+                   help="contiguous blocks, or zigzag (rank r owns chunks r and 2W-1-r: even causal work when N is a multiple of 2W)")
     p.add_argument("--block-k", type=int, default=512, help="keys per absorbed tile inside a block, default 512")
     p.add_argument("--seed", type=int, default=0, help="seed of the inputs (make_inputs), default 0")
     p.add_argument("--out", type=Path, default=None,
@@ -121,8 +121,11 @@ def _check_args(args, world_size: int) -> str | None:
         return f"--d must be at least 1, got {args.d}"
     if args.block_k < 1:
         return f"--block-k must be at least 1, got {args.block_k}"
+    if args.seed < 0:
+        return f"--seed must be at least 0, got {args.seed}"
     if world_size > args.n:
-        return f"{world_size} ranks for --n {args.n}: the ring needs at least one query per rank (W <= N)"
+        return (f"{world_size} ranks for --n {args.n}: the ring needs W <= N (rows are cut in chunks of "
+                f"ceil(N/W), so with W close to N the last ranks may still own none)")
     if args.out is not None and args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
         return f"--out {args.out} exists and is not an empty folder; results are never written over old ones"
     if args.fault is not None:

@@ -70,7 +70,8 @@ def _check_index_array(x, name: str, ndim: int) -> np.ndarray:
         if arr.size == 0 and arr.dtype == np.float64:   # an empty list [] comes in as float64
             arr = arr.astype(np.int64)
         else:
-            raise TypeError(f"{name} must hold integers (page indices), got dtype {arr.dtype}")
+            what = "token counts" if name.startswith("seq_len") else "page indices"
+            raise TypeError(f"{name} must hold integers ({what}), got dtype {arr.dtype}")
     if arr.ndim != ndim:
         raise ValueError(f"{name} must be {ndim}-D, got shape {arr.shape}")
     return arr

@@ -144,7 +144,9 @@ def ring_layout(n: int, world_size: int, split: str = "contiguous") -> list[list
     ranks may be short or empty when n is not a multiple of world_size).
     ``"zigzag"``: the sequence is cut into ``2 * world_size`` chunks
     (``split_ranges(n, 2 * world_size)``) and rank r owns chunks ``r`` and
-    ``2 * world_size - 1 - r``: an early and a late piece, so that causal work is even.
+    ``2 * world_size - 1 - r``: an early and a late piece, so that causal work is even
+    (exactly so when ``n`` is a multiple of ``2 * world_size``; the chunks are cut by
+    :func:`split_ranges`, so otherwise the last chunks are shorter or empty).
 
     Returns a list (one per rank) of lists of ``[start, stop)`` pairs, empty chunks
     dropped. Raises TypeError / ValueError naming ``n``, ``world_size`` or ``split``.

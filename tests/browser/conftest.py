@@ -86,15 +86,33 @@ def timings():
     return record
 
 
+def _worker_id(config) -> str | None:
+    """The pytest-xdist worker's id ('gw0', ...), or None in the controlling (or only) process."""
+    return getattr(config, "workerinput", {}).get("workerid")
+
+
+def pytest_sessionfinish(session):
+    """Each xdist worker leaves its timings for the controller's summary."""
+    worker = _worker_id(session.config)
+    if worker is not None and _TIMINGS:
+        jlab.ARTIFACTS.mkdir(exist_ok=True)
+        (jlab.ARTIFACTS / f"browser_timings-{worker}.json").write_text(json.dumps(_TIMINGS, indent=2) + "\n")
+
+
 def pytest_terminal_summary(terminalreporter):
-    if not _TIMINGS:
+    timings = dict(_TIMINGS)
+    for path in sorted(jlab.ARTIFACTS.glob("browser_timings-gw*.json")):
+        worker = path.stem.removeprefix("browser_timings-")
+        timings.update({f"[{worker}] {name}": s for name, s in json.loads(path.read_text()).items()})
+        path.unlink()                               # read once, into browser_timings.json
+    if not timings:
         return
-    lines = [f"{name:60s} {seconds:7.1f} s" for name, seconds in _TIMINGS.items()]
+    lines = [f"{name:65s} {seconds:7.1f} s" for name, seconds in timings.items()]
     terminalreporter.write_sep("-", "browser timings")
     for line in lines:
         terminalreporter.write_line(line)
     jlab.ARTIFACTS.mkdir(exist_ok=True)
-    (jlab.ARTIFACTS / "browser_timings.json").write_text(json.dumps(_TIMINGS, indent=2) + "\n")
+    (jlab.ARTIFACTS / "browser_timings.json").write_text(json.dumps(timings, indent=2) + "\n")
 
 
 @pytest.fixture(autouse=True)

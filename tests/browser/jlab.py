@@ -35,6 +35,16 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 VIEWPORT = {"width": 1280, "height": 1000}
 
+def notebook_names() -> list[str]:
+    """The series' notebooks (file names), in order."""
+    return sorted(p.name for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
+
+
+#: The notebook whose tile stepper test_stepper_in_lab.py drives in depth.
+STEPPER_NOTEBOOK = next((n for n in notebook_names() if n.startswith("02_")), None)
+#: The notebook test_lab_as_learner.py runs in the lab `make lab` starts (the first one).
+LEARNER_NOTEBOOK = next(iter(notebook_names()), None)
+
 # Folders copied next to notebooks/ so relative paths in the lessons keep working.
 _COPIED = ("notebooks", "exercises", "solutions")
 
@@ -114,27 +124,36 @@ class LabServer:
         env.pop("JUPYTER_TOKEN", None)
         return env
 
-    def start(self, timeout: float = 60.0) -> "LabServer":
+    #: Where the notebooks sit under the served root (URLs and the contents API).
+    nb_prefix = "notebooks/"
+
+    def prepare(self, env: dict) -> None:
+        """Fill the served tree: a copy of notebooks/ (and what they read), throw-away lab settings."""
         for name in _COPIED:
             if (self.source / name).is_dir():
                 shutil.copytree(self.source / name, self.root / name,
                                 ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
-        env = self.env()
         for rel, values in _LAB_SETTINGS.items():
             path = Path(env["JUPYTERLAB_SETTINGS_DIR"]) / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(values))
+
+    def command(self) -> list[str]:
+        """The command line that starts the server on ``self.port``."""
+        return [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1",
+                f"--port={self.port}", "--ServerApp.port_retries=0",
+                f"--ServerApp.token={self.token}", f"--ServerApp.root_dir={self.root}",
+                "--allow-root"]
+
+    def start(self, timeout: float = 60.0) -> "LabServer":
+        env = self.env()
+        self.prepare(env)
         last_error = None
         for _ in range(3):                      # a port taken between probe and bind: try another
             self.port = _free_port()
             log = open(self.log_path, "ab")
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1",
-                 f"--port={self.port}", "--ServerApp.port_retries=0",
-                 f"--ServerApp.token={self.token}", f"--ServerApp.root_dir={self.root}",
-                 "--allow-root"],
-                cwd=self.root, env=env, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True)
+            self.proc = subprocess.Popen(self.command(), cwd=self.workdir, env=env, stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
             log.close()
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline and self.proc.poll() is None:
@@ -190,11 +209,11 @@ class LabServer:
 
     def notebook_url(self, name: str) -> str:
         """Open notebooks/NAME with a fresh workspace (no restored tabs)."""
-        return f"{self.url}/lab/tree/notebooks/{name}?reset&token={self.token}"
+        return f"{self.url}/lab/tree/{self.nb_prefix}{name}?reset&token={self.token}"
 
     def saved_notebook(self, name: str) -> dict:
         """The notebook as JupyterLab last saved it (nbformat JSON)."""
-        return self.api("GET", f"/api/contents/notebooks/{name}?content=1")["content"]
+        return self.api("GET", f"/api/contents/{self.nb_prefix}{name}?content=1")["content"]
 
     def shutdown_kernels(self) -> None:
         """DELETE every session, then every kernel left without one."""
@@ -242,11 +261,58 @@ class LabServer:
             pass
 
 
+def make_course_clone(dest: Path, source: Path = ROOT) -> Path:
+    """A git repository at DEST holding what `make lab` and the clean-notebook test need, all committed."""
+    dest = Path(dest)
+    for name in ("notebooks", "exercises"):
+        shutil.copytree(source / name, dest / name, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+    for rel in ("scripts/lab.py", "tests/test_notebooks_clean.py", ".gitignore", "Makefile", "pyproject.toml"):
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source / rel, dest / rel)
+    git(dest, "init", "-q")
+    git(dest, "add", "-A")
+    git(dest, "-c", "user.name=learner", "-c", "user.email=learner@example.org", "commit", "-q", "-m", "course")
+    return dest
+
+
+def git(repo: Path, *args: str) -> str:
+    """Run git in REPO; returns its stdout (raises CalledProcessError on failure)."""
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
+
+
+class MakeLabServer(LabServer):
+    """JupyterLab started the way a learner starts it: ``make lab`` in a git clone of the course.
+
+    ``self.repo`` is the clone (under the work dir); the lab serves its
+    ``my_notebooks/``, which ``make lab`` creates. The only things added to the
+    learner's command are ``LAB_ARGS`` (address, port, token, no browser) and
+    ``PY`` (this interpreter, instead of the clone's ``.venv``, whose install
+    step ``-o`` skips). No lab settings are written here: any setting the lab
+    shows (the news pop-up off) comes from ``make lab`` itself.
+    """
+
+    nb_prefix = ""
+
+    def __init__(self, workdir: Path, source: Path = ROOT):
+        super().__init__(workdir, source)
+        self.repo = self.workdir / "course"
+        self.root = self.repo / "my_notebooks"
+
+    def prepare(self, env: dict) -> None:
+        make_course_clone(self.repo, self.source)
+
+    def command(self) -> list[str]:
+        lab_args = (f"--no-browser --ip=127.0.0.1 --port={self.port} --ServerApp.port_retries=0 "
+                    f"--ServerApp.token={self.token}")
+        return ["make", "--no-print-directory", "-C", str(self.repo), "lab", "-o", ".venv/.installed-lab",
+                f"PY={sys.executable}", f"LAB_ARGS={lab_args}"]
+
+
 @contextmanager
-def lab_server(source: Path = ROOT):
-    """Yield a started :class:`LabServer` over a temporary copy of SOURCE's notebooks/; always stopped."""
+def lab_server(source: Path = ROOT, kind: type = LabServer):
+    """Yield a started KIND (:class:`LabServer`) over a temporary copy of SOURCE's notebooks/; always stopped."""
     with tempfile.TemporaryDirectory(prefix="flash-tiles-lab-") as tmp:
-        server = LabServer(Path(tmp), source)
+        server = kind(Path(tmp), source)
         try:
             yield server.start()
         finally:
@@ -741,3 +807,52 @@ def problems_at_the_end(page, server: LabServer, name: str, log_mark: int = 0) -
     save(page)
     problems += [f"{name}: the saved notebook holds an error: {e}" for e in saved_errors(server.saved_notebook(name))]
     return problems
+
+
+def shown_float(text: str) -> float:
+    """The number a readout ends with ('max |o/l − exact| = 2.77556e-16' -> 2.77556e-16)."""
+    return float(text.rsplit("=", 1)[1].strip().replace(",", ""))
+
+
+def run_all_and_check(page, server: LabServer, name: str, timings=None) -> None:
+    """Open NAME, Run All, check it as a learner would meet it; raise AssertionError naming every problem.
+
+    Every code cell ran, no cell or widget shows an error, every figure decoded,
+    the widgets rendered; each tile stepper is stepped with the keyboard (first,
+    next, last tile): the readout follows the slider, a new picture is drawn, the
+    last tile's error is at rounding level; then no widget callback raised, the
+    kernel logged no traceback and the notebook as saved holds no error output.
+    Screenshots go to artifacts/screenshots/. TIMINGS(name, seconds) records durations.
+    """
+    stem = name.removesuffix(".ipynb")
+    t0, log_mark = time.perf_counter(), server.log_mark()
+    open_notebook(page, server, name)
+    run_s = run_all(page)
+    problems = problems_after_run_all(page, name)
+    assert not problems, "\n---\n".join(problems)
+    screenshot_notebook(page, f"{stem}-run-all")
+
+    for i in range(stepper_cells(page).count()):
+        view = StepperView(page, stepper_cells(page).nth(i), f"s{i}", server=server)
+        n = view.slider_max()
+        view.handle.press("Home")
+        view.wait_for({"tile": f"1 of {n}"})
+        view.wait_idle()
+        picture = view.image_src()
+        if n > 1:
+            view.handle.press("ArrowRight")
+            view.wait_for({"tile": f"2 of {n}"})
+            assert view.slider_value() == 2
+            view.wait_new_picture(picture)
+        view.handle.press("End")
+        view.wait_for({"tile": f"{n} of {n}"})
+        view.wait_idle()
+        last_error = shown_float(view.readout_texts()["max_error"])
+        assert last_error < 1e-6, f"{name}: stepper {i} ends with max error {last_error}, not rounding level"
+        view.screenshot(f"{stem}-stepper{i}-last-tile")
+
+    problems = problems_at_the_end(page, server, name, log_mark)
+    assert not problems, "\n---\n".join(problems)
+    if timings is not None:
+        timings(f"{name}: Run All (kernel busy to idle)", run_s)
+        timings(f"{name}: open + Run All + checks + stepping + screenshots", time.perf_counter() - t0)

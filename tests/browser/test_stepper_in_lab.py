@@ -20,9 +20,9 @@ import pytest
 
 import jlab
 
-pytestmark = pytest.mark.browser
-
-NOTEBOOK = next(iter(sorted(p.name for p in jlab.NOTEBOOKS.glob("02_*.ipynb"))), None)
+NOTEBOOK = jlab.STEPPER_NOTEBOOK
+# One Run All (the module fixture) serves every test here (under xdist, --dist=loadfile keeps them in one worker).
+pytestmark = [pytest.mark.browser, pytest.mark.notebook(NOTEBOOK)]
 
 
 @pytest.fixture(scope="module")
