@@ -1,4 +1,4 @@
-"""Flash-decoding (notebook 06): split the keys over workers, merge their states.
+"""Flash-decoding (notebook 08): split the keys over workers, merge their states.
 
 At decode time there is one query, so there are no query rows to hand out to the
 GPU's thread blocks. Hand out the keys instead: each of ``num_splits`` workers runs
@@ -31,7 +31,7 @@ def merge(a, b):
     them all. ``merge(a, b) == merge(b, a)``, merging with an empty state changes
     nothing, and two empty states merge to an empty state, never NaN.
 
-    Notebook 06, section 1, derives the merge from the absorb step.
+    Notebook 08, section 1, derives the merge from the absorb step.
     """
     raise NotImplementedError
 

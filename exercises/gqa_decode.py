@@ -1,4 +1,4 @@
-"""GQA in a paged decode (notebook 07): query heads share KV heads.
+"""GQA in a paged decode (notebook 09): query heads share KV heads.
 
 Grouped-query attention keeps fewer KV heads than query heads: ``num_heads`` query
 heads are cut into ``num_kv_heads`` groups of ``num_heads // num_kv_heads`` consecutive
@@ -22,7 +22,7 @@ def kv_head(h, num_heads, num_kv_heads):
 
     Parameters: ``h`` int in ``[0, num_heads)``; ``num_heads``, ``num_kv_heads`` ints >= 1.
 
-    The grouping is the one of notebook 07, section 2 (as in Llama 2 and vLLM). Raise
+    The grouping is the one of notebook 09, section 2 (as in Llama 2 and vLLM). Raise
     ValueError if ``num_heads`` is not a multiple of ``num_kv_heads`` or ``h`` is out
     of range.
     """

@@ -1,4 +1,4 @@
-"""One step of ring attention (notebook 06): a device folds the KV block it holds.
+"""One step of ring attention (notebook 08): a device folds the KV block it holds.
 
 The sequence is cut into P blocks over P devices. Device p keeps its query block and
 that block's state ``(m, l, o)`` for the whole run, while the KV blocks travel around

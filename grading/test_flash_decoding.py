@@ -1,4 +1,4 @@
-"""Grading: flash-decoding, keys split over workers, (m, l, o) triples merged (notebook 06)."""
+"""Grading: flash-decoding, keys split over workers, (m, l, o) triples merged (notebook 08)."""
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st

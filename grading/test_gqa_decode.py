@@ -1,4 +1,4 @@
-"""Grading: GQA head mapping in a paged decode (notebook 07)."""
+"""Grading: GQA head mapping in a paged decode (notebook 09)."""
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st

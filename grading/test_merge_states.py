@@ -1,4 +1,4 @@
-"""Grading: merge_states in the normalised (o, lse) form, empty states included (notebook 06)."""
+"""Grading: merge_states in the normalised (o, lse) form, empty states included (notebook 08)."""
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st

@@ -1,4 +1,4 @@
-"""Grading: paged lookup through a block table, partial last block (notebook 05)."""
+"""Grading: paged lookup through a block table, partial last block (notebook 07)."""
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st

@@ -1,4 +1,4 @@
-"""Grading: peak memory of textbook vs flash attention (notebook 04).
+"""Grading: peak memory of textbook vs flash attention (notebook 05).
 
 ``measure`` is graded at N = 512, 1024, 2048 (the exercise's default sizes go up to
 8192, which takes a gigabyte and several seconds; the growth law shows at these sizes).

@@ -1,4 +1,4 @@
-"""Grading: one ring-attention step, driven around a simulated ring (notebook 06)."""
+"""Grading: one ring-attention step, driven around a simulated ring (notebook 08)."""
 import numpy as np
 import pytest
 from hypothesis import given, strategies as st

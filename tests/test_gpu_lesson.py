@@ -360,7 +360,7 @@ def test_flash_decoding_emulator_partials_and_merge(results):
 def test_gqa_emulator_equals_attention_head_by_head(results):
     r = results["07"]
     c = emulator_check(r)
-    rng = np.random.default_rng(0)                 # notebook 07's data, drawn in the notebook's order
+    rng = np.random.default_rng(0)                 # notebook 09's data, drawn in the notebook's order
     lengths, num_heads, num_kv_heads, d = [1, 15, 16, 37], 8, 2, 64
     keys = [rng.standard_normal((n, num_kv_heads, d)) for n in lengths]
     values = [rng.standard_normal((n, num_kv_heads, d)) for n in lengths]

@@ -8,7 +8,7 @@ from lessons.course.quiz import QUIZZES, Question, check_answer, quiz_widget
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ["01_online_softmax", "02_flash_attention_tile_by_tile", "03_query_blocks_and_causal",
-             "04_backward_pass", "04_io_awareness", "05_paged_attention", "06_flash_decoding_and_ring", "07_paged_gqa_decode"]
+             "04_backward_pass", "05_io_awareness", "06_kernel_ladder", "07_paged_attention", "08_flash_decoding_and_ring", "09_paged_gqa_decode"]
 ALL = [(key, i, q) for key in QUIZZES for i, q in enumerate(QUIZZES[key])]
 IDS = [f"{key[:2]}-{i}" for key, i, _ in ALL]
 
@@ -151,11 +151,11 @@ def test_html_build_adds_the_static_quiz_to_the_quiz_cell():
     spec.loader.exec_module(build_html)
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_code_cell("x = 1"),
-        nbformat.v4.new_code_cell('from lessons.course.quiz import quiz_widget\n\nquiz_widget("04_io_awareness")')])
+        nbformat.v4.new_code_cell('from lessons.course.quiz import quiz_widget\n\nquiz_widget("05_io_awareness")')])
     assert build_html.add_static_quizzes(nb) == 1
     assert nb.cells[0].get("outputs", []) == []
     (out,) = nb.cells[1].outputs
-    assert out["output_type"] == "display_data" and out["data"]["text/html"] == static_quiz_html("04_io_awareness")
+    assert out["output_type"] == "display_data" and out["data"]["text/html"] == static_quiz_html("05_io_awareness")
     # every notebook's self-test cell is found by the build
     for path in sorted((root / "notebooks").glob("[0-9][0-9]_*.ipynb")):
         nb = nbformat.read(path, as_version=4)

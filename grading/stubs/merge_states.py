@@ -1,4 +1,4 @@
-"""merge_states (notebook 06): merge two partial attention results, normalised form.
+"""merge_states (notebook 08): merge two partial attention results, normalised form.
 
 Kernels that split the keys (flash-decoding, ring attention, cascade/prefix caching)
 write each partial result normalised: ``o`` already divided by its ``l``, plus
@@ -30,7 +30,7 @@ def merge_states(o_a, lse_a, o_b, lse_b):
     (o, lse) : shapes (R, dv) and (R,), the state over both key sets.
 
     What must hold: the result is the state of attention over the union of the two key
-    sets (notebook 06, section 1, writes it in this form); the merge is commutative;
+    sets (notebook 08, section 1, writes it in this form); the merge is commutative;
     ``lse`` values in the hundreds must not overflow; two empty parts give ``o = 0,
     lse = -inf``, never NaN and never ``lse = +inf``.
     """

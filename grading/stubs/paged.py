@@ -1,4 +1,4 @@
-"""Paged attention (notebook 05): the key tiles come through a block table.
+"""Paged attention (notebook 07): the key tiles come through a block table.
 
 A serving engine stores the KV cache in fixed-size pages. Logical block ``j`` of a
 sequence (tokens ``j*block_size`` to ``(j+1)*block_size - 1``) lives in physical page
@@ -34,7 +34,7 @@ def paged_attention(q, block_table, k_cache, v_cache, seq_len, block_size):
         ``seq_len`` keys. ``seq_len = 0`` gives zeros.
 
     What must hold: the output equals attention over the sequence's ``seq_len`` keys,
-    in one pass over its pages (notebook 05, section 2), whatever the slots of the last
+    in one pass over its pages (notebook 07, section 2), whatever the slots of the last
     page past ``seq_len`` hold (stale data, even NaN).
     """
     raise NotImplementedError

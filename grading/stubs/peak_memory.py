@@ -1,4 +1,4 @@
-"""Peak memory of textbook vs flash attention (notebook 04): quadratic vs linear.
+"""Peak memory of textbook vs flash attention (notebook 05): quadratic vs linear.
 
 Textbook attention builds the (N, N) score matrix, so its peak memory grows like
 N**2. The tiled version holds one ``block_q x tile`` slice of it at a time plus the

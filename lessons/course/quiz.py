@@ -93,7 +93,7 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           "version. What disappears is the N x N score matrix in HBM and the traffic to and from it: memory "
           "drops from O(N^2) to O(N), and the 2-4x speed-ups come from the avoided round trips. The result "
           "is exact, up to floating-point rounding. Reread section 5, 'What it does not do, and what it "
-          "unlocks' (and notebook 04 for the byte counts)."),
+          "unlocks' (and notebook 05 for the byte counts)."),
         Q("Which state does each query row carry from one key tile to the next?",
           ("(m, l, o): running max, running sum of exp(s - m), unnormalised output",
            "Its whole row of scores",
@@ -194,7 +194,7 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           "of dQ is complete only after the last key block its rows can see. Reread section 4, "
           "'Stepping through the backward'."),
     ),
-    "04_io_awareness": (
+    "05_io_awareness": (
         Q("Textbook attention and FlashAttention do the same FLOPs. Why is FlashAttention faster on a GPU?",
           ("It uses cheaper instructions for the exponentials",
            "It moves far fewer bytes between HBM and on-chip SRAM, and attention is memory-bound",
@@ -223,7 +223,35 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           "Its arithmetic intensity is about d divided by the element size, whatever N is, far below the "
           "bf16 ridge of about 206 FLOP/byte. Reread section 5, 'The roofline'."),
     ),
-    "05_paged_attention": (
+    "06_kernel_ladder": (
+        Q("The scalar CUDA-core kernel moves far fewer HBM bytes than naive attention, yet at d = 128 it "
+          "was slower on the H200. What held it back?",
+          ("It read S back from HBM",
+           "One shared-memory load for every FMA: the shared-memory pipe, not HBM, was the limit",
+           "It ran out of registers and spilled",
+           "Its exponentials were computed in float64"),
+          1,
+          "Nsight Compute found the L1/shared pipe 94% busy: each FMA of Q K^T waited for its own 4-byte "
+          "shared load. Saving HBM bytes only helps a kernel whose limit is HBM. Reread 'The "
+          "register-tiled rung, run on CPU threads'."),
+        Q("What does the register-tiled rung change, and what should it buy?",
+          ("Each thread owns a small block of S and O, so one shared load feeds several FMAs",
+           "It stores P in HBM to save registers",
+           "It uses tensor cores for Q K^T",
+           "It skips the rescaling by alpha"),
+          0,
+          "Same fold, same bytes from HBM; what changes is the ratio of shared loads to FMAs (1/8 at "
+          "d = 64 instead of 1). Reread 'What the compiler says, with or without a GPU'."),
+        Q("Which of these claims does the notebook make about the two newest rungs?",
+          ("Both are 2x faster than the mma.sync rung on the H200",
+           "Both reach half of torch SDPA",
+           "Both compile without spills and match NumPy on the emulator; neither has been timed on a GPU yet",
+           "Neither compiles for sm_90"),
+          2,
+          "A rung gets a time only where one was measured on a GPU; the rest is checked by NVRTC, PTX "
+          "and the emulator. Reread 'The rungs' and 'Which kernel SDPA ran, and the 2-4x claim'."),
+    ),
+    "07_paged_attention": (
         Q("What is the one difference between the paged loop and the flash loop?",
           ("Each tile's keys are fetched through the block table: page = block_table[j]",
            "A different softmax",
@@ -249,7 +277,7 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           "and the loop must not let any of it into the softmax. Reread section 4, 'The claims, checked' "
           "(the paragraph 'Nothing past seq_len is read')."),
     ),
-    "06_flash_decoding_and_ring": (
+    "08_flash_decoding_and_ring": (
         Q("Why does flash-decoding split the keys over workers rather than the queries?",
           ("At decode time there is one query per sequence, so too few query blocks to keep the GPU busy",
            "The keys are smaller than the queries",
@@ -287,7 +315,7 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           "one last send that returns each finished state to its owner; and only the KV schedule can overlap "
           "the transfer with the fold. Reread section 3, 'Ring attention: two ways round the ring'."),
     ),
-    "07_paged_gqa_decode": (
+    "09_paged_gqa_decode": (
         Q("num_heads = 8 query heads share num_kv_heads = 2 KV heads. Which KV head does query head 3 read?",
           ("KV head 0",
            "KV head 1",

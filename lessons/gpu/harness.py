@@ -230,7 +230,7 @@ class GpuLesson:
 
     @property
     def ran_on_device(self) -> bool:
-        """True when something ran on a CUDA device (a GPU check, or the timings of notebook 04)."""
+        """True when something ran on a CUDA device (a GPU check, or the timings of notebook 05)."""
         return any(c.where == GPU for c in self.checks) or bool(self.details.get("timings"))
 
     @property
@@ -315,7 +315,7 @@ class Section:
 
     ``notebook``, ``title``: as in :class:`GpuLesson`; ``builds``: what NVRTC compiles and
     reports; ``run(place) -> (checks, details)``: the section's inputs, launch and reference
-    at one place (None: nothing to check, e.g. notebook 04's compile report); ``report(result)
+    at one place (None: nothing to check, e.g. notebook 05's compile report); ``report(result)
     -> blocks``: the section's own lines after the checks, from the checks and details (str
     lines, "" between paragraphs, :class:`Table` s); it may add numbers to ``result.details``; ``timings(place) -> (rows, blocks)``: what only a GPU measures;
     ``emulator_builds``: the libraries the emulator needs (default ``builds``); ``entries``: the

@@ -15,11 +15,11 @@ notebook                            function
 ``01_online_softmax``               :func:`online_softmax_on_gpu`
 ``02_flash_attention_tile_by_tile`` :func:`flash_attention_on_gpu` (with the kernel's trace)
 ``03_query_blocks_and_causal``      :func:`causal_on_gpu`
-``04_io_awareness``                 :func:`io_on_gpu` (compile report; naive vs kernel timing),
+``05_io_awareness``                 :func:`io_on_gpu` (compile report; naive vs kernel timing),
                                     :func:`tensor_cores_on_gpu`
-``05_paged_attention``              :func:`paged_decode_on_gpu`
-``06_flash_decoding_and_ring``      :func:`flash_decoding_on_gpu`
-``07_paged_gqa_decode``             :func:`paged_gqa_on_gpu`
+``07_paged_attention``              :func:`paged_decode_on_gpu`
+``08_flash_decoding_and_ring``      :func:`flash_decoding_on_gpu`
+``09_paged_gqa_decode``             :func:`paged_gqa_on_gpu`
 ==================================  =========================================================
 
 Each returns a :class:`GpuLesson`: the numbers as attributes (for tests) and a text
@@ -435,7 +435,7 @@ def _timing_table(title: str, head: str, rows) -> list:
 
 def io_on_gpu(*, ns=(1024, 2048, 4096), d: int = 64, heads: int = 8, repeats: int = 5,
               use_device=None) -> GpuLesson:
-    """Notebook 04: what the kernels cost on chip, and (with a GPU) naive CuPy vs the kernel.
+    """Notebook 05: what the kernels cost on chip, and (with a GPU) naive CuPy vs the kernel.
 
     Compiles every kernel of the series (:func:`lessons.gpu.compile_report`, head dim 128,
     float16) plus the forward kernel for head dim ``d``, and reports registers/thread and
@@ -490,13 +490,13 @@ def io_on_gpu(*, ns=(1024, 2048, 4096), d: int = 64, heads: int = 8, repeats: in
                      f"flash_attention_config picks the largest block_k that fits it.")
         return lines
 
-    return run_section(Section("04_io_awareness", "every kernel of the series, compiled (registers and shared memory)",
+    return run_section(Section("05_io_awareness", "every kernel of the series, compiled (registers and shared memory)",
                                builds, report=report, timings=timings), use_device, emulate=False)
 
 
 def tensor_cores_on_gpu(*, layer: int = 0, head: int = 0, row: int = 93, n: int = 8192, d: int = 64,
                         heads: int = 8, repeats: int = 5, use_device=None, emulate=None) -> GpuLesson:
-    """Notebook 04: the forward pass on tensor cores (``mma.sync.m16n8k16``), checked and timed.
+    """Notebook 05: the forward pass on tensor cores (``mma.sync.m16n8k16``), checked and timed.
 
     Compiles :func:`lessons.gpu.flash_attention_mma_gpu` for the sample's head dim (32, with
     the trace build) and for ``d`` and reports registers and shared memory for sm_80 and
@@ -548,7 +548,7 @@ def tensor_cores_on_gpu(*, layer: int = 0, head: int = 0, row: int = 93, n: int 
                                    [f"{t['kernel']:>12}: {format_seconds(t['seconds']):>10}  {t['tflops']:7.1f}"
                                     for t in rows])
 
-    return run_section(Section("04_io_awareness", f"FlashAttention-2 forward on tensor cores "
+    return run_section(Section("05_io_awareness", f"FlashAttention-2 forward on tensor cores "
                                f"(lessons/gpu/kernels/flash_attention_mma.cu), block_q={MMA_BLOCK_Q}, block_k={block_k}",
                                [trace_build, flash_attention_mma_build(d, "float16")], run,
                                lambda r: _trace_lines(r.details, row, MMA_BLOCK_Q, block_k), timings,
@@ -561,8 +561,8 @@ def tensor_cores_on_gpu(*, layer: int = 0, head: int = 0, row: int = 93, n: int 
 # 05 paged decode, one sequence, one head group
 # ---------------------------------------------------------------------------
 
-def _notebook05_data():
-    """The data of notebook 05: one real head, a 100-token sequence in a shuffled pool of 16 pages."""
+def _paged_notebook_data():
+    """The data of notebook 07: one real head, a 100-token sequence in a shuffled pool of 16 pages."""
     q_all, k_all, v_all = load_sample().qkv(0, 0, dtype=np.float64)
     seq_len, block_size = 100, 16
     block_table, k_cache, v_cache = write_paged_cache(k_all[:seq_len], v_all[:seq_len], block_size,
@@ -580,9 +580,9 @@ def _used_slots(block_table, seq_len, num_blocks, block_size) -> np.ndarray:
 
 def paged_decode_on_gpu(q=None, block_table=None, k_cache=None, v_cache=None, seq_len=None, block_size=None,
                         *, use_device=None, emulate=None) -> GpuLesson:
-    """Notebook 05: the paged decode kernel on one sequence and one head group.
+    """Notebook 07: the paged decode kernel on one sequence and one head group.
 
-    Parameters (notebook 05's names; all None = rebuild the notebook's data: the query of
+    Parameters (notebook 07's names; all None = rebuild the notebook's data: the query of
     token 99 of the real sample, 100 tokens in 16 shuffled pages of 16 slots, NaN in every
     unused slot)
     ----------
@@ -598,7 +598,7 @@ def paged_decode_on_gpu(q=None, block_table=None, k_cache=None, v_cache=None, se
     """
     if not _all_or_none("q, block_table, k_cache, v_cache, seq_len, block_size",
                         (q, block_table, k_cache, v_cache, seq_len, block_size)):
-        q, block_table, k_cache, v_cache, seq_len, block_size = _notebook05_data()
+        q, block_table, k_cache, v_cache, seq_len, block_size = _paged_notebook_data()
     ref = paged_flash_attention(*_f64(q), block_table, *_f64(k_cache, v_cache), seq_len, block_size, return_lse=True)
     d = np.shape(q)[-1]
     qk = np.ascontiguousarray(np.asarray(q, dtype=np.float32).reshape(1, 1, d))
@@ -626,7 +626,7 @@ def paged_decode_on_gpu(q=None, block_table=None, k_cache=None, v_cache=None, se
                 f"bit for bit the same: {r.details['garbage_identical']} (nothing past seq_len is read)."]
 
     build = paged_decode_build(d, block_size, 1, 1, "float32")
-    return run_section(Section("05_paged_attention", f"paged decode kernel (lessons/gpu/kernels/paged_decode.cu), one "
+    return run_section(Section("07_paged_attention", f"paged decode kernel (lessons/gpu/kernels/paged_decode.cu), one "
                                f"sequence, one head, block_size={block_size}", [build], run, report,
                                entries=("paged_decode",), details={"used_slots": int(used.sum())}),
                        use_device, emulate)
@@ -650,11 +650,11 @@ def split_pages(n_pages: int, num_splits: int) -> list:
 
 def flash_decoding_on_gpu(q=None, k=None, v=None, num_splits: int = 6, *, block_size: int = 16,
                           use_device=None, emulate=None) -> GpuLesson:
-    """Notebook 06: the split-KV flash-decoding kernel and its merge kernel.
+    """Notebook 08: the split-KV flash-decoding kernel and its merge kernel.
 
     Parameters
     ----------
-    q : (d,) one decode query; k, v : (Nk, d). Default (all None): notebook 06's data, the
+    q : (d,) one decode query; k, v : (Nk, d). Default (all None): notebook 08's data, the
         last query of layer 0, head 0 of the real sample against its 128 keys.
     num_splits : workers (thread blocks) per (sequence, head): the notebook's 6.
     block_size : page size of the cache the keys are written into (shuffled pages).
@@ -721,7 +721,7 @@ def flash_decoding_on_gpu(q=None, k=None, v=None, num_splits: int = 6, *, block_
                 f"{diff:.1e}."]
 
     build = paged_decode_build(d, block_size, 1, 1, "float32")
-    return run_section(Section("06_flash_decoding_and_ring", f"flash-decoding kernels (paged_decode_split + "
+    return run_section(Section("08_flash_decoding_and_ring", f"flash-decoding kernels (paged_decode_split + "
                                f"merge_splits), num_splits={num_splits}", [build], run, report,
                                entries=("paged_decode_split", "merge_splits"), details={"split_pages": splits}),
                        use_device, emulate)
@@ -731,8 +731,8 @@ def flash_decoding_on_gpu(q=None, k=None, v=None, num_splits: int = 6, *, block_
 # 07 paged decode with GQA
 # ---------------------------------------------------------------------------
 
-def _notebook07_data():
-    """The data of notebook 07 (same generator, seeds and order): 4 sequences, 8 heads on 2 KV heads."""
+def _gqa_notebook_data():
+    """The data of notebook 09 (same generator, seeds and order): 4 sequences, 8 heads on 2 KV heads."""
     rng = np.random.default_rng(0)
     num_heads, num_kv_heads, d, block_size = 8, 2, 64, 16
     lengths = [1, 15, 16, 37]
@@ -745,9 +745,9 @@ def _notebook07_data():
 
 def paged_gqa_on_gpu(q=None, k_cache=None, v_cache=None, block_tables=None, seq_lens=None, *,
                      use_device=None, emulate=None) -> GpuLesson:
-    """Notebook 07: the paged decode kernel with grouped-query heads, on a batch.
+    """Notebook 09: the paged decode kernel with grouped-query heads, on a batch.
 
-    Parameters (notebook 07's names; all None = rebuild the notebook's data: 4 sequences
+    Parameters (notebook 09's names; all None = rebuild the notebook's data: 4 sequences
     of 1, 15, 16 and 37 tokens, 8 query heads on 2 KV heads, d = 64, pages of 16, NaN in
     the unused slots)
     ----------
@@ -760,7 +760,7 @@ def paged_gqa_on_gpu(q=None, k_cache=None, v_cache=None, block_tables=None, seq_
     Source: Kwon et al. 2023, Sec. 4; Ainslie et al. 2023 (GQA), Sec. 2; Dao 2023, Alg. 1.
     """
     if not _all_or_none("q, k_cache, v_cache, block_tables, seq_lens", (q, k_cache, v_cache, block_tables, seq_lens)):
-        q, k_cache, v_cache, block_tables, seq_lens = _notebook07_data()
+        q, k_cache, v_cache, block_tables, seq_lens = _gqa_notebook_data()
     q32, kc, vc = _f32(q, k_cache, v_cache)
     tables = np.ascontiguousarray(np.asarray(block_tables), dtype=np.int32)
     lens = np.ascontiguousarray(np.asarray(seq_lens), dtype=np.int32)
@@ -778,6 +778,6 @@ def paged_gqa_on_gpu(q=None, k_cache=None, v_cache=None, block_tables=None, seq_
 
     lines = [f"  Grid: {num_heads // hpb} x {num_seqs} thread blocks; each serves {hpb} query heads of one group of "
              f"{group}, so every page of a KV head it loads is used {hpb} times."]
-    return run_section(Section("07_paged_gqa_decode", f"paged GQA decode kernel (lessons/gpu/kernels/paged_decode.cu), "
+    return run_section(Section("09_paged_gqa_decode", f"paged GQA decode kernel (lessons/gpu/kernels/paged_decode.cu), "
                                f"HEADS_PER_BLOCK={hpb}", [build], run, lambda r: lines, entries=("paged_decode",),
                                details={"heads_per_block": hpb, "group": group}), use_device, emulate)
