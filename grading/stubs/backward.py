@@ -5,11 +5,9 @@ log-sum-exp ``L = m + log(l)``. From these alone the backward recomputes every
 probability it needs, one ``block_q x block_k`` tile at a time, and never holds
 the (Nq, Nk) matrices P, dP or dS.
 
-The gradients, for ``O = softmax(scale * Q K^T) V`` and an upstream ``dO``:
-``dV = P^T dO``, ``dP = dO V^T``, ``dS = P * (dP - D)`` with ``D_i = sum_j P_ij dP_ij``,
-``dQ = scale * dS K``, ``dK = scale * dS^T Q``. Two facts make them tileable:
-``P_ij = exp(S_ij - L_i)`` needs no max and no sum, and ``D_i`` equals the dot
-product of row i of ``dO`` with row i of ``O``.
+The notebook derives the gradients of ``O = softmax(scale * Q K^T) V`` for an
+upstream ``dO`` and the two facts that make them tileable; this file only asks for
+them, tile by tile.
 
 Predict before you write it: with the outer loop over key blocks, how many times is
 each ``K_j`` read, and how many times is each ``dQ_i`` read and written back? Which of
