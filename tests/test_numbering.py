@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from lessons.course.claims import claim
 from lessons import flash_attention
 from lessons.schedules.softmax import online_softmax
 from lessons.schedules.variants import example_case, run_variants
@@ -94,7 +95,7 @@ def test_notebook_01_first_wrong_tile_table_counts_from_1():
     src = _notebook_cell("01_online_softmax.ipynb", "first tile (counted from 1)")
     lines = []
     exec(src, {"print": lambda *a, **k: lines.append(" ".join(map(str, a))), "traces": traces, "cases": cases,
-               "VARIANTS": VARIANTS, "np": np})
+               "VARIANTS": VARIANTS, "np": np, "claim": claim})
     row = next(line for line in lines if line.startswith("no_guard"))
     padded = list(cases).index("padded")
     assert row.split()[1 + padded] == str(traces["padded"]["no_guard"].first_divergence + 1) == "1"
