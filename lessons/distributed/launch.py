@@ -139,10 +139,11 @@ def run_ring(world_size: int, out_dir, *, n: int = 4096, d: int = 64, causal: bo
     (seconds) bounds the whole job: past it the job's process group is killed
     (SIGKILL) and :class:`RingRunError` is raised. ``threads_per_rank`` caps each
     rank's BLAS threads (ranks share the cores). ``extra_args``: more command-line
-    words for the program. ``device``: ``"cpu"`` (the NumPy fold, float64), ``"gpu"`` (the
-    CUDA kernel, float32) or ``"emulator"`` (the same kernel on the CPU emulator). Raises RuntimeError (with :data:`INSTALL_HINT`) when MPI is
-    missing, ValueError for a bad ``world_size``/``schedule``/``split``/``device`` before starting,
-    and RingRunError when the job exits non-zero (its output attached).
+    words for the program. ``device``: ``"cpu"`` (the NumPy fold, float64), ``"gpu"``
+    (the CUDA kernel, float32) or ``"emulator"`` (the same kernel on the CPU emulator).
+    Raises RuntimeError (with :data:`INSTALL_HINT`) when MPI is missing, ValueError for a
+    bad ``world_size``/``schedule``/``split``/``device`` before starting, and RingRunError
+    when the job exits non-zero (its output attached).
     """
     if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)):
         raise TypeError(f"world_size must be an int, got {type(world_size).__name__} {world_size!r}")
@@ -161,7 +162,8 @@ def run_ring(world_size: int, out_dir, *, n: int = 4096, d: int = 64, causal: bo
     out_dir = Path(out_dir)
     cmd = [find_mpiexec(), "-n", str(world_size), sys.executable, "-m", "lessons.distributed.ring",
            "--n", str(n), "--d", str(d), "--schedule", schedule, "--split", split, "--block-k", str(block_k),
-           "--seed", str(seed), "--device", device, "--out", str(out_dir)] + (["--causal"] if causal else []) + list(extra_args)
+           "--seed", str(seed), "--device", device, "--out", str(out_dir)] + (["--causal"] if causal else []) \
+        + list(extra_args)
     returncode, output = run_with_timeout(cmd, timeout, threads_per_rank)
     if returncode is None:
         raise RingRunError(f"the MPI job did not finish within {timeout} s; its process group was killed", output)

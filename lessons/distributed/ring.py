@@ -37,11 +37,15 @@ numbers whatever ``W`` is), so no rank ever holds the whole sequence:
   The state can only be sent once it is folded, so the transfer (``Sendrecv``) sits on the
   critical path; after the last step one more send returns each finished state to its owner.
 
-Both call :func:`lessons.schedules.ring.fold_block`, the same fold as the one-process
-simulation :func:`lessons.ring_attention`, which can therefore be compared with the real
-run step by step. Rank 0 gathers the output rows and every rank's timeline and writes
-them to ``--out``: ``result.npz`` (``out``, ``lse``, the state ``m``/``l`` after every
-step on every rank) and ``timeline.json``. Per rank and step the timeline holds, in
+On ``--device cpu`` both call :func:`lessons.schedules.ring.fold_block`, the same fold as
+the one-process simulation :func:`lessons.ring_attention`, which can therefore be compared
+with the real run step by step (on a device, :func:`fold_block_kernel` folds the same
+blocks at the same steps; :func:`lessons.distributed.launch.compare_with_simulation` then
+compares the lse so far). Rank 0 gathers the output rows and every rank's timeline and
+writes them to ``--out``: ``result.npz`` (``out``, ``lse``, the state ``m``/``l`` after
+every step on every rank; float32 and in the merged form on a device) and
+``timeline.json`` (its ``meta`` names the ``device``, ``dtype`` and ``state_form``). Per
+rank and step the timeline holds, in
 seconds from a common start (a barrier): ``compute`` (the fold), ``send`` and ``recv``
 (from posting the transfer to the moment the rank saw it complete: completion is only
 observed when the rank waits, so these are upper bounds; for ``q`` both are the
@@ -51,8 +55,9 @@ computed); per rank its work, compute, wait and idle seconds and its peak memory
 
 Bad arguments (``W`` > ``N``, ``d`` < 1, an unknown schedule, a results folder that is
 not empty, ``--device gpu`` without a CUDA device, ``--device emulator`` without a C++
-compiler, ``d`` > 256 on a device) are reported once, by rank 0, and every rank exits with status 2. An error
-inside a rank aborts the whole job (``MPI.Abort``), so no rank waits forever for it.
+compiler, ``d`` > 256 on a device) are reported once, by rank 0, and every rank exits with
+status 2. An error inside a rank aborts the whole job (``MPI.Abort``), so no rank waits
+forever for it.
 """
 from __future__ import annotations
 
@@ -173,7 +178,8 @@ def _check_args(args, world_size: int) -> str | None:
     if args.device == "emulator":
         from lessons.gpu import emulator_available
         if not emulator_available():
-            return "--device emulator needs a C++20 compiler ($CXX, g++ or clang++) and none was found; use --device cpu"
+            return ("--device emulator needs a C++20 compiler ($CXX, g++ or clang++) and none was found; "
+                    "use --device cpu")
     return None
 
 
