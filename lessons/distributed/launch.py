@@ -6,7 +6,11 @@ that hangs can never hang the caller and no process is left behind. :func:`load_
 reads a results folder (one written by a run now, or a recorded one shipped with the
 course); :func:`compare_with_simulation` checks it against the one-process simulation
 :func:`lessons.ring_attention` step by step: the same query block, folding the same KV
-block, at the same step, on the same rank, leaving the same state ``(m, l)``.
+block, at the same step, on the same rank, leaving the same state ``(m, l)``. A run on a
+device (``device="gpu"`` or ``"emulator"``: the CUDA kernel, float32) keeps its state in
+the merged form (``m = lse`` of each partial, ``l`` the merged weights), so there the
+comparison is of what both forms agree on: ``m + log l`` (the lse so far) after every
+step, and the finished output.
 """
 from __future__ import annotations
 
@@ -23,6 +27,10 @@ from pathlib import Path
 import numpy as np
 
 from lessons.schedules.ring import SCHEDULES, SPLITS, layout_index, ring_attention, ring_layout
+
+#: ``--device`` values of the ring program (:data:`lessons.distributed.ring.DEVICES`; not imported from
+#: there, so that this module imports without mpi4py).
+DEVICES = ("cpu", "gpu", "emulator")
 
 __all__ = ["RingRun", "RingRunError", "find_mpiexec", "mpi_status", "run_ring", "load_run",
            "compare_with_simulation", "lesson_run", "RECORDED_RUN", "RECORDED_DIR", "LESSON_RUNS", "INSTALL_HINT"]
@@ -124,16 +132,18 @@ def load_run(path, *, recorded: bool = False) -> RingRun:
 
 def run_ring(world_size: int, out_dir, *, n: int = 4096, d: int = 64, causal: bool = False, schedule: str = "kv",
              split: str = "contiguous", block_k: int = 512, seed: int = 0, timeout: float = 120.0,
-             extra_args=(), threads_per_rank: int = 1) -> RingRun:
+             extra_args=(), threads_per_rank: int = 1, device: str = "cpu") -> RingRun:
     """Run the ring on ``world_size`` MPI ranks and return its results (:class:`RingRun`).
 
     ``out_dir`` must not exist yet or be empty (nothing is written over). ``timeout``
     (seconds) bounds the whole job: past it the job's process group is killed
     (SIGKILL) and :class:`RingRunError` is raised. ``threads_per_rank`` caps each
     rank's BLAS threads (ranks share the cores). ``extra_args``: more command-line
-    words for the program. Raises RuntimeError (with :data:`INSTALL_HINT`) when MPI is
-    missing, ValueError for a bad ``world_size``/``schedule``/``split`` before starting,
-    and RingRunError when the job exits non-zero (its output attached).
+    words for the program. ``device``: ``"cpu"`` (the NumPy fold, float64), ``"gpu"``
+    (the CUDA kernel, float32) or ``"emulator"`` (the same kernel on the CPU emulator).
+    Raises RuntimeError (with :data:`INSTALL_HINT`) when MPI is missing, ValueError for a
+    bad ``world_size``/``schedule``/``split``/``device`` before starting, and RingRunError
+    when the job exits non-zero (its output attached).
     """
     if isinstance(world_size, bool) or not isinstance(world_size, (int, np.integer)):
         raise TypeError(f"world_size must be an int, got {type(world_size).__name__} {world_size!r}")
@@ -144,13 +154,16 @@ def run_ring(world_size: int, out_dir, *, n: int = 4096, d: int = 64, causal: bo
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
     ok, why = mpi_status()
     if not ok:
         raise RuntimeError(why)
     out_dir = Path(out_dir)
     cmd = [find_mpiexec(), "-n", str(world_size), sys.executable, "-m", "lessons.distributed.ring",
            "--n", str(n), "--d", str(d), "--schedule", schedule, "--split", split, "--block-k", str(block_k),
-           "--seed", str(seed), "--out", str(out_dir)] + (["--causal"] if causal else []) + list(extra_args)
+           "--seed", str(seed), "--device", device, "--out", str(out_dir)] + (["--causal"] if causal else []) \
+        + list(extra_args)
     returncode, output = run_with_timeout(cmd, timeout, threads_per_rank)
     if returncode is None:
         raise RingRunError(f"the MPI job did not finish within {timeout} s; its process group was killed", output)
@@ -236,17 +249,34 @@ def compare_with_simulation(run: RingRun, q=None, k=None, v=None) -> dict:
 
     For every (step, rank) the real rank must have held the same query block and KV
     block as the simulated device, and left the same state: ``m`` and ``l`` of that
-    query block after the step. ``q, k, v`` default to the run's inputs regenerated from
-    its seed. Returns a dict: ``same_blocks`` (bool), ``worst_state`` (max difference in m
-    and l over every step and rank, relative to ``max(1, |value|)``; -inf must match exactly),
-    ``worst_output`` (max |out - simulation|), ``steps_compared`` (int), ``trace`` (the
-    simulation's RingTrace).
+    query block after the step. A run on a device (``meta["device"]`` ``"gpu"`` or
+    ``"emulator"``) kept its state in the merged form (:mod:`lessons.distributed.ring`:
+    ``m`` is the largest partial lse, not the largest score), whose ``m`` and ``l`` differ
+    from the NumPy fold's; there the state compared is ``m + log l``, the lse of the keys
+    folded so far, which both forms share (``state_form`` says which was compared). The
+    simulation runs in float64; a device run is float32, so expect float32-sized differences.
+    ``q, k, v`` default to the run's inputs regenerated from its seed. Returns a dict:
+    ``same_blocks`` (bool), ``state_form`` (``"m, l"`` or ``"lse"``), ``worst_state`` (max
+    difference in m and l, or in the lse, over every step and rank, relative to
+    ``max(1, |value|)``; -inf must match exactly, else ``same_blocks`` is False),
+    ``worst_output`` (max |out - simulation|), ``worst_lse`` (max |lse - simulation| over
+    finite entries), ``steps_compared`` (int), ``trace`` (the simulation's RingTrace).
     """
     meta = run.meta
     if q is None:
         q, k, v = run.inputs()
-    sim_out, trace = ring_attention(q, k, v, meta["world_size"], causal=meta["causal"], schedule=meta["schedule"],
-                                    split=meta["split"], block_k=meta["block_k"], return_trace=True)
+    sim_out, sim_lse, trace = ring_attention(q, k, v, meta["world_size"], causal=meta["causal"],
+                                             schedule=meta["schedule"], split=meta["split"], block_k=meta["block_k"],
+                                             return_lse=True, return_trace=True)
+    merged = meta.get("device", "cpu") != "cpu"          # a device run's state is in the merged form
+
+    def lse_of(m, l):
+        with np.errstate(divide="ignore"):
+            return np.asarray(m, np.float64) + np.log(np.asarray(l, np.float64))
+
+    def rel(a, b):
+        return float((np.abs(a - b) / np.maximum(1, np.abs(b))).max(initial=0.0))
+
     same, worst, compared = True, 0.0, 0
     by_key = {(ev["step"], ev["rank"]): ev for ev in run.steps}
     for rec in trace.records:
@@ -257,11 +287,16 @@ def compare_with_simulation(run: RingRun, q=None, k=None, v=None) -> dict:
             same = False
             continue
         fin = np.isfinite(rec.m)
-        if fin.any():
-            worst = max(worst, float((np.abs(m[fin] - rec.m[fin]) / np.maximum(1, np.abs(rec.m[fin]))).max()),
-                        float((np.abs(l - rec.l) / np.maximum(1, np.abs(rec.l))).max()))
+        if merged:
+            worst = max(worst, rel(lse_of(m, l)[fin], lse_of(rec.m, rec.l)[fin]))
+        elif fin.any():
+            worst = max(worst, rel(m[fin], rec.m[fin]), rel(l, rec.l))
         compared += 1
-    return dict(same_blocks=bool(same), worst_state=worst, worst_output=float(np.abs(run.out - sim_out).max()),
+    fin = np.isfinite(sim_lse)
+    same &= bool(np.array_equal(np.isneginf(run.lse), np.isneginf(sim_lse)))
+    return dict(same_blocks=bool(same), state_form="lse" if merged else "m, l", worst_state=worst,
+                worst_output=float(np.abs(run.out - sim_out).max()),
+                worst_lse=float(np.abs(run.lse[fin] - sim_lse[fin]).max(initial=0.0)),
                 steps_compared=compared, trace=trace)
 
 
