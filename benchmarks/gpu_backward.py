@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 import statistics
 import sys
 import time
@@ -83,16 +82,10 @@ def naive_backward(xp, q, k, v, do, causal=False):
     ``xp``: the array module (``cupy``; ``numpy`` in tests). ``q``, ``do`` (heads, Nq, d); ``k``, ``v``
     (heads, Nk, d); ``scale = 1/sqrt(d)``; causal bottom-right aligned.
     Source: Dao et al. 2022, App. B.2 (the standard backward)."""
-    scale = 1.0 / math.sqrt(q.shape[-1])
+    from lessons.gpu.measure import naive_probabilities
+
+    p, scale = naive_probabilities(xp, q, k, causal)
     q32, k32, v32, do32 = (x.astype(xp.float32) for x in (q, k, v, do))
-    s = xp.matmul(q32, k32.transpose(0, 2, 1)) * scale
-    if causal:
-        n_q, n_k = s.shape[-2:]
-        keep = xp.arange(n_k)[None, :] <= xp.arange(n_q)[:, None] + (n_k - n_q)
-        s = xp.where(keep, s, -xp.inf)
-    s -= s.max(axis=-1, keepdims=True)
-    p = xp.exp(s, out=s)
-    p /= p.sum(axis=-1, keepdims=True)
     dv = xp.matmul(p.transpose(0, 2, 1), do32)
     dp = xp.matmul(do32, v32.transpose(0, 2, 1))
     dp -= (p * dp).sum(axis=-1, keepdims=True)

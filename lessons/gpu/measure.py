@@ -10,16 +10,16 @@ from __future__ import annotations
 import math
 import statistics
 
-__all__ = ["naive_attention", "median_cuda_seconds"]
+__all__ = ["naive_probabilities", "naive_attention", "median_cuda_seconds"]
 
 
-def naive_attention(xp, q, k, v, causal=False):
-    """softmax(scale Q K^T) V with the whole (heads, Nq, Nk) score matrix in float32.
+def naive_probabilities(xp, q, k, causal=False):
+    """The whole probability matrix ``P = softmax(scale Q K^T)`` in float32, as textbook attention builds it.
 
-    ``q`` (heads, Nq, d), ``k`` (heads, Nk, d), ``v`` (heads, Nk, dv) arrays of module
-    ``xp``; ``scale = 1/sqrt(d)``; ``causal`` bottom-right aligned (query i sees key j
-    iff ``j <= i + Nk - Nq``). Returns (heads, Nq, dv) in q's dtype. This is the
-    textbook algorithm (Vaswani et al. 2017, Eq. 1) that materialises S in HBM.
+    ``q`` (heads, Nq, d), ``k`` (heads, Nk, d) arrays of module ``xp``; ``scale = 1/sqrt(d)``;
+    ``causal`` bottom-right aligned (query i sees key j iff ``j <= i + Nk - Nq``). Returns
+    ``(p, scale)``: ``p`` float32 of shape (heads, Nq, Nk), the matrix FlashAttention never
+    stores (Vaswani et al. 2017, Eq. 1).
     """
     scale = 1.0 / math.sqrt(q.shape[-1])
     s = xp.matmul(q.astype(xp.float32), k.astype(xp.float32).transpose(0, 2, 1)) * scale
@@ -30,6 +30,18 @@ def naive_attention(xp, q, k, v, causal=False):
     s -= s.max(axis=-1, keepdims=True)
     p = xp.exp(s, out=s)
     p /= p.sum(axis=-1, keepdims=True)
+    return p, scale
+
+
+def naive_attention(xp, q, k, v, causal=False):
+    """softmax(scale Q K^T) V with the whole (heads, Nq, Nk) score matrix in float32.
+
+    ``q`` (heads, Nq, d), ``k`` (heads, Nk, d), ``v`` (heads, Nk, dv) arrays of module
+    ``xp``; ``scale = 1/sqrt(d)``; ``causal`` bottom-right aligned (query i sees key j
+    iff ``j <= i + Nk - Nq``). Returns (heads, Nq, dv) in q's dtype. This is the
+    textbook algorithm (Vaswani et al. 2017, Eq. 1) that materialises S in HBM.
+    """
+    p, _ = naive_probabilities(xp, q, k, causal)
     return xp.matmul(p, v.astype(xp.float32)).astype(q.dtype)
 
 
