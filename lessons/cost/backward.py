@@ -18,7 +18,7 @@ import numpy as np
 
 from lessons.core.checks import check_positive_int
 from lessons.cost.memory import peak_bytes
-from lessons.cost.traffic import PeakMemory, _Ledger, flash_block_sizes
+from lessons.cost.traffic import ByteCounts, PeakMemory, _Ledger, flash_block_sizes
 from lessons.core.reference import attention
 from lessons.schedules.backward import attention_backward, flash_attention_backward
 
@@ -26,7 +26,7 @@ __all__ = ["BackwardIOCount", "textbook_backward_io", "flash_backward_io", "meas
 
 
 @dataclass(frozen=True)
-class BackwardIOCount:
+class BackwardIOCount(ByteCounts):
     """HBM traffic and FLOPs of one attention backward pass.
 
     ``read_elements``/``write_elements``: elements moved between HBM and the chip
@@ -46,19 +46,6 @@ class BackwardIOCount:
     write_elements: int
     matmul_flops: dict
     steps: tuple
-
-    @property
-    def read_bytes(self) -> int:
-        return self.read_elements * self.element_size
-
-    @property
-    def write_bytes(self) -> int:
-        return self.write_elements * self.element_size
-
-    @property
-    def hbm_bytes(self) -> int:
-        """Bytes read plus bytes written."""
-        return self.read_bytes + self.write_bytes
 
     @property
     def flops(self) -> int:

@@ -47,8 +47,26 @@ __all__ = ["IOCount", "textbook_io", "flash_io", "flash_block_sizes", "TrafficCo
 ELEMENT_SIZES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
+class ByteCounts:
+    """Bytes from element counts: ``read_elements``, ``write_elements`` and ``element_size``
+    (bytes per element) of the dataclass that inherits this."""
+
+    @property
+    def read_bytes(self) -> int:
+        return self.read_elements * self.element_size
+
+    @property
+    def write_bytes(self) -> int:
+        return self.write_elements * self.element_size
+
+    @property
+    def hbm_bytes(self) -> int:
+        """Bytes read plus bytes written."""
+        return self.read_bytes + self.write_bytes
+
+
 @dataclass(frozen=True)
-class IOCount:
+class IOCount(ByteCounts):
     """HBM traffic and FLOPs of one attention forward pass.
 
     ``read_elements``/``write_elements``: elements moved between HBM and the chip;
@@ -70,19 +88,6 @@ class IOCount:
     flops_qk: int
     flops_pv: int
     steps: tuple
-
-    @property
-    def read_bytes(self) -> int:
-        return self.read_elements * self.element_size
-
-    @property
-    def write_bytes(self) -> int:
-        return self.write_elements * self.element_size
-
-    @property
-    def hbm_bytes(self) -> int:
-        """Bytes read plus bytes written."""
-        return self.read_bytes + self.write_bytes
 
     @property
     def flops(self) -> int:
