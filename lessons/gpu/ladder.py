@@ -102,11 +102,11 @@ RUNGS = (
          "per SM; Q loaded once into registers by ldmatrix.x4; K and V by ldmatrix.x4 (.trans for V) out of "
          "XOR-swizzled, unpadded shared memory; exp2 (ex2.approx) with log2(e) folded into the scale; "
          "masks only in tiles that reach n_k or the diagonal; inf/NaN in V tested, not rewritten",
-         "compile report (NVRTC, sm_80 and sm_90, float16): d = 64: 128 registers, 32768 bytes of shared "
-         "memory, no spills, so 2 blocks of 8 warps fit an SM (16 warps, occupancy 25% against the mma rung's "
-         "12.5%); d = 128: 64-row blocks of 4 warps, 32768 bytes, 2 blocks per SM; half the ldmatrix "
-         "instructions of the .x2 rung, one ex2 per probability instead of expf's range reduction; K and V "
-         "each read from HBM once per 128 query rows at d = 64 (half the mma rung's traffic); "
+         "compile report (NVRTC, sm_80 and sm_90, no spills): d = 64: 128 registers x 256 threads and "
+         "32768 bytes of shared memory, so 2 blocks of 8 warps fit an SM (16 warps, occupancy 25% against "
+         "the mma rung's 12.5%); d = 128: 202-208 registers x 128 threads, 32768 bytes, 2 blocks per SM; "
+         "half the ldmatrix instructions of the .x2 rung; one ex2 per probability instead of expf; K and V "
+         "read from HBM once per 128 query rows at d = 64 (half the mma rung's traffic); "
          "aim: >= 0.5x SDPA (220 / 315 TFLOP/s at d = 64 / 128)",
          "ex2.approx.ftz.f32", "not profiled yet"),
     Rung("sdpa", "torch SDPA (the reference point)", "torch", None,
