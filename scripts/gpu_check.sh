@@ -132,7 +132,7 @@ for base in (spec.submodule_search_locations if spec else []):
 EOF
 )"
 fi
-KERNELS="online_softmax flash_attention flash_attention_mma paged_decode flash_decoding flash_backward"
+KERNELS="online_softmax flash_attention flash_attention_mma paged_decode flash_decoding flash_backward flash_attention_mma_fa2"
 if [ $DRY -eq 1 ]; then
     for kernel in $KERNELS; do
         log="$RESULTS/sanitizer/emulator_${kernel}.txt"
