@@ -23,7 +23,7 @@ from lessons.gpu import launch
 from lessons.gpu.compile import device_available
 
 KERNELS = ("online_softmax", "flash_attention", "flash_attention_mma", "paged_decode", "flash_decoding",
-           "flash_backward", "flash_attention_mma_fa2")
+           "flash_backward", "flash_mma_fa2")
 
 
 def host(x) -> np.ndarray:
@@ -86,7 +86,7 @@ def run_flash_attention_mma(cp, backend) -> bool:
     return ok
 
 
-def run_flash_attention_mma_fa2(cp, backend) -> bool:
+def run_flash_mma_fa2(cp, backend) -> bool:
     rng = np.random.default_rng(5)
     ok = True
     # partial query and key blocks, causal with Nq > Nk (empty rows) and Nq < Nk, both head dims, the trace build

@@ -209,3 +209,78 @@ def test_fa2_ptx_holds_the_instructions_of_the_recipe(d):
     # one mma per (16-wide d slice, 8-key tile) for S and per (16-key slice, 8-column tile) for P V
     _, bk, _ = flash_attention_mma_fa2_config(d)
     assert ptx.count("mma.sync.aligned") == (d // 16) * (bk // 8) + (bk // 16) * (d // 8)
+
+
+# ---------------------------------------------------------------------------
+# the NaN rule, as the other tensor-core rungs are held to it (tests/test_gpu_kernels.py)
+# ---------------------------------------------------------------------------
+
+from test_gpu_kernels import (POISONS, assert_attention_close, forward_poison_check, gpu_only,  # noqa: E402
+                              padded, stored, values)
+
+
+@pytest.mark.parametrize("poison", POISONS)
+@pytest.mark.parametrize("nq, nk, d, dtype", [
+    (150, 100, 64, "float16"),              # two 128-row query blocks, Nq > Nk, the diagonal inside 64-key tiles
+    (20, 50, 128, "bfloat16"),              # one 64-row block, the diagonal across two 32-key tiles
+])
+def test_fa2_rows_never_see_poison_they_cannot_see(backend, poison, nq, nk, d, dtype):
+    def launch(q, k, v):
+        return gpu.flash_attention_mma_fa2_gpu(q, k, v, causal=True, bfloat16=dtype == "bfloat16", backend=backend)
+    cut_rows = sorted({nq - nk + 3 if nq > nk else 0, nq // 2 + 1, nq - 2})
+    out, lse, q64, k64, v64 = forward_poison_check(launch, nq, nk, d, dtype, poison, cut_rows)
+    assert_attention_close(out, lse, q64, k64, v64, dtype, causal=True)
+
+
+def test_fa2_nan_and_inf_in_a_visible_value_reach_exactly_its_column(backend):
+    # as test_forward_kernels_nan_and_inf_in_a_visible_value_reach_exactly_its_column: keys 5 and 9
+    # are seen by rows >= 5 and >= 9 (causal, Nq = Nk); zero columns pad d to 64
+    rng = np.random.default_rng(26)
+    q, k, v = (padded(rng.standard_normal((40, 16)), 64).astype(np.float16) for _ in range(3))
+    clean_out, clean_lse = gpu.flash_attention_mma_fa2_gpu(q, k, v, causal=True, backend=backend)
+    v[5, 3], v[9, 7] = np.nan, np.inf
+    out, lse = gpu.flash_attention_mma_fa2_gpu(q, k, v, causal=True, backend=backend)
+    nan, inf = np.zeros(out.shape, bool), np.zeros(out.shape, bool)
+    nan[5:, 3] = True
+    inf[9:, 7] = True
+    np.testing.assert_array_equal(np.isnan(out), nan)
+    np.testing.assert_array_equal(np.isposinf(out), inf)
+    assert out[~(nan | inf)].tobytes() == clean_out[~(nan | inf)].tobytes()
+    assert lse.tobytes() == clean_lse.tobytes()
+
+
+def test_fa2_gives_the_hand_computed_causal_answer_with_an_unwritten_last_key(backend):
+    # q = k = [[1,0],[0,1],[1,1]], v = [[1,2],[3,4],[5,6]], k[2] = v[2] = NaN, scale 1/sqrt(2), zero
+    # columns up to d = 64: row 0 -> v[0]; row 1 -> (v0 + e^(1/sqrt 2) v1) / (1 + e^(1/sqrt 2))
+    # = [2.339523, 3.339523], lse log(1 + e^(1/sqrt 2)) = 1.107940; row 2 sees the NaN key: NaN
+    q = np.array([[1, 0], [0, 1], [1, 1]], np.float64)
+    k, v = q.copy(), np.array([[1, 2], [3, 4], [5, 6]], np.float64)
+    k[2] = v[2] = np.nan
+    (qs, _), (ks, _), (vs, _) = (stored(padded(x, 64), "float16") for x in (q, k, v))
+    out, lse = gpu.flash_attention_mma_fa2_gpu(qs, ks, vs, scale=1 / np.sqrt(2), causal=True, backend=backend)
+    got = values(out, "float16")
+    np.testing.assert_allclose(got[0, :2], [1, 2], atol=1e-3)
+    np.testing.assert_allclose(got[1, :2], [2.339523, 3.339523], atol=2e-3)
+    np.testing.assert_allclose(lse[:2], [1 / np.sqrt(2), 1.107940], atol=1e-5)
+    assert np.isnan(got[2]).all() and np.isnan(lse[2])
+    assert np.all(got[:2, 2:] == 0)
+
+
+@gpu_only
+@pytest.mark.parametrize("n, d", [(1000, 128), (2048, 64)])
+def test_fa2_on_larger_and_misaligned_inputs_on_the_gpu(n, d):
+    import cupy
+
+    rng = np.random.default_rng(25)
+    (q, q64), (k, k64), (v, v64) = (stored(rng.standard_normal((2, m, d)), "float16") for m in (n, n + 500, n + 500))
+    for causal in (False, True):
+        out, lse = gpu.flash_attention_mma_fa2_gpu(q, k, v, causal=causal)
+        assert_attention_close(out, lse, q64, k64, v64, "float16", causal=causal)
+    # a contiguous CuPy view that starts 2 bytes into its allocation: copied, not misread
+    flat = cupy.zeros(q.size + 1, dtype=cupy.float16)
+    flat[1:] = cupy.asarray(q).ravel()
+    q_view = flat[1:].reshape(q.shape)
+    assert q_view.data.ptr % 16
+    out, lse = gpu.flash_attention_mma_fa2_gpu(q_view, cupy.asarray(k), cupy.asarray(v))
+    assert isinstance(out, cupy.ndarray)
+    assert_attention_close(out.get(), lse.get(), q64, k64, v64, "float16")
