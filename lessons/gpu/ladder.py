@@ -102,7 +102,7 @@ RUNGS = (
          "per SM; Q loaded once into registers by ldmatrix.x4; K and V by ldmatrix.x4 (.trans for V) out of "
          "XOR-swizzled, unpadded shared memory; exp2 (ex2.approx) with log2(e) folded into the scale; "
          "masks only in tiles that reach n_k or the diagonal; inf/NaN in V tested, not rewritten",
-         "compile report (NVRTC, sm_80 and sm_90, no spills): d = 64: 128 registers x 256 threads and "
+         "compile report (NVRTC 12.9, sm_80 and sm_90, no spills): d = 64: 128 registers x 256 threads and "
          "32768 bytes of shared memory, so 2 blocks of 8 warps fit an SM (16 warps, occupancy 25% against "
          "the mma rung's 12.5%); d = 128: 202-208 registers x 128 threads, 32768 bytes, 2 blocks per SM; "
          "half the ldmatrix instructions of the .x2 rung; one ex2 per probability instead of expf; K and V "

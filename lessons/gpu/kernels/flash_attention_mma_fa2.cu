@@ -32,7 +32,7 @@
 //   P stays in registers as the A operand of P V (the C fragment of two score tiles is the A
 //   fragment of one 16-key step, rounded to 16 bits), as in the rungs below.
 //
-// Compile report (NVRTC 13, float16 and bfloat16, sm_80 and sm_90, no spills): d = 64: 128
+// Compile report (NVRTC 12.9, float16 and bfloat16, sm_80 and sm_90, no spills): d = 64: 128
 // registers x 256 threads, 32768 bytes of shared memory: 2 blocks (16 warps) per SM; d = 128:
 // 202-208 registers x 128 threads, 32768 bytes: 2 blocks (8 warps) per SM.
 //
