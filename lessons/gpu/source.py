@@ -341,7 +341,8 @@ def paged_decode_split_layout(head_dim: int, dtype: str = "float16") -> dict:
     that; else 1); ``lanes``: lanes reading one row (the smallest power of two >= head_dim / vec,
     at most 32); ``chunks``: loads per lane per row; ``keys_per_warp``: rows a warp reads side
     by side (32 / lanes); ``num_states``: running states per block of 4 warps, merged at the end;
-    ``unroll``: keys per lane group per step (all their K and V loads issued first, at most 4).
+    ``unroll``: keys per lane group per step (all their K and V loads issued first; at most 4, and
+    2 for bfloat16, whose rows ptxas otherwise holds widened to float32 and spills).
     At d = 128 in float16: vec 8, lanes 16, chunks 1, keys_per_warp 2, num_states 8, unroll 4.
     Raises ValueError for a head dim outside 1..256 or an unknown dtype.
     """
@@ -356,7 +357,7 @@ def paged_decode_split_layout(head_dim: int, dtype: str = "float16") -> dict:
         lanes *= 2
     chunks = -(-n_vec // lanes)
     words = 1 if vec == 1 else 4
-    unroll = max(1, min(4, 32 // (2 * chunks * words)))
+    unroll = max(1, min(2 if dtype == "bfloat16" else 4, 32 // (2 * chunks * words)))
     return dict(vec=vec, lanes=lanes, chunks=chunks, keys_per_warp=32 // lanes,
                 num_states=(NUM_THREADS // 32) * (32 // lanes), unroll=unroll)
 

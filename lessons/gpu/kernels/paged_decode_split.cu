@@ -67,7 +67,12 @@
 // 32-bit registers one key's K and V take while in flight; UNROLL (<= 4) keys per step keep <= 32 of them
 #define WORDS_PER_LOAD (VEC == 1 ? 1 : 4)
 #define UNROLL_FIT (32 / (2 * CHUNKS * WORDS_PER_LOAD))
-#define UNROLL (UNROLL_FIT > 4 ? 4 : UNROLL_FIT > 0 ? UNROLL_FIT : 1)
+#if FA_DTYPE == 2
+#define UNROLL_MAX 2        // bfloat16 widens by a shift, and ptxas then holds the rows as floats: 4 spill
+#else
+#define UNROLL_MAX 4
+#endif
+#define UNROLL (UNROLL_FIT > UNROLL_MAX ? UNROLL_MAX : UNROLL_FIT > 0 ? UNROLL_FIT : 1)
 #define MERGE_PER_THREAD ((HEAD_DIM + NUM_THREADS - 1) / NUM_THREADS)
 
 static_assert(HEAD_DIM >= 1 && HEAD_DIM <= 256, "HEAD_DIM must be in 1..256");
