@@ -132,7 +132,7 @@ for base in (spec.submodule_search_locations if spec else []):
 EOF
 )"
 fi
-KERNELS="online_softmax flash_attention flash_attention_mma paged_decode flash_decoding flash_backward"
+KERNELS="online_softmax flash_attention flash_attention_mma paged_decode flash_decoding flash_backward paged_decode_split"
 if [ $DRY -eq 1 ]; then
     for kernel in $KERNELS; do
         log="$RESULTS/sanitizer/emulator_${kernel}.txt"
@@ -148,7 +148,7 @@ else
     "$SAN" --version > "$RESULTS/sanitizer/version.txt" 2>&1
     for kernel in $KERNELS; do
         tools="memcheck racecheck"
-        case "$kernel" in paged_decode|flash_decoding) tools="$tools initcheck" ;; esac
+        case "$kernel" in paged_decode|flash_decoding|paged_decode_split) tools="$tools initcheck" ;; esac
         for tool in $tools; do
             log="$RESULTS/sanitizer/${tool}_${kernel}.txt"
             timeout 120 "$SAN" --tool "$tool" --error-exitcode 3 "$PY" scripts/sanitize.py "$kernel" > "$log" 2>&1
