@@ -80,6 +80,7 @@ def test_layout_of_a_row_over_a_warp():
     assert paged_decode_split_layout(3, "float16") == dict(vec=1, lanes=4, chunks=1, keys_per_warp=8,
                                                            num_states=32, unroll=4)
     assert paged_decode_split_layout(128, "bfloat16")["unroll"] == 2
+    assert paged_decode_split_layout(64, "float32")["lanes"] == 16        # 4 keys x 4 heads: the scatter path
     # shared memory: 8 states x 4 heads x (128 + 2) floats
     assert paged_decode_split_smem_bytes(128, 4, "float16") == 4 * 8 * 4 * 130
 
@@ -163,27 +164,35 @@ def test_split_decode_agrees_with_flash_decoding_and_is_bitwise_reproducible(bac
     np.testing.assert_allclose(first[1], fd_lse, rtol=1e-6, atol=1e-6)
 
 
-def test_split_decode_keeps_nan_input_nan(backend):
+# (4 heads on 2, d = 16): one butterfly per (key, head); (8 heads on 2, d = 64): the reduce-scatter
+# softmax (16 lanes per row, 4 keys x 4 heads), the path the fp16 d = 128 build takes
+BOTH_SOFTMAX_PATHS = pytest.mark.parametrize("num_heads, d", [(4, 16), (8, 64)], ids=["butterfly", "scatter"])
+
+
+@BOTH_SOFTMAX_PATHS
+def test_split_decode_keeps_nan_input_nan(backend, num_heads, d):
     from test_gpu_kernels import assert_same_nan_rows
 
-    c = paged_case(14, 4, 2, 16, 8, [20, 9])
-    page, slot = c.tables[0, 1], 3             # token 11 of sequence 0, kv head 1 (query heads 2, 3)
+    c = paged_case(14, num_heads, 2, d, 8, [20, 9])
+    group = num_heads // 2
+    page, slot = c.tables[0, 1], 3             # token 11 of sequence 0, kv head 1 (query heads group..)
     c.k[page, slot, 1, 5] = np.nan
     c.k64[page, slot, 1, 5] = np.nan
     ref, ref_lse = decode_reference(c)
     for num_splits in (1, 2):
         out, lse = gpu.paged_decode_split_gpu(*decode_args(c), num_splits, backend=backend)
         assert_same_nan_rows(out, lse, ref, ref_lse, *decode_reference(c, "float32"))
-    assert np.isnan(ref_lse[0, 2:]).all() and np.isfinite(ref_lse[0, :2]).all()
+    assert np.isnan(ref_lse[0, group:]).all() and np.isfinite(ref_lse[0, :group]).all()
 
 
+@BOTH_SOFTMAX_PATHS
 @pytest.mark.parametrize("poison", [np.nan, np.inf, -np.inf])
-def test_split_decode_never_sees_slots_past_seq_len_or_unused_pages(backend, poison):
+def test_split_decode_never_sees_slots_past_seq_len_or_unused_pages(backend, poison, num_heads, d):
     from types import SimpleNamespace
 
     from test_gpu_kernels import stored
 
-    c = paged_case(16, 4, 2, 16, 8, [20, 0, 8, 3])
+    c = paged_case(16, num_heads, 2, d, 8, [20, 0, 8, 3])
     unused = np.isnan(c.k64)
     spare = sorted(set(range(c.k.shape[0])) - set(c.tables[c.tables >= 0].tolist()))
     zero, _ = stored(np.zeros(1), "float32")
@@ -241,6 +250,8 @@ def test_split_decode_reads_k_and_v_16_bytes_at_a_time(arch):
     # q (4 heads) and K, V of 4 keys per step: at least 4 + 2 x 4 vector loads, and no 16-bit global loads
     assert body.count("ld.global.nc.v4.u32") >= 12
     assert "ld.global.nc.u16" not in body and "ld.global.u16" not in body
+    # the reduce-scatter softmax: the p of each (key, head) broadcast from the lane that computed it
+    assert body.count("shfl.sync.idx") >= 16
     # the paged_decode rung below reads K and V one half at a time
     old = compile_ptx(gpu.paged_decode_build(128, 16, 32, 8, "float16"), arch)
     assert "ld.global.nc.v4" not in old and "ld.global.nc.u16" in old

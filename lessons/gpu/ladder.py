@@ -353,7 +353,8 @@ DECODE_RUNGS = (
          "paged_decode_split", "lessons.gpu.paged_decode_split_gpu", "float16",
          "16 lanes read a key row of 256 bytes 16 bytes each, a warp two rows at once; each lane group "
          "issues 4 keys' K and V loads before using them and keeps its own (m, l, o), merged in shared "
-         "memory at the end; num_splits from decode_splits (132 SMs x 4 blocks)",
+         "memory at the end; the 16 partial dots of 4 keys x 4 heads summed by one reduce-scatter, so each "
+         "lane does the softmax of one (key, head) pair; num_splits from decode_splits (132 SMs x 4 blocks)",
          "8 rows of 256 bytes in flight per warp (16 KiB per block of 4 warps, 4 blocks per SM, 128 "
          "registers, no spills): enough to keep HBM busy; target 70% of the copy rate",
          "ld.global.nc.v4.u32", "not profiled yet"),

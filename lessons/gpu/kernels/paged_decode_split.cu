@@ -33,9 +33,14 @@
 // Per key and head: s = scale * q . k (each lane's partial dot, then a butterfly over the LANES
 // lanes of the row), and per step of UNROLL keys one online-softmax update:
 //     m_new = max(m, s_1..s_U);  alpha = exp(m - m_new);  p_u = exp(s_u - m_new)
+//     (once m has settled it rarely moves: when m_new == m, alpha is exactly 1 and the rescale of
+//     l and o is skipped, which changes no bit of the result)
 //     l = alpha l + sum_u p_u;   o = alpha o + sum_u p_u v_u   (a key with p = 0 adds nothing:
 //     never 0 * v, so NaN in a value its row does not weigh cannot reach it).
 // Keys past the end of the split load nothing and score -inf. (Dao 2023, FA-2 Alg. 1.)
+// When a row's lanes hold exactly one (key, head) pair each (SCATTER_SOFTMAX: d = 128 fp16, 4 heads,
+// 4 keys, 16 lanes), the dots are summed by a reduce-scatter and each lane does the softmax of one
+// pair, instead of every lane doing all of them: fewer shuffles and exps per byte read.
 //
 // Launch: paged_decode_gqa_split  grid = (num_heads / HEADS_PER_BLOCK, num_seqs, num_splits), block = 128
 //         merge_split_states      grid = (num_heads, num_seqs),                               block = 128
@@ -73,6 +78,9 @@
 #define UNROLL_MAX 4
 #endif
 #define UNROLL (UNROLL_FIT > UNROLL_MAX ? UNROLL_MAX : UNROLL_FIT > 0 ? UNROLL_FIT : 1)
+// the reduce-scatter softmax when the group's lanes hold exactly one (key, head) pair each
+// (d = 128 fp16 or d = 64 fp32 with 4 heads per block: 16 lanes, 4 keys x 4 heads)
+#define SCATTER_SOFTMAX (UNROLL * HEADS_PER_BLOCK == LANES && LANES >= 2)
 #define MERGE_PER_THREAD ((HEAD_DIM + NUM_THREADS - 1) / NUM_THREADS)
 
 static_assert(HEAD_DIM >= 1 && HEAD_DIM <= 256, "HEAD_DIM must be in 1..256");
@@ -187,23 +195,41 @@ paged_decode_gqa_split(const scalar_t* __restrict__ q, const scalar_t* __restric
 
     // Each step a warp takes KEYS_PER_WARP * UNROLL consecutive keys; lane group g takes keys
     // first + g * UNROLL + u. The loop bound is the same for every lane of a warp (shuffles inside).
+    // When UNROLL divides BLOCK_SIZE a group's UNROLL keys lie in one page (they start at a multiple
+    // of UNROLL, and a split starts on a page), so the group looks up one page per step, and looks
+    // up the next step's page while this step's rows are in flight (the look-up is off the path
+    // from one step's loads to the next's).
     const int keys_per_step = NUM_WARPS * KEYS_PER_WARP * UNROLL;
-    for (int first = key_begin + warp * KEYS_PER_WARP * UNROLL; first < key_end; first += keys_per_step) {
+    int first = key_begin + warp * KEYS_PER_WARP * UNROLL;
+#if BLOCK_SIZE % UNROLL == 0
+    int page = first + key_in_warp * UNROLL < key_end ? table[(first + key_in_warp * UNROLL) / BLOCK_SIZE] : 0;
+#endif
+    for (; first < key_end; first += keys_per_step) {
+        const int key0 = first + key_in_warp * UNROLL;           // this group's first key
+#if BLOCK_SIZE % UNROLL == 0
+        const int next_key0 = key0 + keys_per_step;
+        const int next_page = next_key0 < key_end ? table[next_key0 / BLOCK_SIZE] : 0;
+#endif
         RowLoad kr[UNROLL], vr[UNROLL];
         bool valid[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {             // all loads first: 2 * UNROLL rows in flight
-            const int key = first + key_in_warp * UNROLL + u;
+            const int key = key0 + u;
             valid[u] = key < key_end;
             long long off = 0;
             if (valid[u]) {
-                const long long page = table[key / BLOCK_SIZE];
-                off = ((page * BLOCK_SIZE + key % BLOCK_SIZE) * num_kv_heads + kv_head) * HEAD_DIM;
+#if BLOCK_SIZE % UNROLL != 0
+                const int page = table[key / BLOCK_SIZE];
+#endif
+                off = (((long long)page * BLOCK_SIZE + key % BLOCK_SIZE) * num_kv_heads + kv_head) * HEAD_DIM;
             }
             load_row(kr[u], k_cache + off, sub, valid[u]);
             load_row(vr[u], v_cache + off, sub, valid[u]);
         }
-        // scores: each lane's partial dot, summed over the row's LANES lanes (all 32 lanes shuffle)
+#if BLOCK_SIZE % UNROLL == 0
+        page = next_page;
+#endif
+        // scores: each lane's partial dot over its part of the row, for every key and head
         float s[UNROLL][HEADS_PER_BLOCK];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
@@ -217,27 +243,83 @@ paged_decode_gqa_split(const scalar_t* __restrict__ q, const scalar_t* __restric
                 float dot = 0.f;
 #pragma unroll
                 for (int i = 0; i < PER_LANE; ++i) dot += qv[h][i] * kf[i];
-                dot = group_sum<LANES>(dot);
-                s[u][h] = valid[u] ? dot * scale : NEG_INF;
+                s[u][h] = dot;
             }
         }
-        // one online-softmax update per head for the UNROLL keys
+#if SCATTER_SOFTMAX
+        // The group's LANES lanes hold partial dots of LANES (key, head) pairs: a reduce-scatter
+        // leaves lane `sub` with the whole dot of pair sub (head sub / UNROLL, key sub % UNROLL)
+        // in LANES - 1 shuffles (a butterfly per pair would take LANES * log2(LANES)). Each lane
+        // then does the softmax of its own pair (one exp instead of one per pair), the heads' max
+        // and sum over the group's UNROLL keys take log2(UNROLL) shuffles, and the results are
+        // broadcast back to every lane of the group for the P V update.
+        float v[LANES];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+            for (int h = 0; h < HEADS_PER_BLOCK; ++h) v[h * UNROLL + u] = s[u][h];
+#pragma unroll
+        for (int off = LANES / 2; off > 0; off /= 2) {
+            const bool upper = (sub & off) != 0;       // keep the upper half of the pairs, send the lower
+#pragma unroll
+            for (int i = 0; i < off; ++i) {
+                const float send = upper ? v[i] : v[i + off];
+                const float keep = upper ? v[i + off] : v[i];
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, off);
+            }
+        }
+        const int my_head = sub / UNROLL, group_lane = lane - sub;     // first lane of this row's group
+        const float s_mine = key0 + sub % UNROLL < key_end ? v[0] * scale : NEG_INF;
+        float m_old = m[0];
+#pragma unroll
+        for (int h = 1; h < HEADS_PER_BLOCK; ++h) m_old = my_head == h ? m[h] : m_old;
+        const float m_mine = fmaxf(m_old, group_max<UNROLL>(s_mine));  // max over this head's UNROLL keys
+        const float p_mine = expf(s_mine - safe_max(m_mine));
+        const float sum_mine = group_sum<UNROLL>(p_mine);
+#pragma unroll
+        for (int h = 0; h < HEADS_PER_BLOCK; ++h) {
+            const float m_new = __shfl_sync(0xffffffffu, m_mine, group_lane + h * UNROLL);
+            const float p_sum = __shfl_sync(0xffffffffu, sum_mine, group_lane + h * UNROLL);
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) s[u][h] = __shfl_sync(0xffffffffu, p_mine, group_lane + h * UNROLL + u);
+            if (m_new != m[h]) {                       // the max moved: rescale (else alpha = 1 exactly)
+                const float alpha = correction_factor(m[h], m_new);
+                l[h] *= alpha;
+#pragma unroll
+                for (int i = 0; i < PER_LANE; ++i) o[h][i] *= alpha;
+                m[h] = m_new;
+            }
+            l[h] += p_sum;
+        }
+#else
+        // each pair's dot summed by a butterfly over the row's LANES lanes (all 32 lanes shuffle),
+        // then one online-softmax update per head for the UNROLL keys
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+            for (int h = 0; h < HEADS_PER_BLOCK; ++h) {
+                const float dot = group_sum<LANES>(s[u][h]);
+                s[u][h] = valid[u] ? dot * scale : NEG_INF;
+            }
 #pragma unroll
         for (int h = 0; h < HEADS_PER_BLOCK; ++h) {
             float m_new = m[h];
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) m_new = fmaxf(m_new, s[u][h]);
-            const float alpha = correction_factor(m[h], m_new);
-            l[h] *= alpha;
+            if (m_new != m[h]) {                       // the max moved: rescale (else alpha = 1 exactly)
+                const float alpha = correction_factor(m[h], m_new);
+                l[h] *= alpha;
 #pragma unroll
-            for (int i = 0; i < PER_LANE; ++i) o[h][i] *= alpha;
-            m[h] = m_new;
+                for (int i = 0; i < PER_LANE; ++i) o[h][i] *= alpha;
+                m[h] = m_new;
+            }
 #pragma unroll
             for (int u = 0; u < UNROLL; ++u) {
                 s[u][h] = expf(s[u][h] - safe_max(m_new));      // p
                 l[h] += s[u][h];
             }
         }
+#endif
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             float vf[PER_LANE];
