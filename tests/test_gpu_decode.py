@@ -236,7 +236,9 @@ def test_split_decode_compiles_without_spills(arch, d, dtype):
     for entry in ("paged_decode_gqa_split", "merge_split_states"):
         assert res[entry].spill_store_bytes == 0 and res[entry].spill_load_bytes == 0, entry
         assert res[entry].stack_bytes == 0, entry
+    build = gpu.paged_decode_split_build(d, 16, 32, 8, dtype)
     assert res["paged_decode_gqa_split"].smem_bytes == paged_decode_split_smem_bytes(d, 4, dtype)
+    assert res["merge_split_states"].smem_bytes == build.entry_smem_bytes("merge_split_states") == 4 * 4 * (2 + d)
 
 
 @needs_nvrtc

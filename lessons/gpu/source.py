@@ -591,7 +591,7 @@ class KernelBuild:
             d = dict(self.defines)
             return flash_attention_backward_smem_bytes(d["HEAD_DIM"], d["BLOCK_Q"], d["BLOCK_K"])[entry]
         if self.kernel == "paged_decode_split" and entry == "merge_split_states":
-            return 4 * (NUM_THREADS // 32)              # one float per warp (the block max of m)
+            return 4 * (NUM_THREADS // 32) * (2 + dict(self.defines)["HEAD_DIM"])   # per warp: max of m, l, o
         return self.smem_bytes
 
     @property
@@ -630,12 +630,15 @@ def online_softmax_build(tile: int = 256, dtype: str = "float32", trace: bool = 
 def default_builds(head_dim: int = 128, dtype: str = "float16", trace: bool = False) -> list[KernelBuild]:
     """One representative build per kernel file: online softmax (tile 256), flash attention
     (``head_dim``), its tensor-core variant (16-bit dtypes and head dims that are multiples of
-    16 only), paged decode (``head_dim``, block_size 16, 32 query heads on 8 kv heads), the
+    16 only), paged decode and the split decode (``head_dim``, block_size 16, 32 query heads on 8 kv
+    heads; the split decode has no trace build), the
     backward (head dims up to 128), the register-tiled forward (float32, head dims a multiple of 4)."""
     builds = [online_softmax_build(256, dtype, trace), flash_attention_build(head_dim, dtype, trace)]
     if dtype in MMA_DTYPES and head_dim % 16 == 0:
         builds.append(flash_attention_mma_build(head_dim, dtype, trace))
     builds.append(paged_decode_build(head_dim, 16, 32, 8, dtype, trace))
+    if not trace:                            # (the split decode has no trace build)
+        builds.append(paged_decode_split_build(head_dim, 16, 32, 8, dtype))
     if head_dim <= MAX_BACKWARD_HEAD_DIM:
         builds.append(flash_attention_backward_build(head_dim, dtype, trace))
     if dtype in MMA_DTYPES and head_dim % 16 == 0:

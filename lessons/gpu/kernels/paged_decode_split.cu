@@ -81,7 +81,6 @@
 // the reduce-scatter softmax when the group's lanes hold exactly one (key, head) pair each
 // (d = 128 fp16 or d = 64 fp32 with 4 heads per block: 16 lanes, 4 keys x 4 heads)
 #define SCATTER_SOFTMAX (UNROLL * HEADS_PER_BLOCK == LANES && LANES >= 2)
-#define MERGE_PER_THREAD ((HEAD_DIM + NUM_THREADS - 1) / NUM_THREADS)
 
 static_assert(HEAD_DIM >= 1 && HEAD_DIM <= 256, "HEAD_DIM must be in 1..256");
 static_assert(BLOCK_SIZE >= 1 && BLOCK_SIZE <= 32, "BLOCK_SIZE must be in 1..32");
@@ -380,15 +379,21 @@ paged_decode_gqa_split(const scalar_t* __restrict__ q, const scalar_t* __restric
 }
 
 // Fold the num_splits partial states of one (seq, head) by the same rule, then out = o / l,
-// lse = m + log(l) (0 and -inf when l == 0). Every thread finds m over all splits (a strided max,
-// then a block max); thread i owns columns i, i + 128. The loads of different splits are
-// independent, so the unrolled loop keeps several in flight.
+// lse = m + log(l) (0 and -inf when l == 0). First m over all splits (a strided max, then a block
+// max); then warp w takes splits w, w + 4, ... (lane i columns i, i + 32, ...: coalesced loads,
+// and the loads of different splits are independent, so several are in flight), and the 4 warps'
+// sums are added in warp order in shared memory (the same order every run).
+#define MERGE_COLS ((HEAD_DIM + 31) / 32)
+
 extern "C" __global__ void __launch_bounds__(NUM_THREADS, 4)
 merge_split_states(const float* __restrict__ part_m, const float* __restrict__ part_l,
                    const float* __restrict__ part_o, int num_heads, int num_splits,
                    scalar_t* __restrict__ out, float* __restrict__ lse) {
     __shared__ float warp_max[NUM_WARPS];
+    __shared__ float warp_l[NUM_WARPS];
+    __shared__ float warp_o[NUM_WARPS][HEAD_DIM];
     const int head = blockIdx.x, seq = blockIdx.y;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const long long row = (long long)seq * num_heads + head;
     const float* __restrict__ pm = part_m + row * num_splits;
     const float* __restrict__ pl = part_l + row * num_splits;
@@ -397,29 +402,40 @@ merge_split_states(const float* __restrict__ part_m, const float* __restrict__ p
     float m = NEG_INF;
     for (int i = threadIdx.x; i < num_splits; i += NUM_THREADS) m = fmaxf(m, pm[i]);
     m = group_max<32>(m);
-    if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
+    if (lane == 0) warp_max[warp] = m;
     __syncthreads();
     m = NEG_INF;
 #pragma unroll
     for (int w = 0; w < NUM_WARPS; ++w) m = fmaxf(m, warp_max[w]);
 
-    float l = 0.f, o[MERGE_PER_THREAD];
+    float l = 0.f, o[MERGE_COLS];
 #pragma unroll
-    for (int k = 0; k < MERGE_PER_THREAD; ++k) o[k] = 0.f;
+    for (int k = 0; k < MERGE_COLS; ++k) o[k] = 0.f;
 #pragma unroll 4
-    for (int i = 0; i < num_splits; ++i) {
+    for (int i = warp; i < num_splits; i += NUM_WARPS) {
         const float beta = correction_factor(pm[i], m);
         l += beta * pl[i];
 #pragma unroll
-        for (int k = 0; k < MERGE_PER_THREAD; ++k) {
-            const int c = threadIdx.x + k * NUM_THREADS;
+        for (int k = 0; k < MERGE_COLS; ++k) {
+            const int c = lane + 32 * k;
             if (c < HEAD_DIM) o[k] += beta * po[(long long)i * HEAD_DIM + c];
         }
     }
+    if (lane == 0) warp_l[warp] = l;
 #pragma unroll
-    for (int k = 0; k < MERGE_PER_THREAD; ++k) {
-        const int c = threadIdx.x + k * NUM_THREADS;
-        if (c < HEAD_DIM) out[row * HEAD_DIM + c] = from_float(l != 0.f ? o[k] / l : 0.f);
+    for (int k = 0; k < MERGE_COLS; ++k) {
+        const int c = lane + 32 * k;
+        if (c < HEAD_DIM) warp_o[warp][c] = o[k];
+    }
+    __syncthreads();
+    l = 0.f;
+#pragma unroll
+    for (int w = 0; w < NUM_WARPS; ++w) l += warp_l[w];
+    for (int c = threadIdx.x; c < HEAD_DIM; c += NUM_THREADS) {
+        float o_all = 0.f;
+#pragma unroll
+        for (int w = 0; w < NUM_WARPS; ++w) o_all += warp_o[w][c];
+        out[row * HEAD_DIM + c] = from_float(l != 0.f ? o_all / l : 0.f);
     }
     if (threadIdx.x == 0) lse[row] = l != 0.f ? m + logf(l) : NEG_INF;
 }
