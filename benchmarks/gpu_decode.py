@@ -149,7 +149,8 @@ def main(argv=None) -> int:
     import cupy
 
     device = gpu.device_name() or "a CUDA device"
-    print(f"device: {device}")
+    sms = int(cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["multiProcessorCount"])
+    print(f"device: {device}, {sms} SMs")
     nbytes = args.copy_mib * 2**20
     src, dst = cupy.ones(nbytes, dtype=np.uint8), cupy.empty(nbytes, dtype=np.uint8)
     copy_s = stream_seconds(cupy, lambda: dst.data.copy_from_device_async(src.data, nbytes), 10, args.repeats)
@@ -185,7 +186,7 @@ def main(argv=None) -> int:
             seconds = stream_seconds(cupy, fn, calls, args.repeats)
             if launcher == "paged_decode_split_gpu":
                 splits_used = gpu.decode_splits(num_seqs, NUM_KV_HEADS, seq_len, block_size=BLOCK_SIZE,
-                                                num_sms=cupy.cuda.Device().attributes["MultiProcessorCount"])
+                                                num_sms=sms)
             else:
                 splits_used = splits or 1
             row = result_row(label, num_seqs, seq_len, splits_used, seconds, copy_bps, diff)

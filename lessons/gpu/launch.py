@@ -700,7 +700,8 @@ def _num_sms(run) -> int:
 
     if run.backend != "cupy":
         return H200_NUM_SMS
-    return int(run.xp.cuda.Device().attributes["MultiProcessorCount"])
+    cuda = run.xp.cuda
+    return int(cuda.runtime.getDeviceProperties(cuda.Device().id)["multiProcessorCount"])
 
 
 def paged_decode_split_gpu(q, k_cache, v_cache, block_tables, seq_lens, num_splits: int | None = None, *,
