@@ -33,7 +33,7 @@ from lessons.gpu.source import flash_attention_backward_build, flash_attention_b
 
 __all__ = ["flash_attention_backward_gpu", "GpuBackwardTrace", "PREPROCESS_ROWS", "kernel_backward_trace",
            "BackwardDivergence", "first_backward_divergence", "backward_trace_differences", "backward_on_gpu",
-           "EMULATED"]
+           "EMULATED", "backward_demo_inputs"]
 
 #: query rows per block of the preprocess kernel (one warp each)
 PREPROCESS_ROWS = 4
@@ -406,3 +406,110 @@ def backward_trace_differences(gpu_trace, numpy_trace) -> np.ndarray:
             diff = np.where(np.isnan(b) & np.isnan(a), 0.0, np.where(np.isfinite(diff), diff, np.inf))
             out[n, c] = diff.max(initial=0.0)
     return out
+
+
+# ---------------------------------------------------------------------------
+# notebook 04's "On the GPU" section
+# ---------------------------------------------------------------------------
+
+def backward_demo_inputs(n_q: int = 64, n_k: int = 64, d: int = 16, *, causal: bool = True, seed: int = 0):
+    """One head's backward inputs as a forward kernel hands them over: ``(q, k, v, o, lse, do)`` float32.
+
+    q, do (n_q, d), k, v (n_k, d): standard normal from ``numpy.random.default_rng(seed)``, stored in float32;
+    ``o`` and ``lse``: :func:`lessons.attention` in float64 on those stored values (``causal`` as given),
+    then stored in float32. Raises ValueError for sizes below 1 (``n_q``, ``n_k``, ``d``).
+    """
+    from lessons.core.checks import check_positive_int
+    from lessons.core.reference import attention
+    n_q, n_k, d = (check_positive_int(x, name) for x, name in ((n_q, "n_q"), (n_k, "n_k"), (d, "d")))
+    rng = np.random.default_rng(seed)
+    q, k, v, do = (rng.standard_normal((n, d)).astype(np.float32) for n in (n_q, n_k, n_k, n_q))
+    o, lse = attention(*(x.astype(np.float64) for x in (q, k, v)), causal=causal, return_lse=True)
+    return q, k, v, o.astype(np.float32), lse.astype(np.float32), do
+
+
+def _difference_table(differences, numpy_trace, where) -> str:
+    head = ["step", "key block", "query block", f"dQ_i {where} - NumPy", f"dK_j {where} - NumPy",
+            f"dV_j {where} - NumPy"]
+    body = [[str(n + 1), str(s.key_block + 1), str(s.query_block + 1), *(f"{x:.1e}" for x in differences[n])]
+            for n, s in enumerate(numpy_trace.steps)]
+    widths = [max(len(r[j]) for r in [head, *body]) for j in range(len(head))]
+    return "\n".join("  " + "  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in [head, *body])
+
+
+def backward_on_gpu(*, n_q: int = 64, n_k: int = 64, d: int = 16, block_q: int = 16, block_k: int = 16,
+                    causal: bool = True, seed: int = 0, use_device=None, emulate=None):
+    """Notebook 04: the backward kernels on one head, checked against NumPy, and their trace.
+
+    Parameters
+    ----------
+    n_q, n_k, d : the head's sizes (default 64 queries, 64 keys, d = 16: with blocks of 16, 4 x 4 tiles,
+        10 of them computed under the causal mask, as the notebook's NumPy stepper).
+    block_q, block_k : the kernels' tile sizes (:func:`lessons.gpu.source.flash_attention_backward_config`).
+    causal : bool, bottom-right aligned.
+    seed : the inputs' seed (:func:`backward_demo_inputs`).
+    use_device, emulate : as :func:`lessons.gpu.lesson.online_softmax_on_gpu` (None: a GPU when there is
+        one, else the CPU emulator, labelled as such).
+
+    At each place that runs (a GPU, or the emulator: the same CUDA C on CPU threads), the trace build runs
+    once per key block (:func:`kernel_backward_trace`); its ``dq``, ``dk``, ``dv`` are checked against
+    :func:`lessons.attention_backward` in float64 on the same float32 inputs (tolerance
+    :data:`lessons.gpu.harness.TOLERANCE`); on a GPU the plain build is checked and timed as well. Returns
+    a :class:`lessons.gpu.harness.GpuLesson` whose ``details`` hold ``inputs`` (q, k, v, o, lse, do),
+    ``exact`` (the textbook gradients), ``numpy_trace`` (:func:`lessons.flash_attention_backward` in float64
+    on the inputs), ``baseline`` (the same in float32), and from the first place that ran ``where``
+    (``"GPU (<name>)"`` or ``"emulated on the CPU"``), ``trace`` (the kernels' BackwardTrace),
+    ``differences`` ((steps, 3) max |kernel - NumPy|) and ``divergence`` (None when every step agrees).
+    Raises ValueError for bad sizes or tiles the kernels cannot take.
+    Source: Dao 2023 (FlashAttention-2), Alg. 2.
+    """
+    from lessons.gpu.harness import TOLERANCE, Section, Table, run_section
+    from lessons.schedules.backward import attention_backward, flash_attention_backward
+
+    inputs = backward_demo_inputs(n_q, n_k, d, causal=causal, seed=seed)
+    block_q, block_k = flash_attention_backward_config(d, block_q, block_k)
+    as64 = [x.astype(np.float64) for x in inputs]
+    exact = attention_backward(as64[0], as64[1], as64[2], as64[5], causal=causal)
+    *_, numpy_trace = flash_attention_backward(*as64, block_q=block_q, block_k=block_k, causal=causal,
+                                               return_trace=True)
+    *_, baseline = flash_attention_backward(*inputs, block_q=block_q, block_k=block_k, causal=causal,
+                                            return_trace=True)
+    build = flash_attention_backward_build(d, "float32", False, block_q, block_k)
+    trace_build = flash_attention_backward_build(d, "float32", True, block_q, block_k)
+    case = f"{n_q} x {n_k}, d = {d}{', causal' if causal else ''}"
+    options = dict(causal=causal, block_q=block_q, block_k=block_k)
+
+    def run(place):
+        checks = []
+        if place.timed:
+            launch = place.kernel(flash_attention_backward_gpu)
+            dev = [place.put(x) for x in inputs]
+            seconds = place.seconds(lambda: launch(*dev, **options))
+            checks += [place.check(f"{case}: {name}", (g,), (r,), seconds=seconds if name == "dq" else None, **TOLERANCE)
+                       for name, g, r in zip(("dq", "dk", "dv"), launch(*dev, **options), exact)]
+        outputs, trace = _traced_run(place.runner, *inputs, scale=None, **options)
+        checks += [place.check(f"{case}, trace build: {name}", (g,), (r,), **TOLERANCE)
+                   for name, g, r in zip(("dq", "dk", "dv"), outputs, exact)]
+        where = f"GPU ({place.runner.name})" if place.timed else EMULATED
+        return checks, {"where": where, "trace": trace, "divergence": first_backward_divergence(trace, numpy_trace),
+                        "differences": backward_trace_differences(trace, numpy_trace)}
+
+    def report(r):
+        if "trace" not in r.details:
+            return []
+        where, found = r.details["where"], r.details["divergence"]
+        lines = [Table(_difference_table(r.details["differences"], numpy_trace, "kernel"),
+                       f"Step by step, the kernels' trace ({where}; trace build, -DFA_TRACE) beside NumPy's "
+                       f"(lessons.flash_attention_backward, float64, block_q={block_q}, block_k={block_k}): max |kernel "
+                       f"- NumPy| of the running blocks each step updated:")]
+        lines.append("  first_backward_divergence: " + (
+            "none - D and every step's running dK_j, dV_j, dQ_i agree within rounding (rtol 1e-4, atol 1e-5)."
+            if found is None else str(found)))
+        return lines
+
+    details = dict(inputs=inputs, exact=exact, numpy_trace=numpy_trace, baseline=baseline, block_q=block_q,
+                   block_k=block_k, causal=causal)
+    return run_section(Section("04_backward_pass", f"FlashAttention-2 backward kernels "
+                               f"(lessons/gpu/kernels/flash_attention_backward.cu), block_q={block_q}, "
+                               f"block_k={block_k}, d={d}", [build, trace_build], run, report,
+                               emulator_builds=[trace_build], details=details), use_device, emulate)

@@ -431,7 +431,8 @@ def backward_kernel_figure(kernel_trace, numpy_trace, exact, *, where, baseline=
     if finite.size:
         bx.set_ylim(finite.min() / 10, finite.max() * 30)
     bx.legend(fontsize=7.5, frameon=False, loc="lower left", ncol=2)
-    verdict = "no divergence" if found is None else f"first divergence: {found.quantity} at step {found.step}"
+    verdict = "no divergence" if found is None else (
+        f"first divergence: {found.quantity}" + ("" if found.step is None else f" at step {found.step + 1}"))
     fig.text(0.02, 0.975, f"The backward kernels' own trace ({where}) beside NumPy's float64 one: "
                           f"{len(kernel_trace)} steps, {verdict}",
              fontsize=10.5, ha="left", va="top", color="#7a3b00", fontweight="bold")
