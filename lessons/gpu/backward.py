@@ -458,8 +458,10 @@ def backward_on_gpu(*, n_q: int = 64, n_k: int = 64, d: int = 16, block_q: int =
     a :class:`lessons.gpu.harness.GpuLesson` whose ``details`` hold ``inputs`` (q, k, v, o, lse, do),
     ``exact`` (the textbook gradients), ``numpy_trace`` (:func:`lessons.flash_attention_backward` in float64
     on the inputs), ``baseline`` (the same in float32), and from the first place that ran ``where``
-    (``"GPU (<name>)"`` or ``"emulated on the CPU"``), ``trace`` (the kernels' BackwardTrace),
+    (``"GPU (<name>)"`` or ``"emulated on the CPU"``), ``trace`` (the kernels' BackwardTrace), ``kernel``
+    (the pair ``(where, trace)``, what :class:`lessons.views.backward.BackwardStepper` takes as ``kernel``),
     ``differences`` ((steps, 3) max |kernel - NumPy|) and ``divergence`` (None when every step agrees).
+    NVRTC's report (registers, shared memory, spills) is of the plain build, the one a training step runs.
     Raises ValueError for bad sizes or tiles the kernels cannot take.
     Source: Dao 2023 (FlashAttention-2), Alg. 2.
     """
@@ -491,7 +493,8 @@ def backward_on_gpu(*, n_q: int = 64, n_k: int = 64, d: int = 16, block_q: int =
         checks += [place.check(f"{case}, trace build: {name}", (g,), (r,), **TOLERANCE)
                    for name, g, r in zip(("dq", "dk", "dv"), outputs, exact)]
         where = f"GPU ({place.runner.name})" if place.timed else EMULATED
-        return checks, {"where": where, "trace": trace, "divergence": first_backward_divergence(trace, numpy_trace),
+        return checks, {"where": where, "trace": trace, "kernel": (where, trace),
+                        "divergence": first_backward_divergence(trace, numpy_trace),
                         "differences": backward_trace_differences(trace, numpy_trace)}
 
     def report(r):
@@ -511,5 +514,5 @@ def backward_on_gpu(*, n_q: int = 64, n_k: int = 64, d: int = 16, block_q: int =
                    block_k=block_k, causal=causal)
     return run_section(Section("04_backward_pass", f"FlashAttention-2 backward kernels "
                                f"(lessons/gpu/kernels/flash_attention_backward.cu), block_q={block_q}, "
-                               f"block_k={block_k}, d={d}", [build, trace_build], run, report,
+                               f"block_k={block_k}, d={d}", [build], run, report,
                                emulator_builds=[trace_build], details=details), use_device, emulate)
