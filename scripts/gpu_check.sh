@@ -11,7 +11,8 @@
 #   1. environment: nvidia-smi, Python, CuPy, NVRTC versions         -> env.txt
 #   2. compile report: registers and shared memory per kernel/arch   -> compile_report.txt
 #   3. the kernel tests on the device (tests/test_gpu_kernels.py, GPU cases,
-#      tests/test_gpu_compile.py, tests/test_gpu_lesson.py, tests/test_gpu_backward.py), in 8 processes at once
+#      tests/test_gpu_compile.py, tests/test_gpu_lesson.py, tests/test_gpu_backward.py,
+#      tests/test_gpu_backward_trace.py), in 8 processes at once
 #      (pytest-xdist; GPU_CHECK_WORKERS=N to change, 2 in a dry run)    -> pytest.txt, pytest.xml
 #   4. compute-sanitizer memcheck and racecheck on each kernel, initcheck on the
 #      paged kernels (small drivers: python scripts/sanitize.py)  -> sanitizer/*.txt
@@ -107,6 +108,7 @@ if ! "$PY" -c "import xdist" >/dev/null 2>&1; then
     step "pytest (GPU cases)" FAIL "pytest-xdist is not installed (pip install -e '.[test]')"
 elif timeout 300 "$PY" -m pytest -p no:nbval -p no:cacheprovider -o addopts="" -q -rs -n "$WORKERS" \
         tests/test_gpu_kernels.py tests/test_gpu_compile.py tests/test_gpu_lesson.py tests/test_gpu_backward.py \
+        tests/test_gpu_backward_trace.py \
         -k "$SELECT" \
         --junitxml="$RESULTS/pytest.xml" > "$RESULTS/pytest.txt" 2>&1; then
     step "pytest (GPU cases)" ok "-n $WORKERS: $(tail -n 1 "$RESULTS/pytest.txt")"

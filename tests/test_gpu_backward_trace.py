@@ -294,3 +294,11 @@ def test_the_section_runs_on_the_emulator_and_says_so():
     assert r.details["where"] == EMULATED and r.details["divergence"] is None
     assert len(r.details["trace"]) == count_tiles(32, 48, 16, 16, causal=True).computed
     assert "not run" in r.summary and "emulator" in r.summary and "first_backward_divergence: none" in r.summary
+
+
+@pytest.mark.skipif(not gpu.device_available(), reason=NO_DEVICE)
+def test_the_section_runs_on_the_device_and_names_it():
+    r = backward_on_gpu(n_q=32, n_k=48, d=16)
+    assert r.ok and r.ran_on_device and len(r.checks_on("GPU")) == 6 and not r.checks_on("emulator")
+    assert r.details["where"].startswith("GPU (") and r.details["divergence"] is None
+    assert r.checks_on("GPU")[0].median_seconds is not None
