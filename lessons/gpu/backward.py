@@ -17,14 +17,18 @@ same on every run, with no float32 dQ buffer and no atomics.
 
 Runs on ``backend="cupy"`` (a CUDA device) or ``backend="emulator"`` (the same CUDA C on CPU
 threads, :mod:`lessons.gpu.emulator`), like the forward launchers in :mod:`lessons.gpu.launch`.
+
+The trace build's records, step by step: :func:`kernel_backward_trace` turns them into the
+:class:`lessons.schedules.backward.BackwardTrace` the NumPy backward returns (so the stepper of
+:mod:`lessons.views.backward` replays either), :func:`first_backward_divergence` names the first
+place it parts from NumPy's, and :func:`backward_on_gpu` is notebook 04's "On the GPU" section.
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
-
-import numbers
 
 from lessons.core.causal_rule import tile_kind
 from lessons.core.checks import check_int
@@ -125,7 +129,8 @@ def flash_attention_backward_gpu(q, k, v, o, lse, do, *, scale=None, causal: boo
     block_q, block_k : tile sizes Br, Bc shared by both passes (default per d:
         :func:`lessons.gpu.source.flash_attention_backward_config`).
     trace_block : optional key block index j; the trace build then records the running
-        ``dK_j`` and ``dV_j`` after every query block (see :class:`GpuBackwardTrace`).
+        ``dK_j`` and ``dV_j`` after every query block, and every row's running ``dQ_i`` after
+        every key block (see :class:`GpuBackwardTrace`).
     backend : ``"cupy"`` (GPU) or ``"emulator"`` (CPU threads).
 
     Returns ``(dq, dk, dv)`` shaped and typed like ``q``, ``k``, ``v`` (accumulated in float32,
@@ -487,7 +492,8 @@ def backward_on_gpu(*, n_q: int = 64, n_k: int = 64, d: int = 16, block_q: int =
             launch = place.kernel(flash_attention_backward_gpu)
             dev = [place.put(x) for x in inputs]
             seconds = place.seconds(lambda: launch(*dev, **options))
-            checks += [place.check(f"{case}: {name}", (g,), (r,), seconds=seconds if name == "dq" else None, **TOLERANCE)
+            checks += [place.check(f"{case}: {name}", (g,), (r,), seconds=seconds if name == "dq" else None,
+                                   **TOLERANCE)
                        for name, g, r in zip(("dq", "dk", "dv"), launch(*dev, **options), exact)]
         outputs, trace = _traced_run(place.runner, *inputs, scale=None, **options)
         checks += [place.check(f"{case}, trace build: {name}", (g,), (r,), **TOLERANCE)
@@ -503,8 +509,8 @@ def backward_on_gpu(*, n_q: int = 64, n_k: int = 64, d: int = 16, block_q: int =
         where, found = r.details["where"], r.details["divergence"]
         lines = [Table(_difference_table(r.details["differences"], numpy_trace, "kernel"),
                        f"Step by step, the kernels' trace ({where}; trace build, -DFA_TRACE) beside NumPy's "
-                       f"(lessons.flash_attention_backward, float64, block_q={block_q}, block_k={block_k}): max |kernel "
-                       f"- NumPy| of the running blocks each step updated:")]
+                       f"(lessons.flash_attention_backward, float64, block_q={block_q}, block_k={block_k}): "
+                       f"max |kernel - NumPy| of the running blocks each step updated:")]
         lines.append("  first_backward_divergence: " + (
             "none - D and every step's running dK_j, dV_j, dQ_i agree within rounding (rtol 1e-4, atol 1e-5)."
             if found is None else str(found)))
