@@ -465,12 +465,13 @@ def backward_on_gpu(*, n_q: int = 64, n_k: int = 64, d: int = 16, block_q: int =
     on the inputs), ``baseline`` (the same in float32), and from the first place that ran ``where``
     (``"GPU (<name>)"`` or ``"emulated on the CPU"``), ``trace`` (the kernels' BackwardTrace), ``kernel``
     (the pair ``(where, trace)``, what :class:`lessons.views.backward.BackwardStepper` takes as ``kernel``),
-    ``differences`` ((steps, 3) max |kernel - NumPy|) and ``divergence`` (None when every step agrees).
+    ``differences`` ((steps, 3) max |kernel - NumPy|) and ``divergence`` (None when every step agrees);
+    on a GPU also ``seconds``, the median time of one backward (all three kernels, CUDA events).
     NVRTC's report (registers, shared memory, spills) is of the plain build, the one a training step runs.
     Raises ValueError for bad sizes or tiles the kernels cannot take.
     Source: Dao 2023 (FlashAttention-2), Alg. 2.
     """
-    from lessons.gpu.harness import TOLERANCE, Section, Table, run_section
+    from lessons.gpu.harness import TOLERANCE, Section, Table, format_seconds, run_section
     from lessons.schedules.backward import attention_backward, flash_attention_backward
 
     inputs = backward_demo_inputs(n_q, n_k, d, causal=causal, seed=seed)
@@ -487,19 +488,18 @@ def backward_on_gpu(*, n_q: int = 64, n_k: int = 64, d: int = 16, block_q: int =
     options = dict(causal=causal, block_q=block_q, block_k=block_k)
 
     def run(place):
-        checks = []
+        checks, timed = [], {}
         if place.timed:
             launch = place.kernel(flash_attention_backward_gpu)
             dev = [place.put(x) for x in inputs]
-            seconds = place.seconds(lambda: launch(*dev, **options))
-            checks += [place.check(f"{case}: {name}", (g,), (r,), seconds=seconds if name == "dq" else None,
-                                   **TOLERANCE)
+            timed["seconds"] = place.seconds(lambda: launch(*dev, **options))     # all three kernels
+            checks += [place.check(f"{case}: {name}", (g,), (r,), **TOLERANCE)
                        for name, g, r in zip(("dq", "dk", "dv"), launch(*dev, **options), exact)]
         outputs, trace = _traced_run(place.runner, *inputs, scale=None, **options)
         checks += [place.check(f"{case}, trace build: {name}", (g,), (r,), **TOLERANCE)
                    for name, g, r in zip(("dq", "dk", "dv"), outputs, exact)]
         where = f"GPU ({place.runner.name})" if place.timed else EMULATED
-        return checks, {"where": where, "trace": trace, "kernel": (where, trace),
+        return checks, {**timed, "where": where, "trace": trace, "kernel": (where, trace),
                         "divergence": first_backward_divergence(trace, numpy_trace),
                         "differences": backward_trace_differences(trace, numpy_trace)}
 
@@ -511,6 +511,9 @@ def backward_on_gpu(*, n_q: int = 64, n_k: int = 64, d: int = 16, block_q: int =
                        f"Step by step, the kernels' trace ({where}; trace build, -DFA_TRACE) beside NumPy's "
                        f"(lessons.flash_attention_backward, float64, block_q={block_q}, block_k={block_k}): "
                        f"max |kernel - NumPy| of the running blocks each step updated:")]
+        if r.details.get("seconds") is not None:
+            lines.append(f"  One backward (the three kernels, plain build) on the GPU: median "
+                         f"{format_seconds(r.details['seconds'])} (CUDA events).")
         lines.append("  first_backward_divergence: " + (
             "none - D and every step's running dK_j, dV_j, dQ_i agree within rounding (rtol 1e-4, atol 1e-5)."
             if found is None else str(found)))
