@@ -174,10 +174,21 @@ class Runner:
                 raise RuntimeError(f"cannot run the CUDA kernel: {why}. To run the same kernel on CPU "
                                    f"threads, pass backend='emulator'.")
             self.xp = cupy
-            self.name = device_name() or "a CUDA device"
         else:
             self.xp = np
-            self.name = "the CPU emulator"
+
+    _name = None
+
+    @property
+    def name(self) -> str:
+        """Where the kernel runs, in words (asked only when shown, never on a launch's path)."""
+        if self._name is None:
+            self._name = (device_name() or "a CUDA device") if self.backend == "cupy" else "the CPU emulator"
+        return self._name
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self._name = value
 
     def put(self, x):
         """``x`` where the kernel reads it: a CuPy array on a device, a NumPy array on the emulator."""
