@@ -711,8 +711,9 @@ def _num_sms(run) -> int:
 
     if run.backend != "cupy":
         return H200_NUM_SMS
-    cuda = run.xp.cuda
-    return int(cuda.runtime.getDeviceProperties(cuda.Device().id)["multiProcessorCount"])
+    from lessons.gpu.compile import _device_properties
+
+    return int(_device_properties()["multiProcessorCount"])      # asked once per process
 
 
 def paged_decode_split_gpu(q, k_cache, v_cache, block_tables, seq_lens, num_splits: int | None = None, *,
