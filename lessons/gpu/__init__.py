@@ -10,6 +10,7 @@ Kernels (CUDA C in ``lessons/gpu/kernels/``, one launcher each):
 * :func:`flash_attention_mma_fa2_gpu` - the tensor-core forward along FlashAttention-2's recipe (big blocks, ldmatrix.x4, swizzle, exp2);
 * :func:`paged_decode_gpu` - decoding over a paged KV cache (vLLM layout) with GQA;
 * :func:`flash_decoding_gpu` - the same split over the keys, partial states merged;
+* :func:`paged_decode_split_gpu` - decode at memory speed: one block per GQA group and split, 16-byte loads;
 * :func:`flash_attention_backward_gpu` - FlashAttention-2 backward (D, dK/dV, dQ), P recomputed from lse.
 
 Each has a trace build (``-DFA_TRACE``) that records ``(m, alpha, l)`` per tile for chosen
@@ -38,6 +39,8 @@ from lessons.gpu.source import flash_attention_mma_async_build, flash_attention_
 from lessons.gpu.source import flash_attention_regtile_build, flash_attention_regtile_config
 from lessons.gpu.launch import flash_attention_mma_fa2_gpu
 from lessons.gpu.source import flash_attention_mma_fa2_build, flash_attention_mma_fa2_config
+from lessons.gpu.launch import paged_decode_split_gpu
+from lessons.gpu.source import decode_splits, paged_decode_split_build
 from lessons.gpu.trace_compare import GpuRowTrace, GpuTrace, TraceDivergence, first_divergence
 
 __all__ = [
@@ -54,4 +57,5 @@ __all__ = [
     "flash_attention_regtile_gpu", "flash_attention_regtile_config", "flash_attention_regtile_build",
     "flash_attention_mma_async_gpu", "flash_attention_mma_async_config", "flash_attention_mma_async_build",
     "flash_attention_mma_fa2_gpu", "flash_attention_mma_fa2_config", "flash_attention_mma_fa2_build",
+    "paged_decode_split_gpu", "decode_splits", "paged_decode_split_build",
 ]

@@ -15,6 +15,7 @@ notebook                            function
 ``01_online_softmax``               :func:`online_softmax_on_gpu`
 ``02_flash_attention_tile_by_tile`` :func:`flash_attention_on_gpu` (with the kernel's trace)
 ``03_query_blocks_and_causal``      :func:`causal_on_gpu`
+``04_backward_pass``                :func:`lessons.gpu.backward.backward_on_gpu` (with the kernels' trace)
 ``05_io_awareness``                 :func:`io_on_gpu` (compile report; naive vs kernel timing),
                                     :func:`tensor_cores_on_gpu`
 ``07_paged_attention``              :func:`paged_decode_on_gpu`
