@@ -87,10 +87,8 @@ def run_torch(torch, q, k, v, do, causal, warmup, repeats):
     tq, tk, tv = (torch.as_tensor(x, device="cuda").unsqueeze(0).requires_grad_() for x in (q, k, v))
     tdo = torch.as_tensor(do, device="cuda").unsqueeze(0)
     out = F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
-    result = torch_seconds_and_peak(torch, lambda: torch.autograd.grad(out, (tq, tk, tv), tdo, retain_graph=True),
-                                    warmup, repeats)
-    del out
-    return result
+    return torch_seconds_and_peak(torch, lambda: torch.autograd.grad(out, (tq, tk, tv), tdo, retain_graph=True),
+                                  warmup, repeats)
 
 
 def run_size(args, cupy, torch, torch_reason, rng, dtype, d, n, t0):
