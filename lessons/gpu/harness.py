@@ -19,8 +19,8 @@ from typing import Callable
 
 import numpy as np
 
-from lessons.gpu.compile import (ARCHS, KernelCompileError, compile_report, compile_report_table, device_available,
-                                 nvrtc_version, NOT_REPORTED)
+from lessons.gpu.compile import (ARCHS, KernelCompileError, _number, compile_report, compile_report_table,
+                                 device_available, nvrtc_version)
 from lessons.gpu.emulator import EmulatedModule, EmulatorError, emulator_available
 from lessons.gpu.launch import Runner
 
@@ -110,12 +110,9 @@ def resources_text(resources) -> str:
     registers per thread, static shared memory per block (bytes), spilled bytes per thread (stores
     + loads); "not reported" where neither the device nor ptxas gave the number.
     """
-    def number(value, fmt="{}"):
-        return NOT_REPORTED if value is None else fmt.format(value)
-
     head = ("kernel", "arch", "dtype", "config", "threads", "registers", "smem bytes", "spills")
-    body = [(r.entry, r.arch, r.dtype, r.config, str(r.threads_per_block), number(r.registers),
-             number(r.smem_bytes, "{:,}"), number(r.spill_bytes)) for r in resources]
+    body = [(r.entry, r.arch, r.dtype, r.config, str(r.threads_per_block), _number(r.registers),
+             _number(r.smem_bytes, "{:,}"), _number(r.spill_bytes)) for r in resources]
     if not body:
         return ""
     widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
