@@ -10,15 +10,15 @@
 #
 #   1. environment: nvidia-smi, Python, CuPy, NVRTC versions         -> env.txt
 #   2. compile report: registers and shared memory per kernel/arch   -> compile_report.txt
-#   3. the GPU cases of every kernel test (tests/test_gpu_*.py), once per entry of
+#   3. the benchmarks first, alone on the device, at N in GPU_CHECK_SIZES (default "4096 8192"):
+#      the forward (naive CuPy vs every rung vs torch SDPA), the backward, the decode kernels'
+#      K/V read rate                                                  -> benchmark/, backward/, decode/
+#   4. the GPU cases of every kernel test (tests/test_gpu_*.py), once per entry of
 #      GPU_CHECK_PASSES (worker counts, 0 = one process; default "8": 8 processes at once with
 #      pytest-xdist; "0 8 0 8" runs serially and with -n 8, twice each) -> pytest_<i>_n<W>.txt/.xml
-#   4. compute-sanitizer memcheck and racecheck on each kernel that has a driver
+#   5. compute-sanitizer memcheck and racecheck on each kernel that has a driver
 #      (python scripts/sanitize.py --list), initcheck on the decode kernels, the runs
 #      GPU_CHECK_SANITIZER_JOBS (default 8) at a time                  -> sanitizer/*.txt
-#   5. the benchmarks at N in GPU_CHECK_SIZES (default "4096 8192"): the forward (naive CuPy vs
-#      every rung vs torch SDPA), the backward, the decode kernels' K/V read rate
-#                                                                     -> benchmark/, backward/, decode/
 #   6. the MPI ring on the GPU (4 ranks), where mpi4py and mpiexec are installed -> ring.txt
 #   and a one-line-per-step summary                                   -> summary.txt
 #
@@ -100,6 +100,23 @@ for dtype in ("float16", "float32"):
     console.print(gpu.compile_report_table(gpu.compile_report(dtype=dtype)))
 EOF
 then step "compile report" ok "compile_report.txt"; else step "compile report" FAIL "compile_report.txt"; fi
+
+# ---- benchmarks, each alone on the device ------------------------------------------------
+read -r -a SIZES <<< "${GPU_CHECK_SIZES:-4096 8192}"
+bench() {  # bench NAME SCRIPT DIR ARGS...
+    local name="$1" script="$2" dir="$3"
+    shift 3
+    if [ ! -f "$script" ]; then step "$name" skip "$script is not in this tree"; return; fi
+    mkdir -p "$RESULTS/$dir"
+    if timeout 240 "$PY" "$script" --out "$RESULTS/$dir" "$@" > "$RESULTS/$dir/log.txt" 2>&1; then
+        step "$name" ok "$dir/ ($(tail -n 1 "$RESULTS/$dir/log.txt" | cut -c1-60))"
+    else
+        step "$name" FAIL "exit $? ($dir/log.txt)"
+    fi
+}
+bench "benchmark forward" benchmarks/gpu_attention.py benchmark --sizes "${SIZES[@]}" --time-budget 150
+bench "benchmark backward" benchmarks/gpu_backward.py backward --sizes "${SIZES[@]}" --time-budget 90
+bench "benchmark decode" benchmarks/gpu_decode.py decode
 
 # ---- tests on the device ----------------------------------------------------------
 # several processes at once, as a busy machine compiles: NVRTC's compile cache, the emulator's
@@ -183,23 +200,6 @@ else
         fi
     done
 fi
-
-# ---- benchmarks, each alone on the device ------------------------------------------------
-read -r -a SIZES <<< "${GPU_CHECK_SIZES:-4096 8192}"
-bench() {  # bench NAME SCRIPT DIR ARGS...
-    local name="$1" script="$2" dir="$3"
-    shift 3
-    if [ ! -f "$script" ]; then step "$name" skip "$script is not in this tree"; return; fi
-    mkdir -p "$RESULTS/$dir"
-    if timeout 240 "$PY" "$script" --out "$RESULTS/$dir" "$@" > "$RESULTS/$dir/log.txt" 2>&1; then
-        step "$name" ok "$dir/ ($(tail -n 1 "$RESULTS/$dir/log.txt" | cut -c1-60))"
-    else
-        step "$name" FAIL "exit $? ($dir/log.txt)"
-    fi
-}
-bench "benchmark forward" benchmarks/gpu_attention.py benchmark --sizes "${SIZES[@]}" --time-budget 150
-bench "benchmark backward" benchmarks/gpu_backward.py backward --sizes "${SIZES[@]}" --time-budget 90
-bench "benchmark decode" benchmarks/gpu_decode.py decode
 
 # ---- the MPI ring on the GPU -------------------------------------------------------------
 if [ $DRY -eq 1 ]; then

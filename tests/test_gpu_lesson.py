@@ -102,6 +102,12 @@ def test_reported_shared_memory_is_what_the_tiles_need(results, nb):
         elif res.entry == "flash_attention_regtile":
             hd, bq, bk = d["HEAD_DIM"], d["BLOCK_Q"], d["BLOCK_K"]
             expected = 4 * (bq * (hd + 4) + bk * (hd + 4) + bq * (bk + 4))       # q, k-then-v, p tiles, +4 padding
+        elif res.entry == "flash_attention_mma_fa2":
+            expected = 2 * 2 * 2 * d["BLOCK_K"] * d["HEAD_DIM"]                 # K, V tiles, two stages, swizzled
+        elif res.entry == "paged_decode_gqa_split":
+            expected = source.paged_decode_split_smem_bytes(d["HEAD_DIM"], d["HEADS_PER_BLOCK"], res.dtype)
+        elif res.entry == "merge_split_states":
+            expected = 4 * (2 * 4 + 4 * d["HEAD_DIM"])                           # max, l, o of 4 warps
         elif res.entry in ("merge_splits", "mma_probe", "flash_attention_backward_preprocess"):
             expected = 0
         elif res.entry.startswith("flash_attention_backward"):
@@ -125,7 +131,9 @@ def test_each_section_reports_only_the_entry_points_it_runs(results):
                                                           "paged_decode_split", "merge_splits", "flash_attention_mma",
                                                           "mma_probe", "flash_attention_backward_preprocess",
                                                           "flash_attention_backward_dkdv", "flash_attention_backward_dq",
-                                                          "flash_attention_regtile", "flash_attention_mma_async"}
+                                                          "flash_attention_regtile", "flash_attention_mma_async",
+                                                          "paged_decode_gqa_split", "merge_split_states",
+                                                          "flash_attention_mma_fa2"}
     assert {r.entry for r in results["04 tensor cores"].resources} == {"flash_attention_mma", "mma_probe"}
 
 

@@ -692,7 +692,8 @@ def default_builds(head_dim: int = 128, dtype: str = "float16", trace: bool = Fa
     (``head_dim``), its tensor-core variant (16-bit dtypes and head dims that are multiples of
     16 only), paged decode and the split decode (``head_dim``, block_size 16, 32 query heads on 8 kv
     heads; the split decode has no trace build), the
-    backward (head dims up to 128), the register-tiled forward (float32, head dims a multiple of 4)."""
+    backward (head dims up to 128), the register-tiled forward (float32, head dims a multiple of 4),
+    the FlashAttention-2-style tensor-core forward (16-bit dtypes, head dims 64 and 128)."""
     builds = [online_softmax_build(256, dtype, trace), flash_attention_build(head_dim, dtype, trace)]
     if dtype in MMA_DTYPES and head_dim % 16 == 0:
         builds.append(flash_attention_mma_build(head_dim, dtype, trace))
@@ -705,6 +706,8 @@ def default_builds(head_dim: int = 128, dtype: str = "float16", trace: bool = Fa
         builds.append(flash_attention_mma_async_build(head_dim, dtype, trace))
     if head_dim % 4 == 0:                    # the register-tiled rung (float32 storage whatever dtype says)
         builds.append(flash_attention_regtile_build(head_dim, "float32", trace))
+    if dtype in MMA_DTYPES and head_dim in FA2_CONFIGS:
+        builds.append(flash_attention_mma_fa2_build(head_dim, dtype, trace))
     return builds
 
 
