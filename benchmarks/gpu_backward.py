@@ -10,6 +10,9 @@ For each storage dtype (``--dtypes``, default float16), sequence length N and he
   (heads, N, N) in device memory;
 * ``kernel`` - :func:`lessons.gpu.flash_attention_backward_gpu` (D, dK/dV and dQ kernels,
   float32 FMAs on CUDA cores; P recomputed from lse, never stored);
+* ``mma``    - :func:`lessons.gpu.backward.flash_attention_backward_mma_gpu` (the same three passes
+  with every product on tensor cores, mma.sync m16n8k16; float16 with d = 64 or 128 only); its
+  note gives its largest difference from ``kernel``, relative to the largest gradient;
 * ``torch``  - the backward of ``torch.nn.functional.scaled_dot_product_attention``
   (``torch.autograd.grad`` on a retained graph), where torch with CUDA is installed.
 
@@ -33,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-IMPLS = ("naive", "kernel", "torch")
+IMPLS = ("naive", "kernel", "mma", "torch")
 DTYPES = ("float16", "float32")
 
 
@@ -166,6 +169,7 @@ def run_size(args, cupy, torch, torch_reason, rng, dtype, d, n, t0):
     import numpy as np
 
     import lessons.gpu as gpu
+    from lessons.gpu.backward import flash_attention_backward_mma_gpu
     from lessons.gpu.measure import median_cuda_seconds
 
     shape = (args.heads, n, d)
@@ -175,6 +179,7 @@ def run_size(args, cupy, torch, torch_reason, rng, dtype, d, n, t0):
     calls = {
         "naive": lambda: naive_backward(cupy, q, k, v, do, args.causal),
         "kernel": lambda: gpu.flash_attention_backward_gpu(q, k, v, o, lse, do, causal=args.causal),
+        "mma": lambda: flash_attention_backward_mma_gpu(q, k, v, o, lse, do, causal=args.causal),
     }
     rows = []
     for impl in IMPLS:
@@ -184,6 +189,8 @@ def run_size(args, cupy, torch, torch_reason, rng, dtype, d, n, t0):
             row["note"] = "skipped: time budget spent"
         elif impl == "torch" and torch is None:
             row["note"] = f"skipped: {torch_reason}"
+        elif impl == "mma" and (dtype != "float16" or d not in (64, 128)):
+            row["note"] = "skipped: the tensor-core backward takes float16 with d = 64 or 128"
         else:
             try:
                 if impl == "torch":
@@ -192,6 +199,8 @@ def run_size(args, cupy, torch, torch_reason, rng, dtype, d, n, t0):
                     seconds = median_cuda_seconds(cupy, calls[impl], args.warmup, args.repeats)
                     peak = peak_cupy(cupy, calls[impl])
                 row.update(seconds=seconds, tflops=flops / seconds / 1e12, peak_bytes=int(peak))
+                if impl == "mma":
+                    row["note"] = mma_difference(cupy, calls["mma"](), calls["kernel"]())
             except Exception as err:     # out of memory, missing cuBLAS, ...
                 row["note"] = f"failed: {type(err).__name__}: {str(err).splitlines()[0][:120]}"
             cupy.get_default_memory_pool().free_all_blocks()
@@ -200,6 +209,16 @@ def run_size(args, cupy, torch, torch_reason, rng, dtype, d, n, t0):
         rows.append(row)
         print(format_row(row), flush=True)
     return rows
+
+
+def mma_difference(xp, mma_grads, kernel_grads) -> str:
+    """``max |mma - kernel| / max |kernel|`` of each gradient, as a note: the two backward kernels
+    compute the same gradients and differ by the 16-bit rounding of P and dS (a few 1e-3 at most)."""
+    parts = []
+    for name, a, b in zip(("dq", "dk", "dv"), mma_grads, kernel_grads):
+        a, b = a.astype(xp.float32), b.astype(xp.float32)
+        parts.append(f"{name} {float(xp.abs(a - b).max() / max(float(xp.abs(b).max()), 1e-30)):.1e}")
+    return "vs kernel: " + ", ".join(parts)
 
 
 def benchmark(args, cupy):
@@ -262,6 +281,7 @@ def plot_results(rows, path: Path, meta: dict) -> None:
     fig, axes = plt.subplots(2, len(head_dims), figsize=(5.2 * len(head_dims), 7.5), squeeze=False, sharex=True)
     style = {"naive": ("tab:red", "o", "naive CuPy (P, dP, dS materialised)"),
              "kernel": ("tab:blue", "s", "RawKernels (P recomputed from lse)"),
+             "mma": ("tab:purple", "D", "RawKernels on tensor cores (mma.sync)"),
              "torch": ("tab:green", "^", "torch SDPA backward")}
     for col, d in enumerate(head_dims):
         for dtype in DTYPES:

@@ -107,7 +107,7 @@ if ! "$PY" -c "import xdist" >/dev/null 2>&1; then
     step "pytest (GPU cases)" FAIL "pytest-xdist is not installed (pip install -e '.[test]')"
 elif timeout 300 "$PY" -m pytest -p no:nbval -p no:cacheprovider -o addopts="" -q -rs -n "$WORKERS" \
         tests/test_gpu_kernels.py tests/test_gpu_compile.py tests/test_gpu_lesson.py tests/test_gpu_backward.py \
-        -k "$SELECT" \
+        tests/test_gpu_backward_mma.py -k "$SELECT" \
         --junitxml="$RESULTS/pytest.xml" > "$RESULTS/pytest.txt" 2>&1; then
     step "pytest (GPU cases)" ok "-n $WORKERS: $(tail -n 1 "$RESULTS/pytest.txt")"
 else
@@ -132,7 +132,7 @@ for base in (spec.submodule_search_locations if spec else []):
 EOF
 )"
 fi
-KERNELS="online_softmax flash_attention flash_attention_mma paged_decode flash_decoding flash_backward"
+KERNELS="online_softmax flash_attention flash_attention_mma paged_decode flash_decoding flash_backward flash_backward_mma"
 if [ $DRY -eq 1 ]; then
     for kernel in $KERNELS; do
         log="$RESULTS/sanitizer/emulator_${kernel}.txt"

@@ -367,3 +367,27 @@ def test_agrees_with_torch_scaled_dot_product_attention_backward(causal, d):
         size = np.abs(ref).max()
         assert np.abs(ours - theirs).max() <= 1e-2 * size, name
         assert np.abs(ours - ref).max() <= 2 * np.abs(theirs - ref).max() + 1e-3 * size, name
+
+
+# ---------------------------------------------------------------------------
+# benchmarks/gpu_backward.py, impl "mma": what runs without a GPU
+# ---------------------------------------------------------------------------
+
+def _benchmark_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_backward.py"
+    spec = importlib.util.spec_from_file_location("gpu_backward_benchmark_mma", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_benchmark_times_the_tensor_core_backward_and_notes_its_difference():
+    bench = _benchmark_module()
+    assert "mma" in bench.IMPLS
+    # by hand: dq differs by 0.01 where max |dq| is 2, dk not at all, dv by 0.5 of 4
+    kernel = [np.array([[2.0, -1.0]]), np.array([[1.0, 1.0]]), np.array([[4.0, 0.0]])]
+    mma = [np.array([[2.01, -1.0]]), np.array([[1.0, 1.0]]), np.array([[4.0, 0.5]])]
+    assert bench.mma_difference(np, mma, kernel) == "vs kernel: dq 5.0e-03, dk 0.0e+00, dv 1.2e-01"

@@ -592,7 +592,8 @@ def default_builds(head_dim: int = 128, dtype: str = "float16", trace: bool = Fa
     """One representative build per kernel file: online softmax (tile 256), flash attention
     (``head_dim``), its tensor-core variant (16-bit dtypes and head dims that are multiples of
     16 only), paged decode (``head_dim``, block_size 16, 32 query heads on 8 kv heads), the
-    backward (head dims up to 128), the register-tiled forward (float32, head dims a multiple of 4)."""
+    backward (head dims up to 128), the register-tiled forward (float32, head dims a multiple of 4), the
+    tensor-core backward (16-bit dtypes, head dims 64 and 128, no trace build)."""
     builds = [online_softmax_build(256, dtype, trace), flash_attention_build(head_dim, dtype, trace)]
     if dtype in MMA_DTYPES and head_dim % 16 == 0:
         builds.append(flash_attention_mma_build(head_dim, dtype, trace))
@@ -603,6 +604,8 @@ def default_builds(head_dim: int = 128, dtype: str = "float16", trace: bool = Fa
         builds.append(flash_attention_mma_async_build(head_dim, dtype, trace))
     if head_dim % 4 == 0:                    # the register-tiled rung (float32 storage whatever dtype says)
         builds.append(flash_attention_regtile_build(head_dim, "float32", trace))
+    if dtype in MMA_DTYPES and head_dim in BACKWARD_MMA_HEAD_DIMS and not trace:    # (it has no trace build)
+        builds.append(flash_attention_backward_mma_build(head_dim, dtype))
     return builds
 
 
