@@ -271,7 +271,7 @@ def test_tile_sizes_and_their_shared_memory():
         "flash_attention_backward_mma_dkdv": 37376, "flash_attention_backward_mma_dq": 18432}
     # d = 128: 32 query rows would need 2 * 2 * 96 * 136 + 256 = 52480 > 49152 bytes
     assert source.flash_attention_backward_mma_config(64) == (64, 64)
-    assert source.flash_attention_backward_mma_config(128) == (16, 32)
+    assert source.flash_attention_backward_mma_config(128) == (16, 64)
     with pytest.raises(ValueError, match="needs 52480 bytes of shared memory"):
         source.flash_attention_backward_mma_config(128, 32, 32)
     with pytest.raises(ValueError, match="dq_block_k must be a multiple of 16"):
@@ -279,7 +279,7 @@ def test_tile_sizes_and_their_shared_memory():
     with pytest.raises(ValueError, match="takes dtype float16 or bfloat16"):
         source.flash_attention_backward_mma_build(64, "float32")
     build = source.flash_attention_backward_mma_build(128, "bfloat16")
-    assert build.describe() == "flash_attention_backward_mma bfloat16 DKDV_BLOCK_Q=16 DQ_BLOCK_K=32 HEAD_DIM=128"
+    assert build.describe() == "flash_attention_backward_mma bfloat16 DKDV_BLOCK_Q=16 DQ_BLOCK_K=64 HEAD_DIM=128"
     assert build.entry_smem_bytes("flash_attention_backward_mma_dkdv") == 2 * 2 * 80 * 136 + 2 * 4 * 16
     assert build.smem_bytes == build.entry_smem_bytes("flash_attention_backward_mma_dkdv")
 
@@ -311,9 +311,14 @@ def test_ptx_holds_the_tensor_core_instruction(dtype, suffix):
     ptx = compile_ptx(source.flash_attention_backward_mma_build(64, dtype), "sm_90")
     bodies = {e: ptx.split(f".entry {e}(")[1].split(".entry")[0] for e in ENTRIES}
     # d = 64, 64 x 64 tiles, per query block: S^T, dP^T (4 d-slices x 8 tiles each), dV, dK
-    # (4 query slices x 8 tiles each) -> 4 * 32 = 128 mma per dK/dV step, all unrolled; dQ: 2 * 32 + 32 = 96
+    # (4 query slices x 8 tiles each) -> 4 * 32 = 128 mma per dK/dV step, all unrolled;
+    # dQ, one 16-key slice (its loop is not unrolled): S, dP (4 d-slices x 2 tiles each), dQ (8 tiles) -> 24
     assert bodies["flash_attention_backward_mma_dkdv"].count(f"mma.sync.aligned.m16n8k16.row.col.{suffix}") == 128
-    assert bodies["flash_attention_backward_mma_dq"].count(f"mma.sync.aligned.m16n8k16.row.col.{suffix}") == 96
+    assert bodies["flash_attention_backward_mma_dq"].count(f"mma.sync.aligned.m16n8k16.row.col.{suffix}") == 24
+    # B fragments by ldmatrix: K^T-like operands as stored, dO, Q and K as B = M by .trans
+    for body in bodies.values():
+        assert "ldmatrix.sync.aligned.m8n8.x2.shared.b16" in body
+        assert "ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16" in body
     assert not re.search(r"^\s*(atom|red)\.", ptx, re.MULTILINE)     # no atomics: bitwise repeatable
 
 

@@ -104,6 +104,10 @@ def test_reported_shared_memory_is_what_the_tiles_need(results, nb):
             expected = 4 * (bq * (hd + 4) + bk * (hd + 4) + bq * (bk + 4))       # q, k-then-v, p tiles, +4 padding
         elif res.entry in ("merge_splits", "mma_probe", "flash_attention_backward_preprocess"):
             expected = 0
+        elif res.entry.startswith("flash_attention_backward_mma"):
+            hd, bq, bk = d["HEAD_DIM"], d["DKDV_BLOCK_Q"], d["DQ_BLOCK_K"]   # 16-bit tiles, +8 padding
+            expected = (2 * 2 * (64 + bq) * (hd + 8) + 2 * 4 * bq if res.entry.endswith("dkdv")
+                        else 2 * 2 * bk * (hd + 8))
         elif res.entry.startswith("flash_attention_backward"):
             hd, bq, bk = d["HEAD_DIM"], d["BLOCK_Q"], d["BLOCK_K"]
             tiles = 2 * (bq + bk) * (hd + 1)                                   # q, dO, k, v tiles
@@ -125,7 +129,9 @@ def test_each_section_reports_only_the_entry_points_it_runs(results):
                                                           "paged_decode_split", "merge_splits", "flash_attention_mma",
                                                           "mma_probe", "flash_attention_backward_preprocess",
                                                           "flash_attention_backward_dkdv", "flash_attention_backward_dq",
-                                                          "flash_attention_regtile", "flash_attention_mma_async"}
+                                                          "flash_attention_regtile", "flash_attention_mma_async",
+                                                          "flash_attention_backward_mma_dkdv",
+                                                          "flash_attention_backward_mma_dq"}
     assert {r.entry for r in results["04 tensor cores"].resources} == {"flash_attention_mma", "mma_probe"}
 
 

@@ -429,7 +429,7 @@ BACKWARD_MMA_HEAD_DIMS = (64, 128)
 BACKWARD_MMA_HELD = 64
 #: default (dkdv_block_q, dq_block_k) per head dim: the largest tiles that fit 48 KiB of shared
 #: memory and leave ptxas no reason to spill
-BACKWARD_MMA_TILES = {64: (64, 64), 128: (16, 32)}
+BACKWARD_MMA_TILES = {64: (64, 64), 128: (16, 64)}
 
 
 def flash_attention_backward_mma_smem_bytes(head_dim: int, dkdv_block_q: int, dq_block_k: int) -> dict:
@@ -451,7 +451,7 @@ def flash_attention_backward_mma_config(head_dim: int, dkdv_block_q: int | None 
     The dK/dV kernel holds 64 keys (4 warps x 16) and streams query blocks of ``dkdv_block_q``
     rows; the dQ kernel holds 64 query rows and streams key blocks of ``dq_block_k`` keys.
     ``head_dim`` must be 64 or 128. Defaults (:data:`BACKWARD_MMA_TILES`): (64, 64) for d = 64,
-    (16, 32) for d = 128 (the dK/dV kernel's four tiles of d = 128 leave room for only 16
+    (16, 64) for d = 128 (the dK/dV kernel's four tiles of d = 128 leave room for only 16
     query rows in 48 KiB). Given, each must be 16, 32, 48 or 64 and fit 48 KiB.
     Raises TypeError / ValueError naming the argument.
     """

@@ -43,11 +43,12 @@
 //   A (16 x 16, row-major): a0 = A[g][2t..2t+1]  a1 = A[g+8][2t..]  a2 = A[g][2t+8..]  a3 = A[g+8][2t+8..]
 //   B (16 x 8):             b0 = B[2t..2t+1][g]  b1 = B[2t+8..2t+9][g]
 //   C (16 x 8, float32):    c0,c1 = C[g][2t, 2t+1]   c2,c3 = C[g+8][2t, 2t+1]
-// Two ways to read a B operand from a row-major tile M in shared memory:
-//   * B = M^T (B[k][n] = M[n][k]: "K^T" of S = Q K^T): two neighbouring values of row n,
-//     one 32-bit load each (load_b_transposed);
-//   * B = M   (B[k][n] = M[k][n]: "V" of o += P V): one value from each of two rows, packed
-//     (load_b).
+// Two ways to read a B operand from a row-major tile M in shared memory, each one ldmatrix.x2
+// for the whole warp (as flash_attention_mma_async.cu):
+//   * B = M^T (B[k][n] = M[n][k]: "K^T" of S = Q K^T): two neighbouring values of row n
+//     (load_b_transposed: ldmatrix);
+//   * B = M   (B[k][n] = M[k][n]: "V" of o += P V): one value from each of two rows
+//     (load_b: ldmatrix.trans).
 //
 // Precision, as FlashAttention-2: Q, K, V, dO enter the products as stored (16 bits); P and dS
 // are computed in float32 and rounded to 16 bits once, to enter their product; all sums are
@@ -65,10 +66,10 @@
 //          lse_s, delta_s [DKDV_BLOCK_Q] float32
 //   dQ:    k_s, v_s [DQ_BLOCK_K][HEAD_DIM + 8]
 // lessons/gpu/source.py (flash_attention_backward_mma_config) picks DKDV_BLOCK_Q and DQ_BLOCK_K
-// so that each fits 48 KiB and nothing spills: (64, 64) for d = 64, (16, 32) for d = 128.
+// so that each fits 48 KiB and nothing spills: (64, 64) for d = 64, (16, 64) for d = 128.
 //
-// Not done here (next steps towards FlashAttention-2's speed): ldmatrix fragment loads,
-// cp.async double buffering, and the fused dQ by atomicAdd (5 matmuls per tile pair, not 7).
+// Not done here (next steps towards FlashAttention-2's speed): ldmatrix.x4 for the A fragments
+// and for two B fragments at once, cp.async double buffering, and the fused dQ by atomicAdd (5 matmuls per tile pair, not 7).
 //
 // Launch (block = 128 threads, 4 warps; needs sm_80 or newer):
 //   flash_attention_backward_mma_dkdv  grid = (ceil(n_k / 64), batch * heads)
@@ -133,20 +134,58 @@ __device__ __forceinline__ void load_a(unsigned a[4], const scalar_t* m, long lo
     a[3] = has_hi ? *reinterpret_cast<const unsigned*>(hi + 8) : 0u;
 }
 
+// ---- ldmatrix (PTX ISA 7.0+, sm_80+): a warp loads the 8x8 16-bit matrices of a fragment ------
+// .x2: lanes 0..7 name the 8 rows of matrix 0, lanes 8..15 those of matrix 1 (lanes 16..31 are
+// not read, but name valid rows too); lane L receives, of matrix i, row L/4 elements 2(L%4) and
+// 2(L%4)+1 in register i (.trans: column L/4, rows 2(L%4) and 2(L%4)+1). One instruction
+// replaces each lane's two 32-bit loads, or four 16-bit loads and two packs.
+#ifdef FA_CPU_EMULATION
+inline const unsigned short* ldm_rows[1024];
+// ldmatrix .x2 by its definition (above), between two warp barriers, as the emulated mma
+inline void ldmatrix_x2(unsigned b[2], const unsigned short* row, bool trans) {
+    const unsigned tid = threadIdx.x, first = tid & ~31u, lane = tid & 31u;
+    ldm_rows[tid] = row;
+    __syncwarp();                                  // every lane has published its row address
+    for (int i = 0; i < 2; ++i) {
+        unsigned short lo, hi;
+        if (!trans) {
+            const unsigned short* r = ldm_rows[first + 8 * i + lane / 4];
+            lo = r[2 * (lane % 4)]; hi = r[2 * (lane % 4) + 1];
+        } else {
+            lo = ldm_rows[first + 8 * i + 2 * (lane % 4)][lane / 4];
+            hi = ldm_rows[first + 8 * i + 2 * (lane % 4) + 1][lane / 4];
+        }
+        b[i] = (unsigned)lo | ((unsigned)hi << 16);
+    }
+    __syncwarp();                                  // every lane has read before the next load
+}
+#else
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+__device__ __forceinline__ void ldmatrix_x2(unsigned b[2], const unsigned short* row, bool trans) {
+    if (trans)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
+                     : "=r"(b[0]), "=r"(b[1]) : "r"(smem_u32(row)));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
+                     : "=r"(b[0]), "=r"(b[1]) : "r"(smem_u32(row)));
+}
+#endif
+
 // The B fragment of B = M^T, B[k][n] = M[n0 + n][k0 + k] (k 0..15, n 0..7), M a row-major
-// shared tile: row n0 + g, two neighbouring values at k0 + 2t and k0 + 2t + 8.
-__device__ __forceinline__ void load_b_transposed(unsigned b[2], const scalar_t* m, int n0, int k0, int g, int t) {
-    const scalar_t* p = m + (n0 + g) * PITCH + k0 + 2 * t;
-    b[0] = *reinterpret_cast<const unsigned*>(p);
-    b[1] = *reinterpret_cast<const unsigned*>(p + 8);
+// shared tile: b0 = M[n0 + g][k0 + 2t, 2t + 1], b1 = the same 8 columns on. Matrix i of the
+// ldmatrix is rows n0 .. n0 + 7, columns k0 + 8i .. k0 + 8i + 7, read as stored.
+__device__ __forceinline__ void load_b_transposed(unsigned b[2], const scalar_t* m, int n0, int k0, int lane) {
+    ldmatrix_x2(b, m + (n0 + lane % 8) * PITCH + k0 + 8 * ((lane / 8) % 2), false);
 }
 
-// The B fragment of B = M, B[k][n] = M[k0 + k][n0 + n]: column n0 + g of rows k0 + 2t, 2t + 1,
-// 2t + 8, 2t + 9, one value from each.
-__device__ __forceinline__ void load_b(unsigned b[2], const scalar_t* m, int k0, int n0, int g, int t) {
-    const scalar_t* p = m + (k0 + 2 * t) * PITCH + n0 + g;
-    b[0] = pack2(p[0], p[PITCH]);
-    b[1] = pack2(p[8 * PITCH], p[9 * PITCH]);
+// The B fragment of B = M, B[k][n] = M[k0 + k][n0 + n]: b0 = M[k0 + 2t, 2t + 1][n0 + g], b1 the
+// same 8 rows on. Matrix i is rows k0 + 8i .. k0 + 8i + 7, columns n0 .. n0 + 7, transposed.
+__device__ __forceinline__ void load_b(unsigned b[2], const scalar_t* m, int k0, int n0, int lane) {
+    ldmatrix_x2(b, m + (k0 + 8 * ((lane / 8) % 2) + lane % 8) * PITCH + n0, true);
 }
 
 // Rows first .. first + n_rows_tile - 1 of a (n_rows, HEAD_DIM) matrix into a shared tile,
@@ -248,9 +287,9 @@ flash_attention_backward_mma_dkdv(const scalar_t* __restrict__ q, const scalar_t
 #pragma unroll
             for (int n = 0; n < DKDV_BLOCK_Q / 8; ++n) {
                 unsigned b[2];
-                load_b_transposed(b, q_s, n * 8, ds * 16, g, t);
+                load_b_transposed(b, q_s, n * 8, ds * 16, lane);
                 mma_16x8x16(s[n], k_frag, b);
-                load_b_transposed(b, do_s, n * 8, ds * 16, g, t);
+                load_b_transposed(b, do_s, n * 8, ds * 16, lane);
                 mma_16x8x16(dp[n], v_frag, b);
             }
         }
@@ -280,9 +319,9 @@ flash_attention_backward_mma_dkdv(const scalar_t* __restrict__ q, const scalar_t
 #pragma unroll
             for (int n = 0; n < D_TILES; ++n) {
                 unsigned b[2];
-                load_b(b, do_s, qs * 16, n * 8, g, t);
+                load_b(b, do_s, qs * 16, n * 8, lane);
                 mma_16x8x16(dv_acc[n], p_frag, b);
-                load_b(b, q_s, qs * 16, n * 8, g, t);
+                load_b(b, q_s, qs * 16, n * 8, lane);
                 mma_16x8x16(dk_acc[n], ds_frag, b);
             }
         }
@@ -356,44 +395,47 @@ flash_attention_backward_mma_dq(const scalar_t* __restrict__ q, const scalar_t* 
         load_tile(v_s, v_bh, k_start, DQ_BLOCK_K, n_k, tid);
         __syncthreads();                             // K_j, V_j are ready
 
-        // S = Q_i K_j^T, dP = dO_i V_j^T; tile n, element i: row rows[i / 2], key k_start + 8n + 2t + i % 2
-        float s[DQ_BLOCK_K / 8][4], dp[DQ_BLOCK_K / 8][4];
-#pragma unroll
-        for (int n = 0; n < DQ_BLOCK_K / 8; ++n)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) { s[n][i] = 0.f; dp[n][i] = 0.f; }
-#pragma unroll
-        for (int ds = 0; ds < D_STEPS; ++ds)
-#pragma unroll
-            for (int n = 0; n < DQ_BLOCK_K / 8; ++n) {
-                unsigned b[2];
-                load_b_transposed(b, k_s, n * 8, ds * 16, g, t);
-                mma_16x8x16(s[n], q_frag[ds], b);
-                load_b_transposed(b, v_s, n * 8, ds * 16, g, t);
-                mma_16x8x16(dp[n], do_frag[ds], b);
-            }
-
-        // P (into s, unused after) and dS (into dp)
-#pragma unroll
-        for (int n = 0; n < DQ_BLOCK_K / 8; ++n)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int h = i / 2;
-                const int key = k_start + n * 8 + 2 * t + i % 2;
-                const bool visible = rows[h] < n_q && key < n_k && (!causal || key <= rows[h] + n_k - n_q);
-                probability_and_ds(s[n][i], dp[n][i], scale, L[h], D[h], visible, &s[n][i], &dp[n][i]);
-            }
-
-        // dQ_i += dS K_j: A = dS of keys 16ks .. 16ks+15 (tiles 2ks, 2ks+1), B = K_j itself
-#pragma unroll
+        // 16 keys at a time (so only 16 scores per row are live, whatever DQ_BLOCK_K); not unrolled,
+        // so that ptxas does not start the next slice's loads early: with Q, dO and dQ of d = 128
+        // in registers (128 of them) that would spill
+#pragma unroll 1
         for (int ks = 0; ks < DQ_BLOCK_K / 16; ++ks) {
-            const unsigned ds_frag[4] = {pack2f(dp[2 * ks][0], dp[2 * ks][1]), pack2f(dp[2 * ks][2], dp[2 * ks][3]),
-                                         pack2f(dp[2 * ks + 1][0], dp[2 * ks + 1][1]),
-                                         pack2f(dp[2 * ks + 1][2], dp[2 * ks + 1][3])};
+            // S = Q_i K^T, dP = dO_i V^T for keys 16ks .. 16ks+15 of the block;
+            // tile n (0, 1), element i: row rows[i / 2], key k_start + 16ks + 8n + 2t + i % 2
+            float s[2][4], dp[2][4];
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) { s[n][i] = 0.f; dp[n][i] = 0.f; }
+#pragma unroll
+            for (int ds = 0; ds < D_STEPS; ++ds)
+#pragma unroll
+                for (int n = 0; n < 2; ++n) {
+                    unsigned b[2];
+                    load_b_transposed(b, k_s, ks * 16 + n * 8, ds * 16, lane);
+                    mma_16x8x16(s[n], q_frag[ds], b);
+                    load_b_transposed(b, v_s, ks * 16 + n * 8, ds * 16, lane);
+                    mma_16x8x16(dp[n], do_frag[ds], b);
+                }
+
+            // P (into s, unused after) and dS (into dp)
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int h = i / 2;
+                    const int key = k_start + ks * 16 + n * 8 + 2 * t + i % 2;
+                    const bool visible = rows[h] < n_q && key < n_k && (!causal || key <= rows[h] + n_k - n_q);
+                    probability_and_ds(s[n][i], dp[n][i], scale, L[h], D[h], visible, &s[n][i], &dp[n][i]);
+                }
+
+            // dQ_i += dS K: A = dS of these 16 keys (its two C tiles, rounded to 16 bits), B = K itself
+            const unsigned ds_frag[4] = {pack2f(dp[0][0], dp[0][1]), pack2f(dp[0][2], dp[0][3]),
+                                         pack2f(dp[1][0], dp[1][1]), pack2f(dp[1][2], dp[1][3])};
 #pragma unroll
             for (int n = 0; n < D_TILES; ++n) {
                 unsigned b[2];
-                load_b(b, k_s, ks * 16, n * 8, g, t);
+                load_b(b, k_s, ks * 16, n * 8, lane);
                 mma_16x8x16(dq_acc[n], ds_frag, b);
             }
         }
