@@ -10,15 +10,19 @@
 #
 #   1. environment: nvidia-smi, Python, CuPy, NVRTC versions         -> env.txt
 #   2. compile report: registers and shared memory per kernel/arch   -> compile_report.txt
-#   3. the kernel tests on the device (tests/test_gpu_kernels.py, GPU cases,
-#      tests/test_gpu_compile.py, tests/test_gpu_lesson.py, tests/test_gpu_backward.py), in 8 processes at once
-#      (pytest-xdist; GPU_CHECK_WORKERS=N to change, 2 in a dry run)    -> pytest.txt, pytest.xml
-#   4. compute-sanitizer memcheck and racecheck on each kernel, initcheck on the
-#      paged kernels (small drivers: python scripts/sanitize.py)  -> sanitizer/*.txt
-#   5. the benchmark (naive CuPy vs the RawKernel vs torch SDPA)      -> benchmark/
+#   3. the GPU cases of every kernel test (tests/test_gpu_*.py), once per entry of
+#      GPU_CHECK_PASSES (worker counts, 0 = one process; default "8": 8 processes at once with
+#      pytest-xdist; "0 8 0 8" runs serially and with -n 8, twice each) -> pytest_<i>_n<W>.txt/.xml
+#   4. compute-sanitizer memcheck and racecheck on each kernel that has a driver
+#      (python scripts/sanitize.py --list), initcheck on the decode kernels, the runs
+#      GPU_CHECK_SANITIZER_JOBS (default 8) at a time                  -> sanitizer/*.txt
+#   5. the benchmarks at N in GPU_CHECK_SIZES (default "4096 8192"): the forward (naive CuPy vs
+#      every rung vs torch SDPA), the backward, the decode kernels' K/V read rate
+#                                                                     -> benchmark/, backward/, decode/
+#   6. the MPI ring on the GPU (4 ranks), where mpi4py and mpiexec are installed -> ring.txt
 #   and a one-line-per-step summary                                   -> summary.txt
 #
-# Sized to finish in well under 8 minutes on one H200; each step has its own time limit.
+# Sized to finish in under 8 minutes on one H200; each step has its own time limit.
 # Exit status: 0 if every step that could run passed, 1 otherwise.
 set -uo pipefail
 
@@ -43,7 +47,7 @@ FAILED=0
 START=$(date +%s)
 
 step() {  # step NAME STATUS DETAIL
-    printf '%-40s %-5s %s\n' "$1" "$2" "$3" | tee -a "$SUMMARY"
+    printf '%-46s %-5s %s\n' "$1" "$2" "$3" | tee -a "$SUMMARY"
     if [ "$2" = "FAIL" ]; then FAILED=1; fi
 }
 
@@ -101,17 +105,25 @@ then step "compile report" ok "compile_report.txt"; else step "compile report" F
 # several processes at once, as a busy machine compiles: NVRTC's compile cache, the emulator's
 # library cache and every temporary file must hold up under it (no pytest cache is written)
 SELECT="not emulator"
-WORKERS="${GPU_CHECK_WORKERS:-8}"
-if [ $DRY -eq 1 ]; then SELECT="emulator and (instruction or keeps_nan)"; WORKERS="${GPU_CHECK_WORKERS:-2}"; fi
+PASSES="${GPU_CHECK_PASSES:-8}"
+if [ $DRY -eq 1 ]; then SELECT="emulator and (instruction or keeps_nan)"; PASSES="${GPU_CHECK_PASSES:-2}"; fi
+TESTS=(tests/test_gpu_*.py)
 if ! "$PY" -c "import xdist" >/dev/null 2>&1; then
     step "pytest (GPU cases)" FAIL "pytest-xdist is not installed (pip install -e '.[test]')"
-elif timeout 300 "$PY" -m pytest -p no:nbval -p no:cacheprovider -o addopts="" -q -rs -n "$WORKERS" \
-        tests/test_gpu_kernels.py tests/test_gpu_compile.py tests/test_gpu_lesson.py tests/test_gpu_backward.py \
-        tests/test_gpu_backward_mma.py -k "$SELECT" \
-        --junitxml="$RESULTS/pytest.xml" > "$RESULTS/pytest.txt" 2>&1; then
-    step "pytest (GPU cases)" ok "-n $WORKERS: $(tail -n 1 "$RESULTS/pytest.txt")"
 else
-    step "pytest (GPU cases)" FAIL "-n $WORKERS: $(tail -n 1 "$RESULTS/pytest.txt")"
+    i=0
+    for workers in $PASSES; do
+        i=$((i + 1))
+        name="pytest_${i}_n${workers}"
+        xdist=(-n "$workers")
+        if [ "$workers" = "0" ]; then xdist=(-p no:xdist); fi
+        if timeout 300 "$PY" -m pytest -p no:nbval -p no:cacheprovider -o addopts="" -q -rs "${xdist[@]}" \
+                "${TESTS[@]}" -k "$SELECT" --junitxml="$RESULTS/$name.xml" > "$RESULTS/$name.txt" 2>&1; then
+            step "pytest pass $i (-n $workers)" ok "$(tail -n 1 "$RESULTS/$name.txt")"
+        else
+            step "pytest pass $i (-n $workers)" FAIL "$(tail -n 1 "$RESULTS/$name.txt") ($name.txt)"
+        fi
+    done
 fi
 
 # ---- compute-sanitizer --------------------------------------------------------------
@@ -132,47 +144,87 @@ for base in (spec.submodule_search_locations if spec else []):
 EOF
 )"
 fi
-KERNELS="online_softmax flash_attention flash_attention_mma paged_decode flash_decoding flash_backward flash_backward_mma"
-if [ $DRY -eq 1 ]; then
-    for kernel in $KERNELS; do
-        log="$RESULTS/sanitizer/emulator_${kernel}.txt"
-        if timeout 240 "$PY" scripts/sanitize.py "$kernel" --emulator > "$log" 2>&1; then
-            step "drivers (emulator) $kernel" ok "$(tail -n 1 "$log")"
-        else
-            step "drivers (emulator) $kernel" FAIL "exit $? (${log#"$RESULTS"/})"
-        fi
-    done
-elif [ -z "$SAN" ]; then
+JOBS=()
+for kernel in $("$PY" scripts/sanitize.py --list); do
+    if [ $DRY -eq 1 ]; then JOBS+=("emulator $kernel"); continue; fi
+    tools="memcheck racecheck"
+    case "$kernel" in *decod*) tools="$tools initcheck" ;; esac
+    for tool in $tools; do JOBS+=("$tool $kernel"); done
+done
+if [ $DRY -eq 0 ] && [ -z "$SAN" ]; then
     step "compute-sanitizer" FAIL "not found (CUDA toolkit or pip nvidia-cuda-sanitizer-api-cu12)"
 else
-    "$SAN" --version > "$RESULTS/sanitizer/version.txt" 2>&1
-    for kernel in $KERNELS; do
-        tools="memcheck racecheck"
-        case "$kernel" in paged_decode|flash_decoding) tools="$tools initcheck" ;; esac
-        for tool in $tools; do
-            log="$RESULTS/sanitizer/${tool}_${kernel}.txt"
-            timeout 120 "$SAN" --tool "$tool" --error-exitcode 3 "$PY" scripts/sanitize.py "$kernel" > "$log" 2>&1
-            rc=$?
-            summary="$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -n 1)"
-            if [ $rc -eq 0 ]; then
-                step "sanitizer $tool $kernel" ok "${summary:-clean}"
-            else
-                step "sanitizer $tool $kernel" FAIL "exit $rc ${summary} (${log#"$RESULTS"/})"
-            fi
-        done
+    if [ -n "$SAN" ]; then "$SAN" --version > "$RESULTS/sanitizer/version.txt" 2>&1; fi
+    export SAN PY RESULTS
+    sanitize_one() {  # sanitize_one TOOL KERNEL: writes sanitizer/TOOL_KERNEL.txt and its exit status
+        local log="$RESULTS/sanitizer/$1_$2.txt"
+        if [ "$1" = "emulator" ]; then
+            timeout 240 "$PY" scripts/sanitize.py "$2" --emulator > "$log" 2>&1
+        else
+            timeout 150 "$SAN" --tool "$1" --error-exitcode 3 "$PY" scripts/sanitize.py "$2" > "$log" 2>&1
+        fi
+        echo $? > "$log.rc"
+    }
+    export -f sanitize_one
+    # the runs overlap (GPU_CHECK_SANITIZER_JOBS at a time): a kernel must also stay clean on a busy device
+    printf '%s\n' "${JOBS[@]}" | xargs -P "${GPU_CHECK_SANITIZER_JOBS:-8}" -L 1 bash -c 'sanitize_one "$0" "$1"'
+    for job in "${JOBS[@]}"; do
+        read -r tool kernel <<< "$job"
+        log="$RESULTS/sanitizer/${tool}_${kernel}.txt"
+        rc="$(cat "$log.rc" 2>/dev/null || echo missing)"
+        rm -f "$log.rc"
+        summary="$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" 2>/dev/null | tail -n 1)"
+        label="sanitizer $tool $kernel"
+        if [ "$tool" = "emulator" ]; then label="drivers (emulator) $kernel"; fi
+        if [ "$rc" = "0" ]; then
+            step "$label" ok "${summary:-$(tail -n 1 "$log")}"
+        else
+            step "$label" FAIL "exit $rc ${summary} (sanitizer/${tool}_${kernel}.txt)"
+        fi
     done
 fi
 
-# ---- benchmark ------------------------------------------------------------------------
-if timeout 240 "$PY" benchmarks/gpu_attention.py --out "$RESULTS/benchmark" --time-budget 150 \
-        > "$RESULTS/benchmark/log.txt" 2>&1; then
-    if [ $DRY -eq 1 ]; then
-        step "benchmark" ok "$(tail -n 1 "$RESULTS/benchmark/log.txt" | cut -c1-60)"
+# ---- benchmarks, each alone on the device ------------------------------------------------
+read -r -a SIZES <<< "${GPU_CHECK_SIZES:-4096 8192}"
+bench() {  # bench NAME SCRIPT DIR ARGS...
+    local name="$1" script="$2" dir="$3"
+    shift 3
+    if [ ! -f "$script" ]; then step "$name" skip "$script is not in this tree"; return; fi
+    mkdir -p "$RESULTS/$dir"
+    if timeout 240 "$PY" "$script" --out "$RESULTS/$dir" "$@" > "$RESULTS/$dir/log.txt" 2>&1; then
+        step "$name" ok "$dir/ ($(tail -n 1 "$RESULTS/$dir/log.txt" | cut -c1-60))"
     else
-        step "benchmark" ok "benchmark/results.md, benchmark/gpu_attention.png"
+        step "$name" FAIL "exit $? ($dir/log.txt)"
     fi
+}
+bench "benchmark forward" benchmarks/gpu_attention.py benchmark --sizes "${SIZES[@]}" --time-budget 150
+bench "benchmark backward" benchmarks/gpu_backward.py backward --sizes "${SIZES[@]}" --time-budget 90
+bench "benchmark decode" benchmarks/gpu_decode.py decode
+
+# ---- the MPI ring on the GPU -------------------------------------------------------------
+if [ $DRY -eq 1 ]; then
+    step "ring on the GPU (MPI)" skip "dry run"
+elif ! "$PY" -c "import sys; from lessons.distributed.launch import mpi_status; ok, why = mpi_status(); print(why); sys.exit(0 if ok else 1)" \
+        > "$RESULTS/ring.txt" 2>&1; then
+    step "ring on the GPU (MPI)" skip "$(tail -n 1 "$RESULTS/ring.txt" | cut -c1-70)"
 else
-    step "benchmark" FAIL "exit $? (benchmark/log.txt)"
+    # OpenMPI refuses to start as root without these (containers run as root)
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    if timeout 150 "$PY" - >> "$RESULTS/ring.txt" 2>&1 <<'EOF'
+import tempfile
+import numpy as np
+from lessons import attention
+from lessons.distributed.launch import run_ring
+for causal, schedule, split in ((False, "kv", "contiguous"), (True, "q", "zigzag")):
+    run = run_ring(4, tempfile.mkdtemp() + "/ring", n=4096, d=64, causal=causal, schedule=schedule, split=split,
+                   device="gpu", timeout=60)
+    q, k, v = run.inputs()
+    err = float(np.abs(run.out - attention(q, k, v, causal=causal)).max())
+    print(run.label(), f"max |out - attention| = {err:.2e}")
+    assert run.meta.get("device") == "gpu" and err < 1e-4, err
+EOF
+    then step "ring on the GPU (MPI)" ok "$(tail -n 1 "$RESULTS/ring.txt" | cut -c1-70)"
+    else step "ring on the GPU (MPI)" FAIL "ring.txt"; fi
 fi
 
 step "total" "$([ $FAILED -eq 0 ] && echo ok || echo FAIL)" "$(( $(date +%s) - START )) s, results in $RESULTS"

@@ -22,8 +22,8 @@ from lessons import attention
 from lessons.gpu import launch
 from lessons.gpu.compile import device_available
 
-KERNELS = ("online_softmax", "flash_attention", "flash_attention_mma", "paged_decode", "flash_decoding",
-           "flash_backward", "flash_backward_mma")
+KERNELS = ("online_softmax", "flash_attention", "flash_attention_regtile", "flash_attention_mma",
+           "flash_attention_mma_async", "paged_decode", "flash_decoding", "flash_backward", "flash_backward_mma")
 
 
 def host(x) -> np.ndarray:
@@ -83,6 +83,34 @@ def run_flash_attention_mma(cp, backend) -> bool:
             ref = attention(q[idx].astype(np.float64), k[idx].astype(np.float64), v[idx].astype(np.float64),
                             causal=causal)
             ok &= _close(f"flash_mma {lead} {nq}x{nk} d={d} causal={causal} float16", host(out)[idx], ref, 3e-3)
+    return ok
+
+
+def run_flash_attention_regtile(cp, backend) -> bool:
+    rng = np.random.default_rng(5)
+    ok = True
+    for lead, nq, nk, d, causal in [((2,), 70, 45, 64, True), ((), 33, 100, 128, False), ((), 5, 3, 4, True)]:
+        q, k, v = (rng.standard_normal((*lead, n, d)).astype(np.float32) for n in (nq, nk, nk))
+        out, lse, _ = launch.flash_attention_regtile_gpu(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal=causal,
+                                                         trace_rows=[0, nq - 1], backend=backend)
+        for idx in np.ndindex(*lead):
+            ref = attention(q[idx].astype(np.float64), k[idx].astype(np.float64), v[idx].astype(np.float64),
+                            causal=causal)
+            ok &= _close(f"regtile {lead} {nq}x{nk} d={d} causal={causal} float32", host(out)[idx], ref, 1e-5)
+    return ok
+
+
+def run_flash_attention_mma_async(cp, backend) -> bool:
+    rng = np.random.default_rng(6)
+    ok = True
+    for lead, nq, nk, d, causal in [((2,), 70, 45, 64, True), ((), 33, 100, 128, False), ((), 5, 3, 16, True)]:
+        q, k, v = (rng.standard_normal((*lead, n, d)).astype(np.float16) for n in (nq, nk, nk))
+        out, lse, _ = launch.flash_attention_mma_async_gpu(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal=causal,
+                                                           trace_rows=[0, nq - 1], backend=backend)
+        for idx in np.ndindex(*lead):
+            ref = attention(q[idx].astype(np.float64), k[idx].astype(np.float64), v[idx].astype(np.float64),
+                            causal=causal)
+            ok &= _close(f"mma_async {lead} {nq}x{nk} d={d} causal={causal} float16", host(out)[idx], ref, 3e-3)
     return ok
 
 
@@ -179,9 +207,15 @@ def run_flash_backward_mma(cp, backend) -> bool:
 def main(argv=None) -> int:
     """Command line: ``python scripts/sanitize.py KERNEL``; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("kernel", choices=KERNELS + ("all",))
+    parser.add_argument("kernel", nargs="?", choices=KERNELS + ("all",))
+    parser.add_argument("--list", action="store_true", help="print the kernels that have a driver, one per line")
     parser.add_argument("--emulator", action="store_true", help="run on CPU threads instead of a GPU")
     args = parser.parse_args(argv)
+    if args.list:
+        print("\n".join(KERNELS))
+        return 0
+    if args.kernel is None:
+        parser.error("name a KERNEL (or all, or --list)")
     if args.emulator:
         xp, backend = np, "emulator"
     else:

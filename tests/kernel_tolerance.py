@@ -13,6 +13,14 @@ the kernel's dtype the way an eager framework rounds them (float32 sums, one rou
 operation). The floor is float32's own resolution at the size of the output (tiny), so a
 float32 kernel is held to float32 rounding, not to 1e-5.
 
+On a real GPU two things differ from the NumPy baseline that FlashAttention's suite does not
+meet (its baseline runs on the same GPU): the device's ``expf`` may be off by 2 ulp (CUDA C++
+Programming Guide, Table "single-precision mathematical functions") where NumPy's is
+correctly rounded, and a kernel adds its n terms one after another (with FMA) where NumPy
+sums pairwise. A sum of n such terms drifts like sqrt(n) roundings, so a check of a
+quantity summed over n terms passes ``terms=n`` and its floor grows by sqrt(n): still
+float32's resolution, never a hand-picked atol.
+
 The tolerance then follows the dtype and the inputs by itself: a bfloat16 case with large
 outputs allows more than a float32 case with small ones, and a kernel that drops a key or
 mixes up two heads fails whatever the dtype.
@@ -70,35 +78,42 @@ def baseline_attention(q, k, v, dtype: str, *, scale=None, causal=False, visible
     return out.astype(np.float64), lse.astype(np.float64)
 
 
+def host(x) -> np.ndarray:
+    """``x`` as a NumPy float64 array (CuPy arrays are copied from the device)."""
+    return np.asarray(x.get() if hasattr(x, "get") else x, dtype=np.float64)
+
+
 def max_error(got, ref) -> float:
     """Largest |got - ref| over the entries where ref is finite (0.0 when there are none)."""
-    got, ref = np.asarray(got, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    got, ref = host(got), host(ref)
     finite = np.isfinite(ref)
     return float(np.abs(got[finite] - ref[finite]).max(initial=0.0))
 
 
-def floor_for(ref) -> float:
+def floor_for(ref, terms: int = 1) -> float:
     """The tiny floor: twice float32's rounding error at the reference's magnitude
-    (as FlashAttention-3's tests take ``2 * (out_ref + 0.3 - 0.3 - out_ref)``)."""
-    ref = np.asarray(ref, dtype=np.float64)
+    (as FlashAttention-3's tests take ``2 * (out_ref + 0.3 - 0.3 - out_ref)``), times
+    sqrt(terms) for a quantity the kernel sums over ``terms`` terms one after another."""
+    ref = host(ref)
     big = float(np.abs(ref[np.isfinite(ref)]).max(initial=1.0))
-    return 2.0 * float(np.spacing(np.float32(max(big, 1.0))))
+    return 2.0 * float(np.spacing(np.float32(max(big, 1.0)))) * float(np.sqrt(max(terms, 1)))
 
 
-def assert_within_baseline(got, ref, baseline, *, what: str = "out") -> None:
+def assert_within_baseline(got, ref, baseline, *, what: str = "out", terms: int = 1) -> None:
     """FlashAttention's rule: ``max|got - ref| <= 2 * max|baseline - ref| + floor``.
 
     ``ref`` is the float64 reference, ``baseline`` the same computation in the kernel's
     dtype (:func:`baseline_attention`). Entries where ``ref`` is inf, -inf or NaN must be
     the very same in ``got`` (an empty row's lse is -inf, bad data stays NaN); the rest are
-    compared. Raises AssertionError with the three numbers.
+    compared; ``terms``: how many terms the kernel sums into each entry (see :func:`floor_for`).
+    Raises AssertionError with the three numbers.
     """
-    got, ref = np.asarray(got, dtype=np.float64), np.asarray(ref, dtype=np.float64)
+    got, ref = host(got), host(ref)
     assert got.shape == ref.shape, f"{what}: shape {got.shape}, reference {ref.shape}"
     special = ~np.isfinite(ref)
     np.testing.assert_array_equal(got[special], ref[special], err_msg=f"{what}: inf/NaN entries differ")
     assert np.isfinite(got[~special]).all(), f"{what}: inf or NaN where the reference is finite"
     err, base = max_error(got, ref), max_error(baseline, ref)
-    limit = ERROR_FACTOR * base + floor_for(ref)
-    assert err <= limit, (f"{what}: kernel error {err:.3g} > {ERROR_FACTOR:g} x baseline error {base:.3g} "
-                          f"+ floor {floor_for(ref):.3g}")
+    floor = floor_for(ref, terms)
+    assert err <= ERROR_FACTOR * base + floor, (f"{what}: kernel error {err:.3g} > {ERROR_FACTOR:g} x baseline "
+                                                f"error {base:.3g} + floor {floor:.3g}")

@@ -30,6 +30,7 @@ BACKENDS = [
     pytest.param("cupy", marks=pytest.mark.skipif(not gpu.device_available(), reason=NO_DEVICE)),
 ]
 gpu_only = pytest.mark.skipif(not gpu.device_available(), reason=NO_DEVICE)
+EPS32 = float(np.finfo(np.float32).eps)
 FLOOR = 1e-8          # relative to max |gradient|, below float32 rounding: only matters where NumPy is exact
 
 
@@ -104,14 +105,21 @@ def numpy_in_precision(lead, inputs, dtype, causal, scale=None):
     return rounded
 
 
-def assert_within_twice_numpy(got, ref64, numpy_grads, names=("dq", "dk", "dv")):
+def assert_within_twice_numpy(got, ref64, numpy_grads, names=("dq", "dk", "dv"), *, terms=1, cancel=0.0):
+    """Each gradient's error <= 2 x NumPy's same-precision error + a floor of float32's resolution:
+    ``FLOOR`` relative, grown by sqrt(terms) for a gradient the kernel sums over ``terms`` rows or
+    keys one after another (tests/kernel_tolerance.py says why a real GPU needs it), and at least
+    ``cancel``, the rounding of the terms themselves where they cancel to a gradient far smaller
+    than they are."""
     for name, g, r, n in zip(names, got, ref64, numpy_grads):
         assert not np.isnan(g).any(), name
         size = np.abs(r).max() if r.size else 0.0
         kernel_err = np.abs(g - r).max() if r.size else 0.0
         numpy_err = np.abs(n - r).max() if r.size else 0.0
-        assert kernel_err <= 2 * numpy_err + FLOOR * size, (
-            f"{name}: kernel error {kernel_err:.3g} > 2 x NumPy's {numpy_err:.3g} + floor (max |{name}| {size:.3g})")
+        floor = max(size * (FLOOR + 2 * EPS32 * np.sqrt(terms) * (terms > 1)), cancel)
+        assert kernel_err <= 2 * numpy_err + floor, (
+            f"{name}: kernel error {kernel_err:.3g} > 2 x NumPy's {numpy_err:.3g} + floor {floor:.3g} "
+            f"(max |{name}| {size:.3g})")
 
 
 BACKWARD_CASES = [
@@ -183,7 +191,13 @@ def test_large_scores_stay_finite_and_correct(backend):
     assert np.abs(scale * q @ k.T).max() > 500
     got = flash_attention_backward_gpu(*inputs, causal=True, scale=scale, backend=backend)
     ref64 = textbook64((), *(x.astype(np.float64) for x in (q, k, v, do)), True, scale=scale)
-    assert_within_twice_numpy(got, ref64, numpy_in_precision((), inputs, "float32", True, scale=scale))
+    # P is nearly one-hot here, so dS = P (dP - D) is a difference of two numbers of size |dO||V|
+    # that almost cancel: dq and dk are tiny, and their error is the rounding of those dot
+    # products (about eps |dO| |V|), times scale and |K| or |Q|
+    terms = np.linalg.norm(do, axis=1).max() * np.linalg.norm(v, axis=1).max()
+    cancel = 2 * EPS32 * terms * scale * max(np.abs(q).max(), np.abs(k).max())
+    assert_within_twice_numpy(got, ref64, numpy_in_precision((), inputs, "float32", True, scale=scale),
+                              cancel=cancel)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -376,7 +390,7 @@ def test_larger_problems_on_the_gpu(n, d, dtype):
         inputs, exact = problem((2,), n, n + 13, d, causal, dtype, seed=n + d)
         got = flash_attention_backward_gpu(*inputs, causal=causal, bfloat16=dtype == "bfloat16")
         assert_within_twice_numpy([values(g, dtype) for g in got], textbook64((2,), *exact, causal),
-                                  numpy_in_precision((2,), inputs, dtype, causal))
+                                  numpy_in_precision((2,), inputs, dtype, causal), terms=n + 13)
 
 
 @gpu_only

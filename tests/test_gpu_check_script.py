@@ -9,6 +9,7 @@ status, the list of kernels against the drivers) it can.
 import importlib.util
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -32,22 +33,26 @@ def test_the_script_parses():
 
 
 def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
+    env = {name: value for name, value in os.environ.items() if not name.startswith("GPU_CHECK_")}
     proc = subprocess.run(["bash", str(SCRIPT), "--dry-run", str(tmp_path)], capture_output=True, text=True,
-                          timeout=900)
+                          timeout=900, env=env)
     summary = (tmp_path / "summary.txt").read_text()
     assert proc.returncode == 0, summary + proc.stderr[-2000:]
-    steps = {line[:40].strip(): line[40:].split()[0] for line in summary.splitlines()}
+    steps = {line[:46].strip(): line[46:].split()[0] for line in summary.splitlines()}
     assert steps.pop("device") == "skip"
-    expected = {"compile report", "pytest (GPU cases)", "benchmark", "total"}
+    assert steps.pop("ring on the GPU (MPI)") == "skip"              # needs a device
+    decode = steps.pop("benchmark decode")                              # present once its script is in the tree
+    assert decode == ("ok" if (ROOT / "benchmarks" / "gpu_decode.py").exists() else "skip")
+    expected = {"compile report", "pytest pass 1 (-n 2)", "benchmark forward", "benchmark backward", "total"}
     expected |= {f"drivers (emulator) {k}" for k in sanitize.KERNELS}      # the script runs every driver
     assert set(steps) == expected and set(steps.values()) == {"ok"}, summary
     assert "passed" in summary and "failed" not in summary
-    pytest_line = next(line for line in summary.splitlines() if line.startswith("pytest (GPU cases)"))
-    assert "-n 2:" in pytest_line                   # the tests run in several processes at once
-    for name in ("env.txt", "compile_report.txt", "pytest.txt", "pytest.xml", "benchmark/log.txt"):
+    for name in ("env.txt", "compile_report.txt", "pytest_1_n2.txt", "pytest_1_n2.xml", "benchmark/log.txt",
+                 "backward/log.txt"):
         assert (tmp_path / name).stat().st_size > 0, name
     assert "flash_attention_mma" in (tmp_path / "compile_report.txt").read_text()
-    assert "GPU benchmark not run" in (tmp_path / "benchmark" / "log.txt").read_text()
+    for folder in ("benchmark", "backward"):
+        assert "GPU benchmark not run" in (tmp_path / folder / "log.txt").read_text()
     for kernel in sanitize.KERNELS:
         assert "all results match NumPy" in (tmp_path / "sanitizer" / f"emulator_{kernel}.txt").read_text()
 
@@ -63,7 +68,15 @@ def test_a_folder_that_holds_a_run_is_never_written_over(tmp_path):
 
 def test_the_pytest_step_runs_in_eight_processes_by_default():
     text = SCRIPT.read_text()
-    assert 'WORKERS="${GPU_CHECK_WORKERS:-8}"' in text and '-n "$WORKERS"' in text and "no:cacheprovider" in text
+    assert 'PASSES="${GPU_CHECK_PASSES:-8}"' in text and 'xdist=(-n "$workers")' in text and "no:cacheprovider" in text
+
+
+def test_every_kernel_with_a_driver_is_listed():
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "sanitize.py"), "--list"], capture_output=True,
+                          text=True, check=True)
+    assert tuple(proc.stdout.split()) == sanitize.KERNELS
+    for kernel in sanitize.KERNELS:                     # each name has its driver
+        assert callable(getattr(sanitize, f"run_{kernel}"))
 
 
 @pytest.mark.skipif(not gpu.emulator_available(), reason="no C++ compiler (g++) for the CPU emulation")

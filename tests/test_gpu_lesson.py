@@ -181,7 +181,7 @@ def test_html_folds_the_tables_and_keeps_the_status_plain(results, nb):
     status = html_module.escape(r.status)
     assert status in page and page.index(status) < page.index("<details>")
     assert "but not run: the GPU was not used (use_device=False)." in r.status      # plain, not folded
-    from IPython.lib.pretty import pretty
+    pretty = pytest.importorskip("IPython.lib.pretty", reason="IPython is not installed").pretty
     assert pretty(r) == r.summary                                  # IPython's plain-text view is the summary
 
 
