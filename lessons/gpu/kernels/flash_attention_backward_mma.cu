@@ -20,9 +20,10 @@
 //               16w .. 16w+15, their Q and dO (as mma A fragments) and dQ_i in registers.
 //               for each key block K_j, V_j of DQ_BLOCK_K keys, up to the causal diagonal:
 //                   K_j, V_j -> shared memory
-//                   S = Q_i K_j^T, dP = dO_i V_j^T   (tensor cores)
-//                   P, dS as above
-//                   dQ_i += dS K_j                   (tensor cores, dS rounded to 16 bits)
+//                   for each 16 keys of the block (so only 16 scores per row are live):
+//                       S = Q_i K^T, dP = dO_i V^T   (tensor cores)
+//                       P, dS as above
+//                       dQ_i += dS K                 (tensor cores, dS rounded to 16 bits)
 //               dQ_i = scale * dQ_i
 //
 // Source: Dao 2023, "FlashAttention-2", Alg. 2 (the backward) and Sec. 3.3 (each warp owns
@@ -69,7 +70,9 @@
 // so that each fits 48 KiB and nothing spills: (64, 64) for d = 64, (16, 64) for d = 128.
 //
 // Not done here (next steps towards FlashAttention-2's speed): ldmatrix.x4 for the A fragments
-// and for two B fragments at once, cp.async double buffering, and the fused dQ by atomicAdd (5 matmuls per tile pair, not 7).
+// and for two B fragments at once, cp.async double buffering, more than 48 KiB of (dynamic)
+// shared memory for larger query tiles at d = 128, and the fused dQ by atomicAdd (5 matmuls
+// per tile pair, not 7, but no longer bitwise repeatable).
 //
 // Launch (block = 128 threads, 4 warps; needs sm_80 or newer):
 //   flash_attention_backward_mma_dkdv  grid = (ceil(n_k / 64), batch * heads)
