@@ -313,10 +313,10 @@ def test_ptx_holds_the_tensor_core_instruction(dtype, suffix):
 
     ptx = compile_ptx(source.flash_attention_backward_mma_build(64, dtype), "sm_90")
     bodies = {e: ptx.split(f".entry {e}(")[1].split(".entry")[0] for e in ENTRIES}
-    # d = 64, 64 x 64 tiles, per query block: S^T, dP^T (4 d-slices x 8 tiles each), dV, dK
-    # (4 query slices x 8 tiles each) -> 4 * 32 = 128 mma per dK/dV step, all unrolled;
-    # dQ, one 16-key slice (its loop is not unrolled): S, dP (4 d-slices x 2 tiles each), dQ (8 tiles) -> 24
-    assert bodies["flash_attention_backward_mma_dkdv"].count(f"mma.sync.aligned.m16n8k16.row.col.{suffix}") == 128
+    # d = 64, one 16-query slice of the dK/dV kernel (its loop is not unrolled): S^T, dP^T
+    # (4 d-slices x 2 tiles each), dV, dK (8 tiles each) -> 32;
+    # dQ, one 16-key slice (likewise): S, dP (4 d-slices x 2 tiles each), dQ (8 tiles) -> 24
+    assert bodies["flash_attention_backward_mma_dkdv"].count(f"mma.sync.aligned.m16n8k16.row.col.{suffix}") == 32
     assert bodies["flash_attention_backward_mma_dq"].count(f"mma.sync.aligned.m16n8k16.row.col.{suffix}") == 24
     # B fragments by ldmatrix: K^T-like operands as stored, dO, Q and K as B = M by .trans
     for body in bodies.values():

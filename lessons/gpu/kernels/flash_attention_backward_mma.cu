@@ -9,12 +9,13 @@
 //               16w .. 16w+15 of it, and their rows of dK_j and dV_j (float32 registers).
 //               for each query block Q_i, dO_i of DKDV_BLOCK_Q rows that sees the block:
 //                   Q_i, dO_i, L_i, D_i -> shared memory
-//                   S^T  = K_j Q_i^T                 (tensor cores; scale applied after)
-//                   P^T  = exp(scale S^T - L_i)      (float32; 0 where not visible)
-//                   dP^T = V_j dO_i^T                (tensor cores)
-//                   dS^T = P^T * (dP^T - D_i)        (float32; 0 where not visible)
-//                   dV_j += P^T dO_i                 (tensor cores, P^T rounded to 16 bits)
-//                   dK_j += dS^T Q_i                 (tensor cores, dS^T rounded to 16 bits)
+//                   for each 16 queries of the block (so only 16 scores per key are live):
+//                       S^T  = K_j Q^T               (tensor cores; scale applied after)
+//                       P^T  = exp(scale S^T - L)    (float32; 0 where not visible)
+//                       dP^T = V_j dO^T              (tensor cores)
+//                       dS^T = P^T * (dP^T - D)      (float32; 0 where not visible)
+//                       dV_j += P^T dO               (tensor cores, P^T rounded to 16 bits)
+//                       dK_j += dS^T Q               (tensor cores, dS^T rounded to 16 bits)
 //               dK_j = scale * dK_j
 //   2. dQ:      one thread block per query block of BLOCK_Q = 64 rows; warp w owns rows
 //               16w .. 16w+15, their Q and dO (as mma A fragments) and dQ_i in registers.
@@ -275,50 +276,52 @@ flash_attention_backward_mma_dkdv(const scalar_t* __restrict__ q, const scalar_t
         }
         __syncthreads();                             // Q_i, dO_i, L_i, D_i (and K_j, V_j) are ready
 
-        // 2. S^T = K_j Q_i^T and dP^T = V_j dO_i^T for the warp's 16 keys x DKDV_BLOCK_Q queries.
-        //    Tile n, element i: key keys[i / 2], query q_start + 8n + 2t + i % 2.
-        float s[DKDV_BLOCK_Q / 8][4], dp[DKDV_BLOCK_Q / 8][4];
-#pragma unroll
-        for (int n = 0; n < DKDV_BLOCK_Q / 8; ++n)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) { s[n][i] = 0.f; dp[n][i] = 0.f; }
-#pragma unroll
-        for (int ds = 0; ds < D_STEPS; ++ds) {
-            unsigned k_frag[4], v_frag[4];
-            load_a(k_frag, k_s, PITCH, kw, BLOCK_K, ds * 16, g, t);
-            load_a(v_frag, v_s, PITCH, kw, BLOCK_K, ds * 16, g, t);
-#pragma unroll
-            for (int n = 0; n < DKDV_BLOCK_Q / 8; ++n) {
-                unsigned b[2];
-                load_b_transposed(b, q_s, n * 8, ds * 16, lane);
-                mma_16x8x16(s[n], k_frag, b);
-                load_b_transposed(b, do_s, n * 8, ds * 16, lane);
-                mma_16x8x16(dp[n], v_frag, b);
-            }
-        }
-
-        // 3. P^T into s, dS^T into dp (float32), 0 where the pair is not visible
-#pragma unroll
-        for (int n = 0; n < DKDV_BLOCK_Q / 8; ++n)
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int key = keys[i / 2];
-                const int col = n * 8 + 2 * t + i % 2;          // the query inside the block
-                const int row = q_start + col;
-                const bool visible = key < n_k && row < n_q && (!causal || key <= row + n_k - n_q);
-                probability_and_ds(s[n][i], dp[n][i], scale, lse_s[col], delta_s[col], visible, &s[n][i], &dp[n][i]);
-            }
-
-        // 4. dV_j += P^T dO_i and dK_j += dS^T Q_i. The A fragment of queries 16qs .. 16qs+15 is
-        //    the C fragments of tiles 2qs and 2qs+1, rounded to 16 bits; B = dO_i (or Q_i) itself.
-#pragma unroll
+        // 16 queries at a time (so only 16 scores per key are live, whatever DKDV_BLOCK_Q; the
+        // loop is not unrolled, as in the dQ kernel, so that ptxas does not start the next
+        // slice's loads early while dK_j, dV_j hold HEAD_DIM registers)
+#pragma unroll 1
         for (int qs = 0; qs < DKDV_BLOCK_Q / 16; ++qs) {
-            const unsigned p_frag[4] = {pack2f(s[2 * qs][0], s[2 * qs][1]), pack2f(s[2 * qs][2], s[2 * qs][3]),
-                                        pack2f(s[2 * qs + 1][0], s[2 * qs + 1][1]),
-                                        pack2f(s[2 * qs + 1][2], s[2 * qs + 1][3])};
-            const unsigned ds_frag[4] = {pack2f(dp[2 * qs][0], dp[2 * qs][1]), pack2f(dp[2 * qs][2], dp[2 * qs][3]),
-                                         pack2f(dp[2 * qs + 1][0], dp[2 * qs + 1][1]),
-                                         pack2f(dp[2 * qs + 1][2], dp[2 * qs + 1][3])};
+            // 2. S^T = K_j Q^T and dP^T = V_j dO^T for the warp's 16 keys x queries 16qs .. 16qs+15.
+            //    Tile n (0, 1), element i: key keys[i / 2], query q_start + 16qs + 8n + 2t + i % 2.
+            float s[2][4], dp[2][4];
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) { s[n][i] = 0.f; dp[n][i] = 0.f; }
+#pragma unroll
+            for (int ds = 0; ds < D_STEPS; ++ds) {
+                unsigned k_frag[4], v_frag[4];
+                load_a(k_frag, k_s, PITCH, kw, BLOCK_K, ds * 16, g, t);
+                load_a(v_frag, v_s, PITCH, kw, BLOCK_K, ds * 16, g, t);
+#pragma unroll
+                for (int n = 0; n < 2; ++n) {
+                    unsigned b[2];
+                    load_b_transposed(b, q_s, qs * 16 + n * 8, ds * 16, lane);
+                    mma_16x8x16(s[n], k_frag, b);
+                    load_b_transposed(b, do_s, qs * 16 + n * 8, ds * 16, lane);
+                    mma_16x8x16(dp[n], v_frag, b);
+                }
+            }
+
+            // 3. P^T into s, dS^T into dp (float32), 0 where the pair is not visible
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int key = keys[i / 2];
+                    const int col = qs * 16 + n * 8 + 2 * t + i % 2;      // the query inside the block
+                    const int row = q_start + col;
+                    const bool visible = key < n_k && row < n_q && (!causal || key <= row + n_k - n_q);
+                    probability_and_ds(s[n][i], dp[n][i], scale, lse_s[col], delta_s[col], visible, &s[n][i],
+                                       &dp[n][i]);
+                }
+
+            // 4. dV_j += P^T dO and dK_j += dS^T Q for these 16 queries. The A fragment is the C
+            //    fragments of the two tiles, rounded to 16 bits; B = dO (or Q) itself.
+            const unsigned p_frag[4] = {pack2f(s[0][0], s[0][1]), pack2f(s[0][2], s[0][3]),
+                                        pack2f(s[1][0], s[1][1]), pack2f(s[1][2], s[1][3])};
+            const unsigned ds_frag[4] = {pack2f(dp[0][0], dp[0][1]), pack2f(dp[0][2], dp[0][3]),
+                                         pack2f(dp[1][0], dp[1][1]), pack2f(dp[1][2], dp[1][3])};
 #pragma unroll
             for (int n = 0; n < D_TILES; ++n) {
                 unsigned b[2];
