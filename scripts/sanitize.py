@@ -23,7 +23,8 @@ from lessons.gpu import launch
 from lessons.gpu.compile import device_available
 
 KERNELS = ("online_softmax", "flash_attention", "flash_attention_regtile", "flash_attention_mma",
-           "flash_attention_mma_async", "paged_decode", "flash_decoding", "flash_backward", "flash_backward_mma")
+           "flash_attention_mma_async", "paged_decode", "flash_decoding", "flash_backward", "paged_decode_split",
+           "flash_backward_mma")
 
 
 def host(x) -> np.ndarray:
@@ -157,6 +158,15 @@ def run_flash_decoding(cp, backend) -> bool:
     for num_splits in (1, 3, 8):                          # 8 splits > 3 pages: empty splits
         out, _, _ = launch.flash_decoding_gpu(*args, num_splits, trace_rows=[(0, 1)], backend=backend)
         ok &= _close(f"flash_decoding num_splits={num_splits}", out, ref, 1e-5)
+    return ok
+
+
+def run_paged_decode_split(cp, backend) -> bool:
+    args, ref = _paged(cp, np.random.default_rng(5), [37, 0, 16, 1], d=128)
+    ok = True
+    for num_splits in (None, 1, 3, 8):                   # auto, one pass, splits, empty splits
+        out, _ = launch.paged_decode_split_gpu(*args, num_splits, backend=backend)
+        ok &= _close(f"paged_decode_split num_splits={num_splits}", out, ref, 1e-5)
     return ok
 
 

@@ -2,6 +2,7 @@
 import csv
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -103,3 +104,37 @@ def test_gpu_benchmark_writes_its_table_and_plot_from_rows(tmp_path):
     assert rows[0]["tflops"] == pytest.approx(4 * 1024**2 * 64 * 8 / 1e-3 / 1e12)
     line = bench.format_row(rows[0])
     assert line.split()[:2] == ["naive", "float16"] and "N=  1024" in line and "2.15 TFLOP/s" in line
+
+
+def test_the_gpu_benchmarks_run_loop_times_skips_and_notes_failures(monkeypatch, capsys):
+    """benchmarks/_common.timed_rows, shared by both GPU benchmarks, with stand-ins for CuPy's timing."""
+    import types
+
+    monkeypatch.syspath_prepend(str(ROOT))
+    from benchmarks import _common
+    import lessons.gpu.measure as measure
+
+    monkeypatch.setattr(measure, "median_cuda_seconds", lambda cupy, fn, warmup, repeats: fn())
+    monkeypatch.setattr(_common, "peak_cupy", lambda cupy, fn: 3 * 2**20)
+    freed = []
+    cupy = types.SimpleNamespace(get_default_memory_pool=lambda: types.SimpleNamespace(
+        free_all_blocks=lambda: freed.append(1)))
+    args = types.SimpleNamespace(heads=8, causal=False, warmup=0, repeats=1, time_budget=60.0)
+
+    def fail():
+        raise MemoryError("out of memory\nmore")
+
+    calls = {"fast": lambda: 1e-3, "bad": fail, "torch": lambda: (2e-3, 5)}
+    rows = _common.timed_rows(args, cupy, None, ("fast", "bad", "off", "torch"), calls, dtype="float16", d=64,
+                              n=1024, flops=4e9, t0=time.perf_counter(),
+                              skip=lambda impl: "not for float16" if impl == "off" else None)
+    assert [r["impl"] for r in rows] == ["fast", "bad", "off", "torch"]
+    assert rows[0]["seconds"] == 1e-3 and rows[0]["tflops"] == pytest.approx(4e9 / 1e-3 / 1e12)
+    assert rows[0]["peak_bytes"] == 3 * 2**20
+    assert rows[1]["seconds"] is None and rows[1]["note"] == "failed: MemoryError: out of memory"
+    assert rows[2]["note"] == "skipped: not for float16" and rows[3]["peak_bytes"] == 5
+    assert len(freed) == 3                          # the pool is emptied after each run, not after a skip
+    assert capsys.readouterr().out.splitlines()[2].endswith("skipped: not for float16")
+    late = _common.timed_rows(args, cupy, None, ("fast",), calls, dtype="float16", d=64, n=1024, flops=4e9,
+                              t0=time.perf_counter() - 61)
+    assert late[0]["note"] == "skipped: time budget spent"

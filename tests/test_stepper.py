@@ -368,3 +368,31 @@ def test_changing_row_head_or_layer_keeps_the_tile_clamped():
     assert s.slider.value == 5
     s.tile_size.value = 64                                             # 2 tiles now: clamped to what exists
     assert s.slider.max == 2 and s.slider.value == 2
+
+
+def test_the_stepper_shell_links_play_to_the_slider_and_renders_each_step():
+    from lessons.views.causal import BlockStepper
+    from lessons.views.stepper import READOUT_CARD, StepperShell, step_controls
+
+    slider, play = step_controls(5, 9, label="steps", interval=300)
+    assert (slider.value, slider.min, slider.max, play.value, play.max, play.interval) == (5, 1, 5, 5, 5, 300)
+    assert step_controls(5, -2, label="steps")[0].value == 1
+
+    class Counting(StepperShell):
+        def __init__(self):
+            self.seen = []
+            self._build_shell(4, step=2, label="steps", readouts=("a", "b"), table_width="100px", interval=500)
+
+        def _render(self):
+            self.seen.append(self.slider.value)
+            self.readouts["a"].value = f"step {self.slider.value}"
+
+    s = Counting()
+    s.slider.value = 4
+    assert s.seen == [2, 4] and s.readouts["a"].value == "step 4"
+    assert s.readouts["b"].layout.border == READOUT_CARD["border"]
+    controls, cards, body = s.widget.children
+    assert list(controls.children) == [s.play, s.slider] and list(body.children) == [s.image, s.table]
+    assert list(cards.children) == list(s.readouts.values())
+    assert "application/vnd.jupyter.widget-view+json" in s._repr_mimebundle_()
+    assert issubclass(BlockStepper, StepperShell)

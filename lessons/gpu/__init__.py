@@ -9,6 +9,7 @@ Kernels (CUDA C in ``lessons/gpu/kernels/``, one launcher each):
 * :func:`flash_attention_mma_async_gpu` - the tensor-core forward with ``cp.async`` double buffering and ``ldmatrix``;
 * :func:`paged_decode_gpu` - decoding over a paged KV cache (vLLM layout) with GQA;
 * :func:`flash_decoding_gpu` - the same split over the keys, partial states merged;
+* :func:`paged_decode_split_gpu` - decode at memory speed: one block per GQA group and split, 16-byte loads;
 * :func:`flash_attention_backward_gpu` - FlashAttention-2 backward (D, dK/dV, dQ), P recomputed from lse;
 * :func:`flash_attention_backward_mma_gpu` - the same on tensor cores, fp16/bf16, d = 64 or 128 (no trace build).
 
@@ -36,6 +37,8 @@ from lessons.gpu.source import flash_attention_backward_build, flash_attention_b
 from lessons.gpu.launch import flash_attention_mma_async_gpu, flash_attention_regtile_gpu
 from lessons.gpu.source import flash_attention_mma_async_build, flash_attention_mma_async_config
 from lessons.gpu.source import flash_attention_regtile_build, flash_attention_regtile_config
+from lessons.gpu.launch import paged_decode_split_gpu
+from lessons.gpu.source import decode_splits, paged_decode_split_build
 from lessons.gpu.backward import flash_attention_backward_mma_gpu
 from lessons.gpu.source import flash_attention_backward_mma_build, flash_attention_backward_mma_config
 from lessons.gpu.trace_compare import GpuRowTrace, GpuTrace, TraceDivergence, first_divergence
@@ -53,5 +56,6 @@ __all__ = [
     "flash_attention_backward_gpu", "GpuBackwardTrace", "flash_attention_backward_config", "flash_attention_backward_build",
     "flash_attention_regtile_gpu", "flash_attention_regtile_config", "flash_attention_regtile_build",
     "flash_attention_mma_async_gpu", "flash_attention_mma_async_config", "flash_attention_mma_async_build",
+    "paged_decode_split_gpu", "decode_splits", "paged_decode_split_build",
     "flash_attention_backward_mma_gpu", "flash_attention_backward_mma_config", "flash_attention_backward_mma_build",
 ]

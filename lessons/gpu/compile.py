@@ -296,7 +296,17 @@ def device_available() -> bool:
 def _device_properties() -> dict:
     import cupy
 
-    return cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+    return _properties_of(cupy.cuda.Device().id)
+
+
+@lru_cache(maxsize=None)
+def _properties_of(device_id: int) -> dict:
+    # cudaGetDeviceProperties fills every field and can take a millisecond: a launcher that
+    # asked on every call would add that to every kernel's time. A device's properties never
+    # change while a process runs, so each device is asked once.
+    import cupy
+
+    return cupy.cuda.runtime.getDeviceProperties(device_id)
 
 
 def device_name() -> str | None:

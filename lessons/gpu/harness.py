@@ -1,22 +1,11 @@
 """The control flow every notebook's "On the GPU" section shares, written once.
 
-A section (:mod:`lessons.gpu.sections`) is a :class:`Section` spec: the kernel builds it
-compiles, what it runs at one *place* (given inputs, a launch, a reference), and what it
-prints. :func:`run_section` then does what every section does:
-
-1. compile the builds with NVRTC for sm_80 and sm_90 and read their resources
-   (:func:`lessons.gpu.compile.compile_report`), while g++ builds the emulator's library;
-2. on a CUDA device (the launchers' :class:`~lessons.gpu.launch.Runner`), run the spec there,
-   checked against NumPy and timed with CUDA events; or say plainly why not
-   ("compiled but not run: no CUDA device");
-3. on the CPU emulator (the same CUDA C on CPU threads), run the same spec, labelled as
-   the emulator and never as the GPU, never timed;
-4. report: one sentence of status, the resource table, every check, the section's own
-   lines, and notes on whatever was skipped or failed. A failed run is a note, not an
-   exception: the notebook goes on.
-
-The result is a :class:`GpuLesson`: numbers as attributes (for tests), a text summary
-(``str(result)``, wrapped at 100 columns) and an HTML view whose tables fold away.
+A section (:mod:`lessons.gpu.lesson`) is a :class:`Section` spec: the builds it compiles, what
+it runs at one :class:`Place` (inputs, launch, reference) and what it prints. :func:`run_section`
+compiles the builds with NVRTC for sm_80 and sm_90 (while g++ builds the emulator's library),
+runs the spec on a CUDA device, checked against NumPy and timed with CUDA events, or says plainly
+why not; runs it on the CPU emulator, labelled as such and never timed; and reports. A failed run
+is a note, not an exception: the notebook goes on. The result is a :class:`GpuLesson`.
 """
 from __future__ import annotations
 
@@ -30,8 +19,8 @@ from typing import Callable
 
 import numpy as np
 
-from lessons.gpu.compile import (ARCHS, KernelCompileError, compile_report, compile_report_table, device_available,
-                                 nvrtc_version, NOT_REPORTED)
+from lessons.gpu.compile import (ARCHS, KernelCompileError, _number, compile_report, compile_report_table,
+                                 device_available, nvrtc_version)
 from lessons.gpu.emulator import EmulatedModule, EmulatorError, emulator_available
 from lessons.gpu.launch import Runner
 
@@ -47,31 +36,22 @@ EMULATOR_LABEL = "emulator (the same CUDA C on CPU threads, not the GPU)"
 WIDTH = 100
 
 
-# ---------------------------------------------------------------------------
-# results
-# ---------------------------------------------------------------------------
-
 def format_seconds(seconds: float) -> str:
     """``seconds`` in us, ms or s with 3-4 significant digits, e.g. ``'147.3 us'``."""
     if seconds < 1e-3:
         return f"{seconds * 1e6:.1f} us"
-    if seconds < 1:
-        return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds:.2f} s"
+    return f"{seconds * 1e3:.2f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
 @dataclass(frozen=True)
 class KernelCheck:
-    """One run of a kernel, compared with the NumPy reference.
+    """One run of a kernel, compared with the NumPy reference (:func:`compare`).
 
-    ``where``: ``"GPU"`` (a CUDA device) or ``"emulator"`` (the CUDA C on CPU threads);
-    ``case``: what was run, in words; ``output``, ``reference``: float64 arrays of the
-    same shape (kernel, NumPy); ``lse``, ``reference_lse``: float64 arrays or None;
-    ``max_error``: max |output - reference| (inf if the kernel wrote NaN/inf where NumPy
-    has a finite value); ``lse_error``: the same for lse over rows NumPy sees keys for
-    (inf if the -inf rows differ), None without lse; ``agrees``: within
-    ``atol + rtol * |reference|`` everywhere, -inf lse exactly where NumPy has it;
-    ``median_seconds``: GPU time of one launch (CUDA events, seconds) or None.
+    ``where``: ``"GPU"`` or ``"emulator"``; ``case``: what was run, in words; ``output``,
+    ``reference``, ``lse``, ``reference_lse``: float64 arrays (lse None when not checked);
+    ``max_error``: max |output - reference| (inf where the kernel wrote NaN/inf); ``lse_error``:
+    the same over rows NumPy sees keys for (inf if the -inf rows differ); ``agrees``: within
+    ``atol + rtol * |reference|``; ``median_seconds``: GPU time of one launch (CUDA events) or None.
     """
 
     where: str
@@ -92,8 +72,7 @@ class KernelCheck:
         text = f"max |out - NumPy| = {self.max_error:.1e}"
         if self.lse_error is not None:
             text += f", max |lse - NumPy| = {self.lse_error:.1e}"
-        verdict = "agrees" if self.agrees else "DOES NOT AGREE"
-        text += f" -> {verdict} within {self.atol:g} + {self.rtol:g}*|NumPy|"
+        text += f" -> {'agrees' if self.agrees else 'DOES NOT AGREE'} within {self.atol:g} + {self.rtol:g}*|NumPy|"
         if self.median_seconds is not None:
             text += f"; median time {format_seconds(self.median_seconds)} (CUDA events)"
         return text
@@ -103,8 +82,7 @@ def compare(where, case, output, reference, lse=None, reference_lse=None, *, sec
             atol=TOLERANCE["atol"], rtol=TOLERANCE["rtol"]) -> KernelCheck:
     """Compare a kernel's output (and lse) with NumPy's; see :class:`KernelCheck`.
     Raises ValueError when the shapes differ."""
-    out = np.asarray(output, dtype=np.float64)
-    ref = np.asarray(reference, dtype=np.float64)
+    out, ref = np.asarray(output, dtype=np.float64), np.asarray(reference, dtype=np.float64)
     if out.shape != ref.shape:
         raise ValueError(f"kernel output has shape {out.shape}, the reference {ref.shape}")
     with np.errstate(invalid="ignore"):
@@ -113,8 +91,7 @@ def compare(where, case, output, reference, lse=None, reference_lse=None, *, sec
     agrees = bool(np.all(np.isfinite(out)) and np.allclose(out, ref, atol=atol, rtol=rtol))
     lse_error = ref_lse = None
     if lse is not None:
-        lse = np.asarray(lse, dtype=np.float64)
-        ref_lse = np.asarray(reference_lse, dtype=np.float64)
+        lse, ref_lse = np.asarray(lse, dtype=np.float64), np.asarray(reference_lse, dtype=np.float64)
         if lse.shape != ref_lse.shape:
             raise ValueError(f"kernel lse has shape {lse.shape}, the reference {ref_lse.shape}")
         empty = np.isneginf(ref_lse)
@@ -123,35 +100,24 @@ def compare(where, case, output, reference, lse=None, reference_lse=None, *, sec
         else:
             lse_error = float(np.max(np.abs(lse[~empty] - ref_lse[~empty]), initial=0.0))
         agrees &= bool(lse_error <= atol + rtol * float(np.max(np.abs(ref_lse[~empty]), initial=0.0)))
-    return KernelCheck(where=where, case=case, output=out, reference=ref, lse=lse, reference_lse=ref_lse,
-                       max_error=max_error, lse_error=lse_error, atol=atol, rtol=rtol, agrees=agrees,
-                       median_seconds=seconds)
+    return KernelCheck(where, case, out, ref, lse, ref_lse, max_error, lse_error, atol, rtol, agrees, seconds)
 
 
 def resources_text(resources) -> str:
-    """A plain-text table of :class:`~lessons.gpu.compile.KernelResources` rows.
+    """A plain-text table of :class:`~lessons.gpu.compile.KernelResources` rows (``""`` for none).
 
-    Columns: entry point, architecture, storage dtype, compile-time constants, threads
-    per block, registers per thread, static shared memory per block (bytes) and spilled
-    bytes per thread (stores + loads); "not reported" where neither the device nor ptxas
-    gave the number. Returns ``""`` for no rows.
+    Columns: entry point, architecture, storage dtype, compile-time constants, threads per block,
+    registers per thread, static shared memory per block (bytes), spilled bytes per thread (stores
+    + loads); "not reported" where neither the device nor ptxas gave the number.
     """
-    rows = list(resources)
-    if not rows:
-        return ""
-
-    def number(value, fmt="{}"):
-        return NOT_REPORTED if value is None else fmt.format(value)
-
     head = ("kernel", "arch", "dtype", "config", "threads", "registers", "smem bytes", "spills")
-    body = [(r.entry, r.arch, r.dtype, r.config, str(r.threads_per_block), number(r.registers),
-             number(r.smem_bytes, "{:,}"), number(r.spill_bytes)) for r in rows]
+    body = [(r.entry, r.arch, r.dtype, r.config, str(r.threads_per_block), _number(r.registers),
+             _number(r.smem_bytes, "{:,}"), _number(r.spill_bytes)) for r in resources]
+    if not body:
+        return ""
     widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
-
-    def fmt(cells):
-        return "  ".join(c.rjust(w) if i >= 4 else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
-
-    return "\n".join([fmt(head)] + [fmt(b) for b in body])
+    return "\n".join("  ".join(c.rjust(w) if i >= 4 else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+                     .rstrip() for cells in [head, *body])
 
 
 class Table(str):
@@ -188,16 +154,13 @@ def _text(block) -> str:
 class GpuLesson:
     """What one notebook's "On the GPU" section found.
 
-    ``notebook``: the notebook's name; ``title``: the kernel in words; ``builds``: the
-    :class:`~lessons.gpu.source.KernelBuild` s compiled; ``compiled``: whether NVRTC
-    compiled them; ``status``: one sentence on what happened to the kernel (compiled,
-    run or not, and where); ``resources``: :class:`~lessons.gpu.compile.KernelResources`
-    per entry point and architecture (registers/thread, static shared memory bytes/block);
-    ``checks``: the :class:`KernelCheck` s, GPU and/or emulator; ``notes``: sentences on
-    what was skipped and why; ``details``: lesson-specific numbers (read-only mapping);
-    ``summary``: the text the notebook prints (also ``str(result)``), prose wrapped at
-    100 columns; ``blocks``: the same as paragraphs (str) and tables (:class:`Table`),
-    which ``_repr_html_`` shows with each table folded away.
+    ``notebook``, ``title`` (the kernel in words), ``builds`` (the
+    :class:`~lessons.gpu.source.KernelBuild` s compiled), ``compiled`` (by NVRTC), ``status`` (one
+    sentence: compiled, run or not, where), ``resources`` (:class:`~lessons.gpu.compile.KernelResources`
+    per entry point and architecture), ``checks`` (:class:`KernelCheck` s), ``notes`` (what was
+    skipped and why), ``details`` (the section's numbers, read-only), ``summary`` (the text printed,
+    also ``str(result)``, prose wrapped at 100 columns) and ``blocks`` (the same as paragraphs and
+    :class:`Table` s, which ``_repr_html_`` folds away).
     """
 
     notebook: str
@@ -219,14 +182,10 @@ class GpuLesson:
         printer.text(self.summary)
 
     def _repr_html_(self) -> str:
-        parts = []
-        for block in self.blocks:
-            if isinstance(block, Table):
-                parts.append(f"<details><summary>{html.escape(block.title)}</summary>"
-                             f"<pre>{html.escape(str(block))}</pre></details>")
-            else:
-                parts.append(f"<p style='white-space: pre-wrap'>{html.escape(block)}</p>")
-        return "<div>" + "".join(parts) + "</div>"
+        return "<div>" + "".join(
+            f"<details><summary>{html.escape(b.title)}</summary><pre>{html.escape(str(b))}</pre></details>"
+            if isinstance(b, Table) else f"<p style='white-space: pre-wrap'>{html.escape(b)}</p>"
+            for b in self.blocks) + "</div>"
 
     @property
     def ran_on_device(self) -> bool:
@@ -249,10 +208,6 @@ class GpuLesson:
         return compile_report_table(list(self.resources))
 
 
-# ---------------------------------------------------------------------------
-# places: a device, or the emulator
-# ---------------------------------------------------------------------------
-
 def open_device(use_device):
     """(a :class:`~lessons.gpu.launch.Runner` on the CUDA device, or None; why not, or None).
 
@@ -273,54 +228,52 @@ def open_device(use_device):
 
 @dataclass
 class Place:
-    """Where a section's spec runs: ``runner`` (a :class:`~lessons.gpu.launch.Runner`) and the label its
-    checks get, ``where`` (:data:`GPU` or :data:`EMULATOR`). Only a GPU place is timed."""
+    """Where a section's spec runs: a :class:`~lessons.gpu.launch.Runner` (its ``put``, ``host``,
+    ``kernel``, ``name`` and ``xp`` are the place's) and the label its checks get, ``where``
+    (:data:`GPU` or :data:`EMULATOR`). Only a GPU place is timed."""
 
     runner: Runner
     where: str
+
+    def __getattr__(self, name):
+        if name == "runner":            # not set yet (copy, pickle): no recursion
+            raise AttributeError(name)
+        return getattr(self.runner, name)
 
     @property
     def timed(self) -> bool:
         return self.where == GPU
 
-    def kernel(self, launcher):
-        """``launcher`` (e.g. :func:`lessons.gpu.flash_attention_gpu`) bound to this place's backend."""
-        return self.runner.kernel(launcher)
-
-    def put(self, x):
-        return self.runner.put(x)
-
-    def host(self, x) -> np.ndarray:
-        return self.runner.host(x)
-
     def seconds(self, fn, **kwargs) -> float | None:
         """Median seconds of ``fn()`` (CUDA events) at a GPU place; None on the emulator (never timed)."""
         return self.runner.median_seconds(fn, **kwargs) if self.timed else None
 
+    def launch(self, launcher, args, *, timed=False, **kwargs):
+        """(``launcher(*args, **kwargs)`` here, its NumPy arrays moved here first; its median seconds
+        at a GPU place when ``timed``: True, or the keyword arguments to time it with; else None)."""
+        fn, args = self.kernel(launcher), [self.put(x) if isinstance(x, np.ndarray) else x for x in args]
+        seconds = self.seconds(lambda: fn(*args, **(kwargs if timed is True else timed))) if timed else None
+        return fn(*args, **kwargs), seconds
+
     def check(self, case, result, reference, **kwargs) -> KernelCheck:
-        """:func:`compare` of a kernel's ``result`` at this place, ``(out, lse)`` or ``(out,)`` (moved to
-        the host), with NumPy's ``reference``, ``(out, lse)`` or ``(out,)``; ``kwargs``: seconds, atol, rtol."""
+        """:func:`compare` of a kernel's ``result`` here, ``(out, lse)`` or ``(out,)`` (moved to the host),
+        with NumPy's ``reference``, ``(out, lse)`` or ``(out,)``; ``kwargs``: seconds, atol, rtol."""
         lse = self.host(result[1]) if len(result) > 1 else None
         return compare(self.where, case, self.host(result[0]), reference[0], lse,
                        reference[1] if len(reference) > 1 else None, **kwargs)
 
 
-# ---------------------------------------------------------------------------
-# the spec and the flow
-# ---------------------------------------------------------------------------
-
 @dataclass
 class Section:
     """One notebook's "On the GPU" section as a spec for :func:`run_section`.
 
-    ``notebook``, ``title``: as in :class:`GpuLesson`; ``builds``: what NVRTC compiles and
-    reports; ``run(place) -> (checks, details)``: the section's inputs, launch and reference
-    at one place (None: nothing to check, e.g. notebook 05's compile report); ``report(result)
-    -> blocks``: the section's own lines after the checks, from the checks and details (str
-    lines, "" between paragraphs, :class:`Table` s); it may add numbers to ``result.details``; ``timings(place) -> (rows, blocks)``: what only a GPU measures;
-    ``emulator_builds``: the libraries the emulator needs (default ``builds``); ``entries``: the
-    entry points reported (default all); ``once_per_arch``: entries reported once per
-    architecture (they do not depend on the build); ``details``: numbers known beforehand.
+    ``notebook``, ``title``: as in :class:`GpuLesson`; ``builds``: what NVRTC compiles and reports;
+    ``run(place) -> (checks, details)``: inputs, launch and reference at one place (None: nothing
+    to run); ``report(result) -> blocks``: the lines after the checks (str lines, "" between
+    paragraphs, :class:`Table` s; it may add to ``result.details``); ``timings(place) -> (rows,
+    blocks)``: what only a GPU measures; ``emulator_builds``: the emulator's libraries (default
+    ``builds``); ``entries``: the entry points reported (default all); ``once_per_arch``: entries
+    reported once per architecture; ``details``: numbers known beforehand.
     """
 
     notebook: str
@@ -335,67 +288,28 @@ class Section:
     details: dict = field(default_factory=dict)
 
 
-@dataclass
-class _Prep:
-    device: Runner | None
-    why_not: str | None
-    resources: tuple
-    status: str
-    compiled: bool
-    emulate: bool
-    emulator_note: str | None
-
-
 def _compile(section: Section, device) -> tuple:
-    """(resources, status sentence, compiled) for the section's builds, for sm_80 and sm_90."""
-    builds = section.builds
-    entries = section.entries or tuple(dict.fromkeys(e for b in builds for e in b.entries))
-    names = ", ".join(entries)
-    kernel, was = ("CUDA kernel", "was") if len(entries) == 1 else ("CUDA kernels", "were")
+    """(resources, status, compiled) for the section's builds on sm_80 and sm_90; a compiled status
+    is left open for run_section to say where it ran."""
+    entries = section.entries or tuple(dict.fromkeys(e for b in section.builds for e in b.entries))
+    kernel = f"CUDA kernel ({', '.join(entries)}) was" if len(entries) == 1 else \
+        f"CUDA kernels ({', '.join(entries)}) were"
     try:
         version = ".".join(map(str, nvrtc_version()))
     except ImportError:
-        return (), (f"The {kernel} ({names}) {was} not compiled: CuPy/NVRTC are not installed "
-                    f"(pip install cupy-cuda12x nvidia-cuda-nvrtc-cu12); the NumPy reference still runs."), False
+        return (), (f"The {kernel} not compiled: CuPy/NVRTC are not installed (pip install cupy-cuda12x "
+                    f"nvidia-cuda-nvrtc-cu12); the NumPy reference still runs."), False
     except Exception as err:
-        return (), f"The {kernel} ({names}) {was} not compiled: NVRTC could not be loaded ({err}).", False
+        return (), f"The {kernel} not compiled: NVRTC could not be loaded ({err}).", False
     try:
         on_device = device is not None and device.backend == "cupy"     # a real device reports its own arch
-        rows = [r for r in compile_report(ARCHS, builds=builds, use_device=on_device) if r.entry in entries]
+        rows = [r for r in compile_report(ARCHS, builds=section.builds, use_device=on_device) if r.entry in entries]
     except KernelCompileError as err:
-        return (), f"The {kernel} ({names}) failed to compile: {str(err).splitlines()[0]}", False
+        return (), f"The {kernel.rsplit(' ', 1)[0]} failed to compile: {str(err).splitlines()[0]}", False
     seen = set()
     rows = tuple(r for r in rows if r.entry not in section.once_per_arch
                  or not ((r.entry, r.arch) in seen or seen.add((r.entry, r.arch))))
-    archs = " and ".join(ARCHS)
-    done = f"The {kernel} ({names}) {was} compiled for {archs} with NVRTC {version}"
-    return rows, done + (f" and run on {device.name}." if device is not None else ""), True
-
-
-def _prepare(section: Section, use_device, emulate) -> _Prep:
-    """Open the device, compile with NVRTC while g++ builds the emulator's libraries (a thread)."""
-    device, why_not = open_device(use_device)
-    want_emulator = (device is None) if emulate is None else bool(emulate)
-    note, future, pool = None, None, None
-    if want_emulator and section.run is not None:
-        if emulator_available():
-            pool = ThreadPoolExecutor(max_workers=1)
-            future = pool.submit(lambda: [EmulatedModule(b) for b in (section.emulator_builds or section.builds)])
-        else:
-            want_emulator = False
-            note = "The emulator was not run: it needs a C++ compiler (g++ or clang++)."
-    resources, status, compiled = _compile(section, device)
-    if device is None and compiled:
-        status = status + f", but not run: {why_not}."
-    if future is not None:
-        try:
-            future.result()
-        except EmulatorError as err:
-            want_emulator = False
-            note = f"The emulator could not build the kernel: {str(err).splitlines()[0]}"
-        finally:
-            pool.shutdown()
-    return _Prep(device, why_not, resources, status, compiled, want_emulator and section.run is not None, note)
+    return rows, f"The {kernel} compiled for {' and '.join(ARCHS)} with NVRTC {version}", True
 
 
 def _guarded(fn, notes: list, where: str):
@@ -410,75 +324,73 @@ def _guarded(fn, notes: list, where: str):
 def run_section(section: Section, use_device=None, emulate=None) -> GpuLesson:
     """Compile, run on the device or say why not, run on the emulator, compare, report.
 
-    ``use_device``: None = use a CUDA device when there is one; False = never.
-    ``emulate``: None = run the CPU emulator only when the GPU did not run; True/False =
-    always/never. Returns a :class:`GpuLesson`; never raises for a failed compile or launch
-    (it is reported). Source: the flow of every "On the GPU" section of the series.
+    ``use_device``: None = use a CUDA device when there is one; False = never. ``emulate``: None =
+    run the CPU emulator only when the GPU did not run; True/False = always/never. Returns a
+    :class:`GpuLesson`; never raises for a failed compile or launch (it is reported).
     """
-    prep = _prepare(section, use_device, emulate)
-    checks, notes, details = [], [], dict(section.details)
-    places = ([Place(prep.device, GPU)] if prep.device is not None and section.run is not None else []) + (
-        [Place(Runner("emulator"), EMULATOR)] if prep.emulate else [])
-    for place in places:
+    device, why_not = open_device(use_device)
+    emulate = ((device is None) if emulate is None else bool(emulate)) and section.run is not None
+    emulator_note = building = None
+    if emulate and emulator_available():           # g++ builds the emulator's library while NVRTC compiles
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            building = pool.submit(lambda: [EmulatedModule(b) for b in (section.emulator_builds or section.builds)])
+            resources, status, compiled = _compile(section, device)
+    else:
+        resources, status, compiled = _compile(section, device)
+        if emulate:
+            emulate, emulator_note = False, "The emulator was not run: it needs a C++ compiler (g++ or clang++)."
+    try:
+        building and building.result()
+    except EmulatorError as err:
+        emulate, emulator_note = False, f"The emulator could not build the kernel: {str(err).splitlines()[0]}"
+    checks, notes, details, timings, extra = [], [], dict(section.details), (), []
+    places = [Place(device, GPU)] if device is not None and section.run is not None else []
+    for place in places + ([Place(Runner("emulator"), EMULATOR)] if emulate else []):
         got = _guarded(lambda: section.run(place), notes, place.where)
-        if got is not None:
-            checks += got[0]
-            for key, value in got[1].items():          # the first place that ran (the GPU) gives the details
-                details.setdefault(key, value)
-    timing_blocks = []
-    rows = ()
-    if prep.device is not None and section.timings is not None:
-        got = _guarded(lambda: section.timings(Place(prep.device, GPU)), notes, GPU)
+        for key, value in (got[1] if got else {}).items():    # the first place that ran (the GPU) gives them
+            details.setdefault(key, value)
+        checks += got[0] if got else []
+    if device is not None and section.timings is not None:
+        got = _guarded(lambda: section.timings(Place(device, GPU)), notes, GPU)
         if got is not None and got[0]:
-            rows, timing_blocks = tuple(got[0]), list(got[1])
+            timings, extra = tuple(got[0]), list(got[1])
     if section.timings is not None:
-        details["timings"] = rows
-    ran = any(c.where == GPU for c in checks) or bool(rows)
-    if prep.device is not None and prep.compiled and not ran:     # the device was there, the run failed
-        prep.status = prep.status.replace(f" and run on {prep.device.name}.",
-                                          f", but the run on {prep.device.name} failed (see below).")
+        details["timings"] = timings
+    if compiled and device is None:
+        status += f", but not run: {why_not}."
+    elif compiled:
+        ran = any(c.where == GPU for c in checks) or bool(timings)
+        status += f" and run on {device.name}." if ran else f", but the run on {device.name} failed (see below)."
     # the report sees a draft whose details it may add to (numbers computed from the checks)
-    draft = GpuLesson(notebook=section.notebook, title=section.title, builds=tuple(section.builds),
-                      compiled=prep.compiled, status=prep.status, resources=prep.resources, checks=tuple(checks),
-                      notes=tuple(notes), details=details, summary="")
-    extra = list(section.report(draft)) if section.report is not None else []
-    blocks = _blocks(section.title, prep, checks, notes, extra + timing_blocks)
-    summary = "\n\n".join(_text(b) for b in blocks)
-    return GpuLesson(**{**draft.__dict__, "details": MappingProxyType(details), "summary": summary,
-                        "blocks": tuple(blocks)})
+    draft = GpuLesson(section.notebook, section.title, tuple(section.builds), compiled, status, resources,
+                      tuple(checks), tuple(notes), details, "")
+    extra = (list(section.report(draft)) if section.report is not None else []) + extra
+    notes += [f"Nothing was timed: {why_not}; the GPU run and its timing are skipped."] if device is None else []
+    notes += [emulator_note] if emulator_note else []
+    notes += sorted({f"Resources of {r.entry} ({r.arch}) not reported: {r.reason}." for r in resources
+                     if not r.reported})
+    blocks = _blocks(section.title, status, resources, device, checks, extra, notes)
+    return GpuLesson(**{**draft.__dict__, "details": MappingProxyType(details), "blocks": tuple(blocks),
+                        "summary": "\n\n".join(_text(b) for b in blocks)})
 
 
-def _blocks(title: str, prep: _Prep, checks, notes, extra) -> list:
+def _blocks(title, status, resources, device, checks, extra, notes) -> list:
     """The summary as paragraphs (str) and tables (:class:`Table`), in order."""
-    blocks = [f"On the GPU: {title}\n{prep.status}"]
-    if prep.resources:
-        who = "the device and ptxas report" if any(r.source == "device" for r in prep.resources) else "ptxas reports"
-        blocks.append(Table(textwrap.indent(resources_text(prep.resources), "  "), f"What {who} (registers per "
+    blocks = [f"On the GPU: {title}\n{status}"]
+    if resources:
+        who = "the device and ptxas report" if any(r.source == "device" for r in resources) else "ptxas reports"
+        blocks.append(Table(textwrap.indent(resources_text(resources), "  "), f"What {who} (registers per "
                             f"thread, static shared memory bytes per block, spilled bytes):"))
-    for where, label in ((GPU, f"On the GPU ({prep.device.name if prep.device else ''})"),
-                         (EMULATOR, f"On the {EMULATOR_LABEL}")):
+    for where, label in ((GPU, f"On the GPU ({device.name if device else ''})"), (EMULATOR, f"On the {EMULATOR_LABEL}")):
         lines = [f"  {c.case}: {c.line()}" for c in checks if c.where == where]
         if lines:
             blocks.append("\n".join([f"{label}, against NumPy:", *lines]))
     paragraph = []
-    for item in extra:                   # str lines join into paragraphs ("" ends one); tables stand alone
+    for item in extra + [""]:            # str lines join into paragraphs ("" ends one); tables stand alone
         if isinstance(item, Table) or item == "":
-            if paragraph:
-                blocks.append("\n".join(paragraph))
+            blocks += ["\n".join(paragraph)] if paragraph else []
+            blocks += [item] if isinstance(item, Table) else []
             paragraph = []
-            if isinstance(item, Table):
-                blocks.append(item)
         else:
             paragraph.append(item)
-    if paragraph:
-        blocks.append("\n".join(paragraph))
-    all_notes = list(notes)
-    if prep.device is None:
-        all_notes.append(f"Nothing was timed: {prep.why_not}; the GPU run and its timing are skipped.")
-    if prep.emulator_note:
-        all_notes.append(prep.emulator_note)
-    all_notes += sorted({f"Resources of {r.entry} ({r.arch}) not reported: {r.reason}." for r in prep.resources
-                         if not r.reported})
-    if all_notes:
-        blocks.append("\n".join(all_notes))
-    return blocks
+    return blocks + (["\n".join(notes)] if notes else [])

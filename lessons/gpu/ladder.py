@@ -15,6 +15,7 @@ FLOPs are counted as in ``benchmarks/gpu_attention.py``: ``4 N^2 d`` per head (2
 from __future__ import annotations
 
 import csv
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +25,8 @@ from lessons.cost.traffic import H200, flash_io, textbook_io
 __all__ = ["Rung", "RUNGS", "RECORDED_DIR", "RECORDED_LABEL", "SDPA_KERNEL", "NOT_MEASURED", "rung",
            "attention_flops", "recorded_rows", "recorded", "ladder_table", "rung_intensity",
            "rung_build", "measure_ladder", "ladder_points", "speedup_claim",
-           "ladder_markdown", "rung_evidence"]
+           "ladder_markdown", "rung_evidence", "DECODE_RUNGS", "DECODE_RECORDED", "decode_rung",
+           "decode_rung_build", "decode_recorded_rows", "decode_recorded", "decode_table"]
 
 ROOT = Path(__file__).resolve().parents[2]
 #: the recorded H200 run shipped in the repository
@@ -321,4 +323,100 @@ def rung_evidence(d: int = 64, arch: str = "sm_90") -> list[dict]:
         out.append(dict(name=r.name, registers=res.registers, smem_bytes=res.smem_bytes,
                         spill_bytes=res.spill_store_bytes + res.spill_load_bytes, instruction=r.ptx_grep,
                         count=compile_ptx(build, arch).count(r.ptx_grep)))
+    return out
+
+
+# ---------------------------------------------------------------------------
+# the decode ladder: one query per head against a long paged KV cache
+# ---------------------------------------------------------------------------
+# Decoding does about 2 FLOPs per byte of K/V read, so a decode rung is judged by bytes, not
+# FLOPs: the K/V read rate as a fraction of the device's copy rate (benchmarks/gpu_decode.py).
+
+#: the recorded decode figures of the same H200 run (fp16, 32 query heads on 8 KV heads, d = 128, pages of 16)
+DECODE_RECORDED = RECORDED_DIR / "decode_bandwidth.txt"
+
+DECODE_RUNGS = (
+    Rung("paged_decode", "one block per sequence and head group", "paged_decode", "paged_decode",
+         "lessons.gpu.paged_decode_gpu", "float16",
+         "the FA-2 loop over pages looked up in the block table; the block's 4 query heads of a GQA group "
+         "share each page it stages in shared memory",
+         "num_seqs x 8 blocks: 512 at 64 sequences, 8 at one sequence (the GPU has 132 SMs); K and V read "
+         "one 2-byte value per thread per load",
+         "ld.global.nc.u16", "too little parallelism per sequence, scalar loads"),
+    Rung("flash_decoding", "split over the keys, partial states merged", "flash_decoding", "paged_decode",
+         "lessons.gpu.flash_decoding_gpu", "float16",
+         "each (sequence, group) cut into num_splits ranges of pages, one block each; a second kernel "
+         "merges the partial (m, l, o) with the lse rule",
+         "num_splits times more blocks, so one long sequence fills the GPU; the loads stay scalar",
+         "ld.global.nc.u16", "scalar loads, one page staged per barrier"),
+    Rung("paged_decode_split", "GQA group per block, 16-byte loads, splits from the shape", None,
+         "paged_decode_split", "lessons.gpu.paged_decode_split_gpu", "float16",
+         "16 lanes read a key row of 256 bytes 16 bytes each, a warp two rows at once; each lane group "
+         "issues 4 keys' K and V loads before using them and keeps its own (m, l, o), merged in shared "
+         "memory at the end; the 16 partial dots of 4 keys x 4 heads summed by one reduce-scatter, so each "
+         "lane does the softmax of one (key, head) pair; num_splits from decode_splits (132 SMs x 4 blocks)",
+         "8 rows of 256 bytes in flight per warp (16 KiB per block of 4 warps, 4 blocks per SM, 128 "
+         "registers, no spills): enough to keep HBM busy; target 70% of the copy rate",
+         "ld.global.nc.v4.u32", "not profiled yet"),
+)
+
+_DECODE_LINE = re.compile(r"^(?P<name>\w+)(?: s=(?P<splits>\d+))?\s+seqs=(?P<seqs>\d+) len=(?P<len>\d+) .*?: "
+                          r"(?P<ms>[\d.]+) ms, KV (?P<tbs>[\d.]+) TB/s = (?P<pct>\d+)% of the copy rate")
+
+
+def decode_rung(name: str) -> Rung:
+    """The decode rung called ``name`` (one of ``[r.name for r in DECODE_RUNGS]``); ValueError otherwise."""
+    for r in DECODE_RUNGS:
+        if r.name == name:
+            return r
+    raise ValueError(f"decode rung must be one of {[r.name for r in DECODE_RUNGS]}, got {name!r}")
+
+
+def decode_rung_build(r: Rung | str, d: int = 128):
+    """The :class:`lessons.gpu.source.KernelBuild` of a decode rung at head dim ``d`` (32 query heads on 8
+    KV heads, pages of 16, the rung's dtype)."""
+    from lessons.gpu import source
+
+    r = decode_rung(r) if isinstance(r, str) else r
+    if r.kernel == "paged_decode":
+        return source.paged_decode_build(d, 16, 32, 8, r.dtype)
+    return source.paged_decode_split_build(d, 16, 32, 8, r.dtype)
+
+
+def decode_recorded_rows(path: Path | None = None) -> list[dict]:
+    """The recorded decode lines as dicts: name, num_splits (None for paged_decode), num_seqs, seq_len,
+    ms, tb_per_s, pct (of the copy rate, rounded as recorded). FileNotFoundError without the file."""
+    path = DECODE_RECORDED if path is None else Path(path)
+    rows = []
+    for line in path.read_text().splitlines():
+        m = _DECODE_LINE.match(line.strip())
+        if m:
+            rows.append(dict(name=m["name"], num_splits=int(m["splits"]) if m["splits"] else None,
+                             num_seqs=int(m["seqs"]), seq_len=int(m["len"]), ms=float(m["ms"]),
+                             tb_per_s=float(m["tbs"]), pct=int(m["pct"])))
+    return rows
+
+
+def decode_recorded(r: Rung | str, rows=None) -> dict | None:
+    """``{(num_seqs, seq_len): pct of the copy rate}`` recorded for rung ``r`` (the best split count
+    where several were run), or None when the rung was never measured on a GPU."""
+    r = decode_rung(r) if isinstance(r, str) else r
+    rows = decode_recorded_rows() if rows is None else rows
+    out = {}
+    for row in rows:
+        if r.impl is not None and row["name"] == r.impl:
+            key = (row["num_seqs"], row["seq_len"])
+            out[key] = max(out.get(key, 0), row["pct"])
+    return out or None
+
+
+def decode_table(rows=None) -> list[dict]:
+    """One dict per decode rung: name, title, pct (``{(num_seqs, seq_len): % of the copy rate}`` or None)
+    and figure (text: the recorded percentages, or :data:`NOT_MEASURED`)."""
+    out = []
+    for r in DECODE_RUNGS:
+        pct = decode_recorded(r, rows)
+        figure = NOT_MEASURED if pct is None else ", ".join(
+            f"{s} x {n}: {p}% of the copy rate" for (s, n), p in sorted(pct.items(), key=lambda kv: -kv[0][0]))
+        out.append(dict(name=r.name, title=r.title, pct=pct, figure=figure))
     return out

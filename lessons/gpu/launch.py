@@ -36,7 +36,7 @@ from lessons.gpu.trace_compare import GpuTrace
 __all__ = ["flash_attention_gpu", "flash_attention_mma_gpu", "mma_probe_gpu", "online_softmax_gpu", "paged_decode_gpu",
            "flash_decoding_gpu",
            "SplitTraces", "BACKENDS", "MAX_TRACE_ROWS", "Runner"]
-__all__ += ["flash_attention_regtile_gpu", "flash_attention_mma_async_gpu"]
+__all__ += ["flash_attention_regtile_gpu", "flash_attention_mma_async_gpu", "paged_decode_split_gpu"]
 
 BACKENDS = ("cupy", "emulator")
 #: most rows one launch may trace (each traced row is looked up by every thread)
@@ -174,10 +174,21 @@ class Runner:
                 raise RuntimeError(f"cannot run the CUDA kernel: {why}. To run the same kernel on CPU "
                                    f"threads, pass backend='emulator'.")
             self.xp = cupy
-            self.name = device_name() or "a CUDA device"
         else:
             self.xp = np
-            self.name = "the CPU emulator"
+
+    _name = None
+
+    @property
+    def name(self) -> str:
+        """Where the kernel runs, in words (asked only when shown, never on a launch's path)."""
+        if self._name is None:
+            self._name = (device_name() or "a CUDA device") if self.backend == "cupy" else "the CPU emulator"
+        return self._name
+
+    @name.setter
+    def name(self, value: str) -> None:
+        self._name = value
 
     def put(self, x):
         """``x`` where the kernel reads it: a CuPy array on a device, a NumPy array on the emulator."""
@@ -691,4 +702,84 @@ def flash_decoding_gpu(q, k_cache, v_cache, block_tables, seq_lens, num_splits: 
         labels = tuple(divmod(r, num_heads) for r in rows)
         result += (SplitTraces(GpuTrace(labels, run.host(tile_trace)),
                                GpuTrace(labels, run.host(merge_trace), unit="split")),)
+    return result
+
+
+def _num_sms(run) -> int:
+    """Streaming multiprocessors of the device the runner launches on (the H200's 132 on the emulator)."""
+    from lessons.gpu.source import H200_NUM_SMS
+
+    if run.backend != "cupy":
+        return H200_NUM_SMS
+    from lessons.gpu.compile import _device_properties
+
+    return int(_device_properties()["multiProcessorCount"])      # asked once per process
+
+
+def paged_decode_split_gpu(q, k_cache, v_cache, block_tables, seq_lens, num_splits: int | None = None, *,
+                           scale=None, bfloat16: bool = False, return_partials: bool = False,
+                           check_tables: bool = True, backend: str = "cupy"):
+    """Paged GQA decode at memory speed: one block per (sequence, GQA group, split), 16-byte loads.
+
+    Arguments as :func:`flash_decoding_gpu` (q (num_seqs, num_heads, d); k_cache, v_cache
+    (num_blocks, block_size, num_kv_heads, d) in q's dtype, float32/float16, or bfloat16 bits with
+    ``bfloat16=True``; int32 block_tables (num_seqs, max_blocks_per_seq) and seq_lens (num_seqs,)),
+    except:
+
+    num_splits : int in 1..65535, or None (default) to pick it from the shape with
+        :func:`lessons.gpu.source.decode_splits` (the device's SM count, 4 blocks per SM; the
+        table width ``max_blocks_per_seq`` stands for the longest sequence, so no copy to the host).
+        Split ``s`` takes pages ``[s * per, (s + 1) * per)``, ``per = ceil(pages / num_splits)``,
+        as flash_decoding_gpu's; with one split and no ``return_partials`` the block writes the
+        output itself and no merge kernel runs.
+    No ``trace_rows``: the keys of a split are spread over the block's warps, so there is no
+    page-by-page state to record (flash_decoding_gpu has the traced version of this schedule).
+
+    Each block serves up to 4 query heads of one group (all 4 at 32 query heads on 8 KV heads), so
+    each K/V row is read from HBM once per group; a key row is read by ``lanes`` lanes 16 bytes
+    each (:func:`lessons.gpu.source.paged_decode_split_layout`). Returns ``(out, lse)`` or
+    ``(out, lse, partials)`` like flash_decoding_gpu: out (num_seqs, num_heads, d) in q's dtype,
+    lse float32 (num_seqs, num_heads), 0 and -inf for an empty sequence; partials float32 ``m``,
+    ``l`` (num_seqs, num_heads, num_splits) and ``o`` (..., num_splits, d), unnormalised.
+    Raises TypeError/ValueError for bad input, RuntimeError with backend "cupy" and no device.
+    Source: Dao, Haziza, Massa, Sizov 2023 (Flash-Decoding); Kwon et al. 2023 (PagedAttention),
+    Sec. 4; Ainslie et al. 2023 (GQA); the fold of Dao 2023, FA-2 Alg. 1.
+    """
+    from lessons.gpu.source import decode_splits, paged_decode_split_build
+
+    backend = _check_backend(backend)
+    kind, dtype, num_seqs, num_heads, d, block_size, num_kv_heads, max_blocks = _check_paged(
+        q, k_cache, v_cache, block_tables, seq_lens, bfloat16, _check_bool(check_tables, "check_tables"))
+    if num_splits is not None:
+        num_splits = check_int(num_splits, "num_splits")
+        if not 1 <= num_splits <= _GRID_YZ_LIMIT:
+            raise ValueError(f"num_splits must be in 1..{_GRID_YZ_LIMIT} or None (auto), got {num_splits}")
+    scale = _kernel_scale(scale, d)
+    return_partials = _check_bool(return_partials, "return_partials")
+    build = paged_decode_split_build(d, block_size, num_heads, num_kv_heads, dtype)
+    hpb = dict(build.defines)["HEADS_PER_BLOCK"]
+
+    run = Runner(backend, kind)
+    if num_splits is None:
+        num_splits = decode_splits(num_seqs, num_kv_heads, max_blocks * block_size, block_size=block_size,
+                                   heads_per_kv_head=num_heads // num_kv_heads // hpb, num_sms=_num_sms(run),
+                                   max_splits=_GRID_YZ_LIMIT)
+    q_d, k_d, v_d = (_aligned(run, run.put(x)) for x in (q, k_cache, v_cache))   # 16-byte loads
+    tables_d, lens_d = run.put(block_tables), run.put(seq_lens)
+    out = run.xp.empty(q.shape, dtype=q.dtype)
+    lse = run.xp.empty((num_seqs, num_heads), dtype=np.float32)
+    partials = num_splits > 1 or return_partials
+    n_states = (num_seqs, num_heads, num_splits) if partials else (1,)
+    part_m = run.xp.empty(n_states, dtype=np.float32)
+    part_l = run.xp.empty(n_states, dtype=np.float32)
+    part_o = run.xp.empty(n_states + ((d,) if partials else ()), dtype=np.float32)
+    run.launch(build, "paged_decode_gqa_split", (num_heads // hpb, num_seqs, num_splits),
+               [q_d, k_d, v_d, tables_d, lens_d, max_blocks, num_heads, num_kv_heads, scale, num_splits,
+                int(partials), part_m, part_l, part_o, out, lse])
+    if partials:
+        run.launch(build, "merge_split_states", (num_heads, num_seqs),
+                   [part_m, part_l, part_o, num_heads, num_splits, out, lse])
+    result = (run.get(out), run.get(lse))
+    if return_partials:
+        result += ({"m": run.get(part_m), "l": run.get(part_l), "o": run.get(part_o)},)
     return result

@@ -1,13 +1,9 @@
 """The "On the GPU" section of every notebook: the notebook's algorithm as a CUDA kernel.
 
-One function per notebook. Each is a short spec (:class:`lessons.gpu.harness.Section`):
-the kernel builds that notebook's algorithm became (:mod:`lessons.gpu.source`), its
-inputs, its launch at one place and its NumPy reference, and what it prints.
-:func:`lessons.gpu.harness.run_section` does the rest, the same way for all of them:
-compile for sm_80 and sm_90 and report registers and shared memory; with a CUDA device
-(and CuPy) run on the notebook's data, compare with NumPy and time with CUDA events;
-without one say plainly that the kernel was compiled but not run, and run the same CUDA
-C on the CPU emulator (:mod:`lessons.gpu.emulator`), labelled as the emulator, never as the GPU.
+One function per notebook, each a short :class:`lessons.gpu.harness.Section` spec (the builds
+of :mod:`lessons.gpu.source`, inputs, a launch at one place, the NumPy reference, what it prints)
+run by :func:`lessons.gpu.harness.run_section`: compiled for sm_80 and sm_90, run and timed on a
+CUDA device when there is one, else run on the CPU emulator and labelled so, never as the GPU.
 
 ==================================  =========================================================
 notebook                            function
@@ -15,6 +11,7 @@ notebook                            function
 ``01_online_softmax``               :func:`online_softmax_on_gpu`
 ``02_flash_attention_tile_by_tile`` :func:`flash_attention_on_gpu` (with the kernel's trace)
 ``03_query_blocks_and_causal``      :func:`causal_on_gpu`
+``04_backward_pass``                :func:`lessons.gpu.backward.backward_on_gpu` (with the kernels' trace)
 ``05_io_awareness``                 :func:`io_on_gpu` (compile report; naive vs kernel timing),
                                     :func:`tensor_cores_on_gpu`
 ``07_paged_attention``              :func:`paged_decode_on_gpu`
@@ -22,10 +19,11 @@ notebook                            function
 ``09_paged_gqa_decode``             :func:`paged_gqa_on_gpu`
 ==================================  =========================================================
 
-Each returns a :class:`GpuLesson`: the numbers as attributes (for tests) and a text
-summary (``str(result)``, what the notebook prints). Nothing here needs a GPU or CuPy
-to import or to run. Kernels compute in float32, so every comparison is against the
-float64 NumPy reference fed the same float32-rounded inputs.
+Each returns a :class:`GpuLesson` (numbers as attributes, ``str(result)`` the text printed) and
+takes ``use_device`` (None = a CUDA device when there is one, False = never) and ``emulate``
+(None = the emulator only when the GPU did not run; True/False = always/never). Nothing here needs
+a GPU or CuPy. Kernels compute in float32 (float16 on tensor cores), so every comparison is
+against the float64 NumPy reference fed the same rounded inputs.
 """
 from __future__ import annotations
 
@@ -90,6 +88,24 @@ def _all_or_none(names: str, values) -> bool:
     return all(given)
 
 
+def _check_query_row(row, n_q: int) -> int:
+    """``row`` as an int in [0, n_q); ValueError naming it otherwise (bools refused)."""
+    if isinstance(row, bool) or not isinstance(row, numbers.Integral) or not 0 <= row < n_q:
+        raise ValueError(f"row must be an int in [0, {n_q}), got {row!r}")
+    return int(row)
+
+
+def _run(notebook, title, builds, run=None, report=None, *, use_device, emulate, **spec) -> GpuLesson:
+    """:func:`~lessons.gpu.harness.run_section` of the spec; ``report`` may be a list of lines."""
+    lines = report if report is None or callable(report) else (lambda r: report)
+    return run_section(Section(notebook, title, list(builds), run, lines, **spec), use_device, emulate)
+
+
+def _table(title: str, head: str, rows) -> Table:
+    """A :class:`~lessons.gpu.harness.Table` of text lines, indented 2."""
+    return Table("\n".join("  " + r for r in [head, *rows]), title)
+
+
 # ---------------------------------------------------------------------------
 # 01 online softmax
 # ---------------------------------------------------------------------------
@@ -101,8 +117,7 @@ def softmax_demo_rows(n_cols: int = 700, *, seed: int = 0) -> np.ndarray:
     entries ``-inf`` (with tiles of 256 its whole first tile is masked: the NaN trap of
     notebook 01, section 5); row 2: all ``-inf`` (a row that sees nothing: y = 0, lse = -inf).
     """
-    rng = np.random.default_rng(seed)
-    x = (3.0 * rng.standard_normal((3, n_cols))).astype(np.float32)
+    x = (3.0 * np.random.default_rng(seed).standard_normal((3, n_cols))).astype(np.float32)
     x[1, : n_cols * 3 // 7] = -np.inf
     x[2] = -np.inf
     return x
@@ -117,36 +132,24 @@ def online_softmax_on_gpu(x=None, *, tile: int = 256, timing_shape=(2048, 8192),
                           emulate=None) -> GpuLesson:
     """Notebook 01: the online-softmax kernel (one thread block per row) against NumPy.
 
-    Parameters
-    ----------
-    x : float array (n_cols,) or (n_rows, n_cols) to check the kernel on; default
-        :func:`softmax_demo_rows` (3 rows, 700 columns: 3 tiles, a masked first tile, an
-        all-masked row). Cast to float32.
-    tile : columns per tile = threads per block (a multiple of 32 up to 1024).
-    timing_shape : (rows, cols) of the random float32 scores timed on a GPU.
-    use_device : None = use a CUDA device when there is one; False = never.
-    emulate : None = run the CPU emulator only when the GPU did not run; True/False = always/never.
-
-    Returns a :class:`GpuLesson`; the references are :func:`lessons.schedules.softmax.safe_softmax`
-    and ``numpy.logaddexp.reduce`` (lse) in float64. Raises the launcher's
-    TypeError/ValueError for a bad ``x`` or ``tile``.
-    Source: Milakov & Gimelshein 2018, Alg. 3.
+    ``x``: float (n_cols,) or (n_rows, n_cols), cast to float32; default :func:`softmax_demo_rows`
+    (3 x 700: 3 tiles, a masked first tile, an all-masked row). ``tile``: columns per tile =
+    threads per block (a multiple of 32 up to 1024). ``timing_shape``: (rows, cols) of the random
+    float32 scores timed on a GPU. References: :func:`lessons.schedules.softmax.safe_softmax` and
+    ``numpy.logaddexp.reduce`` (lse) in float64. Raises the launcher's TypeError/ValueError for a
+    bad ``x`` or ``tile``. Source: Milakov & Gimelshein 2018, Alg. 3.
     """
     x = softmax_demo_rows() if x is None else np.ascontiguousarray(x, dtype=np.float32)
-    build = online_softmax_build(tile, "float32")
-    ref_y, ref_lse = _softmax_reference(x)
+    ref = _softmax_reference(x)
     case = f"{' x '.join(map(str, x.shape))} scores, tiles of {tile}"
 
     def run(place):
-        launch = place.kernel(online_softmax_gpu)
-        checks = [place.check(case, launch(place.put(x), tile=tile), (ref_y, ref_lse))]
+        checks = [place.check(case, place.launch(online_softmax_gpu, [x], tile=tile)[0], ref)]
         if place.timed:
             big = (np.random.default_rng(1).standard_normal(timing_shape) * 3).astype(np.float32)
-            big_d = place.put(big)
-            seconds = place.seconds(lambda: launch(big_d, tile=tile))
-            checks.append(place.check(f"{timing_shape[0]} x {timing_shape[1]} random scores",
-                                      launch(big_d, tile=tile), _softmax_reference(big),
-                                      seconds=seconds))
+            got, seconds = place.launch(online_softmax_gpu, [big], timed=True, tile=tile)
+            checks.append(place.check(f"{timing_shape[0]} x {timing_shape[1]} random scores", got,
+                                      _softmax_reference(big), seconds=seconds))
         return checks, {}
 
     def report(r):
@@ -156,8 +159,9 @@ def online_softmax_on_gpu(x=None, *, tile: int = 256, timing_shape=(2048, 8192),
         return [f"  row 2 sees nothing: y = {np.unique(c.output[2]).tolist()}, lse = {c.lse[2]}; "
                 f"row 1's masked first tile left no NaN: {bool(np.isfinite(c.output[1]).all())}"]
 
-    return run_section(Section("01_online_softmax", "online softmax kernel (lessons/gpu/kernels/online_softmax.cu)",
-                               [build], run, report, details={"x": x}), use_device, emulate)
+    return _run("01_online_softmax", "online softmax kernel (lessons/gpu/kernels/online_softmax.cu)",
+                [online_softmax_build(tile, "float32")], run, report, details={"x": x},
+                use_device=use_device, emulate=emulate)
 
 
 # ---------------------------------------------------------------------------
@@ -168,19 +172,16 @@ def trace_table(gpu_row, numpy_row, where: str) -> str:
     """Text table of one row's trace: the kernel's (m, alpha, l) per tile beside NumPy's.
 
     ``gpu_row``: :class:`~lessons.gpu.trace_compare.GpuRowTrace`; ``numpy_row``:
-    :class:`lessons.core.trace.RowTrace` (same tiles); ``where``: the column label
-    ("GPU" or "emulator"). The last column is the largest relative difference of the
-    three, ``|kernel - NumPy| / max(|NumPy|, 1e-30)`` (0 where both are -inf).
-    Tiles are counted from 1, as on the stepper (``gpu_row.tile`` holds 0-based indices).
+    :class:`lessons.core.trace.RowTrace` (same tiles); ``where``: the column label ("GPU" or
+    "emulator"). The last column is the largest relative difference of the three,
+    ``|kernel - NumPy| / max(|NumPy|, 1e-30)`` (0 where both are -inf). Tiles are counted from
+    1, as on the stepper (``gpu_row.tile`` holds 0-based indices).
     """
     head = ["tile", "keys", f"m {where}", "m NumPy", f"alpha {where}", "alpha NumPy", f"l {where}", "l NumPy",
             "max rel diff"]
-    body = []
-    for i in range(min(len(gpu_row), len(numpy_row))):
-        keys = f"{numpy_row.key_start[i]}-{numpy_row.key_stop[i] - 1}"
-        body.append([str(int(gpu_row.tile[i]) + 1), keys, _g(gpu_row.m[i]), _g(numpy_row.m[i]),
-                     _g(gpu_row.alpha[i]), _g(numpy_row.alpha[i]), _g(gpu_row.l[i]), _g(numpy_row.l[i]),
-                     f"{_relative(gpu_row, numpy_row, i):.1e}"])
+    body = [[str(int(gpu_row.tile[i]) + 1), f"{numpy_row.key_start[i]}-{numpy_row.key_stop[i] - 1}",
+             *(_g(getattr(row, f)[i]) for f in ("m", "alpha", "l") for row in (gpu_row, numpy_row)),
+             f"{_relative(gpu_row, numpy_row, i):.1e}"] for i in range(min(len(gpu_row), len(numpy_row)))]
     widths = [max(len(r[j]) for r in [head, *body]) for j in range(len(head))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in [head, *body])
 
@@ -212,12 +213,10 @@ def _trace_lines(details, row, block_q, block_k) -> list:
     where, found, b = details["trace_from"], details["divergence"], details["broken_divergence"]
     lines = [Table("\n".join("  " + x for x in trace_table(details["gpu_row"], details["numpy_row"], where).split("\n")),
                    f"Row {row}, tile by tile: the {where}'s trace (trace build, -DFA_TRACE) beside NumPy's "
-                   f"(lessons.flash_attention, block_q={block_q}, tile={block_k}):")]
-    if found is None:
-        lines.append(f"  first_divergence: none - every tile agrees within rounding (rtol 1e-4, atol 1e-6); "
-                     f"largest relative difference {details['max_relative_difference']:.1e}.")
-    else:
-        lines.append(f"  first_divergence: {found}")
+                   f"(lessons.flash_attention, block_q={block_q}, tile={block_k}):"),
+             f"  first_divergence: {found}" if found is not None else
+             f"  first_divergence: none - every tile agrees within rounding (rtol 1e-4, atol 1e-6); "
+             f"largest relative difference {details['max_relative_difference']:.1e}."]
     if b is not None:
         lines.append(f"  What a real difference looks like: against a fold that forgets alpha on l "
                      f"(lessons.schedules.variants 'no_alpha_on_l'), first_divergence names tile {b.tile + 1}: "
@@ -225,52 +224,41 @@ def _trace_lines(details, row, block_q, block_k) -> list:
     return lines
 
 
-def _heads_reference(qa, ka, va, **options):
-    """lessons.attention per (layer, head) of (L, H, N, d) arrays: (out (L, H, Nq, d), lse (L, H, Nq))."""
-    refs = [attention(*_f64(qa[i, j], ka[i, j], va[i, j]), return_lse=True, **options)
-            for i in range(qa.shape[0]) for j in range(qa.shape[1])]
-    return (np.stack([r[0] for r in refs]).reshape(qa.shape), np.stack([r[1] for r in refs]).reshape(qa.shape[:-1]))
-
-
 def _forward_checks(place, case, qkv, reference, heads=None, **options) -> list:
     """Timed checks of the forward kernel at a GPU place: every head in one launch (``heads`` =
     (case, q, k, v) of shape (L, H, N, d), or None), then the one head ``qkv`` against
     ``reference`` = (out, lse). At the emulator, only the one head, untimed."""
-    launch, out = place.kernel(flash_attention_gpu), []
+    checks = []
     for label, arrays, ref in ([(heads[0], heads[1:], None)] if heads is not None and place.timed else []) + [
             (case, qkv, reference)]:
-        dev = [place.put(x) for x in arrays]
-        seconds = place.seconds(lambda: launch(*dev, **options))
-        ref = ref or _heads_reference(*arrays, causal=options.get("causal", False))
-        out.append(place.check(label, launch(*dev, **options), ref, seconds=seconds))
-    return out
+        got, seconds = place.launch(flash_attention_gpu, arrays, timed=True, **options)
+        if ref is None:            # lessons.attention per (layer, head)
+            qa, ka, va = arrays
+            refs = [attention(*_f64(qa[i, j], ka[i, j], va[i, j]), return_lse=True, causal=options.get("causal", False))
+                    for i in range(qa.shape[0]) for j in range(qa.shape[1])]
+            ref = (np.stack([x[0] for x in refs]).reshape(qa.shape),
+                   np.stack([x[1] for x in refs]).reshape(qa.shape[:-1]))
+        checks.append(place.check(label, got, ref, seconds=seconds))
+    return checks
 
 
 def flash_attention_on_gpu(*, layer: int = 0, head: int = 0, row: int = 93, block_k: int = 16,
                            all_heads: bool = True, use_device=None, emulate=None) -> GpuLesson:
     """Notebook 02: the FlashAttention-2 forward kernel on the real sample, and its trace.
 
-    Parameters
-    ----------
-    layer, head : the sample head checked (and traced), as in the notebook (layer 0, head 0).
-    row : the query row whose trace is replayed beside NumPy's (93, the token "and").
-    block_k : keys per tile (the notebook's 16); ``block_q`` is the kernel's default for d = 32.
-    all_heads : on a GPU, run all 6 x 12 heads of the sample in one launch (False: only
-        ``layer``/``head``). The emulator always runs the one head.
-    use_device, emulate : as in :func:`online_softmax_on_gpu`.
-
-    The kernel output is checked against :func:`lessons.attention`; the trace build's
-    ``(m, alpha, l)`` per tile for ``row`` is compared with :func:`lessons.flash_attention`'s
-    trace by :func:`lessons.gpu.first_divergence`. Returns a :class:`GpuLesson` whose
-    ``details`` hold ``gpu_row``, ``numpy_row``, ``divergence`` (None when every tile
-    agrees), ``broken_divergence`` and ``model_error`` (vs the model's own output).
+    ``layer``, ``head``: the sample head checked and traced; ``row``: the query row whose trace is
+    replayed beside NumPy's (93, the token "and"); ``block_k``: keys per tile (``block_q`` is the
+    kernel's default for d = 32); ``all_heads``: on a GPU, also all 6 x 12 heads in one launch.
+    The output is checked against :func:`lessons.attention`; the trace build's ``(m, alpha, l)``
+    per tile against :func:`lessons.flash_attention`'s by :func:`lessons.gpu.first_divergence`.
+    ``details``: ``gpu_row``, ``numpy_row``, ``divergence`` (None when every tile agrees),
+    ``broken_divergence``, ``model_error`` (vs the model's own output).
     Source: Dao 2023 (FlashAttention-2), Alg. 1.
     """
     sample = load_sample()
     q, k, v = _f32(*sample.qkv(layer, head, dtype=np.float32))
     d = q.shape[1]
     block_q, block_k = flash_attention_config(d, None, block_k)
-    build = flash_attention_build(d, "float32", False, block_q, block_k)
     trace_build = flash_attention_build(d, "float32", True, block_q, block_k)
     ref = attention(*_f64(q, k, v), return_lse=True)
     case = f"layer {layer}, head {head} (128 x 32)"
@@ -280,8 +268,8 @@ def flash_attention_on_gpu(*, layer: int = 0, head: int = 0, row: int = 93, bloc
     def run(place):
         checks = _forward_checks(place, case, (q, k, v), ref, heads, block_q=block_q, block_k=block_k) \
             if place.timed else []
-        out, lse, trace = place.kernel(flash_attention_gpu)(*(place.put(x) for x in (q, k, v)), block_q=block_q,
-                                                            block_k=block_k, trace_rows=[row])
+        (out, lse, trace), _ = place.launch(flash_attention_gpu, (q, k, v), block_q=block_q, block_k=block_k,
+                                            trace_rows=[row])
         checks.append(place.check(case + ", trace build", (out, lse), ref))
         return checks, _trace_details(place, trace, q, k, v, row, block_q, block_k)
 
@@ -290,59 +278,45 @@ def flash_attention_on_gpu(*, layer: int = 0, head: int = 0, row: int = 93, bloc
         kernel_checks = [c for c in r.checks if c.case.startswith(case)]
         if kernel_checks and layer in sample.context:
             model = sample.model_output(layer, head)
-            err = float(np.abs(kernel_checks[-1].output - model).max())
-            r.details["model_error"] = err
+            err = r.details["model_error"] = float(np.abs(kernel_checks[-1].output - model).max())
             lines.append(f"  The model's own output for this head (PyTorch, float32, before q, k, v were stored in "
                          f"float16) is {err:.1e} from the kernel's and {float(np.abs(ref[0] - model).max()):.1e} from "
                          f"NumPy's: the float16 rounding of the inputs, not the kernel.")
         return lines
 
-    details = dict(block_q=block_q, block_k=block_k, row=row, token=sample.tokens[row])
-    return run_section(Section("02_flash_attention_tile_by_tile", f"FlashAttention-2 forward kernel "
-                               f"(lessons/gpu/kernels/flash_attention.cu), block_q={block_q}, block_k={block_k}, d={d}",
-                               [build, trace_build], run, report, emulator_builds=[trace_build], details=details),
-                       use_device, emulate)
-
-
-def _check_query_row(row, n_q: int) -> int:
-    """``row`` as an int in [0, n_q); ValueError naming it otherwise (bools refused)."""
-    if isinstance(row, bool) or not isinstance(row, numbers.Integral) or not 0 <= row < n_q:
-        raise ValueError(f"row must be an int in [0, {n_q}), got {row!r}")
-    return int(row)
+    return _run("02_flash_attention_tile_by_tile", f"FlashAttention-2 forward kernel (lessons/gpu/kernels/"
+                f"flash_attention.cu), block_q={block_q}, block_k={block_k}, d={d}",
+                [flash_attention_build(d, "float32", False, block_q, block_k), trace_build], run, report,
+                emulator_builds=[trace_build], details=dict(block_q=block_q, block_k=block_k, row=row,
+                                                            token=sample.tokens[row]),
+                use_device=use_device, emulate=emulate)
 
 
 def kernel_row_trace(q, k, v, tile, row, *, causal=False, block_q=64, scale=None, use_device=None):
     """The forward kernel's own trace of one query row, for ``TileStepper(kernel=kernel_row_trace)``.
 
-    Parameters
-    ----------
-    q (Nq, d), k (Nk, d), v (Nk, d) : float arrays (the kernel computes in float32).
-    tile : int, keys per tile: the kernel's ``block_k``.
-    row : int, the query row traced.
-    causal, block_q, scale : as :func:`lessons.flash_attention` (the stepper passes its options).
-        The kernel uses ``block_q`` when its tile rules allow it with ``block_k = tile``; without
-        causal masking the row's trace does not depend on ``block_q``, so another is tried.
+    ``q`` (Nq, d), ``k``, ``v`` (Nk, d): float arrays (computed in float32); ``tile``: keys per
+    tile, the kernel's ``block_k``; ``row``: the query row traced; ``causal``, ``block_q``,
+    ``scale``: as :func:`lessons.flash_attention`. The kernel uses ``block_q`` when its tile rules
+    allow it with ``block_k = tile``; without causal masking the row's trace does not depend on
+    ``block_q``, so another is tried. With causal masking give the stepper's block size (with
+    lesson 3's ``schedule=block_schedule(16)``: ``functools.partial(kernel_row_trace, block_q=16)``).
 
     Runs the trace build (``-DFA_TRACE``) of :func:`lessons.gpu.flash_attention_gpu` on the GPU
     when there is one (and ``use_device`` is not False), else on the CPU emulator. Returns
-    ``(where, gpu_row)``: ``where`` ``"GPU (<name>)"`` or ``"emulator"``, ``gpu_row`` a
+    ``(where, gpu_row)``: ``"GPU (<name>)"`` or ``"emulator"``, and a
     :class:`lessons.gpu.GpuRowTrace` of ``(m, alpha, l)`` per absorbed tile.
-    With causal masking the tiles a row absorbs depend on ``block_q``, so give the stepper's
-    block size: with lesson 3's ``schedule=block_schedule(16)`` pass
-    ``kernel=functools.partial(kernel_row_trace, block_q=16)``.
-    Raises ValueError for q, k, v that are not 2-D, a ``row`` outside ``[0, Nq)``, a ``tile`` below 1,
-    or when no ``block_q`` lets the kernel take ``block_k = tile`` (e.g. an odd tile needs
-    block_q 128, whose tiles may not fit shared memory); RuntimeError when neither a GPU nor
-    a C++ compiler for the emulator is there.
+    Raises ValueError for q, k, v that are not 2-D, a ``row`` outside ``[0, Nq)``, a ``tile``
+    below 1, or when no ``block_q`` lets the kernel take ``block_k = tile`` (e.g. an odd tile
+    needs block_q 128, whose tiles may not fit shared memory); TypeError for a ``tile`` that is
+    not an int; RuntimeError when neither a GPU nor a C++ compiler for the emulator is there.
     Source: Dao 2023 (FlashAttention-2), Alg. 1.
     """
     for name, x in (("q", q), ("k", k), ("v", v)):
         if np.ndim(x) != 2:
             raise ValueError(f"{name} must be 2-D (N, d): one head, as the stepper holds it; got shape {np.shape(x)}")
     q, k, v = _f32(q, k, v)
-    d = q.shape[-1]
-    tile = check_positive_int(tile, "tile")
-    row = _check_query_row(row, q.shape[0])
+    d, tile, row = q.shape[-1], check_positive_int(tile, "tile"), _check_query_row(row, q.shape[0])
     config, why = None, None
     for bq in [block_q] + ([] if causal else [b for b in (128, 64, 32, 16, 8, 4) if b != block_q]):
         try:
@@ -370,13 +344,12 @@ def causal_on_gpu(*, layer: int = 0, head: int = 0, cases=CAUSAL_CASES, all_head
                   use_device=None, emulate=None) -> GpuLesson:
     """Notebook 03: the forward kernel with ``causal=True`` and Nq != Nk, on the real sample.
 
-    Each case ``(Nq, Nk)`` takes the last Nq queries and the first Nk keys of one head
-    (all 72 heads at once on a GPU with ``all_heads``). The kernel aligns the mask
-    bottom-right (query i sees key j iff ``j <= i + Nk - Nq``) and must give out = 0,
-    lse = -inf (no NaN) for the rows that see no key. Checked against
-    :func:`lessons.attention` ``(causal=True)``; ``details["empty_rows"]`` maps each case
-    to the number of such rows and ``details["tiles"]`` to :func:`lessons.schedules.causal.count_tiles`
-    for the kernel's tile sizes.
+    Each case ``(Nq, Nk)`` takes the last Nq queries and the first Nk keys of one head (all 72
+    heads at once on a GPU with ``all_heads``). The mask is aligned bottom-right (query i sees key
+    j iff ``j <= i + Nk - Nq``); rows that see no key must give out = 0, lse = -inf (no NaN).
+    Checked against :func:`lessons.attention` ``(causal=True)``; ``details["empty_rows"]`` maps each
+    case to the number of such rows, ``details["tiles"]`` to
+    :func:`lessons.schedules.causal.count_tiles` for the kernel's tile sizes.
     Raises ValueError for a case with Nq or Nk outside 1..128.
     Source: Dao 2023 (FlashAttention-2), Alg. 1 and Sec. 3.1.
     """
@@ -388,7 +361,7 @@ def causal_on_gpu(*, layer: int = 0, head: int = 0, cases=CAUSAL_CASES, all_head
             raise ValueError(f"cases must hold (Nq, Nk) pairs in 1..{n}, got {(nq, nk)}")
     q, k, v = _f32(*sample.qkv(layer, head, dtype=np.float32))
     block_q, block_k = flash_attention_config(q.shape[1])
-    data = {}                          # (nq, nk) -> (q, k, v, reference, all heads)
+    data = {}                          # (nq, nk) -> (q, k, v), reference, all heads
     for nq, nk in cases:
         qkv = (np.ascontiguousarray(q[-nq:]), np.ascontiguousarray(k[:nk]), np.ascontiguousarray(v[:nk]))
         heads = (f"Nq={nq}, Nk={nk}, causal, all {sample.q.shape[0] * sample.q.shape[1]} heads",
@@ -405,77 +378,67 @@ def causal_on_gpu(*, layer: int = 0, head: int = 0, cases=CAUSAL_CASES, all_head
     def report(r):
         lines = [""]
         for (nq, nk), c in tiles.items():
-            line = (f"Nq={nq}, Nk={nk} in tiles of {block_q} x {block_k}: {c.full} full, {c.diagonal} diagonal, "
-                    f"{c.skipped} skipped (lessons.schedules.causal.count_tiles); rows that see no key: "
-                    f"{empty_rows[(nq, nk)]}")
+            lines.append(f"Nq={nq}, Nk={nk} in tiles of {block_q} x {block_k}: {c.full} full, {c.diagonal} diagonal, "
+                         f"{c.skipped} skipped (lessons.schedules.causal.count_tiles); rows that see no key: "
+                         f"{empty_rows[(nq, nk)]}")
             kernel = [x for x in r.checks if x.case.startswith(f"Nq={nq}, Nk={nk}, causal, layer")]
             if kernel and empty_rows[(nq, nk)]:
                 ck = kernel[-1]
                 empty = np.isneginf(ck.reference_lse)
-                line += (f" - the kernel wrote out = 0 there: {bool((ck.output[empty] == 0).all())}, "
-                         f"lse = -inf: {bool(np.isneginf(ck.lse[empty]).all())}, NaN anywhere: "
-                         f"{bool(np.isnan(ck.output).any() or np.isnan(ck.lse).any())}")
-            lines.append(line)
+                lines[-1] += (f" - the kernel wrote out = 0 there: {bool((ck.output[empty] == 0).all())}, "
+                              f"lse = -inf: {bool(np.isneginf(ck.lse[empty]).all())}, NaN anywhere: "
+                              f"{bool(np.isnan(ck.output).any() or np.isnan(ck.lse).any())}")
         return lines
 
-    build = flash_attention_build(q.shape[1], "float32", False, block_q, block_k)
-    return run_section(Section("03_query_blocks_and_causal", f"FlashAttention-2 forward kernel, causal (bottom-right), "
-                               f"block_q={block_q}, block_k={block_k}", [build], run, report,
-                               details={"empty_rows": empty_rows, "tiles": tiles, "block_q": block_q,
-                                        "block_k": block_k}), use_device, emulate)
+    return _run("03_query_blocks_and_causal", f"FlashAttention-2 forward kernel, causal (bottom-right), "
+                f"block_q={block_q}, block_k={block_k}", [flash_attention_build(q.shape[1], "float32", False, block_q,
+                                                                                block_k)], run, report,
+                details={"empty_rows": empty_rows, "tiles": tiles, "block_q": block_q, "block_k": block_k},
+                use_device=use_device, emulate=emulate)
 
 
 # ---------------------------------------------------------------------------
-# 04 IO: compile report, naive vs kernel timing; the same fold on tensor cores
+# 05 IO: compile report, naive vs kernel timing; the same fold on tensor cores
 # ---------------------------------------------------------------------------
-
-def _timing_table(title: str, head: str, rows) -> list:
-    return [Table("\n".join(["  " + head, *("  " + r for r in rows)]), title)]
-
 
 def io_on_gpu(*, ns=(1024, 2048, 4096), d: int = 64, heads: int = 8, repeats: int = 5,
               use_device=None) -> GpuLesson:
     """Notebook 05: what the kernels cost on chip, and (with a GPU) naive CuPy vs the kernel.
 
-    Compiles every kernel of the series (:func:`lessons.gpu.compile_report`, head dim 128,
-    float16) plus the forward kernel for head dim ``d``, and reports registers/thread and
-    static shared memory/block for sm_80 and sm_90. ``details["smem_formula"]`` holds,
-    per forward build, the bytes the tile formula of :mod:`lessons.gpu.source` gives
-    (``4 * (block_q (d+1) + 2 block_k (d+1) + block_q (block_k+1))``) and what was reported
-    (ptxas, or the device for its own architecture; None where nobody reported it).
-
-    With a device, for each N in ``ns`` (``heads`` heads, float16 inputs): the median time
-    (CUDA events, ``repeats`` runs after 2 warm-ups) of naive attention in CuPy (the full
-    score matrix in float32, :func:`lessons.gpu.measure.naive_attention`) and of
-    :func:`lessons.gpu.flash_attention_gpu`, and the largest difference between the two
-    outputs. Without one the timing is skipped with a sentence.
+    Compiles every kernel of the series (:func:`lessons.gpu.compile_report`, head dim 128, float16)
+    plus the forward kernel for head dim ``d``, and reports registers/thread and static shared
+    memory/block for sm_80 and sm_90. ``details["smem_formula"]`` holds, per forward build, the
+    bytes the tile formula of :mod:`lessons.gpu.source` gives (``4 * (block_q (d+1) + 2 block_k
+    (d+1) + block_q (block_k+1))``) and what was reported (None where nobody reported it).
+    With a device, for each N in ``ns`` (``heads`` heads, float16): the median time (CUDA events,
+    ``repeats`` runs after 2 warm-ups) of naive attention in CuPy (the full score matrix in
+    float32, :func:`lessons.gpu.measure.naive_attention`) and of :func:`lessons.gpu.flash_attention_gpu`,
+    and the largest difference between their outputs; without one, a sentence.
     Source: Dao et al. 2022, Sec. 2-3 (IO-awareness); Dao 2023, Alg. 1.
     """
     builds = list(default_builds(128, "float16")) + [flash_attention_build(d, "float16")]
     forward = [b for b in builds if b.kernel == "flash_attention"]
 
     def timings(place):
-        rows, rng = [], np.random.default_rng(0)
-        launch = place.kernel(flash_attention_gpu)
+        rows, rng, launch = [], np.random.default_rng(0), place.kernel(flash_attention_gpu)
         for n in ns:
             q, k, v = (place.put(rng.standard_normal((heads, n, d)).astype(np.float16)) for _ in range(3))
-            t_naive = place.seconds(lambda: naive_attention(place.runner.xp, q, k, v), warmup=2, repeats=repeats)
+            t_naive = place.seconds(lambda: naive_attention(place.xp, q, k, v), warmup=2, repeats=repeats)
             t_kernel = place.seconds(lambda: launch(q, k, v), warmup=2, repeats=repeats)
             err = float(abs(place.host(launch(q, k, v)[0]).astype(np.float64)
-                            - place.host(naive_attention(place.runner.xp, q, k, v)).astype(np.float64)).max())
+                            - place.host(naive_attention(place.xp, q, k, v)).astype(np.float64)).max())
             rows.append({"n": n, "naive_seconds": t_naive, "kernel_seconds": t_kernel, "max_difference": err})
-        return rows, _timing_table(
-            f"Median time on {place.runner.name}, {heads} heads, d={d}, float16 inputs (naive: lessons.gpu.measure; "
-            f"CUDA events, {repeats} runs):", f"{'N':>6} {'naive CuPy':>12} {'kernel':>12} {'naive/kernel':>13} "
-            f"{'max |diff|':>11}", [f"{r['n']:>6} {format_seconds(r['naive_seconds']):>12} "
-                                   f"{format_seconds(r['kernel_seconds']):>12} "
-                                   f"{r['naive_seconds'] / r['kernel_seconds']:>12.2f}x {r['max_difference']:>11.1e}"
-                                   for r in rows])
+        return rows, [_table(f"Median time on {place.name}, {heads} heads, d={d}, float16 inputs (naive: "
+                             f"lessons.gpu.measure; CUDA events, {repeats} runs):",
+                             f"{'N':>6} {'naive CuPy':>12} {'kernel':>12} {'naive/kernel':>13} {'max |diff|':>11}",
+                             [f"{r['n']:>6} {format_seconds(r['naive_seconds']):>12} "
+                              f"{format_seconds(r['kernel_seconds']):>12} {r['naive_seconds'] / r['kernel_seconds']:>12.2f}x"
+                              f" {r['max_difference']:>11.1e}" for r in rows])]
 
     def report(r):
-        formula = {b.describe(): (b.smem_bytes, [x.smem_bytes for x in r.resources if x.entry == "flash_attention_forward"
-                                                 and x.config == _config(b)]) for b in forward}
-        r.details["smem_formula"] = formula
+        formula = r.details["smem_formula"] = {
+            b.describe(): (b.smem_bytes, [x.smem_bytes for x in r.resources if x.entry == "flash_attention_forward"
+                                          and x.config == _config(b)]) for b in forward}
         if not r.compiled:
             return []
         lines = ["", "Shared memory of the forward kernel, from its tiles (float32 q, k, v and p tiles, +1 column "
@@ -486,28 +449,25 @@ def io_on_gpu(*, ns=(1024, 2048, 4096), d: int = 64, heads: int = 8, repeats: in
             lines.append(f"  d={c['HEAD_DIM']}, block_q={c['BLOCK_Q']}, block_k={c['BLOCK_K']}: 4 * ({c['BLOCK_Q']}*"
                          f"{c['HEAD_DIM'] + 1} + 2*{c['BLOCK_K']}*{c['HEAD_DIM'] + 1} + {c['BLOCK_Q']}*"
                          f"{c['BLOCK_K'] + 1}) = {bytes_:,} bytes; reported: {shown} bytes (sm_80 and sm_90)")
-        lines.append(f"  A block may declare at most {STATIC_SMEM_LIMIT // 1024} KiB of static shared memory: "
-                     f"flash_attention_config picks the largest block_k that fits it.")
-        return lines
+        return lines + [f"  A block may declare at most {STATIC_SMEM_LIMIT // 1024} KiB of static shared memory: "
+                        f"flash_attention_config picks the largest block_k that fits it."]
 
-    return run_section(Section("05_io_awareness", "every kernel of the series, compiled (registers and shared memory)",
-                               builds, report=report, timings=timings), use_device, emulate=False)
+    return _run("05_io_awareness", "every kernel of the series, compiled (registers and shared memory)", builds,
+                report=report, timings=timings, use_device=use_device, emulate=False)
 
 
 def tensor_cores_on_gpu(*, layer: int = 0, head: int = 0, row: int = 93, n: int = 8192, d: int = 64,
                         heads: int = 8, repeats: int = 5, use_device=None, emulate=None) -> GpuLesson:
     """Notebook 05: the forward pass on tensor cores (``mma.sync.m16n8k16``), checked and timed.
 
-    Compiles :func:`lessons.gpu.flash_attention_mma_gpu` for the sample's head dim (32, with
-    the trace build) and for ``d`` and reports registers and shared memory for sm_80 and
-    sm_90. Then, on a GPU or else on the emulator: one tensor-core instruction alone
-    (:func:`lessons.gpu.mma_probe_gpu`, 16x16 @ 16x8) against NumPy; the kernel on the
-    sample head ``layer``/``head`` (float16) against :func:`lessons.attention`; and the
-    trace of ``row`` beside :func:`lessons.flash_attention`'s (block_q 64, tile = block_k).
-    With a GPU it also times, for ``heads`` heads of N = ``n``, d = ``d`` float16 inputs,
-    naive CuPy, the CUDA-core kernel and the tensor-core kernel (median of ``repeats``
-    CUDA-event runs after 2 warm-ups, seconds, and TFLOP/s at 4 N^2 d flops per head);
-    ``details["timings"]`` holds them (empty without a device).
+    Compiles :func:`lessons.gpu.flash_attention_mma_gpu` for the sample's head dim (32, with the
+    trace build) and for ``d``. Then, on a GPU or else on the emulator: one tensor-core
+    instruction alone (:func:`lessons.gpu.mma_probe_gpu`, 16x16 @ 16x8) against NumPy; the kernel
+    on the sample head ``layer``/``head`` (float16) against :func:`lessons.attention`; the trace of
+    ``row`` beside :func:`lessons.flash_attention`'s (block_q 64, tile = block_k). With a GPU it
+    also times, for ``heads`` heads of N = ``n``, d = ``d`` float16 inputs, naive CuPy, the
+    CUDA-core and the tensor-core kernels (median of ``repeats`` CUDA-event runs after 2 warm-ups,
+    seconds, and TFLOP/s at 4 N^2 d flops per head): ``details["timings"]`` (empty without one).
     Raises ValueError (before running anything) for a ``row`` outside the sample's 128 rows,
     ``n``, ``heads`` or ``repeats`` below 1, or a ``d`` the kernel cannot take.
     Source: Dao 2023 (FlashAttention-2), Alg. 1 and Sec. 3.3; PTX ISA, mma.m16n8k16.
@@ -527,38 +487,36 @@ def tensor_cores_on_gpu(*, layer: int = 0, head: int = 0, row: int = 93, n: int 
     case = f"layer {layer}, head {head} (128 x {d_sample}, float16)"
 
     def run(place):
-        probe = place.check("one mma.sync, 16x16 @ 16x8", [place.kernel(mma_probe_gpu)(place.put(a), place.put(b))],
+        probe = place.check("one mma.sync, 16x16 @ 16x8", [place.launch(mma_probe_gpu, (a, b))[0]],
                             [_f64(a)[0] @ _f64(b)[0]], atol=1e-4, rtol=1e-4)
-        out, lse, trace = place.kernel(flash_attention_mma_gpu)(*(place.put(x) for x in (q, k, v)), trace_rows=[row])
+        (out, lse, trace), _ = place.launch(flash_attention_mma_gpu, (q, k, v), trace_rows=[row])
         return [probe, place.check(case, (out, lse), ref, **MMA_TOLERANCE)], \
             _trace_details(place, trace, q, k, v, row, MMA_BLOCK_Q, block_k)
 
     def timings(place):
         x = [place.put(rng.standard_normal((heads, n, d)).astype(np.float16)) for _ in range(3)]
-        flops = 4.0 * n * n * d * heads
-        runs = {"naive CuPy": lambda: naive_attention(place.runner.xp, *x),
+        runs = {"naive CuPy": lambda: naive_attention(place.xp, *x),
                 "CUDA cores": lambda: place.kernel(flash_attention_gpu)(*x),
                 "tensor cores": lambda: place.kernel(flash_attention_mma_gpu)(*x)}
-        rows = []
-        for name, fn in runs.items():
-            seconds = place.seconds(fn, warmup=2, repeats=repeats)
-            rows.append({"kernel": name, "seconds": seconds, "tflops": flops / seconds / 1e12})
-        return rows, _timing_table(f"Median time on {place.runner.name}, {heads} heads, N={n}, d={d}, float16 (CUDA "
-                                   f"events, {repeats} runs):", f"{'kernel':>12}  {'time':>10}  {'TFLOP/s':>7}",
-                                   [f"{t['kernel']:>12}: {format_seconds(t['seconds']):>10}  {t['tflops']:7.1f}"
-                                    for t in rows])
+        rows = [{"kernel": name, "seconds": place.seconds(fn, warmup=2, repeats=repeats)} for name, fn in runs.items()]
+        for t in rows:
+            t["tflops"] = 4.0 * n * n * d * heads / t["seconds"] / 1e12
+        return rows, [_table(f"Median time on {place.name}, {heads} heads, N={n}, d={d}, float16 (CUDA events, "
+                             f"{repeats} runs):", f"{'kernel':>12}  {'time':>10}  {'TFLOP/s':>7}",
+                             [f"{t['kernel']:>12}: {format_seconds(t['seconds']):>10}  {t['tflops']:7.1f}"
+                              for t in rows])]
 
-    return run_section(Section("05_io_awareness", f"FlashAttention-2 forward on tensor cores "
-                               f"(lessons/gpu/kernels/flash_attention_mma.cu), block_q={MMA_BLOCK_Q}, block_k={block_k}",
-                               [trace_build, flash_attention_mma_build(d, "float16")], run,
-                               lambda r: _trace_lines(r.details, row, MMA_BLOCK_Q, block_k), timings,
-                               emulator_builds=[trace_build], once_per_arch=("mma_probe",),
-                               details=dict(block_k=block_k, row=row, token=sample.tokens[row])),
-                       use_device, emulate)
+    return _run("05_io_awareness", f"FlashAttention-2 forward on tensor cores (lessons/gpu/kernels/"
+                f"flash_attention_mma.cu), block_q={MMA_BLOCK_Q}, block_k={block_k}",
+                [trace_build, flash_attention_mma_build(d, "float16")], run,
+                lambda r: _trace_lines(r.details, row, MMA_BLOCK_Q, block_k), timings=timings,
+                emulator_builds=[trace_build], once_per_arch=("mma_probe",),
+                details=dict(block_k=block_k, row=row, token=sample.tokens[row]), use_device=use_device,
+                emulate=emulate)
 
 
 # ---------------------------------------------------------------------------
-# 05 paged decode, one sequence, one head group
+# 07 paged decode, one sequence, one head group
 # ---------------------------------------------------------------------------
 
 def _paged_notebook_data():
@@ -570,30 +528,18 @@ def _paged_notebook_data():
     return q_all[seq_len - 1], block_table, k_cache, v_cache, seq_len, block_size
 
 
-def _used_slots(block_table, seq_len, num_blocks, block_size) -> np.ndarray:
-    """Bool (num_blocks, block_size): the slots a sequence of ``seq_len`` tokens occupies."""
-    used = np.zeros((num_blocks, block_size), dtype=bool)
-    for j, page in enumerate(np.asarray(block_table)[: -(-seq_len // block_size)]):
-        used[int(page), : min(block_size, seq_len - j * block_size)] = True
-    return used
-
-
 def paged_decode_on_gpu(q=None, block_table=None, k_cache=None, v_cache=None, seq_len=None, block_size=None,
                         *, use_device=None, emulate=None) -> GpuLesson:
     """Notebook 07: the paged decode kernel on one sequence and one head group.
 
-    Parameters (notebook 07's names; all None = rebuild the notebook's data: the query of
-    token 99 of the real sample, 100 tokens in 16 shuffled pages of 16 slots, NaN in every
-    unused slot)
-    ----------
-    q : (d,) one decode query; block_table : int (num_blocks_per_seq,);
-    k_cache, v_cache : (num_blocks, block_size, d); seq_len : int; block_size : int.
-
-    The kernel (vLLM layout ``(num_blocks, block_size, num_kv_heads, d)``, here one KV head
-    serving one query head) is checked against :func:`lessons.paged_flash_attention`. Then
-    the unused slots are refilled with ``+inf`` and ``1e30``: the kernel's output must not
-    change by a bit (it never reads past ``seq_len``); ``details["garbage_identical"]``.
-    Raises ValueError when only some of the data arguments are given.
+    Notebook 07's data (all None: rebuilt, the query of token 99 of the real sample, 100 tokens in
+    16 shuffled pages of 16 slots, NaN in every unused slot): ``q`` (d,) one decode query,
+    ``block_table`` int (num_blocks_per_seq,), ``k_cache``, ``v_cache`` (num_blocks, block_size, d),
+    ``seq_len``, ``block_size`` ints. The kernel (vLLM layout ``(num_blocks, block_size,
+    num_kv_heads, d)``, one KV head for one query head) is checked against
+    :func:`lessons.paged_flash_attention`; then the unused slots are refilled with ``+inf`` and
+    ``1e30`` and the output must not change by a bit (``details["garbage_identical"]``: it never
+    reads past ``seq_len``). Raises ValueError when only some of the data arguments are given.
     Source: Kwon et al. 2023 (PagedAttention), Sec. 4.
     """
     if not _all_or_none("q, block_table, k_cache, v_cache, seq_len, block_size",
@@ -605,18 +551,19 @@ def paged_decode_on_gpu(q=None, block_table=None, k_cache=None, v_cache=None, se
     kc, vc = (np.ascontiguousarray(np.asarray(x, dtype=np.float32)[:, :, None, :]) for x in (k_cache, v_cache))
     tables = np.ascontiguousarray(np.asarray(block_table, dtype=np.int32).reshape(1, -1))
     lens = np.array([seq_len], dtype=np.int32)
-    used = _used_slots(block_table, seq_len, kc.shape[0], block_size)
+    used = np.zeros(kc.shape[:2], dtype=bool)            # the slots the sequence occupies
+    for j, page in enumerate(np.asarray(block_table)[: -(-seq_len // block_size)]):
+        used[int(page), : min(block_size, seq_len - j * block_size)] = True
     garbage = [tuple(np.where(used[:, :, None, None], x, np.float32(fill)).astype(np.float32) for x in (kc, vc))
                for fill in (np.inf, 1e30)]
     case = f"seq_len {seq_len} in pages of {block_size} (pages {list(map(int, np.asarray(block_table)))})"
 
     def run(place):
-        launch, args = place.kernel(paged_decode_gpu), [place.put(x) for x in (qk, kc, vc, tables, lens)]
-        seconds = place.seconds(lambda: launch(*args, check_tables=False))
-        o, lse = (place.host(x) for x in launch(*args))
-        same = [np.array_equal(place.host(launch(qk, kg, vg, tables, lens)[0]), o) for kg, vg in garbage]
-        return [place.check(case, (o[0, 0], lse[0, 0]), ref, seconds=seconds)], \
-            {"garbage_identical": all(same)}
+        (o, lse), seconds = place.launch(paged_decode_gpu, (qk, kc, vc, tables, lens), timed={"check_tables": False})
+        o, lse = place.host(o), place.host(lse)
+        same = [np.array_equal(place.host(place.kernel(paged_decode_gpu)(qk, kg, vg, tables, lens)[0]), o)
+                for kg, vg in garbage]
+        return [place.check(case, (o[0, 0], lse[0, 0]), ref, seconds=seconds)], {"garbage_identical": all(same)}
 
     def report(r):
         if "garbage_identical" not in r.details:
@@ -625,15 +572,14 @@ def paged_decode_on_gpu(q=None, block_table=None, k_cache=None, v_cache=None, se
         return [f"  Unused slots (they held {held}) refilled with +inf, then 1e30: the {r.checks[0].where} output is "
                 f"bit for bit the same: {r.details['garbage_identical']} (nothing past seq_len is read)."]
 
-    build = paged_decode_build(d, block_size, 1, 1, "float32")
-    return run_section(Section("07_paged_attention", f"paged decode kernel (lessons/gpu/kernels/paged_decode.cu), one "
-                               f"sequence, one head, block_size={block_size}", [build], run, report,
-                               entries=("paged_decode",), details={"used_slots": int(used.sum())}),
-                       use_device, emulate)
+    return _run("07_paged_attention", f"paged decode kernel (lessons/gpu/kernels/paged_decode.cu), one sequence, "
+                f"one head, block_size={block_size}", [paged_decode_build(d, block_size, 1, 1, "float32")], run,
+                report, entries=("paged_decode",), details={"used_slots": int(used.sum())},
+                use_device=use_device, emulate=emulate)
 
 
 # ---------------------------------------------------------------------------
-# 06 flash-decoding: split-KV + merge
+# 08 flash-decoding: split-KV + merge
 # ---------------------------------------------------------------------------
 
 def split_pages(n_pages: int, num_splits: int) -> list:
@@ -652,19 +598,14 @@ def flash_decoding_on_gpu(q=None, k=None, v=None, num_splits: int = 6, *, block_
                           use_device=None, emulate=None) -> GpuLesson:
     """Notebook 08: the split-KV flash-decoding kernel and its merge kernel.
 
-    Parameters
-    ----------
-    q : (d,) one decode query; k, v : (Nk, d). Default (all None): notebook 08's data, the
-        last query of layer 0, head 0 of the real sample against its 128 keys.
-    num_splits : workers (thread blocks) per (sequence, head): the notebook's 6.
-    block_size : page size of the cache the keys are written into (shuffled pages).
-
-    The kernel splits by pages (see :func:`split_pages`); each split's partial state
-    ``(m, l, o)`` is checked against :func:`lessons.attention` over that split's keys
-    (``o / l`` and ``m + log l``; an empty split must have ``l = 0``), and the merged
-    output against :func:`lessons.flash_decoding` and :func:`lessons.attention`.
-    ``details["splits"]`` lists per split: pages, keys, kernel lse and NumPy lse.
-    Raises ValueError when only some of q, k, v are given.
+    ``q`` (d,) one decode query, ``k``, ``v`` (Nk, d) (all None: notebook 08's data, the last
+    query of layer 0, head 0 of the real sample against its 128 keys); ``num_splits``: workers
+    (thread blocks) per (sequence, head); ``block_size``: the page size of the shuffled cache.
+    The kernel splits by pages (:func:`split_pages`); each split's partial state ``(m, l, o)`` is
+    checked against :func:`lessons.attention` over its keys (``o / l`` and ``m + log l``; an empty
+    split must have ``l = 0``), the merged output against :func:`lessons.attention` and
+    :func:`lessons.flash_decoding`. ``details["splits"]``: per split, pages, keys, kernel and NumPy
+    lse. Raises ValueError when only some of q, k, v are given.
     Source: Dao, Haziza, Massa, Sizov 2023 (Flash-Decoding).
     """
     if not _all_or_none("q, k, v", (q, k, v)):
@@ -686,49 +627,47 @@ def flash_decoding_on_gpu(q=None, k=None, v=None, num_splits: int = 6, *, block_
         for s, (p0, p1) in enumerate(splits):
             a, b = p0 * block_size, min(p1 * block_size, nk)
             got_lse = m[s] + np.log(l[s]) if l[s] > 0 else -np.inf
+            r_lse, ok = -np.inf, l[s] == 0
             if b > a:
                 r_o, r_lse = attention(*_f64(q, k[a:b], v[a:b]), return_lse=True)
                 ok = (l[s] > 0 and np.allclose(o[s] / l[s], r_o, **TOLERANCE)
                       and abs(got_lse - r_lse) <= TOLERANCE["atol"] + TOLERANCE["rtol"] * abs(r_lse))
-            else:
-                r_lse, ok = -np.inf, l[s] == 0
             rows.append({"split": s, "pages": (p0, p1), "keys": (a, max(a, b)), "lse": float(got_lse),
                          "numpy_lse": float(r_lse), "agrees": bool(ok)})
         return rows
 
     def run(place):
-        launch, args = place.kernel(flash_decoding_gpu), [place.put(x) for x in inputs]
-        seconds = place.seconds(lambda: launch(*args, num_splits, check_tables=False))
-        o, lse, parts = launch(*args, num_splits, return_partials=True)
+        (o, lse, parts), seconds = place.launch(flash_decoding_gpu, inputs + (num_splits,), return_partials=True,
+                                                timed={"check_tables": False})
         return [place.check(case, (place.host(o)[0, 0], place.host(lse)[0, 0]), ref, seconds=seconds)], \
             {"splits": partial_checks({x: place.host(y) for x, y in parts.items()})}
+
+    def span(a, b):
+        return f"{a}-{b - 1}" if b > a else "none"
 
     def report(r):
         if "splits" not in r.details:
             return []
         where, per = r.checks[0].where, -(-n_pages // num_splits)
-        rows = [f"{'split':>5} {'pages':>7} {'keys':>9} {'lse ' + where:>14} {'lse NumPy':>10}  agrees"]
-        for s in r.details["splits"]:
-            keys = f"{s['keys'][0]}-{s['keys'][1] - 1}" if s["keys"][1] > s["keys"][0] else "none"
-            pages = f"{s['pages'][0]}-{s['pages'][1] - 1}" if s["pages"][1] > s["pages"][0] else "none"
-            rows.append(f"{s['split']:>5} {pages:>7} {keys:>9} {_g(s['lse'], 7):>14} {_g(s['numpy_lse'], 7):>10}  "
-                        f"{s['agrees']}")
+        rows = [f"{s['split']:>5} {span(*s['pages']):>7} {span(*s['keys']):>9} {_g(s['lse'], 7):>14} "
+                f"{_g(s['numpy_lse'], 7):>10}  {s['agrees']}" for s in r.details["splits"]]
         diff = float(np.abs(r.checks[0].output - flash_decoding(*_f64(q, k, v), num_splits, tile=block_size)).max())
         r.details["numpy_flash_decoding_difference"] = diff
-        return [Table("\n".join("  " + x for x in rows), f"The partial states, one per split (the kernel splits by "
-                      f"pages: per = ceil({n_pages} / {num_splits}) = {per}), beside attention over the same keys:"),
+        return [Table("\n".join("  " + x for x in [f"{'split':>5} {'pages':>7} {'keys':>9} {'lse ' + where:>14} "
+                                                   f"{'lse NumPy':>10}  agrees", *rows]),
+                      f"The partial states, one per split (the kernel splits by pages: per = ceil({n_pages} / "
+                      f"{num_splits}) = {per}), beside attention over the same keys:"),
                 f"  The merged output differs from lessons.flash_decoding (NumPy, {num_splits} splits by keys) by "
                 f"{diff:.1e}."]
 
-    build = paged_decode_build(d, block_size, 1, 1, "float32")
-    return run_section(Section("08_flash_decoding_and_ring", f"flash-decoding kernels (paged_decode_split + "
-                               f"merge_splits), num_splits={num_splits}", [build], run, report,
-                               entries=("paged_decode_split", "merge_splits"), details={"split_pages": splits}),
-                       use_device, emulate)
+    return _run("08_flash_decoding_and_ring", f"flash-decoding kernels (paged_decode_split + merge_splits), "
+                f"num_splits={num_splits}", [paged_decode_build(d, block_size, 1, 1, "float32")], run, report,
+                entries=("paged_decode_split", "merge_splits"), details={"split_pages": splits},
+                use_device=use_device, emulate=emulate)
 
 
 # ---------------------------------------------------------------------------
-# 07 paged decode with GQA
+# 09 paged decode with GQA
 # ---------------------------------------------------------------------------
 
 def _gqa_notebook_data():
@@ -739,24 +678,20 @@ def _gqa_notebook_data():
     keys = [rng.standard_normal((n, num_kv_heads, d)) for n in lengths]
     values = [rng.standard_normal((n, num_kv_heads, d)) for n in lengths]
     k_cache, v_cache, block_tables, seq_lens = write_paged_batch(keys, values, block_size, seed=1)
-    q = rng.standard_normal((len(lengths), num_heads, d))
-    return q, k_cache, v_cache, block_tables, seq_lens
+    return rng.standard_normal((len(lengths), num_heads, d)), k_cache, v_cache, block_tables, seq_lens
 
 
 def paged_gqa_on_gpu(q=None, k_cache=None, v_cache=None, block_tables=None, seq_lens=None, *,
                      use_device=None, emulate=None) -> GpuLesson:
     """Notebook 09: the paged decode kernel with grouped-query heads, on a batch.
 
-    Parameters (notebook 09's names; all None = rebuild the notebook's data: 4 sequences
-    of 1, 15, 16 and 37 tokens, 8 query heads on 2 KV heads, d = 64, pages of 16, NaN in
-    the unused slots)
-    ----------
-    q : (num_seqs, num_heads, d); k_cache, v_cache : (num_blocks, block_size, num_kv_heads, d);
-    block_tables : int (num_seqs, max_blocks_per_seq), -1 = padding; seq_lens : int (num_seqs,).
-
-    Checked against :func:`lessons.paged_decode`. ``details["heads_per_block"]`` is how
-    many query heads of one group a thread block serves (each page it loads is used that
-    many times). Raises ValueError when only some of the data arguments are given.
+    Notebook 09's data (all None: rebuilt, 4 sequences of 1, 15, 16 and 37 tokens, 8 query heads
+    on 2 KV heads, d = 64, pages of 16, NaN in the unused slots): ``q`` (num_seqs, num_heads, d);
+    ``k_cache``, ``v_cache`` (num_blocks, block_size, num_kv_heads, d); ``block_tables`` int
+    (num_seqs, max_blocks_per_seq), -1 = padding; ``seq_lens`` int (num_seqs,). Checked against
+    :func:`lessons.paged_decode`. ``details["heads_per_block"]``: how many query heads of one
+    group a thread block serves (each page it loads is used that many times). Raises ValueError
+    when only some of the data arguments are given.
     Source: Kwon et al. 2023, Sec. 4; Ainslie et al. 2023 (GQA), Sec. 2; Dao 2023, Alg. 1.
     """
     if not _all_or_none("q, k_cache, v_cache, block_tables, seq_lens", (q, k_cache, v_cache, block_tables, seq_lens)):
@@ -772,12 +707,12 @@ def paged_gqa_on_gpu(q=None, k_cache=None, v_cache=None, block_tables=None, seq_
             f"d={d}, pages of {block_size}")
 
     def run(place):
-        launch, args = place.kernel(paged_decode_gpu), [place.put(x) for x in (q32, kc, vc, tables, lens)]
-        seconds = place.seconds(lambda: launch(*args, check_tables=False))
-        return [place.check(case, launch(*args), ref, seconds=seconds)], {}
+        got, seconds = place.launch(paged_decode_gpu, (q32, kc, vc, tables, lens), timed={"check_tables": False})
+        return [place.check(case, got, ref, seconds=seconds)], {}
 
-    lines = [f"  Grid: {num_heads // hpb} x {num_seqs} thread blocks; each serves {hpb} query heads of one group of "
-             f"{group}, so every page of a KV head it loads is used {hpb} times."]
-    return run_section(Section("09_paged_gqa_decode", f"paged GQA decode kernel (lessons/gpu/kernels/paged_decode.cu), "
-                               f"HEADS_PER_BLOCK={hpb}", [build], run, lambda r: lines, entries=("paged_decode",),
-                               details={"heads_per_block": hpb, "group": group}), use_device, emulate)
+    return _run("09_paged_gqa_decode", f"paged GQA decode kernel (lessons/gpu/kernels/paged_decode.cu), "
+                f"HEADS_PER_BLOCK={hpb}", [build], run,
+                [f"  Grid: {num_heads // hpb} x {num_seqs} thread blocks; each serves {hpb} query heads of one group "
+                 f"of {group}, so every page of a KV head it loads is used {hpb} times."],
+                entries=("paged_decode",), details={"heads_per_block": hpb, "group": group},
+                use_device=use_device, emulate=emulate)

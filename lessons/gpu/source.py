@@ -31,6 +31,8 @@ __all__ = [
     "flash_attention_regtile_build", "flash_attention_mma_async_config", "flash_attention_mma_async_build",
     "BACKWARD_MMA_HEAD_DIMS", "flash_attention_backward_mma_config", "flash_attention_backward_mma_smem_bytes",
     "flash_attention_backward_mma_build",
+    "MAX_SPLIT_HEADS_PER_BLOCK", "paged_decode_split_layout", "paged_decode_split_smem_bytes",
+    "paged_decode_split_config", "paged_decode_split_build", "decode_splits", "H200_NUM_SMS",
 ]
 
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
@@ -43,6 +45,7 @@ KERNELS = {
     "flash_attention_regtile": ("flash_attention_regtile",),
     "flash_attention_mma_async": ("flash_attention_mma_async",),
     "paged_decode": ("paged_decode", "paged_decode_split", "merge_splits"),
+    "paged_decode_split": ("paged_decode_gqa_split", "merge_split_states"),
     "flash_attention_backward": ("flash_attention_backward_preprocess", "flash_attention_backward_dkdv",
                                  "flash_attention_backward_dq"),
     "flash_attention_backward_mma": ("flash_attention_backward_mma_dkdv", "flash_attention_backward_mma_dq"),
@@ -323,6 +326,111 @@ def paged_decode_config(head_dim: int, block_size: int, num_heads: int, num_kv_h
                      f"{STATIC_SMEM_LIMIT}; use a smaller block_size")
 
 
+# ---------------------------------------------------------------------------
+# paged decode, one block per (sequence, GQA group, split), 16-byte loads
+# ---------------------------------------------------------------------------
+
+#: most query heads one block of ``paged_decode_gqa_split`` serves (each lane keeps q and o of
+#: every head in registers: 2 x 4 heads x 8 values at most)
+MAX_SPLIT_HEADS_PER_BLOCK = 4
+#: streaming multiprocessors of one NVIDIA H200 (SXM): the default GPU :func:`decode_splits` fills
+H200_NUM_SMS = 132
+
+
+def paged_decode_split_layout(head_dim: int, dtype: str = "float16") -> dict:
+    """How ``paged_decode_gqa_split`` spreads a key row over a warp (the kernel's macros, in Python).
+
+    ``vec``: values per load (16 bytes: 8 halves or 4 floats, when ``head_dim`` is a multiple of
+    that; else 1); ``lanes``: lanes reading one row (the smallest power of two >= head_dim / vec,
+    at most 32); ``chunks``: loads per lane per row; ``keys_per_warp``: rows a warp reads side
+    by side (32 / lanes); ``num_states``: running states per block of 4 warps, merged at the end;
+    ``unroll``: keys per lane group per step (all their K and V loads issued first; at most 4, and
+    2 for bfloat16, whose rows ptxas otherwise holds widened to float32 and spills).
+    At d = 128 in float16: vec 8, lanes 16, chunks 1, keys_per_warp 2, num_states 8, unroll 4.
+    Raises ValueError for a head dim outside 1..256 or an unknown dtype.
+    """
+    d = _check_int(head_dim, "head_dim", 1, MAX_HEAD_DIM)
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    vec16 = 4 if dtype == "float32" else 8
+    vec = vec16 if d % vec16 == 0 else 1
+    n_vec = d // vec
+    lanes = 1
+    while lanes < min(n_vec, 32):
+        lanes *= 2
+    chunks = -(-n_vec // lanes)
+    words = 1 if vec == 1 else 4
+    unroll = max(1, min(2 if dtype == "bfloat16" else 4, 32 // (2 * chunks * words)))
+    return dict(vec=vec, lanes=lanes, chunks=chunks, keys_per_warp=32 // lanes,
+                num_states=(NUM_THREADS // 32) * (32 // lanes), unroll=unroll)
+
+
+def paged_decode_split_smem_bytes(head_dim: int, heads_per_block: int, dtype: str = "float16") -> int:
+    """Static shared memory of ``paged_decode_gqa_split`` in bytes: float32 ``m[S][h]``, ``l[S][h]``,
+    ``o[S][h][d]`` for the block's ``S = num_states`` running states (see :func:`paged_decode_split_layout`)."""
+    states = paged_decode_split_layout(head_dim, dtype)["num_states"]
+    return 4 * states * heads_per_block * (head_dim + 2)
+
+
+def paged_decode_split_config(head_dim: int, block_size: int, num_heads: int, num_kv_heads: int) -> int:
+    """``heads_per_block`` of ``paged_decode_gqa_split``: the largest divisor of the group size
+    ``num_heads // num_kv_heads`` that is at most 4 (so a group of 4, as in 32 query heads on 8 KV
+    heads, is one block and each K/V row is read once per group). Raises ValueError when
+    ``num_heads`` is not a multiple of ``num_kv_heads``, or ``block_size`` / ``head_dim`` are outside
+    1..32 / 1..256."""
+    _check_int(head_dim, "head_dim", 1, MAX_HEAD_DIM)
+    _check_int(block_size, "block_size", 1, MAX_BLOCK_SIZE)
+    nh = _check_int(num_heads, "num_heads", 1, 1 << 20)
+    nkv = _check_int(num_kv_heads, "num_kv_heads", 1, 1 << 20)
+    if nh % nkv:
+        raise ValueError(f"num_heads must be a multiple of num_kv_heads (GQA groups), got "
+                         f"num_heads={nh}, num_kv_heads={nkv}")
+    group = nh // nkv
+    return max(h for h in range(1, MAX_SPLIT_HEADS_PER_BLOCK + 1) if group % h == 0)
+
+
+def paged_decode_split_build(head_dim: int, block_size: int, num_heads: int, num_kv_heads: int,
+                             dtype: str = "float16") -> "KernelBuild":
+    """The :class:`KernelBuild` of ``paged_decode_split.cu`` (see :func:`paged_decode_split_config`)."""
+    hpb = paged_decode_split_config(head_dim, block_size, num_heads, num_kv_heads)
+    return KernelBuild.make("paged_decode_split", dtype, False, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+                            HEADS_PER_BLOCK=hpb)
+
+
+def decode_splits(num_seqs: int, num_kv_heads: int, seq_len: int, *, block_size: int = 16,
+                  heads_per_kv_head: int = 1, num_sms: int = H200_NUM_SMS, blocks_per_sm: int = 4,
+                  max_splits: int = 65535) -> int:
+    """How many splits flash-decoding should cut each sequence into, from the shape.
+
+    The grid has ``num_seqs * num_kv_heads * heads_per_kv_head`` blocks per split (one per
+    sequence and GQA group; ``heads_per_kv_head`` blocks per group when a group is served by
+    several blocks). The GPU is full with ``num_sms * blocks_per_sm`` blocks resident (132 SMs x 4
+    on an H200). If one split already gives 80% of that, the answer is 1 (more splits only add
+    partial states to merge); otherwise the fewest splits that give at least that many blocks,
+    but never more splits than the ``ceil(seq_len / block_size)`` pages of the longest sequence
+    (a split of no page does nothing) nor than ``max_splits``, and never fewer than 1.
+    At 32 query heads on 8 KV heads, pages of 16, an H200: 64 x 4096 tokens -> 1, 8 x 32768 -> 9,
+    1 x 131072 -> 66, 1 x 100 -> 7 (the pages).
+    Integers in, an int out; raises TypeError/ValueError naming a bad argument.
+    Source: the split heuristic of Dao, Haziza, Massa, Sizov 2023 ("Flash-Decoding"; FlashAttention-2's
+    ``num_splits_heuristic``), simplified to whole waves of resident blocks.
+    """
+    num_seqs = _check_int(num_seqs, "num_seqs", 0, 1 << 31)
+    num_kv_heads = _check_int(num_kv_heads, "num_kv_heads", 1, 1 << 20)
+    seq_len = _check_int(seq_len, "seq_len", 0, 1 << 40)
+    block_size = _check_int(block_size, "block_size", 1, 1 << 20)
+    heads_per_kv_head = _check_int(heads_per_kv_head, "heads_per_kv_head", 1, 1 << 20)
+    num_sms = _check_int(num_sms, "num_sms", 1, 1 << 20)
+    blocks_per_sm = _check_int(blocks_per_sm, "blocks_per_sm", 1, 1 << 10)
+    max_splits = _check_int(max_splits, "max_splits", 1, 1 << 31)
+    pages = -(-seq_len // block_size)
+    per_split = num_seqs * num_kv_heads * heads_per_kv_head
+    target = num_sms * blocks_per_sm
+    if per_split == 0 or pages <= 1 or per_split * 5 >= target * 4:
+        return 1
+    return max(1, min(-(-target // per_split), pages, max_splits))
+
+
 def online_softmax_smem_bytes(tile: int) -> int:
     """Static shared memory of ``online_softmax`` in bytes: one float per warp."""
     return 4 * (tile // 32)
@@ -534,6 +642,8 @@ class KernelBuild:
             return flash_attention_mma_smem_bytes(d["HEAD_DIM"], d["BLOCK_K"])
         if self.kernel == "paged_decode":
             return paged_decode_smem_bytes(d["HEAD_DIM"], d["BLOCK_SIZE"], d["HEADS_PER_BLOCK"])
+        if self.kernel == "paged_decode_split":
+            return paged_decode_split_smem_bytes(d["HEAD_DIM"], d["HEADS_PER_BLOCK"], self.dtype)
         if self.kernel == "flash_attention_mma_async":
             return 2 * flash_attention_mma_smem_bytes(d["HEAD_DIM"], d["BLOCK_K"])
         if self.kernel == "flash_attention_regtile":
@@ -553,6 +663,8 @@ class KernelBuild:
         if self.kernel == "flash_attention_backward_mma":
             d = dict(self.defines)
             return flash_attention_backward_mma_smem_bytes(d["HEAD_DIM"], d["DKDV_BLOCK_Q"], d["DQ_BLOCK_K"])[entry]
+        if self.kernel == "paged_decode_split" and entry == "merge_split_states":
+            return 4 * (NUM_THREADS // 32) * (2 + dict(self.defines)["HEAD_DIM"])   # per warp: max of m, l, o
         return self.smem_bytes
 
     @property
@@ -591,13 +703,16 @@ def online_softmax_build(tile: int = 256, dtype: str = "float32", trace: bool = 
 def default_builds(head_dim: int = 128, dtype: str = "float16", trace: bool = False) -> list[KernelBuild]:
     """One representative build per kernel file: online softmax (tile 256), flash attention
     (``head_dim``), its tensor-core variant (16-bit dtypes and head dims that are multiples of
-    16 only), paged decode (``head_dim``, block_size 16, 32 query heads on 8 kv heads), the
+    16 only), paged decode and the split decode (``head_dim``, block_size 16, 32 query heads on 8 kv
+    heads; the split decode has no trace build), the
     backward (head dims up to 128), the register-tiled forward (float32, head dims a multiple of 4), the
     tensor-core backward (16-bit dtypes, head dims 64 and 128, no trace build)."""
     builds = [online_softmax_build(256, dtype, trace), flash_attention_build(head_dim, dtype, trace)]
     if dtype in MMA_DTYPES and head_dim % 16 == 0:
         builds.append(flash_attention_mma_build(head_dim, dtype, trace))
     builds.append(paged_decode_build(head_dim, 16, 32, 8, dtype, trace))
+    if not trace:                            # (the split decode has no trace build)
+        builds.append(paged_decode_split_build(head_dim, 16, 32, 8, dtype))
     if head_dim <= MAX_BACKWARD_HEAD_DIM:
         builds.append(flash_attention_backward_build(head_dim, dtype, trace))
     if dtype in MMA_DTYPES and head_dim % 16 == 0:

@@ -5,12 +5,17 @@ into ``block_q x block_k`` tiles with the current key block (``K_j, V_j`` and th
 accumulating ``dK_j, dV_j`` held on chip) and the query block streaming past it
 (``Q_i, dO_i, L_i, D_i`` read; ``dQ_i`` read, updated, written back), beside the
 error of each running gradient against the textbook one. :class:`BackwardStepper`
-replays a :class:`lessons.schedules.backward.BackwardTrace` over that picture.
+replays a :class:`lessons.schedules.backward.BackwardTrace` over that picture: NumPy's,
+or the CUDA kernels' own (:func:`lessons.gpu.backward.kernel_backward_trace`, the same
+object), with a toggle between the two. :func:`backward_kernel_figure` sets the kernels'
+trace beside NumPy's, step by step.
 :func:`backward_cost_figure` draws the measured peak memory and the counted HBM
 traffic and FLOPs. All of them only display what the trace and the cost
 functions recorded; no gradient is computed here.
 """
 from __future__ import annotations
+
+import html
 
 import ipywidgets as widgets
 import numpy as np
@@ -24,11 +29,14 @@ from lessons.views.plot import new_figure, tidy
 from lessons.views.softmax import figure_png
 from lessons.views.stepper import format_value
 
-__all__ = ["GRADIENT_COLOURS", "backward_figure", "backward_step_text", "BackwardStepper", "backward_cost_figure"]
+__all__ = ["GRADIENT_COLOURS", "backward_figure", "backward_step_text", "BackwardStepper", "backward_cost_figure",
+           "backward_kernel_figure", "NUMPY_SOURCE"]
 
 #: Line colour of each gradient in the error panel.
 GRADIENT_COLOURS = {"dq": "#1f77b4", "dk": "#d62728", "dv": "#2ca02c"}
 _FLOOR = 1e-17           # errors of exactly 0 are drawn here on the log axis
+#: the label of NumPy's trace on the stepper's source toggle
+NUMPY_SOURCE = "NumPy (lessons.flash_attention_backward)"
 
 
 def _check_trace(trace):
@@ -63,7 +71,7 @@ def _state(n, step):
     return "done" if n < step - 1 else ("current" if n == step - 1 else "pending")
 
 
-def backward_figure(trace, step, exact, *, causal=False, figsize=(10.5, 4.6), dpi=90):
+def backward_figure(trace, step, exact, *, causal=False, source=None, figsize=(10.5, 4.6), dpi=90):
     """One step of the FA-2 backward loop: the tile grid and the running gradients' errors.
 
     Parameters
@@ -72,6 +80,8 @@ def backward_figure(trace, step, exact, *, causal=False, figsize=(10.5, 4.6), dp
     step : int in ``1..len(trace)`` (1-based, as on the stepper's slider).
     exact : ``(dq, dk, dv)`` from :func:`lessons.attention_backward` on the same input.
     causal : bool, whether the trace was made with ``causal=True`` (skipped tiles drawn hatched).
+    source : optional str, who computed the trace (e.g. ``"kernel, emulated on the CPU"``), named
+        above the error panel; None: not named (NumPy's).
 
     Returns a Figure with two panels. Left: keys along x, query rows down y; tiles
     in :data:`lessons.views.flash.TILE_COLOURS` (current, done, pending, skipped),
@@ -142,7 +152,8 @@ def backward_figure(trace, step, exact, *, causal=False, figsize=(10.5, 4.6), dp
     ex.axvline(step, color=TILE_COLOURS["current"], lw=2.0, zorder=0)
     ex.set_xlabel("step (dashed: a new key block)", fontsize=9.5)
     ex.set_ylabel("max |running − textbook|", fontsize=9.5)
-    ex.set_title("running gradients vs the textbook backward", fontsize=10)
+    ex.set_title("running gradients vs the textbook backward" + (f"\n(trace: {source})" if source else ""),
+                 fontsize=10)
     ex.legend(fontsize=8.5, frameon=False, loc="lower left")
     ex.set_xlim(0.5, len(trace) + 0.5)
     tidy(ex)
@@ -176,25 +187,45 @@ class BackwardStepper:
     """Step through the FA-2 backward loop (ipywidgets): outer key blocks, inner query blocks.
 
     A view over ``trace`` (:func:`lessons.flash_attention_backward` with ``return_trace=True``)
-    and ``exact`` (:func:`lessons.attention_backward` on the same input and options).
+    and ``exact`` (:func:`lessons.attention_backward` on the same input and options), and, with
+    ``kernel``, over the CUDA kernels' own trace of the same run.
 
     Parameters: trace, exact, ``causal`` (as the trace was made), ``step`` (first step shown), ``interval`` (ms per
-    step when Play runs).
+    step when Play runs), ``kernel``: optional ``(where, kernel_trace)`` as
+    :func:`lessons.gpu.backward.kernel_backward_trace` returns it (``where``: ``"GPU (<name>)"`` or
+    ``"emulated on the CPU"``), for the same inputs, options and block sizes as ``trace``.
+
+    With ``kernel``, a toggle (``source``) chooses which trace drives the picture, the readouts and the
+    table (the kernel's first); the same view code draws both. The ``source`` readout names it, and the
+    ``kernel`` readout gives max |kernel − NumPy| of the running dQ_i, dK_j, dV_j at the current step and
+    the first place the two traces part (:func:`lessons.gpu.backward.first_backward_divergence`,
+    ``divergence``; None when they agree everywhere).
 
     Attributes: ``slider`` (IntSlider over steps ``1..len(trace)``), ``play`` (Play), ``image`` (widgets.Image,
     PNG of :func:`backward_figure`), ``table`` (HTML: per key of the key block and per row of the query block,
     the running block's error), ``readouts`` (dict of widgets.HTML: ``step``, ``key_block``, ``query_block``,
-    ``dq_error``, ``dk_error``, ``dv_error``, ``on_chip``), ``widget`` (the whole box).
+    ``dq_error``, ``dk_error``, ``dv_error``, ``on_chip``, and with ``kernel`` also ``source`` and ``kernel``),
+    ``source`` (ToggleButtons ``"kernel"``/``"numpy"``, or None), ``trace`` and ``errors`` (of the trace shown),
+    ``divergence``, ``differences`` ((steps, 3) max |kernel − NumPy| of dq, dk, dv, or None without ``kernel``
+    or when the two visited different tiles), ``widget`` (the whole box).
 
-    Raises TypeError for a trace that is not a BackwardTrace, ValueError for an ``exact`` of other shapes.
+    Raises TypeError for a trace that is not a BackwardTrace or a ``kernel`` that is not a (str, BackwardTrace)
+    pair, ValueError for an ``exact`` of other shapes or a kernel trace of another problem.
     """
 
-    def __init__(self, trace, exact, *, causal=False, step=1, interval=900):
-        self.trace = _check_trace(trace)
-        self.errors = self.trace.errors(exact)
+    def __init__(self, trace, exact, *, causal=False, step=1, interval=900, kernel=None):
+        self.numpy_trace = _check_trace(trace)
         self.exact = exact
         self.causal = bool(causal)
-        n = len(self.trace)
+        self._traces = {"numpy": self.numpy_trace}
+        self._errors = {"numpy": self.numpy_trace.errors(exact)}
+        self.where = None
+        self.divergence = self.differences = None
+        if kernel is not None:
+            self._set_kernel(kernel, exact)
+        self.trace = self.numpy_trace
+        self.errors = self._errors["numpy"]
+        n = len(self.numpy_trace)
         style = {"description_width": "initial"}
         self.slider = widgets.IntSlider(value=min(max(int(step), 1), n), min=1, max=n, description="steps",
                                         style=style, layout={"width": "480px"})
@@ -202,17 +233,56 @@ class BackwardStepper:
         widgets.jslink((self.play, "value"), (self.slider, "value"))
         self.image = widgets.Image(format="png")
         self.table = widgets.HTML(layout={"width": "330px"})
+        names = ["step", "key_block", "query_block", "dq_error", "dk_error", "dv_error", "on_chip"]
+        names += ["source", "kernel"] if kernel is not None else []
         self.readouts = {k: widgets.HTML(layout={"border": "1px solid #dddddd", "padding": "2px 10px", "margin": "2px"})
-                         for k in ("step", "key_block", "query_block", "dq_error", "dk_error", "dv_error", "on_chip")}
+                         for k in names}
+        self.source = None
+        top = [self.play, self.slider]
+        if kernel is not None:
+            self.source = widgets.ToggleButtons(options=[(f"kernel ({self.where})", "kernel"), ("NumPy", "numpy")],
+                                                value="kernel", description="trace from", style=style)
+            self.source.observe(lambda change: self._switch(), names="value")
+            top.append(self.source)
+            self._switch(render=False)
         self._render()
         self.slider.observe(lambda change: self._render(), names="value")
-        self.widget = widgets.VBox([widgets.HBox([self.play, self.slider]),
+        self.widget = widgets.VBox([widgets.HBox(top, layout={"flex_flow": "row wrap"}),
                                     widgets.HBox(list(self.readouts.values()), layout={"flex_flow": "row wrap"}),
                                     widgets.HBox([self.image, self.table],
                                                  layout={"flex_flow": "row wrap", "align_items": "flex-start"})])
 
+    def _set_kernel(self, kernel, exact):
+        from lessons.gpu.backward import backward_trace_differences, first_backward_divergence
+        if not (isinstance(kernel, tuple) and len(kernel) == 2 and isinstance(kernel[0], str)):
+            raise TypeError(f"kernel must be a (where, kernel_trace) pair as lessons.gpu.backward.kernel_backward_trace "
+                            f"returns it, got {type(kernel).__name__}")
+        self.where, kernel_trace = kernel[0], _check_trace(kernel[1])
+        self.divergence = first_backward_divergence(kernel_trace, self.numpy_trace)   # also checks the sizes
+        try:
+            self.differences = backward_trace_differences(kernel_trace, self.numpy_trace)
+        except ValueError:                  # the kernel visited other tiles: the divergence says where
+            self.differences = None
+        self._traces["kernel"] = kernel_trace
+        self._errors["kernel"] = kernel_trace.errors(exact)
+
+    def _switch(self, render=True):
+        key = self.source.value
+        self.trace, self.errors = self._traces[key], self._errors[key]
+        n = len(self.trace)
+        self.slider.max = self.play.max = n
+        if self.slider.value > n:
+            self.slider.value = n               # observed: renders
+        elif render:
+            self._render()
+
     def _repr_mimebundle_(self, **kwargs):
         return self.widget._repr_mimebundle_(**kwargs)
+
+    def _source_label(self):
+        if self.source is None or self.source.value == "numpy":
+            return None if self.source is None else NUMPY_SOURCE
+        return f"the CUDA kernels, {self.where}"
 
     def _render(self):
         step = self.slider.value
@@ -229,8 +299,18 @@ class BackwardStepper:
         rows, keys = s.row_stop - s.row_start, s.key_stop - s.key_start
         r["on_chip"].value = (f"P, dP, dS on chip: <b>{format_value(rows)} × {format_value(keys)}</b> "
                               f"(textbook: {format_value(t.nq)} × {format_value(t.nk)})")
+        if "source" in r:
+            r["source"].value = f"trace from: <b>{html.escape(self._source_label())}</b>"
+            if self.differences is not None and step <= len(self.differences):
+                dq, dk, dv = (format_value(float(x)) for x in self.differences[step - 1])
+                at = f"kernel − NumPy at this step, max |Δ|: dQ_i {dq}, dK_j {dk}, dV_j {dv}"
+            else:
+                at = "kernel − NumPy: the two traces visited different tiles"
+            found = "none (they agree within rounding)" if self.divergence is None else html.escape(str(self.divergence))
+            r["kernel"].value = f"{at}; first divergence: <b>{found}</b>"
         self.table.value = "<pre style='font-size:11.5px;margin:0'>" + backward_step_text(t, step, self.exact) + "</pre>"
-        self.image.value = figure_png(backward_figure(t, step, self.exact, causal=self.causal))
+        self.image.value = figure_png(backward_figure(t, step, self.exact, causal=self.causal,
+                                                      source=self._source_label()))
 
 
 def backward_cost_figure(peak, textbook_io, flash_io, *, figsize=(10.5, 4.0), dpi=90):
@@ -282,4 +362,78 @@ def backward_cost_figure(peak, textbook_io, flash_io, *, figsize=(10.5, 4.0), dp
     bx.set_ylim(top=max(text + flash) * 20)
     bx.legend(fontsize=8.5, frameon=False, loc="upper left")
     tidy(bx)
+    return fig
+
+
+def backward_kernel_figure(kernel_trace, numpy_trace, exact, *, where, baseline=None, figsize=(10.5, 4.2), dpi=90):
+    """The CUDA kernels' backward trace beside NumPy's, step by step (a static figure).
+
+    Parameters
+    ----------
+    kernel_trace : :class:`lessons.schedules.backward.BackwardTrace` from
+        :func:`lessons.gpu.backward.kernel_backward_trace`.
+    numpy_trace : the trace of :func:`lessons.flash_attention_backward` on the same inputs and blocks.
+    exact : ``(dq, dk, dv)`` from :func:`lessons.attention_backward` on the same inputs.
+    where : str, where the kernels ran (``"GPU (<name>)"`` or ``"emulated on the CPU"``), named in the titles.
+    baseline : optional BackwardTrace of the same schedule computed by NumPy in float32 (the kernels'
+        precision): what float32 rounding alone does, drawn dotted beside the kernels' differences.
+
+    Returns a Figure. Left: max |running − textbook| of dQ, dK, dV after each step, NumPy's as lines and
+    the kernels' as open markers: the same path. Right: max |kernel − NumPy| of the blocks each step
+    updated (:func:`lessons.gpu.backward.backward_trace_differences`), log scale, with the baseline's
+    max |float32 NumPy − NumPy| dotted; the first divergence
+    (:func:`lessons.gpu.backward.first_backward_divergence`, default tolerance) marked in red when there
+    is one. Raises TypeError/ValueError as those functions and :meth:`BackwardTrace.errors` (also when
+    the traces visited different tiles).
+    """
+    from lessons.gpu.backward import backward_trace_differences, first_backward_divergence
+    kernel_trace, numpy_trace = _check_trace(kernel_trace), _check_trace(numpy_trace)
+    if not isinstance(where, str):
+        raise TypeError(f"where must be a str naming where the kernels ran, got {type(where).__name__}")
+    diff = backward_trace_differences(kernel_trace, numpy_trace)
+    base = None if baseline is None else backward_trace_differences(_check_trace(baseline), numpy_trace)
+    found = first_backward_divergence(kernel_trace, numpy_trace)
+    errors = {"NumPy": numpy_trace.errors(exact), "kernel": kernel_trace.errors(exact)}
+    steps = np.arange(1, len(numpy_trace) + 1)
+    labels = {"dq": "dQ", "dk": "dK", "dv": "dV"}
+    fig = new_figure(figsize, dpi)
+    ax = fig.add_axes([0.07, 0.2, 0.39, 0.64])
+    bx = fig.add_axes([0.59, 0.2, 0.39, 0.64])
+    for col, name in enumerate(("dq", "dk", "dv")):
+        colour = GRADIENT_COLOURS[name]
+        ax.semilogy(steps, np.maximum(errors["NumPy"][:, col], _FLOOR), lw=1.4, color=colour,
+                    label=f"{labels[name]}, NumPy")
+        ax.semilogy(steps, np.maximum(errors["kernel"][:, col], _FLOOR), ls="none", marker="o", ms=6, mfc="none",
+                    mew=1.3, color=colour, label=f"{labels[name]}, kernel")
+        bx.semilogy(steps, np.maximum(diff[:, col], _FLOOR), marker="o", ms=3.5, lw=1.4, color=colour,
+                    label=f"{labels[name]}{'_i' if name == 'dq' else '_j'}, kernel")
+        if base is not None:
+            bx.semilogy(steps, np.maximum(base[:, col], _FLOOR), ls=":", lw=1.3, color=colour,
+                        label=f"{labels[name]}{'_i' if name == 'dq' else '_j'}, NumPy in float32")
+    for axis in (ax, bx):
+        for n in range(1, len(numpy_trace)):
+            if numpy_trace.steps[n].key_block != numpy_trace.steps[n - 1].key_block:
+                axis.axvline(n + 0.5, color="#bbbbbb", lw=0.8, ls="--", zorder=0)
+        axis.set_xlim(0.5, len(numpy_trace) + 0.5)
+        axis.set_xlabel("step (dashed: a new key block)", fontsize=9.5)
+        tidy(axis)
+    if found is not None and found.step is not None:
+        bx.axvline(found.step + 1, color="#d62728", lw=2.0, zorder=0)
+        bx.text(found.step + 1, bx.get_ylim()[1], f" first divergence: step {found.step + 1}", color="#d62728",
+                fontsize=8.5, va="top")
+    ax.set_ylabel("max |running − textbook|", fontsize=9.5)
+    ax.set_title("running gradients vs the textbook backward", fontsize=10)
+    ax.legend(fontsize=7.5, frameon=False, loc="lower left", ncol=2)
+    bx.set_ylabel("max |kernel − NumPy|", fontsize=9.5)
+    bx.set_title("the kernels' running blocks vs NumPy's", fontsize=10)
+    shown = diff if base is None else np.concatenate([diff, base])
+    finite = shown[np.isfinite(shown) & (shown > 0)]
+    if finite.size:
+        bx.set_ylim(finite.min() / 10, finite.max() * 30)
+    bx.legend(fontsize=7.5, frameon=False, loc="lower left", ncol=2)
+    verdict = "no divergence" if found is None else (
+        f"first divergence: {found.quantity}" + ("" if found.step is None else f" at step {found.step + 1}"))
+    fig.text(0.02, 0.975, f"The backward kernels' own trace ({where}) beside NumPy's float64 one: "
+                          f"{len(kernel_trace)} steps, {verdict}",
+             fontsize=10.5, ha="left", va="top", color="#7a3b00", fontweight="bold")
     return fig

@@ -10,7 +10,6 @@ of every row of the current query block. Both only draw what
 """
 from __future__ import annotations
 
-import ipywidgets as widgets
 import numpy as np
 from matplotlib import patheffects
 from matplotlib.collections import PolyCollection
@@ -21,7 +20,7 @@ from lessons.core.causal_rule import last_visible_key
 from lessons.schedules.causal import DIAGONAL, SKIPPED, TileVisit, causal_mask
 from lessons.views.flash import TILE_COLOURS
 from lessons.views.softmax import figure_png
-from lessons.views.stepper import format_value
+from lessons.views.stepper import StepperShell, format_value
 from lessons.core.trace import Trace
 
 __all__ = ["GRID_LABELS", "tile_state", "schedule_figure", "block_state_text", "BlockStepper"]
@@ -173,7 +172,7 @@ def block_state_text(trace, step) -> str:
     return "\n".join(lines)
 
 
-class BlockStepper:
+class BlockStepper(StepperShell):
     """Step through the FA-2 loop over the score-matrix grid (ipywidgets).
 
     A view: the grid comes from ``visits`` (:func:`lessons.schedules.causal.tile_schedule`), the
@@ -203,26 +202,8 @@ class BlockStepper:
                 [(t.row_start, t.key_start, t.key_stop) for t in computed]:
             raise ValueError("trace steps do not match the schedule's computed tiles (same sizes and causal?)")
         self.trace, self.causal = trace, bool(causal)
-        n = len(computed)
-        style = {"description_width": "initial"}
-        self.slider = widgets.IntSlider(value=min(max(step, 1), n), min=1, max=n, description="tiles computed",
-                                        style=style, layout={"width": "480px"})
-        self.play = widgets.Play(value=self.slider.value, min=1, max=n, interval=interval)
-        widgets.jslink((self.play, "value"), (self.slider, "value"))
-        self.image = widgets.Image(format="png")
-        self.table = widgets.HTML(layout={"width": "360px"})
-        self.readouts = {k: widgets.HTML(layout={"border": "1px solid #dddddd", "padding": "2px 10px",
-                                                 "margin": "2px"})
-                         for k in ("scores_in_sram", "textbook_scores", "skipped")}
-        self._render()
-        self.slider.observe(lambda change: self._render(), names="value")
-        self.widget = widgets.VBox([widgets.HBox([self.play, self.slider]),
-                                    widgets.HBox(list(self.readouts.values()), layout={"flex_flow": "row wrap"}),
-                                    widgets.HBox([self.image, self.table],
-                                                 layout={"flex_flow": "row wrap", "align_items": "flex-start"})])
-
-    def _repr_mimebundle_(self, **kwargs):
-        return self.widget._repr_mimebundle_(**kwargs)
+        self._build_shell(len(computed), step=step, label="tiles computed", interval=interval,
+                          readouts=("scores_in_sram", "textbook_scores", "skipped"), table_width="360px")
 
     def _render(self):
         step = self.slider.value

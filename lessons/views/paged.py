@@ -74,7 +74,7 @@ def paged_cache_figure(trace: PagedTrace, step=None, *, row=0, pages_per_row=16,
     step = len(rt) if step is None else step
     states = page_states(trace, step, row)
     table = [int(p) for p in trace.block_table]
-    bs, nk, num_blocks = trace.tile, trace.nk, trace.num_blocks
+    bs, nk, num_blocks = trace.block_k, trace.nk, trace.num_blocks
     fill = {page: min(bs, nk - j * bs) for j, page in enumerate(table)}
     logical = {page: j for j, page in enumerate(table)}
     n_rows = -(-num_blocks // pages_per_row)

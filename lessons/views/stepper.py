@@ -34,7 +34,8 @@ from lessons.schedules.flash import flash_attention
 from lessons.core.reference import attention
 from lessons.core.checks import check_int
 
-__all__ = ["TileStepper", "format_value", "DATA_CHOICES", "DEFAULT_ROWS"]
+__all__ = ["TileStepper", "StepperShell", "step_controls", "format_value", "DATA_CHOICES", "DEFAULT_ROWS",
+           "READOUT_CARD"]
 
 #: The data choices of :func:`lessons.course.data.make_case`, as (label, kind) pairs.
 DATA_CHOICES = (("real text", "real"), ("random", "random"), ("late maximum", "late-max"))
@@ -78,7 +79,50 @@ def _count(value, name, low=0):
     return check_int(value, name, min=low)
 
 
-class TileStepper:
+#: The layout of one readout card (a bordered widgets.HTML) on every stepper.
+READOUT_CARD = {"border": "1px solid #dddddd", "padding": "2px 10px", "margin": "2px"}
+
+
+def step_controls(n: int, value: int = 1, *, label: str, width: str = "480px", interval: int = 900, **play):
+    """A step slider over ``1..n`` (an IntSlider named ``label``, starting at ``value`` clipped into
+    range) and a Play button linked to it in the browser (``interval`` ms per step; ``play``: more
+    Play options). Returns ``(slider, play)``."""
+    value = min(max(int(value), 1), n)
+    slider = widgets.IntSlider(value=value, min=1, max=n, description=label,
+                               style={"description_width": "initial"}, layout={"width": width})
+    button = widgets.Play(value=value, min=1, max=n, interval=interval, **play)
+    widgets.jslink((button, "value"), (slider, "value"))
+    return slider, button
+
+
+class StepperShell:
+    """The shell of a stepper widget: a Play button and a slider over steps ``1..n``, a row of readout
+    cards, and a picture (PNG) beside a table. A subclass calls :meth:`_build_shell` and fills the
+    readouts, ``image`` and ``table`` for ``slider.value`` in ``_render``: a view over a trace that
+    it reads, never computes. The object displays as ``widget``.
+    """
+
+    def _build_shell(self, n: int, *, step: int, label: str, readouts, table_width: str,
+                     interval: int) -> None:
+        self.slider, self.play = step_controls(n, step, label=label, interval=interval)
+        self.image = widgets.Image(format="png")
+        self.table = widgets.HTML(layout={"width": table_width})
+        self.readouts = {k: widgets.HTML(layout=READOUT_CARD) for k in readouts}
+        self._render()
+        self.slider.observe(lambda change: self._render(), names="value")
+        self.widget = widgets.VBox([widgets.HBox([self.play, self.slider]),
+                                    widgets.HBox(list(self.readouts.values()), layout={"flex_flow": "row wrap"}),
+                                    widgets.HBox([self.image, self.table],
+                                                 layout={"flex_flow": "row wrap", "align_items": "flex-start"})])
+
+    def _render(self) -> None:
+        raise NotImplementedError
+
+    def _repr_mimebundle_(self, **kwargs):
+        return self.widget._repr_mimebundle_(**kwargs)
+
+
+class TileStepper(StepperShell):
     """Step one query row through a tiled attention loop, tile by tile (ipywidgets).
 
     Parameters
@@ -178,10 +222,8 @@ class TileStepper:
                                      style=style, layout={"width": "340px"})
         self.tile_size = widgets.IntSlider(value=tile, min=1, max=max(tile, 1), description="keys per tile",
                                            continuous_update=False, style=style, layout={"width": "340px"})
-        self.slider = widgets.IntSlider(value=1, min=1, max=1, description="tiles absorbed", style=style,
-                                        layout={"width": "520px"})
-        self.play = widgets.Play(value=1, min=1, max=1, step=1, interval=interval, description="play")
-        widgets.jslink((self.play, "value"), (self.slider, "value"))
+        self.slider, self.play = step_controls(1, label="tiles absorbed", width="520px", interval=interval, step=1,
+                                               description="play")
         self.caption = widgets.HTML()
         self.image = widgets.Image(format="png")
         self.table = widgets.HTML(layout={"width": "300px"})
@@ -211,9 +253,8 @@ class TileStepper:
     KERNEL_TABLE_WIDTH = 470
 
     def _layout(self):
-        card = {"border": "1px solid #dddddd", "padding": "2px 10px", "margin": "2px"}
         for r in self.readouts.values():
-            r.layout = widgets.Layout(**card)
+            r.layout = widgets.Layout(**READOUT_CARD)
         memory = widgets.HBox([self.readouts[k] for k in ("scores_in_memory", "naive_scores", "rescales",
                                                           "max_error")], layout={"flex_flow": "row wrap"})
         paged = ("page",) if self.paged else ()
@@ -238,9 +279,6 @@ class TileStepper:
     def paged(self) -> bool:
         """True when the schedule reads its tiles through a block table (a paged trace)."""
         return getattr(self.trace, "block_table", None) is not None
-
-    def _repr_mimebundle_(self, **kwargs):
-        return self.widget._repr_mimebundle_(**kwargs)
 
     # -- data and trace (computed by the schedule and the reference, never here) --------------
     def _keys_seen(self):

@@ -61,7 +61,10 @@
 // Trace build (-DFA_TRACE): the dK/dV block trace_block writes its running dK_j (scaled, as it
 // would be output) and dV_j after every query block it absorbs, into
 // trace[bh][query_block][2][BLOCK_K][HEAD_DIM]; query blocks it skipped stay NaN (the launcher
-// fills the buffer with NaN), as do key rows past n_k.
+// fills the buffer with NaN), as do key rows past n_k. The dQ kernel writes every row's running
+// dQ_i (scaled, as it would be output) after every key block it absorbs, into
+// dq_trace[bh][key_block][row][HEAD_DIM]; key blocks a row's query block skipped stay NaN.
+// Builds without FA_TRACE never touch trace or dq_trace.
 //
 // Launch (all three: block = 128 threads):
 //   flash_attention_backward_preprocess  grid = (ceil(n_q / 4), batch * heads)
@@ -271,12 +274,14 @@ flash_attention_backward_dkdv(const scalar_t* __restrict__ q, const scalar_t* __
 // ---------------------------------------------------------------------------
 // 2. dQ_i: one thread block per query block, the key blocks streaming past (the forward's loop).
 // Arguments as the dK/dV kernel; dq: like q.
+// Trace: dq_trace (batch*heads, ceil(n_k / BLOCK_K), n_q, HEAD_DIM), every row after every key block.
 // ---------------------------------------------------------------------------
 extern "C" __global__ void __launch_bounds__(NUM_THREADS, 4)
 flash_attention_backward_dq(const scalar_t* __restrict__ q, const scalar_t* __restrict__ k,
                             const scalar_t* __restrict__ v, const scalar_t* __restrict__ d_o,
                             const float* __restrict__ lse, const float* __restrict__ delta,
-                            scalar_t* __restrict__ dq, int n_q, int n_k, float scale, int causal) {
+                            scalar_t* __restrict__ dq, int n_q, int n_k, float scale, int causal,
+                            float* __restrict__ dq_trace) {
     __shared__ float q_s[BLOCK_Q][D_PAD];
     __shared__ float do_s[BLOCK_Q][D_PAD];
     __shared__ float k_s[BLOCK_K][D_PAD];
@@ -350,6 +355,16 @@ flash_attention_backward_dq(const scalar_t* __restrict__ q, const scalar_t* __re
                 if (c < HEAD_DIM) dq_acc[i] += ds * k_s[j][c];
             }
         }
+#ifdef FA_TRACE
+        if (row < n_q) {                           // running dQ_i after key block `tile`, scaled as output
+            float* rec = dq_trace + ((bh * ((n_k + BLOCK_K - 1) / BLOCK_K) + tile) * n_q + row) * HEAD_DIM;
+#pragma unroll
+            for (int i = 0; i < ROW_COLS; ++i) {
+                const int c = lane + i * THREADS_PER_ROW;
+                if (c < HEAD_DIM) rec[c] = scale * dq_acc[i];
+            }
+        }
+#endif
         __syncthreads();                           // everyone is done with k_s, v_s, ds_s
     }
 

@@ -1,0 +1,247 @@
+"""What the GPU benchmarks share: the device, peak memory, torch timing, the run loop and the outputs.
+
+Used by ``benchmarks/gpu_attention.py`` (the forward) and ``benchmarks/gpu_backward.py``. A
+benchmark gives the implementations to time (a function per name, or the reason one is skipped)
+and the plot's styles; everything else is here. A result row is a dict: ``impl``, ``n``, ``d``,
+``heads``, ``causal``, ``dtype``, ``seconds`` (median of CUDA-event timings, None when not run),
+``tflops``, ``peak_bytes`` (peak extra device memory of one call, bytes) and ``note`` (why not run).
+Importing this module imports neither CuPy nor torch.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+import time
+from pathlib import Path
+
+__all__ = ["device_or_reason", "make_peak_hook", "peak_cupy", "load_torch", "torch_seconds_and_peak", "benchmark", "main",
+           "timed_rows", "format_row", "write_results", "plot_results"]
+
+
+def device_or_reason():
+    """(cupy module, None) with a CUDA device, else (None, why not)."""
+    try:
+        import cupy
+    except ImportError:
+        return None, "CuPy is not installed (pip install cupy-cuda12x)"
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return None, "no CUDA device"
+    except Exception as err:  # CUDARuntimeError without a driver or device
+        return None, f"no CUDA device ({type(err).__name__}: {err})"
+    return cupy, None
+
+
+def make_peak_hook(cupy):
+    """A CuPy memory hook that tracks the bytes held in the pool and their peak."""
+
+    class PeakHook(cupy.cuda.MemoryHook):
+        name = "PeakHook"
+
+        def __init__(self):
+            self.current = self.peak = 0
+
+        def malloc_postprocess(self, **kwargs):      # CuPy passes device_id, size, mem_size, ...
+            self.current += kwargs["mem_size"]
+            self.peak = max(self.peak, self.current)
+
+        def free_postprocess(self, **kwargs):
+            self.current -= kwargs["mem_size"]
+
+    return PeakHook()
+
+
+def peak_cupy(cupy, fn):
+    """Peak bytes CuPy's pool held beyond what it held before ``fn()``."""
+    hook = make_peak_hook(cupy)
+    cupy.cuda.Device().synchronize()
+    with hook:
+        result = fn()
+        cupy.cuda.Device().synchronize()
+    del result
+    return hook.peak
+
+
+def load_torch():
+    """(torch module, None) when torch with CUDA is installed, else (None, why not)."""
+    try:
+        import torch
+    except ImportError:
+        return None, "torch is not installed"
+    if not torch.cuda.is_available():
+        return None, "torch has no CUDA device"
+    return torch, None
+
+
+def torch_seconds_and_peak(torch, fn, warmup: int, repeats: int):
+    """(median seconds of ``fn()`` over ``repeats`` runs after ``warmup``, timed with CUDA events;
+    peak bytes torch allocated during one more call beyond what it held before)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del out
+    return statistics.median(times), peak
+
+
+def timed_rows(args, cupy, torch, impls, calls, *, dtype, d, n, flops, t0, skip=lambda impl: None):
+    """One row per name in ``impls`` for one (dtype, d, N), printed as it is made.
+
+    ``calls[impl]``: a function run once per timing; for ``"torch"`` a function returning
+    ``(seconds, peak_bytes)`` itself. ``skip(impl)``: a reason not to run it, or None. A row is
+    skipped once ``args.time_budget`` seconds have passed since ``t0``; a failure (out of memory,
+    ...) is a note, not an exception. CuPy's (and torch's) pools are emptied after each run.
+    """
+    from lessons.gpu.measure import median_cuda_seconds
+
+    rows = []
+    for impl in impls:
+        row = dict(impl=impl, n=n, d=d, heads=args.heads, causal=args.causal, dtype=dtype,
+                   seconds=None, tflops=None, peak_bytes=None, note="")
+        why = "time budget spent" if time.perf_counter() - t0 > args.time_budget else skip(impl)
+        if why:
+            row["note"] = f"skipped: {why}"
+        else:
+            try:
+                if impl == "torch":
+                    seconds, peak = calls[impl]()
+                else:
+                    seconds = median_cuda_seconds(cupy, calls[impl], args.warmup, args.repeats)
+                    peak = peak_cupy(cupy, calls[impl])
+                row.update(seconds=seconds, tflops=flops / seconds / 1e12, peak_bytes=int(peak))
+            except Exception as err:     # out of memory, missing cuBLAS, ...
+                row["note"] = f"failed: {type(err).__name__}: {str(err).splitlines()[0][:120]}"
+            cupy.get_default_memory_pool().free_all_blocks()
+            if torch is not None:
+                torch.cuda.empty_cache()
+        rows.append(row)
+        print(format_row(row), flush=True)
+    return rows
+
+
+def format_row(row) -> str:
+    """One row as a line: implementation, dtype, N, d, then ms, TFLOP/s and peak MiB, or the note."""
+    head = f"{row['impl']:>7} {row['dtype']:>8} N={row['n']:>6} d={row['d']:>4}"
+    if row["seconds"] is None:
+        return f"{head}  {row['note']}"
+    return (f"{head}  {row['seconds'] * 1e3:9.3f} ms  "
+            f"{row['tflops']:7.2f} TFLOP/s  peak {row['peak_bytes'] / 2**20:9.1f} MiB")
+
+
+def write_results(rows, out: Path, meta: dict, *, what: str) -> None:
+    """results.json, results.csv and results.md (a table titled ``what``, the device, heads) in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    with open(out / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{what}, {meta['device']}, batch 1, {meta['heads']} heads"
+                        + (", causal" if meta["causal"] else ""))
+    for col in ("impl", "dtype", "N", "d", "median ms", "TFLOP/s", "peak MiB", "note"):
+        table.add_column(col, justify="left" if col in ("impl", "dtype", "note") else "right")
+    for r in rows:
+        done = r["seconds"] is not None
+        table.add_row(r["impl"], r["dtype"], str(r["n"]), str(r["d"]),
+                      f"{r['seconds'] * 1e3:.3f}" if done else "-", f"{r['tflops']:.2f}" if done else "-",
+                      f"{r['peak_bytes'] / 2**20:.1f}" if done else "-", r["note"])
+    with open(Path("/dev/null"), "w") as sink:
+        console = Console(record=True, width=140, file=sink)
+        console.print(table)
+    (out / "results.md").write_text("```\n" + console.export_text() + "```\n")
+
+
+def plot_results(rows, path: Path, *, impls, dtypes, style, speed, title) -> None:
+    """Two rows of panels (speed, peak memory) x one column per head dim; log2 N on x.
+
+    ``style[impl]``: (colour, marker, label); ``speed``: (row -> value, y label) for the top
+    panels; ``title``: the figure's title. float16 lines solid, others dashed.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    value, ylabel = speed
+    head_dims = sorted({r["d"] for r in rows})
+    fig, axes = plt.subplots(2, len(head_dims), figsize=(5.2 * len(head_dims), 7.5), squeeze=False, sharex=True)
+    for col, d in enumerate(head_dims):
+        for dtype in dtypes:
+            for impl in impls:
+                pts = sorted((r["n"], value(r), r["peak_bytes"]) for r in rows
+                             if r["d"] == d and r["impl"] == impl and r["dtype"] == dtype and r["seconds"] is not None)
+                if not pts:
+                    continue
+                color, marker, label = style[impl]
+                line = dict(marker=marker, color=color, label=f"{label}, {dtype}",
+                            linestyle="-" if dtype == "float16" else "--")
+                n, top, mem = zip(*pts)
+                axes[0, col].plot(n, top, **line)
+                axes[1, col].plot(n, [max(m, 1) / 2**20 for m in mem], **line)
+        axes[0, col].set_title(f"d = {d}")
+        axes[0, col].set_ylabel(ylabel)
+        axes[1, col].set_ylabel("peak extra device memory (MiB)")
+        axes[1, col].set_xlabel("sequence length N")
+        sizes = sorted({r["n"] for r in rows})
+        for ax in axes[:, col]:
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xticks(sizes, [str(n) for n in sizes])
+            ax.grid(True, which="both", alpha=0.3)
+        axes[0, col].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def benchmark(args, cupy, run_size):
+    """Every row: ``run_size(args, cupy, torch, torch_reason, rng, dtype, d, n, t0)`` for each of
+    ``args.dtypes`` x ``args.head_dims`` x ``args.sizes``, CuPy's pool emptied after each."""
+    import numpy as np
+
+    torch, torch_reason = load_torch()
+    rows = []
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(0)
+    for dtype in args.dtypes:
+        for d in args.head_dims:
+            for n in args.sizes:
+                rows.extend(run_size(args, cupy, torch, torch_reason, rng, dtype, d, n, t0))
+                cupy.get_default_memory_pool().free_all_blocks()
+    return rows
+
+
+def main(args, run_size, write_results, *, kernels: str = "kernels") -> int:
+    """Run the benchmark and write its results into ``args.out``; without a CUDA device print why and
+    return 0 (``kernels``: what still compiles without one, in words)."""
+    cupy, reason = device_or_reason()
+    if cupy is None:
+        print(f"GPU benchmark not run: {reason}. The {kernels} still compile without a GPU: "
+              f"python -c 'import lessons.gpu as g; print(g.gpu_status())'")
+        return 0
+    import lessons.gpu as gpu
+
+    meta = dict(device=gpu.device_name(), heads=args.heads, causal=args.causal, warmup=args.warmup,
+                repeats=args.repeats, cupy=cupy.__version__)
+    print(f"device: {meta['device']}")
+    rows = benchmark(args, cupy, run_size)
+    write_results(rows, args.out, meta)
+    print(f"results in {args.out}")
+    return 0

@@ -1,0 +1,441 @@
+// paged_decode_split.cu - decoding attention over a paged KV cache, written to run at the
+// speed of memory: one block per (sequence, GQA group, split), 16-byte vector loads, and
+// several key rows in flight per warp.
+//
+// The problem is the one of paged_decode.cu (one new query per head, a long paged history,
+// vLLM layout, Kwon et al. 2023, Sec. 4.1-4.2):
+//     k_cache, v_cache   (num_blocks, BLOCK_SIZE, num_kv_heads, HEAD_DIM)
+//     block_tables       (num_seqs, max_blocks_per_seq) int32     logical page -> physical page
+//     seq_lens           (num_seqs,) int32
+// Token t of sequence s lives in page block_tables[s][t / BLOCK_SIZE], slot t % BLOCK_SIZE, and
+// nothing at or past seq_len is ever read. Decoding does 2 FLOPs per byte of K/V read: it is
+// bound by how fast the cache streams from HBM, so everything here is about the loads.
+//
+// 1. GQA sharing. One block serves HEADS_PER_BLOCK query heads of one group (all of it when the
+//    group has at most 4 heads), so each K/V row is read from HBM once per group, not once per
+//    query head (Ainslie et al. 2023).
+// 2. Vector loads. A key row of HEAD_DIM values is read by LANES lanes of a warp, VEC values
+//    (16 bytes: 8 halves or 4 floats) per lane per load: at d = 128 in fp16 one row is 256 bytes
+//    = 16 lanes x 16 bytes, so a warp reads 2 keys' rows per instruction, each row contiguous.
+//    (When 16 bytes do not divide a row, VEC is 1: one value per load.)
+// 3. Loads in flight. Each lane group takes UNROLL keys per step and issues all their K and V
+//    loads before it uses any of them. The block's 4 warps take different keys, and each lane
+//    group keeps its own running state (m, l, o) for its keys: NUM_STATES states per block.
+// 4. At the end the block merges its NUM_STATES states in shared memory, in a fixed order, by
+//    the rule of lessons.merge_states: m = max m_i, l = sum exp(m_i - m) l_i, o likewise.
+// 5. Split-KV (flash-decoding, Dao, Haziza, Massa, Sizov 2023): with few sequences a grid of one
+//    block per (sequence, group) leaves most SMs idle, so the pages of a sequence are cut into
+//    num_splits contiguous ranges (split s: pages [s * per, (s + 1) * per), per = ceil(pages /
+//    num_splits), as in paged_decode.cu), one block each; each writes its partial (m, l, o) and
+//    merge_split_states folds them with the same rule, then out = o / l, lse = m + log(l).
+//    With write_partials == 0 (one split) the block writes out and lse itself.
+//
+// Per key and head: s = scale * q . k (each lane's partial dot, then a butterfly over the LANES
+// lanes of the row), and per step of UNROLL keys one online-softmax update:
+//     m_new = max(m, s_1..s_U);  alpha = exp(m - m_new);  p_u = exp(s_u - m_new)
+//     (once m has settled it rarely moves: when m_new == m, alpha is exactly 1 and the rescale of
+//     l and o is skipped, which changes no bit of the result)
+//     l = alpha l + sum_u p_u;   o = alpha o + sum_u p_u v_u   (a key with p = 0 adds nothing:
+//     never 0 * v, so NaN in a value its row does not weigh cannot reach it).
+// Keys past the end of the split load nothing and score -inf. (Dao 2023, FA-2 Alg. 1.)
+// When a row's lanes hold exactly one (key, head) pair each (SCATTER_SOFTMAX: d = 128 fp16, 4 heads,
+// 4 keys, 16 lanes), the dots are summed by a reduce-scatter and each lane does the softmax of one
+// pair, instead of every lane doing all of them: fewer shuffles and exps per byte read.
+//
+// Launch: paged_decode_gqa_split  grid = (num_heads / HEADS_PER_BLOCK, num_seqs, num_splits), block = 128
+//         merge_split_states      grid = (num_heads, num_seqs),                               block = 128
+// Defines: HEAD_DIM (1..256), BLOCK_SIZE (1..32), HEADS_PER_BLOCK (1..4, divides the group), FA_DTYPE.
+#include "common.cuh"
+
+#ifndef HEAD_DIM
+#error "compile with -DHEAD_DIM=<d>"
+#endif
+#ifndef BLOCK_SIZE
+#define BLOCK_SIZE 16
+#endif
+#ifndef HEADS_PER_BLOCK
+#define HEADS_PER_BLOCK 1
+#endif
+#define NUM_THREADS 128
+#define NUM_WARPS (NUM_THREADS / 32)
+
+// values per 16-byte load; 1 when a row is not a whole number of 16-byte pieces
+#define VEC16 (FA_DTYPE == 0 ? 4 : 8)
+#define VEC ((HEAD_DIM % VEC16) == 0 ? VEC16 : 1)
+// loads per row, and lanes per row: the smallest power of two >= N_VEC, at most 32
+#define N_VEC (HEAD_DIM / VEC)
+#define LANES (N_VEC > 16 ? 32 : N_VEC > 8 ? 16 : N_VEC > 4 ? 8 : N_VEC > 2 ? 4 : N_VEC > 1 ? 2 : 1)
+#define CHUNKS ((N_VEC + LANES - 1) / LANES)           // loads per lane per row
+#define PER_LANE (CHUNKS * VEC)                         // values of a row each lane holds (<= 8)
+#define KEYS_PER_WARP (32 / LANES)                      // rows a warp reads side by side
+#define NUM_STATES (NUM_WARPS * KEYS_PER_WARP)          // running states per block, merged at the end
+// 32-bit registers one key's K and V take while in flight; UNROLL (<= 4) keys per step keep <= 32 of them
+#define WORDS_PER_LOAD (VEC == 1 ? 1 : 4)
+#define UNROLL_FIT (32 / (2 * CHUNKS * WORDS_PER_LOAD))
+#if FA_DTYPE == 2
+#define UNROLL_MAX 2        // bfloat16 widens by a shift, and ptxas then holds the rows as floats: 4 spill
+#else
+#define UNROLL_MAX 4
+#endif
+#define UNROLL (UNROLL_FIT > UNROLL_MAX ? UNROLL_MAX : UNROLL_FIT > 0 ? UNROLL_FIT : 1)
+// the reduce-scatter softmax when the group's lanes hold exactly one (key, head) pair each
+// (d = 128 fp16 or d = 64 fp32 with 4 heads per block: 16 lanes, 4 keys x 4 heads)
+#define SCATTER_SOFTMAX (UNROLL * HEADS_PER_BLOCK == LANES && LANES >= 2)
+
+static_assert(HEAD_DIM >= 1 && HEAD_DIM <= 256, "HEAD_DIM must be in 1..256");
+static_assert(BLOCK_SIZE >= 1 && BLOCK_SIZE <= 32, "BLOCK_SIZE must be in 1..32");
+static_assert(HEADS_PER_BLOCK >= 1 && HEADS_PER_BLOCK <= 4, "HEADS_PER_BLOCK must be in 1..4");
+static_assert(PER_LANE <= 8, "a lane holds at most 8 values of a row");
+
+// One load of a row: VEC values as raw words (16 bytes, or one value widened to a word).
+struct RowLoad {
+    uint4 w[CHUNKS];
+};
+
+// Lane `sub` of a row's LANES lanes holds elements c = (j * LANES + sub) * VEC + e of the row,
+// j < CHUNKS, e < VEC; j * LANES + sub >= N_VEC: nothing (its values count as 0).
+__device__ __forceinline__ bool chunk_in_row(int j, int sub) { return j * LANES + sub < N_VEC; }
+
+__device__ __forceinline__ void load_row(RowLoad& r, const scalar_t* __restrict__ row, int sub, bool valid) {
+#pragma unroll
+    for (int j = 0; j < CHUNKS; ++j) {
+        r.w[j] = make_uint4(0u, 0u, 0u, 0u);
+        if (valid && chunk_in_row(j, sub)) {
+            const int c = (j * LANES + sub) * VEC;
+#if (HEAD_DIM % VEC16) == 0
+            r.w[j] = *reinterpret_cast<const uint4*>(row + c);    // 16 bytes: ld.global.nc.v4
+#else
+            const scalar_t x = row[c];
+#if FA_DTYPE == 0
+            r.w[j].x = __float_as_uint(x);
+#else
+            r.w[j].x = x;
+#endif
+#endif
+        }
+    }
+}
+
+// Value e (< VEC) of load j, as float32.
+__device__ __forceinline__ float row_value(const RowLoad& r, int j, int e) {
+#if (HEAD_DIM % VEC16) != 0
+#if FA_DTYPE == 0
+    return __uint_as_float(r.w[j].x);
+#else
+    return to_float((scalar_t)r.w[j].x);
+#endif
+#else
+    const unsigned word = e / (VEC / 4) == 0 ? r.w[j].x : e / (VEC / 4) == 1 ? r.w[j].y
+                        : e / (VEC / 4) == 2 ? r.w[j].z : r.w[j].w;
+#if FA_DTYPE == 0
+    return __uint_as_float(word);
+#else
+    return to_float((scalar_t)(e % 2 ? word >> 16 : word & 0xffffu));
+#endif
+#endif
+}
+
+struct SplitShared {
+    float m[NUM_STATES][HEADS_PER_BLOCK];
+    float l[NUM_STATES][HEADS_PER_BLOCK];
+    float o[NUM_STATES][HEADS_PER_BLOCK][HEAD_DIM];
+};
+
+// Pages [split * per, min((split + 1) * per, n_pages)) of one sequence, for the HEADS_PER_BLOCK
+// query heads head0.. of kv head head0 / group. Writes (part_m, part_l, part_o) at
+// ((seq * num_heads + head) * num_splits + split) when write_partials, else out and lse.
+// q, out: (num_seqs, num_heads, HEAD_DIM); lse: (num_seqs, num_heads) float32;
+// part_m, part_l: (num_seqs, num_heads, num_splits) float32; part_o: (..., HEAD_DIM) float32.
+// __launch_bounds__(128, 4): 4 blocks per SM, up to 128 registers per thread.
+extern "C" __global__ void __launch_bounds__(NUM_THREADS, 4)
+paged_decode_gqa_split(const scalar_t* __restrict__ q, const scalar_t* __restrict__ k_cache,
+                       const scalar_t* __restrict__ v_cache, const int* __restrict__ block_tables,
+                       const int* __restrict__ seq_lens, int max_blocks_per_seq, int num_heads,
+                       int num_kv_heads, float scale, int num_splits, int write_partials,
+                       float* __restrict__ part_m, float* __restrict__ part_l, float* __restrict__ part_o,
+                       scalar_t* __restrict__ out, float* __restrict__ lse) {
+    __shared__ SplitShared sh;
+    const int seq = blockIdx.y, split = blockIdx.z;
+    const int head0 = blockIdx.x * HEADS_PER_BLOCK;
+    const int kv_head = head0 / (num_heads / num_kv_heads);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int key_in_warp = lane / LANES, sub = lane % LANES;
+    const int state = warp * KEYS_PER_WARP + key_in_warp;
+
+    const int seq_len = seq_lens[seq];
+    const int n_pages = min((seq_len + BLOCK_SIZE - 1) / BLOCK_SIZE, max_blocks_per_seq);
+    const int per_split = (n_pages + num_splits - 1) / num_splits;
+    const int page_begin = min(split * per_split, n_pages);
+    const int page_end = min(page_begin + per_split, n_pages);
+    const int key_begin = page_begin * BLOCK_SIZE;
+    const int key_end = min(page_end * BLOCK_SIZE, seq_len);
+    const int* __restrict__ table = block_tables + (long long)seq * max_blocks_per_seq;
+
+    // this lane's part of each query, as float32
+    float qv[HEADS_PER_BLOCK][PER_LANE];
+#pragma unroll
+    for (int h = 0; h < HEADS_PER_BLOCK; ++h) {
+        RowLoad r;
+        load_row(r, q + ((long long)seq * num_heads + head0 + h) * HEAD_DIM, sub, true);
+#pragma unroll
+        for (int j = 0; j < CHUNKS; ++j)
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) qv[h][j * VEC + e] = row_value(r, j, e);
+    }
+
+    float m[HEADS_PER_BLOCK], l[HEADS_PER_BLOCK], o[HEADS_PER_BLOCK][PER_LANE];
+#pragma unroll
+    for (int h = 0; h < HEADS_PER_BLOCK; ++h) {
+        m[h] = NEG_INF;
+        l[h] = 0.f;
+#pragma unroll
+        for (int i = 0; i < PER_LANE; ++i) o[h][i] = 0.f;
+    }
+
+    // Each step a warp takes KEYS_PER_WARP * UNROLL consecutive keys; lane group g takes keys
+    // first + g * UNROLL + u. The loop bound is the same for every lane of a warp (shuffles inside).
+    // When UNROLL divides BLOCK_SIZE a group's UNROLL keys lie in one page (they start at a multiple
+    // of UNROLL, and a split starts on a page), so the group looks up one page per step, and looks
+    // up the next step's page while this step's rows are in flight (the look-up is off the path
+    // from one step's loads to the next's).
+    const int keys_per_step = NUM_WARPS * KEYS_PER_WARP * UNROLL;
+    int first = key_begin + warp * KEYS_PER_WARP * UNROLL;
+#if BLOCK_SIZE % UNROLL == 0
+    int page = first + key_in_warp * UNROLL < key_end ? table[(first + key_in_warp * UNROLL) / BLOCK_SIZE] : 0;
+#endif
+    for (; first < key_end; first += keys_per_step) {
+        const int key0 = first + key_in_warp * UNROLL;           // this group's first key
+#if BLOCK_SIZE % UNROLL == 0
+        const int next_key0 = key0 + keys_per_step;
+        const int next_page = next_key0 < key_end ? table[next_key0 / BLOCK_SIZE] : 0;
+#endif
+        RowLoad kr[UNROLL], vr[UNROLL];
+        bool valid[UNROLL];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {             // all loads first: 2 * UNROLL rows in flight
+            const int key = key0 + u;
+            valid[u] = key < key_end;
+            long long off = 0;
+            if (valid[u]) {
+#if BLOCK_SIZE % UNROLL != 0
+                const int page = table[key / BLOCK_SIZE];
+#endif
+                off = (((long long)page * BLOCK_SIZE + key % BLOCK_SIZE) * num_kv_heads + kv_head) * HEAD_DIM;
+            }
+            load_row(kr[u], k_cache + off, sub, valid[u]);
+            load_row(vr[u], v_cache + off, sub, valid[u]);
+        }
+#if BLOCK_SIZE % UNROLL == 0
+        page = next_page;
+#endif
+        // scores: each lane's partial dot over its part of the row, for every key and head
+        float s[UNROLL][HEADS_PER_BLOCK];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            float kf[PER_LANE];
+#pragma unroll
+            for (int j = 0; j < CHUNKS; ++j)
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) kf[j * VEC + e] = row_value(kr[u], j, e);
+#pragma unroll
+            for (int h = 0; h < HEADS_PER_BLOCK; ++h) {
+                float dot = 0.f;
+#pragma unroll
+                for (int i = 0; i < PER_LANE; ++i) dot += qv[h][i] * kf[i];
+                s[u][h] = dot;
+            }
+        }
+#if SCATTER_SOFTMAX
+        // The group's LANES lanes hold partial dots of LANES (key, head) pairs: a reduce-scatter
+        // leaves lane `sub` with the whole dot of pair sub (head sub / UNROLL, key sub % UNROLL)
+        // in LANES - 1 shuffles (a butterfly per pair would take LANES * log2(LANES)). Each lane
+        // then does the softmax of its own pair (one exp instead of one per pair), the heads' max
+        // and sum over the group's UNROLL keys take log2(UNROLL) shuffles, and the results are
+        // broadcast back to every lane of the group for the P V update.
+        float v[LANES];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+            for (int h = 0; h < HEADS_PER_BLOCK; ++h) v[h * UNROLL + u] = s[u][h];
+#pragma unroll
+        for (int off = LANES / 2; off > 0; off /= 2) {
+            const bool upper = (sub & off) != 0;       // keep the upper half of the pairs, send the lower
+#pragma unroll
+            for (int i = 0; i < off; ++i) {
+                const float send = upper ? v[i] : v[i + off];
+                const float keep = upper ? v[i + off] : v[i];
+                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, off);
+            }
+        }
+        const int my_head = sub / UNROLL, group_lane = lane - sub;     // first lane of this row's group
+        const float s_mine = key0 + sub % UNROLL < key_end ? v[0] * scale : NEG_INF;
+        float m_old = m[0];
+#pragma unroll
+        for (int h = 1; h < HEADS_PER_BLOCK; ++h) m_old = my_head == h ? m[h] : m_old;
+        const float m_mine = fmaxf(m_old, group_max<UNROLL>(s_mine));  // max over this head's UNROLL keys
+        const float p_mine = expf(s_mine - safe_max(m_mine));
+        const float sum_mine = group_sum<UNROLL>(p_mine);
+#pragma unroll
+        for (int h = 0; h < HEADS_PER_BLOCK; ++h) {
+            const float m_new = __shfl_sync(0xffffffffu, m_mine, group_lane + h * UNROLL);
+            const float p_sum = __shfl_sync(0xffffffffu, sum_mine, group_lane + h * UNROLL);
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) s[u][h] = __shfl_sync(0xffffffffu, p_mine, group_lane + h * UNROLL + u);
+            if (m_new != m[h]) {                       // the max moved: rescale (else alpha = 1 exactly)
+                const float alpha = correction_factor(m[h], m_new);
+                l[h] *= alpha;
+#pragma unroll
+                for (int i = 0; i < PER_LANE; ++i) o[h][i] *= alpha;
+                m[h] = m_new;
+            }
+            l[h] += p_sum;
+        }
+#else
+        // each pair's dot summed by a butterfly over the row's LANES lanes (all 32 lanes shuffle),
+        // then one online-softmax update per head for the UNROLL keys
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+            for (int h = 0; h < HEADS_PER_BLOCK; ++h) {
+                const float dot = group_sum<LANES>(s[u][h]);
+                s[u][h] = valid[u] ? dot * scale : NEG_INF;
+            }
+#pragma unroll
+        for (int h = 0; h < HEADS_PER_BLOCK; ++h) {
+            float m_new = m[h];
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) m_new = fmaxf(m_new, s[u][h]);
+            if (m_new != m[h]) {                       // the max moved: rescale (else alpha = 1 exactly)
+                const float alpha = correction_factor(m[h], m_new);
+                l[h] *= alpha;
+#pragma unroll
+                for (int i = 0; i < PER_LANE; ++i) o[h][i] *= alpha;
+                m[h] = m_new;
+            }
+#pragma unroll
+            for (int u = 0; u < UNROLL; ++u) {
+                s[u][h] = expf(s[u][h] - safe_max(m_new));      // p
+                l[h] += s[u][h];
+            }
+        }
+#endif
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            float vf[PER_LANE];
+#pragma unroll
+            for (int j = 0; j < CHUNKS; ++j)
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) vf[j * VEC + e] = row_value(vr[u], j, e);
+#pragma unroll
+            for (int h = 0; h < HEADS_PER_BLOCK; ++h) {
+                const float p = s[u][h];
+                if (p != 0.f) {                            // p = 0 adds nothing, never 0 * v
+#pragma unroll
+                    for (int i = 0; i < PER_LANE; ++i) o[h][i] += p * vf[i];
+                }
+            }
+        }
+    }
+
+    // the block's NUM_STATES states into shared memory
+#pragma unroll
+    for (int h = 0; h < HEADS_PER_BLOCK; ++h) {
+        if (sub == 0) {
+            sh.m[state][h] = m[h];
+            sh.l[state][h] = l[h];
+        }
+#pragma unroll
+        for (int j = 0; j < CHUNKS; ++j)
+            if (chunk_in_row(j, sub))
+#pragma unroll
+                for (int e = 0; e < VEC; ++e) sh.o[state][h][(j * LANES + sub) * VEC + e] = o[h][j * VEC + e];
+    }
+    __syncthreads();
+
+    // merge them in state order: m = max m_i, beta_i = exp(m_i - m), l = sum beta_i l_i, o likewise
+    for (int idx = threadIdx.x; idx < HEADS_PER_BLOCK * HEAD_DIM; idx += NUM_THREADS) {
+        const int h = idx / HEAD_DIM, c = idx % HEAD_DIM;
+        float m_all = NEG_INF;
+        for (int i = 0; i < NUM_STATES; ++i) m_all = fmaxf(m_all, sh.m[i][h]);
+        float l_all = 0.f, o_all = 0.f;
+        for (int i = 0; i < NUM_STATES; ++i) {
+            const float beta = correction_factor(sh.m[i][h], m_all);
+            l_all += beta * sh.l[i][h];
+            o_all += beta * sh.o[i][h][c];
+        }
+        const long long row = (long long)seq * num_heads + head0 + h;
+        if (write_partials) {
+            const long long st = row * num_splits + split;
+            part_o[st * HEAD_DIM + c] = o_all;
+            if (c == 0) {
+                part_m[st] = m_all;
+                part_l[st] = l_all;
+            }
+        } else {
+            out[row * HEAD_DIM + c] = from_float(l_all != 0.f ? o_all / l_all : 0.f);
+            if (c == 0) lse[row] = l_all != 0.f ? m_all + logf(l_all) : NEG_INF;
+        }
+    }
+}
+
+// Fold the num_splits partial states of one (seq, head) by the same rule, then out = o / l,
+// lse = m + log(l) (0 and -inf when l == 0). First m over all splits (a strided max, then a block
+// max); then warp w takes splits w, w + 4, ... (lane i columns i, i + 32, ...: coalesced loads,
+// and the loads of different splits are independent, so several are in flight), and the 4 warps'
+// sums are added in warp order in shared memory (the same order every run).
+#define MERGE_COLS ((HEAD_DIM + 31) / 32)
+
+extern "C" __global__ void __launch_bounds__(NUM_THREADS, 4)
+merge_split_states(const float* __restrict__ part_m, const float* __restrict__ part_l,
+                   const float* __restrict__ part_o, int num_heads, int num_splits,
+                   scalar_t* __restrict__ out, float* __restrict__ lse) {
+    __shared__ float warp_max[NUM_WARPS];
+    __shared__ float warp_l[NUM_WARPS];
+    __shared__ float warp_o[NUM_WARPS][HEAD_DIM];
+    const int head = blockIdx.x, seq = blockIdx.y;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const long long row = (long long)seq * num_heads + head;
+    const float* __restrict__ pm = part_m + row * num_splits;
+    const float* __restrict__ pl = part_l + row * num_splits;
+    const float* __restrict__ po = part_o + row * num_splits * HEAD_DIM;
+
+    float m = NEG_INF;
+    for (int i = threadIdx.x; i < num_splits; i += NUM_THREADS) m = fmaxf(m, pm[i]);
+    m = group_max<32>(m);
+    if (lane == 0) warp_max[warp] = m;
+    __syncthreads();
+    m = NEG_INF;
+#pragma unroll
+    for (int w = 0; w < NUM_WARPS; ++w) m = fmaxf(m, warp_max[w]);
+
+    float l = 0.f, o[MERGE_COLS];
+#pragma unroll
+    for (int k = 0; k < MERGE_COLS; ++k) o[k] = 0.f;
+#pragma unroll 4
+    for (int i = warp; i < num_splits; i += NUM_WARPS) {
+        const float beta = correction_factor(pm[i], m);
+        l += beta * pl[i];
+#pragma unroll
+        for (int k = 0; k < MERGE_COLS; ++k) {
+            const int c = lane + 32 * k;
+            if (c < HEAD_DIM) o[k] += beta * po[(long long)i * HEAD_DIM + c];
+        }
+    }
+    if (lane == 0) warp_l[warp] = l;
+#pragma unroll
+    for (int k = 0; k < MERGE_COLS; ++k) {
+        const int c = lane + 32 * k;
+        if (c < HEAD_DIM) warp_o[warp][c] = o[k];
+    }
+    __syncthreads();
+    l = 0.f;
+#pragma unroll
+    for (int w = 0; w < NUM_WARPS; ++w) l += warp_l[w];
+    for (int c = threadIdx.x; c < HEAD_DIM; c += NUM_THREADS) {
+        float o_all = 0.f;
+#pragma unroll
+        for (int w = 0; w < NUM_WARPS; ++w) o_all += warp_o[w][c];
+        out[row * HEAD_DIM + c] = from_float(l != 0.f ? o_all / l : 0.f);
+    }
+    if (threadIdx.x == 0) lse[row] = l != 0.f ? m + logf(l) : NEG_INF;
+}

@@ -1,0 +1,336 @@
+"""The fast decode rung: paged_decode_split_gpu against NumPy (emulator, and the GPU where one is
+present), its split count picked from the shape, its compiled code (16-byte loads, no spills),
+its place in the ladder, and the decode benchmark's arithmetic and no-device run."""
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import lessons
+import lessons.gpu as gpu
+from lessons.gpu import ladder
+from lessons.gpu.source import decode_splits, paged_decode_split_layout, paged_decode_split_smem_bytes
+from test_gpu_kernels import (SEQ_LENS, assert_decode_close, decode_args, decode_reference, paged_case,
+                              sequence_kv, split_state_float32, values)
+from kernel_tolerance import assert_within_baseline
+
+ROOT = Path(__file__).resolve().parents[1]
+BACKENDS = [
+    pytest.param("emulator", marks=pytest.mark.skipif(not gpu.emulator_available(), reason="no C++ compiler")),
+    pytest.param("cupy", marks=pytest.mark.skipif(not gpu.device_available(), reason="no CUDA device")),
+]
+needs_nvrtc = pytest.mark.skipif(not gpu.nvrtc_available(), reason="CuPy/NVRTC not installed")
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    return request.param
+
+
+# ---------------------------------------------------------------------------
+# the split count, by hand
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("num_seqs, seq_len, want", [
+    (64, 4096, 1),        # 64 x 8 = 512 blocks >= 80% of 132 x 4 = 528: already full
+    (8, 32768, 9),        # 64 blocks per split: ceil(528 / 64) = 9
+    (1, 131072, 66),      # 8 blocks per split: 528 / 8 = 66
+    (2, 4096, 33),        # 16 blocks per split: 528 / 16 = 33 (256 pages allow it)
+    (1, 100, 7),          # ceil(100 / 16) = 7 pages: never more splits than pages
+    (1, 16, 1),           # one page
+    (1, 0, 1),            # nothing to split
+    (53, 4096, 1),        # 424 blocks = 80.3% of 528
+    (52, 4096, 2),        # 416 blocks = 78.8%: ceil(528 / 416) = 2
+])
+def test_decode_splits_fill_an_h200(num_seqs, seq_len, want):
+    assert decode_splits(num_seqs, 8, seq_len) == want
+
+
+def test_decode_splits_follow_the_gpu_and_the_grid():
+    assert decode_splits(1, 8, 131072, num_sms=108) == 54                 # an A100: 108 x 4 / 8
+    assert decode_splits(1, 8, 131072, blocks_per_sm=2) == 33
+    assert decode_splits(1, 8, 131072, heads_per_kv_head=2) == 33         # two blocks per group
+    assert decode_splits(1, 1, 1 << 30, max_splits=100) == 100
+    assert decode_splits(0, 8, 4096) == 1
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(num_seqs=-1, num_kv_heads=8, seq_len=10), "num_seqs"),
+    (dict(num_seqs=1, num_kv_heads=0, seq_len=10), "num_kv_heads"),
+    (dict(num_seqs=1, num_kv_heads=8, seq_len=-5), "seq_len"),
+    (dict(num_seqs=1, num_kv_heads=8, seq_len=10, num_sms=0), "num_sms"),
+])
+def test_decode_splits_refuse_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        decode_splits(**kwargs)
+    with pytest.raises(TypeError, match="num_seqs"):
+        decode_splits(1.5, 8, 10)
+
+
+def test_layout_of_a_row_over_a_warp():
+    # d = 128 fp16: 256 bytes = 16 lanes x 16 bytes, 2 rows per warp instruction, 8 states per block
+    assert paged_decode_split_layout(128, "float16") == dict(vec=8, lanes=16, chunks=1, keys_per_warp=2,
+                                                             num_states=8, unroll=4)
+    assert paged_decode_split_layout(128, "float32") == dict(vec=4, lanes=32, chunks=1, keys_per_warp=1,
+                                                             num_states=4, unroll=4)
+    assert paged_decode_split_layout(256, "float32")["chunks"] == 2
+    assert paged_decode_split_layout(3, "float16") == dict(vec=1, lanes=4, chunks=1, keys_per_warp=8,
+                                                           num_states=32, unroll=4)
+    assert paged_decode_split_layout(128, "bfloat16")["unroll"] == 2
+    assert paged_decode_split_layout(64, "float32")["lanes"] == 16        # 4 keys x 4 heads: the scatter path
+    # shared memory: 8 states x 4 heads x (128 + 2) floats
+    assert paged_decode_split_smem_bytes(128, 4, "float16") == 4 * 8 * 4 * 130
+
+
+# ---------------------------------------------------------------------------
+# against NumPy
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("num_heads, num_kv_heads", [(8, 8), (8, 4), (8, 2), (8, 1), (6, 2)],
+                         ids=["MHA", "group2", "group4", "MQA-group8", "group3"])
+@pytest.mark.parametrize("num_splits", [None, 1, 3])
+def test_split_decode_every_gqa_ratio(backend, num_heads, num_kv_heads, num_splits):
+    c = paged_case(10, num_heads, num_kv_heads, 64, 16, SEQ_LENS)
+    out, lse = gpu.paged_decode_split_gpu(*decode_args(c), num_splits, backend=backend)
+    assert out.dtype == c.q.dtype and lse.dtype == np.float32 and out.shape == c.q.shape
+    assert not np.isnan(out).any()                      # nothing stale (NaN) past seq_len was read
+    assert_decode_close(out, lse, c)
+    assert np.all(out[1] == 0) and np.all(np.isneginf(lse[1]))    # the empty sequence
+
+
+@pytest.mark.parametrize("d, block_size, dtype, seq_lens", [
+    (3, 8, "float16", SEQ_LENS), (80, 32, "bfloat16", SEQ_LENS), (128, 16, "float32", SEQ_LENS),
+    (128, 16, "float16", [300, 0, 17]), (256, 16, "float32", [40, 3]), (256, 8, "bfloat16", [40, 3]),
+    (1, 1, "float32", [5, 0, 2, 1]),                    # one token per page
+])
+def test_split_decode_head_dims_page_sizes_and_dtypes(backend, d, block_size, dtype, seq_lens):
+    c = paged_case(11, 8, 2, d, block_size, seq_lens, dtype)
+    for num_splits in (None, 2):
+        out, lse = gpu.paged_decode_split_gpu(*decode_args(c), num_splits, bfloat16=dtype == "bfloat16",
+                                              backend=backend)
+        assert not np.isnan(values(out, dtype)).any()
+        assert_decode_close(out, lse, c)
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 16])    # 16 splits > 3 pages: most splits are empty
+def test_split_decode_partial_states_are_each_splits_own(backend, num_splits):
+    c = paged_case(13, 8, 2, 64, 16, SEQ_LENS)
+    out, lse, parts = gpu.paged_decode_split_gpu(*decode_args(c), num_splits, return_partials=True,
+                                                 backend=backend)
+    assert parts["m"].shape == (4, 8, num_splits) and parts["o"].shape == (4, 8, num_splits, 64)
+    assert_decode_close(out, lse, c)
+    block_size, scale = 16, 1 / 8
+    got, ref, base = ([], [], []), ([], [], []), ([], [], [])
+    for s in range(len(SEQ_LENS)):
+        n_pages = -(-int(c.seq_lens[s]) // block_size)
+        per = -(-n_pages // num_splits)
+        for h in range(8):
+            k, v = sequence_kv(c, s, h // 4)
+            for split in range(num_splits):
+                lo, hi = split * per * block_size, min((split + 1) * per * block_size, int(c.seq_lens[s]))
+                state = tuple(parts[key][s, h, split] for key in ("m", "l", "o"))
+                if lo >= hi:                             # an empty split is the empty state
+                    assert np.isneginf(state[0]) and state[1] == 0 and np.all(state[2] == 0)
+                    continue
+                scores = k[lo:hi] @ c.q64[s, h] * scale
+                p = np.exp(scores - scores.max())
+                for i, (g, r, b) in enumerate(zip(state, (scores.max(), p.sum(), p @ v[lo:hi]),
+                                                  split_state_float32(c.q64[s, h], k[lo:hi], v[lo:hi], scale,
+                                                                      block_size))):
+                    got[i].append(g), ref[i].append(r), base[i].append(b)
+    for i, what in enumerate("mlo"):
+        assert_within_baseline(np.array(got[i]), np.array(ref[i]), np.array(base[i]), what=what)
+    # folding the returned partial states with lessons.merge gives the output
+    for s in (0, 2, 3):
+        for h in range(8):
+            state = lessons.State.empty(1, 64)
+            for i in range(num_splits):
+                state = lessons.merge(state, lessons.State(m=parts["m"][s, h, i][None].astype(np.float64),
+                                                           l=parts["l"][s, h, i][None].astype(np.float64),
+                                                           o=parts["o"][s, h, i][None].astype(np.float64)))
+            np.testing.assert_allclose(out[s, h], state.o[0] / state.l[0], rtol=1e-5, atol=1e-6)
+
+
+def test_split_decode_agrees_with_flash_decoding_and_is_bitwise_reproducible(backend):
+    c = paged_case(15, 8, 2, 64, 16, SEQ_LENS)
+    first = gpu.paged_decode_split_gpu(*decode_args(c), 3, backend=backend)
+    again = gpu.paged_decode_split_gpu(*decode_args(c), 3, backend=backend)
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(first, again))
+    fd_out, fd_lse = gpu.flash_decoding_gpu(*decode_args(c), 3, backend=backend)
+    np.testing.assert_allclose(first[0], fd_out, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(first[1], fd_lse, rtol=1e-6, atol=1e-6)
+
+
+# (4 heads on 2, d = 16): one butterfly per (key, head); (8 heads on 2, d = 64): the reduce-scatter
+# softmax (16 lanes per row, 4 keys x 4 heads), the path the fp16 d = 128 build takes
+BOTH_SOFTMAX_PATHS = pytest.mark.parametrize("num_heads, d", [(4, 16), (8, 64)], ids=["butterfly", "scatter"])
+
+
+@BOTH_SOFTMAX_PATHS
+def test_split_decode_keeps_nan_input_nan(backend, num_heads, d):
+    from test_gpu_kernels import assert_same_nan_rows
+
+    c = paged_case(14, num_heads, 2, d, 8, [20, 9])
+    group = num_heads // 2
+    page, slot = c.tables[0, 1], 3             # token 11 of sequence 0, kv head 1 (query heads group..)
+    c.k[page, slot, 1, 5] = np.nan
+    c.k64[page, slot, 1, 5] = np.nan
+    ref, ref_lse = decode_reference(c)
+    for num_splits in (1, 2):
+        out, lse = gpu.paged_decode_split_gpu(*decode_args(c), num_splits, backend=backend)
+        assert_same_nan_rows(out, lse, ref, ref_lse, *decode_reference(c, "float32"))
+    assert np.isnan(ref_lse[0, group:]).all() and np.isfinite(ref_lse[0, :group]).all()
+
+
+@BOTH_SOFTMAX_PATHS
+@pytest.mark.parametrize("poison", [np.nan, np.inf, -np.inf])
+def test_split_decode_never_sees_slots_past_seq_len_or_unused_pages(backend, poison, num_heads, d):
+    from types import SimpleNamespace
+
+    from test_gpu_kernels import stored
+
+    c = paged_case(16, num_heads, 2, d, 8, [20, 0, 8, 3])
+    unused = np.isnan(c.k64)
+    spare = sorted(set(range(c.k.shape[0])) - set(c.tables[c.tables >= 0].tolist()))
+    zero, _ = stored(np.zeros(1), "float32")
+    bad, _ = stored(np.full(1, poison), "float32")
+    clean = SimpleNamespace(**{**vars(c), "k": np.where(unused, zero[0], c.k), "v": np.where(unused, zero[0], c.v)})
+    dirty = SimpleNamespace(**{**vars(c), "k": np.where(unused, bad[0], c.k), "v": np.where(unused, bad[0], c.v),
+                               "tables": np.where(c.tables < 0, spare[0], c.tables).astype(np.int32)})
+    dirty.k[spare[0]] = dirty.v[spare[0]] = bad[0]
+    for num_splits in (1, 3):
+        out, lse = gpu.paged_decode_split_gpu(*decode_args(clean), num_splits, backend=backend)
+        out_p, lse_p = gpu.paged_decode_split_gpu(*decode_args(dirty), num_splits, backend=backend)
+        assert out_p.tobytes() == out.tobytes() and lse_p.tobytes() == lse.tobytes()
+        assert_decode_close(out, lse, c)
+
+
+def test_split_decode_refuses_bad_input():
+    c = paged_case(1, 8, 2, 64, 16, [20])
+    with pytest.raises(ValueError, match="num_splits"):
+        gpu.paged_decode_split_gpu(*decode_args(c), 0, backend="emulator")
+    with pytest.raises(TypeError, match="num_splits"):
+        gpu.paged_decode_split_gpu(*decode_args(c), 2.5, backend="emulator")
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        bad = paged_case(1, 6, 4, 64, 16, [20])
+        gpu.paged_decode_split_gpu(*decode_args(bad), backend="emulator")
+    with pytest.raises(TypeError, match="return_partials"):
+        gpu.paged_decode_split_gpu(*decode_args(c), return_partials="yes", backend="emulator")
+    with pytest.raises(ValueError, match="backend"):
+        gpu.paged_decode_split_gpu(*decode_args(c), backend="cuda")
+
+
+# ---------------------------------------------------------------------------
+# the compiled code
+# ---------------------------------------------------------------------------
+
+@needs_nvrtc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("d, dtype", [(128, "float16"), (128, "bfloat16"), (128, "float32"), (64, "float16"),
+                                      (256, "float16"), (80, "bfloat16")])
+def test_split_decode_compiles_without_spills(arch, d, dtype):
+    res = gpu.compile_kernel(gpu.paged_decode_split_build(d, 16, 32, 8, dtype), arch).resources
+    for entry in ("paged_decode_gqa_split", "merge_split_states"):
+        assert res[entry].spill_store_bytes == 0 and res[entry].spill_load_bytes == 0, entry
+        assert res[entry].stack_bytes == 0, entry
+    build = gpu.paged_decode_split_build(d, 16, 32, 8, dtype)
+    assert res["paged_decode_gqa_split"].smem_bytes == paged_decode_split_smem_bytes(d, 4, dtype)
+    assert res["merge_split_states"].smem_bytes == build.entry_smem_bytes("merge_split_states") == 4 * 4 * (2 + d)
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_split_decode_reads_k_and_v_16_bytes_at_a_time(arch):
+    from lessons.gpu.compile import compile_ptx
+
+    ptx = compile_ptx(gpu.paged_decode_split_build(128, 16, 32, 8, "float16"), arch)
+    body = ptx.split(".entry merge_split_states")[0]       # the decode entry comes first
+    assert "ld.global.nc.v4.u32" in body
+    # q (4 heads) and K, V of 4 keys per step: at least 4 + 2 x 4 vector loads, and no 16-bit global loads
+    assert body.count("ld.global.nc.v4.u32") >= 12
+    assert "ld.global.nc.u16" not in body and "ld.global.u16" not in body
+    # the reduce-scatter softmax: the p of each (key, head) broadcast from the lane that computed it
+    assert body.count("shfl.sync.idx") >= 16
+    # the paged_decode rung below reads K and V one half at a time
+    old = compile_ptx(gpu.paged_decode_build(128, 16, 32, 8, "float16"), arch)
+    assert "ld.global.nc.v4" not in old and "ld.global.nc.u16" in old
+
+
+# ---------------------------------------------------------------------------
+# the ladder's decode rungs
+# ---------------------------------------------------------------------------
+
+def test_decode_rungs_are_registered_unmeasured():
+    names = [r.name for r in ladder.DECODE_RUNGS]
+    assert names == ["paged_decode", "flash_decoding", "paged_decode_split"]
+    top = ladder.decode_rung("paged_decode_split")
+    assert top.kernel == "paged_decode_split" and top.launcher == "lessons.gpu.paged_decode_split_gpu"
+    assert ladder.decode_recorded("paged_decode_split") is None
+    table = ladder.decode_table()
+    assert table[-1]["figure"] == ladder.NOT_MEASURED
+    # today's two kernels carry the figures recorded on the H200 (decode_bandwidth.txt): 11% and 16-17%
+    assert table[0]["pct"] == {(64, 4096): 11, (8, 32768): 1, (1, 131072): 0}
+    assert table[1]["pct"][(64, 4096)] == 17 and table[1]["pct"][(1, 131072)] == 5
+    with pytest.raises(ValueError, match="decode rung"):
+        ladder.decode_rung("nope")
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("name", ["paged_decode", "flash_decoding", "paged_decode_split"])
+def test_each_decode_rung_holds_its_instruction(name):
+    from lessons.gpu.compile import compile_ptx
+
+    r = ladder.decode_rung(name)
+    assert r.ptx_grep in compile_ptx(ladder.decode_rung_build(r), "sm_80")
+
+
+# ---------------------------------------------------------------------------
+# the benchmark
+# ---------------------------------------------------------------------------
+
+def _benchmark():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_decode
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return gpu_decode
+
+
+def test_benchmark_counts_bytes_and_percentages_by_hand():
+    b = _benchmark()
+    assert b.kv_bytes(64, 4096) == 2**30                        # 64 x 4096 x 8 x 128 x 2 bytes x (K and V)
+    assert b.kv_bytes(1, 131072) == 2**29
+    assert b.kv_bytes(2, 10, num_kv_heads=1, head_dim=4, element_size=4) == 2 * 2 * 10 * 4 * 4
+    assert b.copy_rate(10**9, 0.5) == 4e9                        # read + written
+    assert b.pct_of_copy(2**30, 2**30 / 3e12, 4e12) == pytest.approx(75.0)
+    row = b.result_row("k", 64, 4096, 1, 2**30 / 3e12, 4e12, 0.0)
+    assert row["tb_per_s"] == pytest.approx(3.0) and row["pct_of_copy"] == pytest.approx(75.0)
+    assert "75% of the copy rate" in b.format_row(row)
+    with pytest.raises(ValueError, match="positive"):
+        b.pct_of_copy(1, 0.0, 1.0)
+
+
+def test_benchmark_writes_its_tables(tmp_path):
+    b = _benchmark()
+    rows = [b.result_row("paged_decode", 64, 4096, 1, 2.413e-3, 4.2e12, 1e-3),
+            b.result_row("paged_decode_split auto", 1, 131072, 66, 0.2e-3, 4.2e12, 2e-3)]
+    b.write_results(rows, tmp_path / "out", 4.2, "TEST GPU")
+    with open(tmp_path / "out" / "results.csv") as f:
+        got = list(csv.DictReader(f))
+    assert [r["kernel"] for r in got] == ["paged_decode", "paged_decode_split auto"]
+    assert float(got[0]["pct_of_copy"]) == pytest.approx(100 * 2**30 / 2.413e-3 / 4.2e12)   # 10.6%
+    md = (tmp_path / "out" / "results.md").read_text()
+    assert "TEST GPU" in md and "| paged_decode | 64 x 4096 | 1 | 2.413 | 1.00 | 0.44 | 11% |" in md
+
+
+@pytest.mark.skipif(gpu.device_available(), reason="a CUDA device is present: the benchmark would measure")
+def test_benchmark_without_a_device_says_so_and_exits_0(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_decode.py"), "--out", str(tmp_path / "o")],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "no CUDA device" in proc.stdout
+    assert not (tmp_path / "o").exists()
