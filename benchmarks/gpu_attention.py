@@ -12,6 +12,9 @@ head dim d (batch 1, ``--heads`` heads):
   each thread a block of S and O, 16-byte shared loads; float32 only);
 * ``mma_async`` - :func:`lessons.gpu.flash_attention_mma_async_gpu` (the tensor-core kernel with
   cp.async double-buffered K/V tiles and ldmatrix fragment loads; float16 only);
+* ``mma_fa2`` - :func:`lessons.gpu.flash_attention_mma_fa2_gpu` (the tensor-core kernel along
+  FlashAttention-2's recipe: 128-row blocks over 8 warps at d = 64, ldmatrix.x4 from swizzled
+  shared memory, exp2; float16 only, d = 64 or 128);
 * ``mma``    - :func:`lessons.gpu.flash_attention_mma_gpu` (the same loop on tensor cores,
   ``mma.sync.m16n8k16``; float16 only);
 * ``torch``  - ``torch.nn.functional.scaled_dot_product_attention`` (FlashAttention or
@@ -36,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import _common  # noqa: E402
 from benchmarks._common import format_row, timed_rows, torch_seconds_and_peak  # noqa: E402,F401
 
-IMPLS = ("naive", "kernel", "regtile", "mma", "mma_async", "torch")
+IMPLS = ("naive", "kernel", "regtile", "mma", "mma_async", "mma_fa2", "torch")
 DTYPES = ("float16", "float32")
 
 
@@ -89,13 +92,14 @@ def run_size(args, cupy, torch, torch_reason, rng, dtype, d, n, t0):
         "mma": lambda: gpu.flash_attention_mma_gpu(q, k, v, causal=args.causal),
         "regtile": lambda: gpu.flash_attention_regtile_gpu(q, k, v, causal=args.causal),
         "mma_async": lambda: gpu.flash_attention_mma_async_gpu(q, k, v, causal=args.causal),
+        "mma_fa2": lambda: gpu.flash_attention_mma_fa2_gpu(q, k, v, causal=args.causal),
         "torch": lambda: run_torch(torch, q, k, v, args.causal, args.warmup, args.repeats),
     }
 
     def skip(impl):
         if impl == "torch" and torch is None:
             return torch_reason
-        if impl in ("mma", "mma_async") and dtype != "float16":
+        if impl in ("mma", "mma_async", "mma_fa2") and dtype != "float16":
             return "tensor cores take float16/bfloat16"
         if impl == "regtile" and dtype != "float32":
             return "the register-tiled kernel takes float32"
@@ -117,6 +121,7 @@ def plot_results(rows, path: Path, meta: dict) -> None:
              "mma": ("tab:purple", "D", "RawKernel, tensor cores"),
              "regtile": ("tab:cyan", "v", "RawKernel, CUDA cores, register-tiled"),
              "mma_async": ("tab:olive", "P", "RawKernel, tensor cores + ldmatrix + cp.async"),
+             "mma_fa2": ("tab:brown", "X", "RawKernel, tensor cores, FA-2 recipe"),
              "torch": ("tab:green", "^", "torch SDPA")}
     _common.plot_results(rows, path, impls=IMPLS, dtypes=DTYPES, style=style,
                          speed=(lambda r: r["tflops"], "TFLOP/s (higher is better)"),

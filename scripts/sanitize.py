@@ -24,7 +24,7 @@ from lessons.gpu.compile import device_available
 
 KERNELS = ("online_softmax", "flash_attention", "flash_attention_regtile", "flash_attention_mma",
            "flash_attention_mma_async", "paged_decode", "flash_decoding", "flash_backward", "paged_decode_split",
-           "flash_backward_mma")
+           "flash_attention_mma_fa2", "flash_backward_mma")
 
 
 def host(x) -> np.ndarray:
@@ -112,6 +112,22 @@ def run_flash_attention_mma_async(cp, backend) -> bool:
             ref = attention(q[idx].astype(np.float64), k[idx].astype(np.float64), v[idx].astype(np.float64),
                             causal=causal)
             ok &= _close(f"mma_async {lead} {nq}x{nk} d={d} causal={causal} float16", host(out)[idx], ref, 3e-3)
+    return ok
+
+
+def run_flash_attention_mma_fa2(cp, backend) -> bool:
+    rng = np.random.default_rng(7)
+    ok = True
+    # partial query and key blocks, causal with Nq > Nk (empty rows) and Nq < Nk, both head dims, the trace build
+    for lead, nq, nk, d, causal in [((2,), 70, 45, 64, True), ((), 150, 100, 64, False), ((), 33, 100, 128, True),
+                                    ((), 5, 3, 128, False)]:
+        q, k, v = (rng.standard_normal((*lead, n, d)).astype(np.float16) for n in (nq, nk, nk))
+        out, lse, _ = launch.flash_attention_mma_fa2_gpu(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal=causal,
+                                                         trace_rows=[0, nq - 1], backend=backend)
+        for idx in np.ndindex(*lead):
+            ref = attention(q[idx].astype(np.float64), k[idx].astype(np.float64), v[idx].astype(np.float64),
+                            causal=causal)
+            ok &= _close(f"mma_fa2 {lead} {nq}x{nk} d={d} causal={causal} float16", host(out)[idx], ref, 3e-3)
     return ok
 
 

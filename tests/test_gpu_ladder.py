@@ -164,6 +164,8 @@ def test_each_rung_holds_the_instruction_it_is_about(name, d):
         assert "cp.async.wait_group 1" in ptx and "cp.async.commit_group" in ptx
     if name == "mma":
         assert "ldmatrix" not in ptx and "cp.async" not in ptx
+    if name == "mma_fa2":             # ldmatrix.x4 (.trans for V), cp.async stages, exp2 (tests/test_gpu_fa2.py has more)
+        assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx and "cp.async.wait_group 1" in ptx
 
 
 @needs_nvrtc
@@ -231,7 +233,7 @@ def test_ladder_figure_draws_every_measured_rung_and_labels_the_rest():
     assert dots == pytest.approx(sorted(p["tflops"] for p in measured))
     assert sorted(b.get_width() for b in bars.patches) == pytest.approx(sorted(p["tflops"] for p in measured))
     texts = [t.get_text() for t in bars.texts]
-    assert sum(ladder.NOT_MEASURED in t for t in texts) == 4          # regtile and mma_async, d = 64 and 128
+    assert sum(ladder.NOT_MEASURED in t for t in texts) == 6          # regtile, mma_async, mma_fa2; d = 64 and 128
     assert "recorded on one NVIDIA H200, 2026-11-30" in fig._suptitle.get_text()
     with pytest.raises(ValueError):
         ladder_figure([], label="x")
@@ -250,7 +252,7 @@ def test_speedup_claim_reads_the_recorded_ratios():
 @needs_nvrtc
 def test_rung_evidence_is_the_compiler_report():
     ev = {e["name"]: e for e in ladder.rung_evidence(64, "sm_80")}
-    assert set(ev) == {"scalar", "regtile", "mma", "mma_async"}
+    assert set(ev) == {"scalar", "regtile", "mma", "mma_async", "mma_fa2"}
     res = gpu.compile_kernel(gpu.flash_attention_regtile_build(64), "sm_80").resources["flash_attention_regtile"]
     assert ev["regtile"]["registers"] == res.registers and ev["regtile"]["spill_bytes"] == 0
     assert all(e["count"] > 0 for e in ev.values())

@@ -7,6 +7,7 @@ Kernels (CUDA C in ``lessons/gpu/kernels/``, one launcher each):
 * :func:`flash_attention_mma_gpu` - the same on tensor cores (``mma.sync``), fp16/bf16, sm_80+;
 * :func:`flash_attention_regtile_gpu` - the CUDA-core forward register-tiled (16-byte shared loads), fp32;
 * :func:`flash_attention_mma_async_gpu` - the tensor-core forward with ``cp.async`` double buffering and ``ldmatrix``;
+* :func:`flash_attention_mma_fa2_gpu` - the tensor-core forward along FlashAttention-2's recipe (big blocks, ldmatrix.x4, swizzle, exp2);
 * :func:`paged_decode_gpu` - decoding over a paged KV cache (vLLM layout) with GQA;
 * :func:`flash_decoding_gpu` - the same split over the keys, partial states merged;
 * :func:`paged_decode_split_gpu` - decode at memory speed: one block per GQA group and split, 16-byte loads;
@@ -37,6 +38,8 @@ from lessons.gpu.source import flash_attention_backward_build, flash_attention_b
 from lessons.gpu.launch import flash_attention_mma_async_gpu, flash_attention_regtile_gpu
 from lessons.gpu.source import flash_attention_mma_async_build, flash_attention_mma_async_config
 from lessons.gpu.source import flash_attention_regtile_build, flash_attention_regtile_config
+from lessons.gpu.launch import flash_attention_mma_fa2_gpu
+from lessons.gpu.source import flash_attention_mma_fa2_build, flash_attention_mma_fa2_config
 from lessons.gpu.launch import paged_decode_split_gpu
 from lessons.gpu.source import decode_splits, paged_decode_split_build
 from lessons.gpu.backward import flash_attention_backward_mma_gpu
@@ -56,6 +59,7 @@ __all__ = [
     "flash_attention_backward_gpu", "GpuBackwardTrace", "flash_attention_backward_config", "flash_attention_backward_build",
     "flash_attention_regtile_gpu", "flash_attention_regtile_config", "flash_attention_regtile_build",
     "flash_attention_mma_async_gpu", "flash_attention_mma_async_config", "flash_attention_mma_async_build",
+    "flash_attention_mma_fa2_gpu", "flash_attention_mma_fa2_config", "flash_attention_mma_fa2_build",
     "paged_decode_split_gpu", "decode_splits", "paged_decode_split_build",
     "flash_attention_backward_mma_gpu", "flash_attention_backward_mma_config", "flash_attention_backward_mma_build",
 ]

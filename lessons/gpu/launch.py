@@ -31,12 +31,14 @@ from lessons.gpu.source import (MAX_HEAD_DIM, MMA_BLOCK_Q, MMA_DTYPES, flash_att
                      online_softmax_build, paged_decode_build)
 from lessons.gpu.source import flash_attention_regtile_build, flash_attention_regtile_config
 from lessons.gpu.source import flash_attention_mma_async_build, flash_attention_mma_async_config
+from lessons.gpu.source import flash_attention_mma_fa2_build, flash_attention_mma_fa2_config
 from lessons.gpu.trace_compare import GpuTrace
 
 __all__ = ["flash_attention_gpu", "flash_attention_mma_gpu", "mma_probe_gpu", "online_softmax_gpu", "paged_decode_gpu",
            "flash_decoding_gpu",
            "SplitTraces", "BACKENDS", "MAX_TRACE_ROWS", "Runner"]
 __all__ += ["flash_attention_regtile_gpu", "flash_attention_mma_async_gpu", "paged_decode_split_gpu"]
+__all__ += ["flash_attention_mma_fa2_gpu"]
 
 BACKENDS = ("cupy", "emulator")
 #: most rows one launch may trace (each traced row is looked up by every thread)
@@ -507,6 +509,48 @@ def flash_attention_mma_async_gpu(q, k, v, *, scale=None, causal: bool = False, 
     _require_tensor_cores(run)
     return _launch_forward(run, build, "flash_attention_mma_async", f,
                            [_aligned(run, run.put(x)) for x in (q, k, v)], MMA_BLOCK_Q, block_k, rows)
+
+
+def flash_attention_mma_fa2_gpu(q, k, v, *, scale=None, causal: bool = False, bfloat16: bool = False,
+                                trace_rows=None, backend: str = "cupy"):
+    """The tensor-core forward further along FlashAttention-2's recipe, or its CPU emulation.
+
+    :func:`flash_attention_mma_async_gpu` plus: 128-row query blocks over 8 warps at d = 64
+    (64 rows over 4 warps at d = 128) with registers capped so 2 blocks share an SM; Q loaded
+    once into registers by ``ldmatrix.x4``; K and V fragments by ``ldmatrix.x4`` (``.trans``
+    for V) out of XOR-swizzled, unpadded shared memory; ``exp2`` with ``log2(e)`` folded into
+    the scale; P kept in registers as the A operand of ``P V``.
+
+    Parameters
+    ----------
+    q, k, v : float16 (or bfloat16 bits with ``bfloat16=True``), shaped as for
+        :func:`flash_attention_gpu`; head dim d = 64 or 128; any Nq, Nk >= 0.
+    scale, causal, bfloat16, trace_rows, backend : as :func:`flash_attention_gpu`.
+
+    Returns ``(out, lse)`` or ``(out, lse, trace)`` as :func:`flash_attention_gpu`. Tiles are
+    fixed per d (:func:`lessons.gpu.source.flash_attention_mma_fa2_config`); the trace compares
+    with ``lessons.flash_attention(q, k, v, tile=block_k, block_q=block_q, return_trace=True)``.
+    Raises TypeError for float32 input, ValueError naming the argument for bad shapes or a
+    head dim other than 64 and 128; RuntimeError with backend "cupy" and no CUDA device, or a
+    GPU older than compute capability 8.0.
+    Source: Dao 2023 (FlashAttention-2), Alg. 1, Sec. 3.1 and 3.3; PTX ISA, mma.m16n8k16, ldmatrix, cp.async, ex2.
+    """
+    backend = _check_backend(backend)
+    dtype = getattr(q, "dtype", None)
+    if dtype is not None and not bfloat16 and np.dtype(dtype) != np.float16:
+        raise TypeError(f"the tensor-core kernel takes float16 q, k, v (or bfloat16 bits with bfloat16=True), "
+                        f"got {np.dtype(dtype)}; use flash_attention_gpu or flash_attention_regtile_gpu for float32")
+    if len(getattr(q, "shape", ())) >= 2:
+        flash_attention_mma_fa2_config(int(q.shape[-1]))          # the head dims it takes
+    f = _check_flash(q, k, v, scale, causal, bfloat16)
+    block_q, block_k, _ = flash_attention_mma_fa2_config(f.d)
+    tracing = trace_rows is not None
+    rows = _check_rows(trace_rows, "trace_rows", f.n_q) if tracing else []
+    build = flash_attention_mma_fa2_build(f.d, f.dtype, tracing)
+    run = Runner(backend, f.kind)
+    _require_tensor_cores(run)
+    return _launch_forward(run, build, "flash_attention_mma_fa2", f,
+                           [_aligned(run, run.put(x)) for x in (q, k, v)], block_q, block_k, rows)
 
 
 def _require_tensor_cores(run) -> None:

@@ -31,6 +31,8 @@ __all__ = [
     "flash_attention_regtile_build", "flash_attention_mma_async_config", "flash_attention_mma_async_build",
     "BACKWARD_MMA_HEAD_DIMS", "flash_attention_backward_mma_config", "flash_attention_backward_mma_smem_bytes",
     "flash_attention_backward_mma_build",
+    "FA2_CONFIGS", "flash_attention_mma_fa2_config", "flash_attention_mma_fa2_smem_bytes",
+    "flash_attention_mma_fa2_build", "fa2_swizzle",
     "MAX_SPLIT_HEADS_PER_BLOCK", "paged_decode_split_layout", "paged_decode_split_smem_bytes",
     "paged_decode_split_config", "paged_decode_split_build", "decode_splits", "H200_NUM_SMS",
 ]
@@ -44,6 +46,7 @@ KERNELS = {
     "flash_attention_mma": ("flash_attention_mma", "mma_probe"),
     "flash_attention_regtile": ("flash_attention_regtile",),
     "flash_attention_mma_async": ("flash_attention_mma_async",),
+    "flash_attention_mma_fa2": ("flash_attention_mma_fa2",),
     "paged_decode": ("paged_decode", "paged_decode_split", "merge_splits"),
     "paged_decode_split": ("paged_decode_gqa_split", "merge_split_states"),
     "flash_attention_backward": ("flash_attention_backward_preprocess", "flash_attention_backward_dkdv",
@@ -287,6 +290,59 @@ def flash_attention_mma_async_build(head_dim: int, dtype: str = "float16", trace
         raise ValueError(f"the tensor-core kernel takes dtype float16 or bfloat16, got {dtype!r}")
     bk = flash_attention_mma_async_config(head_dim, block_k)
     return KernelBuild.make("flash_attention_mma_async", dtype, trace, HEAD_DIM=head_dim, BLOCK_K=bk)
+
+
+# ---------------------------------------------------------------------------
+# flash attention forward, tensor cores, FlashAttention-2's recipe (flash_attention_mma_fa2.cu)
+# ---------------------------------------------------------------------------
+
+#: head dim -> (block_q, block_k, min_blocks) of ``flash_attention_mma_fa2``: 128 query rows over
+#: 8 warps and 64-key tiles at d = 64, 64 rows over 4 warps and 32-key tiles at d = 128;
+#: min_blocks is the blocks per SM promised to ptxas (``__launch_bounds__``), which caps the
+#: registers per thread at 65536 / (threads * min_blocks): 128 at d = 64, 255 at d = 128
+FA2_CONFIGS = {64: (128, 64, 2), 128: (64, 32, 2)}
+
+
+def flash_attention_mma_fa2_config(head_dim: int) -> tuple[int, int, int]:
+    """``(block_q, block_k, min_blocks)`` of the FlashAttention-2-style tensor-core kernel.
+
+    ``head_dim`` must be 64 or 128 (:data:`FA2_CONFIGS`; the tiles, warps and register budget
+    are chosen per head dim). Raises TypeError for a non-integer, ValueError naming
+    ``head_dim`` otherwise. Source: Dao 2023 (FlashAttention-2), Sec. 3.3 (block sizes)."""
+    d = check_int(head_dim, "head_dim")
+    if d not in FA2_CONFIGS:
+        raise ValueError(f"head_dim must be one of {sorted(FA2_CONFIGS)} for the FlashAttention-2-style "
+                         f"tensor-core kernel, got {d}; flash_attention_mma_async_gpu takes any multiple of 16")
+    return FA2_CONFIGS[d]
+
+
+def flash_attention_mma_fa2_smem_bytes(head_dim: int, block_k: int) -> int:
+    """Static shared memory of ``flash_attention_mma_fa2`` in bytes: two stages of a 16-bit K and
+    V tile of ``block_k`` rows x ``head_dim`` values, no padding (swizzled); the Q tile is
+    staged in the second stage before the loop, so it costs nothing extra: ``8 * block_k * d``."""
+    return 2 * 2 * 2 * block_k * head_dim
+
+
+def fa2_swizzle(row: int, chunk: int, head_dim: int) -> int:
+    """Element offset of 16-byte chunk ``chunk`` (8 16-bit values) of row ``row`` in a swizzled
+    tile of ``head_dim`` values per row, as ``swz`` in ``flash_attention_mma_fa2.cu``: chunk
+    ``c`` of row ``r`` is stored at chunk ``c ^ (r % 8)`` of that row. ``head_dim`` a multiple
+    of 64 (8 chunks or more per row); ValueError otherwise."""
+    if head_dim % 64:
+        raise ValueError(f"head_dim must be a multiple of 64 (8 chunks of 8 values per row), got {head_dim}")
+    if not 0 <= chunk < head_dim // 8 or row < 0:
+        raise ValueError(f"chunk must be in 0..{head_dim // 8 - 1} and row >= 0, got row={row}, chunk={chunk}")
+    return row * head_dim + ((chunk ^ (row % 8)) << 3)
+
+
+def flash_attention_mma_fa2_build(head_dim: int, dtype: str = "float16", trace: bool = False) -> "KernelBuild":
+    """The :class:`KernelBuild` of the FlashAttention-2-style tensor-core kernel (float16 or
+    bfloat16; head dim 64 or 128, tiles from :func:`flash_attention_mma_fa2_config`)."""
+    if dtype not in MMA_DTYPES:
+        raise ValueError(f"the tensor-core kernel takes dtype float16 or bfloat16, got {dtype!r}")
+    bq, bk, min_blocks = flash_attention_mma_fa2_config(head_dim)
+    return KernelBuild.make("flash_attention_mma_fa2", dtype, trace, HEAD_DIM=head_dim, BLOCK_Q=bq, BLOCK_K=bk,
+                            MIN_BLOCKS=min_blocks)
 
 
 # ---------------------------------------------------------------------------
@@ -646,6 +702,8 @@ class KernelBuild:
             return paged_decode_split_smem_bytes(d["HEAD_DIM"], d["HEADS_PER_BLOCK"], self.dtype)
         if self.kernel == "flash_attention_mma_async":
             return 2 * flash_attention_mma_smem_bytes(d["HEAD_DIM"], d["BLOCK_K"])
+        if self.kernel == "flash_attention_mma_fa2":
+            return flash_attention_mma_fa2_smem_bytes(d["HEAD_DIM"], d["BLOCK_K"])
         if self.kernel == "flash_attention_regtile":
             return flash_attention_regtile_smem_bytes(d["HEAD_DIM"], d["BLOCK_Q"], d["BLOCK_K"])
         if self.kernel == "flash_attention_backward_mma":
@@ -669,6 +727,8 @@ class KernelBuild:
 
     @property
     def threads_per_block(self) -> int:
+        if self.kernel == "flash_attention_mma_fa2":         # one warp per 16 query rows
+            return 32 * (dict(self.defines)["BLOCK_Q"] // 16)
         return dict(self.defines).get("TILE", 256) if self.kernel == "online_softmax" else NUM_THREADS
 
     def describe(self) -> str:

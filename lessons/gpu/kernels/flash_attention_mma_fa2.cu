@@ -1,0 +1,473 @@
+// flash_attention_mma_fa2.cu - the tensor-core forward, further along FlashAttention-2's recipe.
+//
+// The fold and the fragment layouts of flash_attention_mma.cu and the cp.async double
+// buffering of flash_attention_mma_async.cu (read those first), with the remaining steps of
+// FlashAttention-2's forward (Dao 2023, Sec. 3.1 and 3.3):
+//
+//   * Bigger blocks, fewer registers. d = 64: 128 query rows over 8 warps (16 rows each),
+//     key tiles of 64, at most 128 registers per thread so that 2 blocks (16 warps) share an
+//     SM. d = 128: 64 rows over 4 warps, key tiles of 32, 2+ blocks per SM.
+//   * Q through shared memory once: cp.async copies the block's Q tile into shared memory
+//     (the space of the second K/V stage, before it is needed), ldmatrix.x4 turns it into
+//     A fragments that stay in registers for the whole kernel.
+//   * ldmatrix.x4: one instruction loads the B fragments of two 8-key (K) or two 8-column
+//     (V, .trans) tiles, half the ldmatrix instructions of the .x2 rung.
+//   * No padding: rows of d 16-bit values with their 16-byte chunks XOR-swizzled. Chunk c of
+//     row r sits at chunk  c ^ (r % 8)  (within its group of 8 chunks = 128 bytes). ldmatrix
+//     reads 8 rows at one logical chunk: the 8 physical chunks are all different, so the 8
+//     16-byte reads hit 8 different groups of 4 banks: no bank conflict (a row is 128 or 256
+//     bytes, a multiple of the 32 banks' width, so only the chunk decides the banks).
+//   * exp2 with log2(e) folded into the scale: scores are kept in log2 units,
+//     s2 = (q . k) * scale * log2(e), and p = 2^(s2 - m2) is one ex2.approx instruction
+//     (expf is ex2 plus a multiply and range handling). m and lse leave the kernel in natural
+//     units: m = m2 * ln 2, lse = (m2 + log2 l) * ln 2.
+//   * Masking only where it can matter: a tile that lies wholly inside n_k and wholly below
+//     this warp's causal diagonal skips the per-element tests (most tiles at large N).
+//   * A cheap inf/NaN test on V: each thread tests the 16-byte chunks it copied (8 exponent
+//     compares per chunk) and rewrites a chunk only when it holds inf or NaN; the async rung
+//     rewrote every chunk of every tile.
+//   * Fewer instructions around the products: P is rounded and packed two values at a time
+//     (cvt.rn.f16x2.f32 / bf16x2), and shared-memory addresses are 32-bit integers computed
+//     once (no generic-to-shared conversion per ldmatrix or cp.async).
+//   P stays in registers as the A operand of P V (the C fragment of two score tiles is the A
+//   fragment of one 16-key step, rounded to 16 bits), as in the rungs below.
+//
+// Compile report (NVRTC 12.9, float16 and bfloat16, sm_80 and sm_90, no spills): d = 64: 128
+// registers x 256 threads, 32768 bytes of shared memory: 2 blocks (16 warps) per SM; d = 128:
+// 202-208 registers x 128 threads, 32768 bytes: 2 blocks (8 warps) per SM.
+//
+// NaN rule and empty rows exactly as flash_attention_mma_async.cu: inf/NaN in V reach only
+// the rows that give that key p > 0 (step 7), a row that sees nothing gives 0 and lse -inf.
+//
+// On the CPU emulator cp.async is a plain copy, ldmatrix is done by its definition (every lane
+// publishes its row address, then picks its elements out of the other lanes' rows) and ex2 is exp2f.
+//
+// Launch: grid = (ceil(n_q / BLOCK_Q), batch * heads), block = BLOCK_Q / 16 warps.
+// Defines: HEAD_DIM (64 or 128), BLOCK_Q (64 or 128), BLOCK_K (32 or 64), MIN_BLOCKS (blocks per
+// SM promised to ptxas), FA_DTYPE 1 or 2, FA_TRACE. sm_80+.
+#include "common.cuh"
+
+#ifndef HEAD_DIM
+#error "compile with -DHEAD_DIM=<d>"
+#endif
+#ifndef BLOCK_Q
+#define BLOCK_Q 128
+#endif
+#ifndef BLOCK_K
+#define BLOCK_K 64
+#endif
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 2
+#endif
+#define NUM_WARPS (BLOCK_Q / 16)
+#define NUM_THREADS (NUM_WARPS * 32)
+#define CHUNKS (HEAD_DIM / 8)           // 16-byte chunks per row of Q, K, V
+#define D_STEPS (HEAD_DIM / 16)         // 16-wide slices of d:   S = sum over slices of Q K^T
+#define S_TILES (BLOCK_K / 8)           // 16x8 score tiles per warp and key tile
+#define KEY_STEPS (BLOCK_K / 16)        // 16-key slices:         o += sum over slices of P V
+#define O_TILES (HEAD_DIM / 8)          // 16x8 output tiles per warp
+#define STAGE_ELEMS (2 * BLOCK_K * HEAD_DIM)   // one stage: K tile, then V tile
+
+static_assert(FA_DTYPE == 1 || FA_DTYPE == 2, "tensor cores take float16 or bfloat16 inputs");
+static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "HEAD_DIM must be 64 or 128");
+static_assert(BLOCK_Q == 64 || BLOCK_Q == 128, "BLOCK_Q must be 64 or 128");
+static_assert(BLOCK_K == 32 || BLOCK_K == 64, "BLOCK_K must be 32 or 64");
+static_assert(BLOCK_Q * HEAD_DIM <= STAGE_ELEMS, "the Q tile must fit in one K/V stage");
+
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
+
+// The swizzle: element offset of chunk `chunk` (8 values) of row `row` in a row-major tile of
+// HEAD_DIM values per row. Mirrored by lessons.gpu.source.fa2_swizzle (tested there).
+__device__ __forceinline__ int swz(int row, int chunk) { return row * HEAD_DIM + ((chunk ^ (row & 7)) << 3); }
+
+__device__ __forceinline__ unsigned pack2(scalar_t lo, scalar_t hi) { return (unsigned)lo | ((unsigned)hi << 16); }
+
+// Two floats rounded (to nearest even) to 16 bits and packed, lo in the low half: one
+// cvt.rn.{f16x2,bf16x2}.f32 instruction on sm_80+ (the operand order puts hi first).
+__device__ __forceinline__ unsigned pack_float2(float lo, float hi) {
+#ifdef FA_CPU_EMULATION
+    return pack2(from_float(lo), from_float(hi));
+#else
+    unsigned r;
+#if FA_DTYPE == 1
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+#endif
+}
+
+#if FA_DTYPE == 1
+#define EXPONENT_BITS 0x7c00u
+#else
+#define EXPONENT_BITS 0x7f80u
+#endif
+__device__ __forceinline__ bool non_finite(scalar_t x) { return (x & EXPONENT_BITS) == EXPONENT_BITS; }
+
+// Does a 16-byte chunk (8 16-bit values) hold an inf or NaN? 8 masked compares, no conversions.
+__device__ __forceinline__ bool chunk_non_finite(uint4 w) {
+    const unsigned lo = EXPONENT_BITS, hi = EXPONENT_BITS << 16;
+    const unsigned u[4] = {w.x, w.y, w.z, w.w};
+    bool bad = false;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) bad = bad || (u[i] & lo) == lo || (u[i] & hi) == hi;
+    return bad;
+}
+
+// The chunk with every inf or NaN replaced by 0.
+__device__ __forceinline__ uint4 finite_part(uint4 w) {
+    unsigned u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const scalar_t lo = (scalar_t)(u[i] & 0xffffu), hi = (scalar_t)(u[i] >> 16);
+        u[i] = pack2(non_finite(lo) ? (scalar_t)0 : lo, non_finite(hi) ? (scalar_t)0 : hi);
+    }
+    return make_uint4(u[0], u[1], u[2], u[3]);
+}
+
+// 2^x: one ex2.approx on the GPU (ex2.approx(-inf) = +0).
+__device__ __forceinline__ float fast_exp2(float x) {
+#ifdef FA_CPU_EMULATION
+    return exp2f(x);
+#else
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+#endif
+}
+
+// c += a * b for one 16x16 (a) times 16x8 (b) tile: one tensor-core instruction per warp.
+__device__ __forceinline__ void mma_16x8x16(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
+#ifdef FA_CPU_EMULATION
+    const unsigned b[2] = {b0, b1};
+    emu::mma_m16n8k16(c, a, b, to_float);
+#else
+#if FA_DTYPE == 1
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+#endif
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
+}
+
+// ---- cp.async and ldmatrix.x4 (PTX ISA 7.0+, sm_80+) ---------------------------------------
+// A shared-memory address: on the GPU a 32-bit address in the shared window (computed once
+// from the array, then plain integer adds: no generic-to-shared conversion per instruction);
+// on the emulator a pointer. sadd(a, e) is the address e 16-bit values further on.
+#ifdef FA_CPU_EMULATION
+typedef unsigned short* saddr_t;
+inline saddr_t saddr(scalar_t* p) { return p; }
+inline saddr_t sadd(saddr_t a, int elems) { return a + elems; }
+inline const unsigned short* fa2_ldm_rows[1024];
+inline void cp_async16(saddr_t dst, const void* src) { __builtin_memcpy(dst, src, 16); }
+inline void cp_async_commit() {}
+template <int N> inline void cp_async_wait() {}
+// ldmatrix .x4 by its definition: lane 8i + r names row r of matrix i; lane L receives, of each
+// matrix i, row L/4 elements 2(L%4), 2(L%4)+1 (.trans: column L/4 of rows 2(L%4), 2(L%4)+1).
+inline void ldmatrix_x4(unsigned r[4], saddr_t row, bool trans) {
+    const unsigned tid = threadIdx.x, first = tid & ~31u, lane = tid & 31u;
+    fa2_ldm_rows[tid] = row;
+    __syncwarp();
+    for (int i = 0; i < 4; ++i) {
+        unsigned short lo, hi;
+        if (!trans) {
+            const unsigned short* p = fa2_ldm_rows[first + 8 * i + lane / 4];
+            lo = p[2 * (lane % 4)]; hi = p[2 * (lane % 4) + 1];
+        } else {
+            lo = fa2_ldm_rows[first + 8 * i + 2 * (lane % 4)][lane / 4];
+            hi = fa2_ldm_rows[first + 8 * i + 2 * (lane % 4) + 1][lane / 4];
+        }
+        r[i] = (unsigned)lo | ((unsigned)hi << 16);
+    }
+    __syncwarp();
+}
+#else
+typedef unsigned saddr_t;
+__device__ __forceinline__ saddr_t saddr(const void* p) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+__device__ __forceinline__ saddr_t sadd(saddr_t a, int elems) { return a + 2u * (unsigned)elems; }
+__device__ __forceinline__ void cp_async16(saddr_t dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4(unsigned r[4], saddr_t row, bool trans) {
+    if (trans)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(row));
+    else
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(row));
+}
+#endif
+
+// Start copying ROWS rows (row0 ..) of a (n_rows, HEAD_DIM) matrix into a swizzled tile;
+// rows at or past n_rows are zero-filled (plain stores). No commit. Thread tid copies chunk
+// tid % CHUNKS of rows tid / CHUNKS + i * (NUM_THREADS / CHUNKS): a fixed count per thread,
+// so the loop unrolls and the swizzled offsets are constants plus one per-thread term.
+template <int ROWS>
+__device__ __forceinline__ void copy_rows(scalar_t* dst, saddr_t dst_s, const scalar_t* src, int row0, int n_rows,
+                                          int tid) {
+    static_assert((ROWS * CHUNKS) % NUM_THREADS == 0, "the threads must share the chunks evenly");
+    const int c = tid % CHUNKS;
+#pragma unroll
+    for (int i = 0; i < ROWS * CHUNKS / NUM_THREADS; ++i) {
+        const int r = tid / CHUNKS + i * (NUM_THREADS / CHUNKS);
+        if (row0 + r < n_rows)
+            cp_async16(sadd(dst_s, swz(r, c)), src + (long long)(row0 + r) * HEAD_DIM + c * 8);
+        else
+            *reinterpret_cast<uint4*>(dst + swz(r, c)) = make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+// q: (batch*heads, n_q, HEAD_DIM), k, v: (batch*heads, n_k, HEAD_DIM), 16-bit, C-contiguous,
+// each 16-byte aligned. out: like q; lse: (batch*heads, n_q) float32.
+// causal != 0: query i sees key j iff j <= i + n_k - n_q (bottom-right aligned).
+// Trace: trace_rows (n_trace_rows,) query rows; trace (batch*heads, n_trace_rows, trace_tiles, 3).
+extern "C" __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS)
+flash_attention_mma_fa2(const scalar_t* __restrict__ q, const scalar_t* __restrict__ k,
+                        const scalar_t* __restrict__ v, scalar_t* __restrict__ out,
+                        float* __restrict__ lse, int n_q, int n_k, float scale, int causal,
+                        const int* __restrict__ trace_rows, int n_trace_rows, int trace_tiles,
+                        float* __restrict__ trace) {
+    // two stages of [K tile | V tile], swizzled; stage 1 first holds the Q tile
+    __shared__ __align__(128) scalar_t smem[2 * STAGE_ELEMS];
+
+    const int tid = threadIdx.x;
+    const int warp = tid / 32, lane = tid % 32;
+    const int g = lane / 4, t = lane % 4;            // fragment coordinates (flash_attention_mma.cu)
+    const int q_start = blockIdx.x * BLOCK_Q;
+    const int warp_q0 = q_start + warp * 16;         // this warp's first query row
+    const int row_g = warp_q0 + g;                   // this lane's two query rows: row_g, row_g + 8
+    const long long bh = blockIdx.y;
+    const float scale_log2 = scale * LOG2E;          // scores in log2 units: 2^(s2 - m2) = e^(s - m)
+
+    const scalar_t* q_bh = q + bh * n_q * HEAD_DIM;
+    const scalar_t* k_bh = k + bh * n_k * HEAD_DIM;
+    const scalar_t* v_bh = v + bh * n_k * HEAD_DIM;
+
+    const int n_tiles = tiles_to_visit(q_start, BLOCK_Q, n_q, n_k, BLOCK_K, causal);
+    const saddr_t smem_s = saddr(smem);
+
+    // ---- 0. Q and tile 0 (stage 0) by cp.async; then Q into registers ---------------------
+    copy_rows<BLOCK_Q>(smem + STAGE_ELEMS, sadd(smem_s, STAGE_ELEMS), q_bh, q_start, n_q, tid);
+    cp_async_commit();
+    if (n_tiles > 0) {
+        copy_rows<BLOCK_K>(smem, smem_s, k_bh, 0, n_k, tid);
+        copy_rows<BLOCK_K>(smem + BLOCK_K * HEAD_DIM, sadd(smem_s, BLOCK_K * HEAD_DIM), v_bh, 0, n_k, tid);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();                              // Q has landed (tile 0 may still be in flight)
+    __syncthreads();
+    // A fragment of rows warp*16 .. +15, columns 16ds .. +15: lane L names row L % 16, chunk 2ds + L / 16
+    unsigned q_frag[D_STEPS][4];
+#pragma unroll
+    for (int ds = 0; ds < D_STEPS; ++ds)
+        ldmatrix_x4(q_frag[ds], sadd(smem_s, STAGE_ELEMS + swz(warp * 16 + lane % 16, 2 * ds + lane / 16)), false);
+    __syncthreads();                                 // stage 1 is free for tile 1
+
+#ifdef FA_TRACE
+    int trace_slot[2] = {-1, -1};
+    for (int h = 0; h < 2; ++h)
+        if ((row_g + 8 * h) < n_q)
+            for (int i = 0; i < n_trace_rows; ++i)
+                if (trace_rows[i] == (row_g + 8 * h)) trace_slot[h] = i;
+#endif
+
+    // ---- the running state of rows g and g + 8 (index h = 0, 1); m2 in log2 units ----------
+    float m2[2] = {NEG_INF, NEG_INF};
+    float l[2] = {0.f, 0.f};
+    float o[O_TILES][4];                             // o[n][i]: row row_g + 8 * (i / 2), column 8n + 2t + i % 2
+#pragma unroll
+    for (int n = 0; n < O_TILES; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) o[n][i] = 0.f;
+
+    for (int tile = 0; tile < n_tiles; ++tile) {
+        const int k_start = tile * BLOCK_K;
+        const int stage = (tile & 1) * STAGE_ELEMS;
+        const saddr_t k_s = sadd(smem_s, stage);                     // for ldmatrix
+        const saddr_t v_s = sadd(smem_s, stage + BLOCK_K * HEAD_DIM);
+        scalar_t* v_tile = smem + stage + BLOCK_K * HEAD_DIM;        // for the inf/NaN test
+
+        // 1. tile j + 1 starts copying into the other stage; wait for tile j's copies
+        if (tile + 1 < n_tiles) {
+            const int next = ((tile + 1) & 1) * STAGE_ELEMS;
+            copy_rows<BLOCK_K>(smem + next, sadd(smem_s, next), k_bh, k_start + BLOCK_K, n_k, tid);
+            copy_rows<BLOCK_K>(smem + next + BLOCK_K * HEAD_DIM, sadd(smem_s, next + BLOCK_K * HEAD_DIM), v_bh,
+                               k_start + BLOCK_K, n_k, tid);
+        }
+        cp_async_commit();                           // (an empty group at the last tile keeps the count)
+        cp_async_wait<1>();
+
+        // 2. inf/NaN in the V chunks this thread copied: test each, rewrite only a bad one
+        //    (the terms it drops are added back in step 7); the barrier tells every thread
+        bool v_had_non_finite = false;
+#pragma unroll
+        for (int i = 0; i < BLOCK_K * CHUNKS / NUM_THREADS; ++i) {           // (the chunks of copy_rows)
+            uint4* w = reinterpret_cast<uint4*>(v_tile + swz(tid / CHUNKS + i * (NUM_THREADS / CHUNKS), tid % CHUNKS));
+            const uint4 x = *w;
+            if (chunk_non_finite(x)) {
+                v_had_non_finite = true;
+                *w = finite_part(x);
+            }
+        }
+        const bool tile_has_non_finite_v = __syncthreads_or(v_had_non_finite) != 0;
+
+        // 3. S = Q K_j^T. B = K^T: b0, b1 of score tile n are K[key 8n + g][16ds + 2t (+8)].
+        //    ldmatrix.x4 for tiles n, n + 1: lane L names key 8n + 8(L / 16) + L % 8, chunk 2ds + (L / 8) % 2
+        float s[S_TILES][4];
+#pragma unroll
+        for (int n = 0; n < S_TILES; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) s[n][i] = 0.f;
+#pragma unroll
+        for (int ds = 0; ds < D_STEPS; ++ds) {
+            const unsigned* q_ds = q_frag[ds];
+#pragma unroll
+            for (int n = 0; n < S_TILES; n += 2) {
+                unsigned b[4];
+                ldmatrix_x4(b, sadd(k_s, swz(n * 8 + 8 * (lane / 16) + lane % 8, 2 * ds + (lane / 8) % 2)), false);
+                mma_16x8x16(s[n], q_ds, b[0], b[1]);
+                mma_16x8x16(s[n + 1], q_ds, b[2], b[3]);
+            }
+        }
+
+        // 4. scale into log2 units; mask (past n_k, above the causal diagonal) only in a tile
+        //    that reaches past n_k or past this warp's first row's diagonal (the same for the warp)
+        const bool needs_mask = k_start + BLOCK_K > n_k ||
+                                (causal && k_start + BLOCK_K - 1 > warp_q0 + n_k - n_q);
+        float tile_max[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+        for (int n = 0; n < S_TILES; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int h = i / 2;
+                float x = s[n][i] * scale_log2;
+                if (needs_mask) {
+                    const int key = k_start + n * 8 + 2 * t + i % 2;
+                    if (key >= n_k || (causal && key > (row_g + 8 * h) + n_k - n_q)) x = NEG_INF;
+                }
+                s[n][i] = x;
+                tile_max[h] = fmaxf(tile_max[h], x);
+            }
+
+        // 5. the online-softmax step for both rows (a row's 4 lanes form a quad), in base 2;
+        //    each p is rounded to 16 bits as soon as it is made: p16[n][h] holds keys 8n + 2t,
+        //    8n + 2t + 1 of row (row_g + 8 * h), the registers of the A fragment of P V (half of s's)
+        float alpha[2], m_safe[2], row_sum[2] = {0.f, 0.f};
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const float m_new = fmaxf(m2[h], group_max<4>(tile_max[h]));
+            m_safe[h] = safe_max(m_new);
+            alpha[h] = fast_exp2(m2[h] - m_safe[h]);
+            m2[h] = m_new;
+        }
+        unsigned p16[S_TILES][2];
+#pragma unroll
+        for (int n = 0; n < S_TILES; ++n)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const float p0 = fast_exp2(s[n][2 * h] - m_safe[h]);        // masked: 2^-inf = 0
+                const float p1 = fast_exp2(s[n][2 * h + 1] - m_safe[h]);
+                row_sum[h] += p0 + p1;
+                p16[n][h] = pack_float2(p0, p1);
+            }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) l[h] = alpha[h] * l[h] + group_sum<4>(row_sum[h]);
+#pragma unroll
+        for (int n = 0; n < O_TILES; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) o[n][i] *= alpha[i / 2];
+
+        // (for step 7, only when V held inf or NaN: bit 2n + e of p_zero_bits[h] is set when
+        //  key 8n + 2t + e of row (row_g + 8 * h) has p = 0 as rounded for the mma)
+        unsigned p_zero_bits[2] = {0u, 0u};
+        if (tile_has_non_finite_v)
+#pragma unroll
+            for (int n = 0; n < S_TILES; ++n)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    if ((p16[n][h] & 0xffffu) == 0u) p_zero_bits[h] |= 1u << (2 * n);
+                    if ((p16[n][h] >> 16) == 0u) p_zero_bits[h] |= 1u << (2 * n + 1);
+                }
+
+        // 6. o += P V_j. P's A fragment for keys 16ks .. +15 is the (rounded) C fragments of score
+        //    tiles 2ks and 2ks + 1 (no shared memory). B = V: b0, b1 of output tile n are
+        //    V[key 16ks + 2t (+8), +1][column 8n + g]: ldmatrix.x4.trans for tiles n, n + 1,
+        //    lane L names key 16ks + 8((L / 8) % 2) + L % 8, chunk n + L / 16
+#pragma unroll
+        for (int ks = 0; ks < KEY_STEPS; ++ks) {
+            const unsigned p_frag[4] = {p16[2 * ks][0], p16[2 * ks][1], p16[2 * ks + 1][0], p16[2 * ks + 1][1]};
+#pragma unroll
+            for (int n = 0; n < O_TILES; n += 2) {
+                unsigned b[4];
+                ldmatrix_x4(b, sadd(v_s, swz(ks * 16 + 8 * ((lane / 8) % 2) + lane % 8, n + lane / 16)), true);
+                mma_16x8x16(o[n], p_frag, b[0], b[1]);
+                mma_16x8x16(o[n + 1], p_frag, b[2], b[3]);
+            }
+        }
+
+        // 7. (only for a tile whose V held inf or NaN; the same for the whole block) the terms
+        //    p * v that step 6 left out: for v = inf or NaN and p > 0, p * v is v itself; p = 0
+        //    adds nothing. Key j's p of rows g, g + 8 is in lane 4g + (j % 8) / 2, which passes
+        //    its p_zero bits by a shuffle. (As flash_attention_mma_async.cu.)
+        if (tile_has_non_finite_v) {
+            const int n_keys = min(BLOCK_K, n_k - k_start);
+#pragma unroll 1
+            for (int j = 0; j < n_keys; ++j) {
+                bool adds[2];
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const unsigned bits = __shfl_sync(0xffffffffu, p_zero_bits[h], 4 * g + (j % 8) / 2);
+                    adds[h] = !((bits >> (2 * (j / 8) + j % 2)) & 1u);
+                }
+                if (!adds[0] && !adds[1]) continue;
+                const scalar_t* v_row = v_bh + (long long)(k_start + j) * HEAD_DIM + 2 * t;
+#pragma unroll
+                for (int n = 0; n < O_TILES; ++n)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const scalar_t x = v_row[n * 8 + e];
+                        if (!non_finite(x)) continue;
+#pragma unroll
+                        for (int h = 0; h < 2; ++h)
+                            if (adds[h]) o[n][2 * h + e] += to_float(x);
+                    }
+            }
+        }
+
+#ifdef FA_TRACE
+        if (t == 0)
+            for (int h = 0; h < 2; ++h)
+                if (trace_slot[h] >= 0) {
+                    float* rec = trace + ((bh * n_trace_rows + trace_slot[h]) * trace_tiles + tile) * TRACE_FIELDS;
+                    rec[0] = m2[h] * LN2; rec[1] = alpha[h]; rec[2] = l[h];
+                }
+#endif
+        __syncthreads();                             // everyone is done with this stage
+    }
+
+    // ---- finalize: one reciprocal per row; 32-bit stores; rows past n_q write nothing --------
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        if ((row_g + 8 * h) >= n_q) continue;
+        const bool seen = l[h] != 0.f;               // false: nothing visible -> 0, lse -inf
+        const float inv_l = seen ? 1.f / l[h] : 0.f;
+        unsigned* out_row = reinterpret_cast<unsigned*>(out + (bh * n_q + (row_g + 8 * h)) * HEAD_DIM);
+#pragma unroll
+        for (int n = 0; n < O_TILES; ++n)
+            out_row[n * 4 + t] = pack_float2(o[n][2 * h] * inv_l, o[n][2 * h + 1] * inv_l);
+        if (t == 0) lse[bh * n_q + (row_g + 8 * h)] = seen ? (m2[h] + log2f(l[h])) * LN2 : NEG_INF;
+    }
+}
