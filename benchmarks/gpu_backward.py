@@ -10,6 +10,9 @@ For each storage dtype (``--dtypes``, default float16), sequence length N and he
   (heads, N, N) in device memory;
 * ``kernel`` - :func:`lessons.gpu.flash_attention_backward_gpu` (D, dK/dV and dQ kernels,
   float32 FMAs on CUDA cores; P recomputed from lse, never stored);
+* ``mma``    - :func:`lessons.gpu.flash_attention_backward_mma_gpu` (the same three passes with
+  every product on tensor cores, mma.sync m16n8k16; float16 with d = 64 or 128 only); its note
+  gives its largest difference from ``kernel``, relative to the largest gradient;
 * ``torch``  - the backward of ``torch.nn.functional.scaled_dot_product_attention``
   (``torch.autograd.grad`` on a retained graph), where torch with CUDA is installed.
 
@@ -32,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import _common  # noqa: E402
 from benchmarks._common import format_row, timed_rows, torch_seconds_and_peak  # noqa: E402,F401
 
-IMPLS = ("naive", "kernel", "torch")
+IMPLS = ("naive", "kernel", "mma", "torch")
 DTYPES = ("float16", "float32")
 
 
@@ -104,10 +107,34 @@ def run_size(args, cupy, torch, torch_reason, rng, dtype, d, n, t0):
     calls = {
         "naive": lambda: naive_backward(cupy, q, k, v, do, args.causal),
         "kernel": lambda: gpu.flash_attention_backward_gpu(q, k, v, o, lse, do, causal=args.causal),
+        "mma": lambda: gpu.flash_attention_backward_mma_gpu(q, k, v, o, lse, do, causal=args.causal),
         "torch": lambda: run_torch(torch, q, k, v, do, args.causal, args.warmup, args.repeats),
     }
-    return timed_rows(args, cupy, torch, IMPLS, calls, dtype=dtype, d=d, n=n, flops=flops, t0=t0,
-                      skip=lambda impl: torch_reason if impl == "torch" and torch is None else None)
+
+    def skip(impl):
+        if impl == "torch" and torch is None:
+            return torch_reason
+        if impl == "mma" and (dtype != "float16" or d not in (64, 128)):
+            return "the tensor-core backward takes float16 with d = 64 or 128"
+        return None
+
+    rows = timed_rows(args, cupy, torch, IMPLS, calls, dtype=dtype, d=d, n=n, flops=flops, t0=t0, skip=skip)
+    for row in rows:
+        if row["impl"] == "mma" and row["seconds"] is not None:
+            row["note"] = mma_difference(cupy, calls["mma"](), calls["kernel"]())
+            print(f"{'':>7} {row['note']}", flush=True)
+            cupy.get_default_memory_pool().free_all_blocks()
+    return rows
+
+
+def mma_difference(xp, mma_grads, kernel_grads) -> str:
+    """``max |mma - kernel| / max |kernel|`` of each gradient, as a note: the two backward kernels
+    compute the same gradients and differ by the 16-bit rounding of P and dS (a few 1e-3 at most)."""
+    parts = []
+    for name, a, b in zip(("dq", "dk", "dv"), mma_grads, kernel_grads):
+        a, b = a.astype(xp.float32), b.astype(xp.float32)
+        parts.append(f"{name} {float(xp.abs(a - b).max() / max(float(xp.abs(b).max()), 1e-30)):.1e}")
+    return "vs kernel: " + ", ".join(parts)
 
 
 def write_results(rows, out: Path, meta: dict) -> None:
@@ -120,6 +147,7 @@ def plot_results(rows, path: Path, meta: dict) -> None:
     """Two rows of panels (time, peak memory) x one column per head dim; log2 N on x."""
     style = {"naive": ("tab:red", "o", "naive CuPy (P, dP, dS materialised)"),
              "kernel": ("tab:blue", "s", "RawKernels (P recomputed from lse)"),
+             "mma": ("tab:purple", "D", "RawKernels on tensor cores (mma.sync)"),
              "torch": ("tab:green", "^", "torch SDPA backward")}
     _common.plot_results(rows, path, impls=IMPLS, dtypes=DTYPES, style=style,
                          speed=(lambda r: r["seconds"] * 1e3, "backward time (ms, lower is better)"),

@@ -24,7 +24,7 @@ from lessons.gpu.compile import device_available
 
 KERNELS = ("online_softmax", "flash_attention", "flash_attention_regtile", "flash_attention_mma",
            "flash_attention_mma_async", "paged_decode", "flash_decoding", "flash_backward", "paged_decode_split",
-           "flash_attention_mma_fa2")
+           "flash_attention_mma_fa2", "flash_backward_mma")
 
 
 def host(x) -> np.ndarray:
@@ -206,6 +206,27 @@ def run_flash_backward(cp, backend) -> bool:
             for name, got, r in zip(("dq", "dk", "dv"), grads, ref):
                 ok &= _close(f"backward {name} {lead} {nq}x{nk} d={d} causal={causal} {np.dtype(dtype).name}",
                              host(got)[idx], r, 2e-2 if dtype == np.float16 else 1e-4, 1e-2)
+    return ok
+
+
+def run_flash_backward_mma(cp, backend) -> bool:
+    from lessons import attention_backward
+    from lessons.gpu.backward import flash_attention_backward_mma_gpu
+
+    rng = np.random.default_rng(5)
+    ok = True
+    # partial blocks of 64 keys / rows, causal with Nq > Nk (rows that see nothing) and Nq < Nk, both head dims
+    for lead, nq, nk, d, causal in [((2,), 70, 45, 64, True), ((), 33, 100, 128, True), ((), 5, 3, 64, False)]:
+        q, k, v, do = (rng.standard_normal((*lead, n, d)).astype(np.float16) for n in (nq, nk, nk, nq))
+        o, lse = launch.flash_attention_mma_gpu(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal=causal,
+                                                backend=backend)
+        grads = flash_attention_backward_mma_gpu(cp.asarray(q), cp.asarray(k), cp.asarray(v), o, lse,
+                                                 cp.asarray(do), causal=causal, backend=backend)
+        for idx in np.ndindex(*lead):
+            ref = attention_backward(*(x[idx].astype(np.float64) for x in (q, k, v, do)), causal=causal)
+            for name, got, r in zip(("dq", "dk", "dv"), grads, ref):
+                ok &= _close(f"backward_mma {name} {lead} {nq}x{nk} d={d} causal={causal} float16",
+                             host(got)[idx], r, 2e-2, 1e-2)
     return ok
 
 

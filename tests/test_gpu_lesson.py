@@ -110,6 +110,10 @@ def test_reported_shared_memory_is_what_the_tiles_need(results, nb):
             expected = 4 * (2 * 4 + 4 * d["HEAD_DIM"])                           # max, l, o of 4 warps
         elif res.entry in ("merge_splits", "mma_probe", "flash_attention_backward_preprocess"):
             expected = 0
+        elif res.entry.startswith("flash_attention_backward_mma"):
+            hd, bq, bk = d["HEAD_DIM"], d["DKDV_BLOCK_Q"], d["DQ_BLOCK_K"]   # 16-bit tiles, +8 padding
+            expected = (2 * 2 * (64 + bq) * (hd + 8) + 2 * 4 * bq if res.entry.endswith("dkdv")
+                        else 2 * 2 * bk * (hd + 8))
         elif res.entry.startswith("flash_attention_backward"):
             hd, bq, bk = d["HEAD_DIM"], d["BLOCK_Q"], d["BLOCK_K"]
             tiles = 2 * (bq + bk) * (hd + 1)                                   # q, dO, k, v tiles
@@ -133,7 +137,8 @@ def test_each_section_reports_only_the_entry_points_it_runs(results):
                                                           "flash_attention_backward_dkdv", "flash_attention_backward_dq",
                                                           "flash_attention_regtile", "flash_attention_mma_async",
                                                           "paged_decode_gqa_split", "merge_split_states",
-                                                          "flash_attention_mma_fa2"}
+                                                          "flash_attention_mma_fa2", "flash_attention_backward_mma_dkdv",
+                                                          "flash_attention_backward_mma_dq"}
     assert {r.entry for r in results["04 tensor cores"].resources} == {"flash_attention_mma", "mma_probe"}
 
 

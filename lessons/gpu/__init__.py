@@ -11,7 +11,8 @@ Kernels (CUDA C in ``lessons/gpu/kernels/``, one launcher each):
 * :func:`paged_decode_gpu` - decoding over a paged KV cache (vLLM layout) with GQA;
 * :func:`flash_decoding_gpu` - the same split over the keys, partial states merged;
 * :func:`paged_decode_split_gpu` - decode at memory speed: one block per GQA group and split, 16-byte loads;
-* :func:`flash_attention_backward_gpu` - FlashAttention-2 backward (D, dK/dV, dQ), P recomputed from lse.
+* :func:`flash_attention_backward_gpu` - FlashAttention-2 backward (D, dK/dV, dQ), P recomputed from lse;
+* :func:`flash_attention_backward_mma_gpu` - the same on tensor cores, fp16/bf16, d = 64 or 128 (no trace build).
 
 Each has a trace build (``-DFA_TRACE``) that records ``(m, alpha, l)`` per tile for chosen
 rows; :func:`first_divergence` compares such a trace with NumPy's. Without a GPU the
@@ -41,6 +42,8 @@ from lessons.gpu.launch import flash_attention_mma_fa2_gpu
 from lessons.gpu.source import flash_attention_mma_fa2_build, flash_attention_mma_fa2_config
 from lessons.gpu.launch import paged_decode_split_gpu
 from lessons.gpu.source import decode_splits, paged_decode_split_build
+from lessons.gpu.backward import flash_attention_backward_mma_gpu
+from lessons.gpu.source import flash_attention_backward_mma_build, flash_attention_backward_mma_config
 from lessons.gpu.trace_compare import GpuRowTrace, GpuTrace, TraceDivergence, first_divergence
 
 __all__ = [
@@ -58,4 +61,5 @@ __all__ = [
     "flash_attention_mma_async_gpu", "flash_attention_mma_async_config", "flash_attention_mma_async_build",
     "flash_attention_mma_fa2_gpu", "flash_attention_mma_fa2_config", "flash_attention_mma_fa2_build",
     "paged_decode_split_gpu", "decode_splits", "paged_decode_split_build",
+    "flash_attention_backward_mma_gpu", "flash_attention_backward_mma_config", "flash_attention_backward_mma_build",
 ]

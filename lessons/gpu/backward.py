@@ -34,10 +34,12 @@ from lessons.core.causal_rule import tile_kind
 from lessons.core.checks import check_int
 from lessons.gpu.launch import Runner, _check_arrays, _check_backend, _check_flash, _storage_dtype
 from lessons.gpu.source import flash_attention_backward_build, flash_attention_backward_config
+from lessons.gpu.source import BACKWARD_MMA_HELD, flash_attention_backward_mma_build
 
 __all__ = ["flash_attention_backward_gpu", "GpuBackwardTrace", "PREPROCESS_ROWS", "kernel_backward_trace",
            "BackwardDivergence", "first_backward_divergence", "backward_trace_differences", "backward_on_gpu",
            "EMULATED", "backward_demo_inputs"]
+__all__ += ["flash_attention_backward_mma_gpu"]
 
 #: query rows per block of the preprocess kernel (one warp each)
 PREPROCESS_ROWS = 4
@@ -194,6 +196,84 @@ def flash_attention_backward_gpu(q, k, v, o, lse, do, *, scale=None, causal: boo
                                     run.host(dq_trace).reshape(*f.lead, n_kblocks, f.n_q, f.d),
                                     run.host(delta).reshape(*f.lead, f.n_q)),)
     return result
+
+
+def _check_backward_inputs(q, k, v, o, lse, do, scale, causal, bfloat16):
+    """The checks of both backward launchers (metadata only, no device needed)."""
+    f = _check_flash(q, k, v, scale, causal, bfloat16)
+    _check_arrays({"q": q, "k": k, "v": v, "o": o, "lse": lse, "do": do})
+    _storage_dtype({"q": q, "o": o, "do": do}, bfloat16)
+    for name, x in (("o", o), ("do", do)):
+        if tuple(x.shape) != tuple(q.shape):
+            raise ValueError(f"{name} must have the shape of q {tuple(q.shape)}, got {tuple(x.shape)}")
+        if np.dtype(x.dtype) != np.dtype(q.dtype):
+            raise TypeError(f"{name} must have q's dtype {np.dtype(q.dtype)}, got {np.dtype(x.dtype)}")
+    if np.dtype(lse.dtype) != np.float32:
+        raise TypeError(f"lse must be float32 (as the forward kernels return it), got {np.dtype(lse.dtype)}")
+    if tuple(lse.shape) != tuple(q.shape[:-1]):
+        raise ValueError(f"lse must have shape q.shape[:-1] = {tuple(q.shape[:-1])}, got {tuple(lse.shape)}")
+    return f
+
+
+def flash_attention_backward_mma_gpu(q, k, v, o, lse, do, *, scale=None, causal: bool = False,
+                                     bfloat16: bool = False, backend: str = "cupy"):
+    """FlashAttention-2 backward on tensor cores (``mma.sync.m16n8k16``): ``(dq, dk, dv)``.
+
+    The algorithm, arguments and results of :func:`flash_attention_backward_gpu`, with every
+    matrix product (``S``, ``dP``, ``dV_j += P^T dO_i``, ``dK_j += dS^T Q_i``, ``dQ_i += dS K_j``)
+    on tensor cores, ``kernels/flash_attention_backward_mma.cu``: ``D = rowsum(dO * O)`` by the
+    CUDA-core preprocess kernel, then a dK/dV kernel (one block per 64 keys) and a dQ kernel
+    (one block per 64 query rows, no atomics: bitwise repeatable). P and dS are rounded to the
+    16-bit storage dtype before their products, as in FlashAttention-2; every sum is float32.
+
+    Parameters
+    ----------
+    q : (Nq, d), (heads, Nq, d) or (batch, heads, Nq, d); float16 (or bfloat16 bits as uint16 with
+        ``bfloat16=True``), C-contiguous, NumPy or CuPy; d = 64 or 128.
+    k, v : (..., Nk, d), same leading dims and dtype as q.
+    o : the forward's output, shape and dtype of q.
+    lse : float32 (..., Nq), the forward's row log-sum-exp (``-inf`` for a row with no visible key).
+    do : dL/dO, shape and dtype of q.
+    scale : float, default ``1/sqrt(d)``; must be the forward's.
+    causal : bool, bottom-right aligned: query i sees key j iff ``j <= i + Nk - Nq``.
+    backend : ``"cupy"`` (a GPU of compute capability 8.0 or newer) or ``"emulator"`` (CPU threads).
+
+    Returns ``(dq, dk, dv)`` shaped and typed like ``q``, ``k``, ``v`` (accumulated in float32, rounded
+    once to the storage dtype). A row with no visible key gets ``dq = 0`` and adds nothing to ``dk``,
+    ``dv``; a key no row sees gets ``dk = dv = 0``.
+    Raises TypeError for float32 inputs (use :func:`flash_attention_backward_gpu`) or mismatched
+    dtypes, ValueError naming the argument for bad shapes, strides or a head dim other than 64 or
+    128; RuntimeError with backend "cupy" and no CUDA device, or one older than compute capability 8.0.
+    Source: Dao 2023 (FlashAttention-2), Alg. 2 and Sec. 3.3; PTX ISA, mma.m16n8k16.
+    """
+    from lessons.gpu.launch import _aligned, _require_tensor_cores
+
+    backend = _check_backend(backend)
+    dtype = getattr(q, "dtype", None)
+    if dtype is not None and not bfloat16 and np.dtype(dtype) != np.float16:
+        raise TypeError(f"the tensor-core backward takes float16 q, k, v, o, do (or bfloat16 bits with "
+                        f"bfloat16=True), got {np.dtype(dtype)}; use flash_attention_backward_gpu for float32")
+    f = _check_backward_inputs(q, k, v, o, lse, do, scale, causal, bfloat16)
+    build = flash_attention_backward_mma_build(f.d, f.dtype)        # ValueError for d not 64 or 128
+    preprocess = flash_attention_backward_build(f.d, f.dtype)        # D = rowsum(dO * O), reused
+
+    run = Runner(backend, f.kind)
+    _require_tensor_cores(run)
+    qd, kd, vd, od, dod = (_aligned(run, run.put(x)) for x in (q, k, v, o, do))
+    lsed = run.put(lse)
+    xp = run.xp
+    delta = xp.empty((f.batch_heads, f.n_q), dtype=np.float32)
+    dq = xp.empty(q.shape, dtype=q.dtype)
+    dk = xp.empty(k.shape, dtype=k.dtype)
+    dv = xp.empty(v.shape, dtype=v.dtype)
+
+    run.launch(preprocess, "flash_attention_backward_preprocess", (-(-f.n_q // PREPROCESS_ROWS), f.batch_heads),
+               [od, dod, delta, f.n_q])
+    run.launch(build, "flash_attention_backward_mma_dkdv", (-(-f.n_k // BACKWARD_MMA_HELD), f.batch_heads),
+               [qd, kd, vd, dod, lsed, delta, dk, dv, f.n_q, f.n_k, f.scale, int(f.causal)])
+    run.launch(build, "flash_attention_backward_mma_dq", (-(-f.n_q // BACKWARD_MMA_HELD), f.batch_heads),
+               [qd, kd, vd, dod, lsed, delta, dq, f.n_q, f.n_k, f.scale, int(f.causal)])
+    return run.get(dq), run.get(dk), run.get(dv)
 
 
 # ---------------------------------------------------------------------------

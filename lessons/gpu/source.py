@@ -29,6 +29,8 @@ __all__ = [
     "flash_attention_backward_build",
     "REGTILE_TILES", "flash_attention_regtile_config", "flash_attention_regtile_smem_bytes",
     "flash_attention_regtile_build", "flash_attention_mma_async_config", "flash_attention_mma_async_build",
+    "BACKWARD_MMA_HEAD_DIMS", "flash_attention_backward_mma_config", "flash_attention_backward_mma_smem_bytes",
+    "flash_attention_backward_mma_build",
     "FA2_CONFIGS", "flash_attention_mma_fa2_config", "flash_attention_mma_fa2_smem_bytes",
     "flash_attention_mma_fa2_build", "fa2_swizzle",
     "MAX_SPLIT_HEADS_PER_BLOCK", "paged_decode_split_layout", "paged_decode_split_smem_bytes",
@@ -49,6 +51,7 @@ KERNELS = {
     "paged_decode_split": ("paged_decode_gqa_split", "merge_split_states"),
     "flash_attention_backward": ("flash_attention_backward_preprocess", "flash_attention_backward_dkdv",
                                  "flash_attention_backward_dq"),
+    "flash_attention_backward_mma": ("flash_attention_backward_mma_dkdv", "flash_attention_backward_mma_dq"),
 }
 
 #: storage dtype name -> value of the FA_DTYPE define (arithmetic is always float32)
@@ -581,6 +584,71 @@ def flash_attention_backward_build(head_dim: int, dtype: str = "float32", trace:
 
 
 # ---------------------------------------------------------------------------
+# flash attention backward on tensor cores (mma.sync): dK/dV and dQ
+# ---------------------------------------------------------------------------
+
+#: head dims the tensor-core backward is written for
+BACKWARD_MMA_HEAD_DIMS = (64, 128)
+#: keys per block of its dK/dV kernel and query rows per block of its dQ kernel (4 warps x 16)
+BACKWARD_MMA_HELD = 64
+#: default (dkdv_block_q, dq_block_k) per head dim: the largest tiles that fit 48 KiB of shared
+#: memory and leave ptxas no reason to spill
+BACKWARD_MMA_TILES = {64: (64, 64), 128: (16, 64)}
+
+
+def flash_attention_backward_mma_smem_bytes(head_dim: int, dkdv_block_q: int, dq_block_k: int) -> dict:
+    """Static shared memory of each tensor-core backward entry point in bytes, entry -> bytes.
+
+    ``flash_attention_backward_mma_dkdv``: 16-bit ``k_s, v_s [64][d+8]``, ``q_s, do_s
+    [dkdv_block_q][d+8]``, float32 ``lse_s, delta_s [dkdv_block_q]``;
+    ``flash_attention_backward_mma_dq``: 16-bit ``k_s, v_s [dq_block_k][d+8]``.
+    """
+    pitch = head_dim + 8
+    return {"flash_attention_backward_mma_dkdv": 2 * 2 * (BACKWARD_MMA_HELD + dkdv_block_q) * pitch + 2 * 4 * dkdv_block_q,
+            "flash_attention_backward_mma_dq": 2 * 2 * dq_block_k * pitch}
+
+
+def flash_attention_backward_mma_config(head_dim: int, dkdv_block_q: int | None = None,
+                                        dq_block_k: int | None = None) -> tuple[int, int]:
+    """Tile sizes ``(dkdv_block_q, dq_block_k)`` of the tensor-core backward for head dim ``d``.
+
+    The dK/dV kernel holds 64 keys (4 warps x 16) and streams query blocks of ``dkdv_block_q``
+    rows; the dQ kernel holds 64 query rows and streams key blocks of ``dq_block_k`` keys.
+    ``head_dim`` must be 64 or 128. Defaults (:data:`BACKWARD_MMA_TILES`): (64, 64) for d = 64,
+    (16, 64) for d = 128 (the dK/dV kernel's four tiles of d = 128 leave room for only 16
+    query rows in 48 KiB). Given, each must be 16, 32, 48 or 64 and fit 48 KiB.
+    Raises TypeError / ValueError naming the argument.
+    """
+    d = check_int(head_dim, "head_dim")
+    if d not in BACKWARD_MMA_HEAD_DIMS:
+        raise ValueError(f"head_dim must be 64 or 128 for the tensor-core backward, got {d}; "
+                         f"flash_attention_backward_gpu takes any head dim up to {MAX_BACKWARD_HEAD_DIM}")
+    default_q, default_k = BACKWARD_MMA_TILES[d]
+    bq = default_q if dkdv_block_q is None else _check_int(dkdv_block_q, "dkdv_block_q", 16, 64)
+    bk = default_k if dq_block_k is None else _check_int(dq_block_k, "dq_block_k", 16, 64)
+    for name, value in (("dkdv_block_q", bq), ("dq_block_k", bk)):
+        if value % 16:
+            raise ValueError(f"{name} must be a multiple of 16 (the mma tile), got {value}")
+    for entry, smem in flash_attention_backward_mma_smem_bytes(d, bq, bk).items():
+        if smem > STATIC_SMEM_LIMIT:
+            raise ValueError(f"dkdv_block_q={bq}, dq_block_k={bk} with head_dim={d}: {entry} needs {smem} bytes "
+                             f"of shared memory, more than the {STATIC_SMEM_LIMIT} allowed; use smaller tiles")
+    return bq, bk
+
+
+def flash_attention_backward_mma_build(head_dim: int, dtype: str = "float16", dkdv_block_q: int | None = None,
+                                       dq_block_k: int | None = None) -> "KernelBuild":
+    """The :class:`KernelBuild` of the tensor-core backward (float16 or bfloat16 storage; see
+    :func:`flash_attention_backward_mma_config`). Raises ValueError for another dtype."""
+    if dtype not in MMA_DTYPES:
+        raise ValueError(f"the tensor-core backward takes dtype float16 or bfloat16, got {dtype!r}; "
+                         f"use flash_attention_backward_gpu for float32")
+    bq, bk = flash_attention_backward_mma_config(head_dim, dkdv_block_q, dq_block_k)
+    return KernelBuild.make("flash_attention_backward_mma", dtype, False, HEAD_DIM=head_dim, DKDV_BLOCK_Q=bq,
+                            DQ_BLOCK_K=bk)
+
+
+# ---------------------------------------------------------------------------
 # builds: one kernel file + its -D options
 # ---------------------------------------------------------------------------
 
@@ -638,6 +706,8 @@ class KernelBuild:
             return flash_attention_mma_fa2_smem_bytes(d["HEAD_DIM"], d["BLOCK_K"])
         if self.kernel == "flash_attention_regtile":
             return flash_attention_regtile_smem_bytes(d["HEAD_DIM"], d["BLOCK_Q"], d["BLOCK_K"])
+        if self.kernel == "flash_attention_backward_mma":
+            return max(flash_attention_backward_mma_smem_bytes(d["HEAD_DIM"], d["DKDV_BLOCK_Q"], d["DQ_BLOCK_K"]).values())
         if self.kernel == "flash_attention_backward":
             return max(flash_attention_backward_smem_bytes(d["HEAD_DIM"], d["BLOCK_Q"], d["BLOCK_K"]).values())
         return online_softmax_smem_bytes(d.get("TILE", 256))
@@ -648,6 +718,9 @@ class KernelBuild:
         if self.kernel == "flash_attention_backward":
             d = dict(self.defines)
             return flash_attention_backward_smem_bytes(d["HEAD_DIM"], d["BLOCK_Q"], d["BLOCK_K"])[entry]
+        if self.kernel == "flash_attention_backward_mma":
+            d = dict(self.defines)
+            return flash_attention_backward_mma_smem_bytes(d["HEAD_DIM"], d["DKDV_BLOCK_Q"], d["DQ_BLOCK_K"])[entry]
         if self.kernel == "paged_decode_split" and entry == "merge_split_states":
             return 4 * (NUM_THREADS // 32) * (2 + dict(self.defines)["HEAD_DIM"])   # per warp: max of m, l, o
         return self.smem_bytes
@@ -693,7 +766,8 @@ def default_builds(head_dim: int = 128, dtype: str = "float16", trace: bool = Fa
     16 only), paged decode and the split decode (``head_dim``, block_size 16, 32 query heads on 8 kv
     heads; the split decode has no trace build), the
     backward (head dims up to 128), the register-tiled forward (float32, head dims a multiple of 4),
-    the FlashAttention-2-style tensor-core forward (16-bit dtypes, head dims 64 and 128)."""
+    the FlashAttention-2-style tensor-core forward (16-bit dtypes, head dims 64 and 128) and the
+    tensor-core backward (16-bit dtypes, head dims 64 and 128, no trace build)."""
     builds = [online_softmax_build(256, dtype, trace), flash_attention_build(head_dim, dtype, trace)]
     if dtype in MMA_DTYPES and head_dim % 16 == 0:
         builds.append(flash_attention_mma_build(head_dim, dtype, trace))
@@ -708,6 +782,8 @@ def default_builds(head_dim: int = 128, dtype: str = "float16", trace: bool = Fa
         builds.append(flash_attention_regtile_build(head_dim, "float32", trace))
     if dtype in MMA_DTYPES and head_dim in FA2_CONFIGS:
         builds.append(flash_attention_mma_fa2_build(head_dim, dtype, trace))
+    if dtype in MMA_DTYPES and head_dim in BACKWARD_MMA_HEAD_DIMS and not trace:    # (it has no trace build)
+        builds.append(flash_attention_backward_mma_build(head_dim, dtype))
     return builds
 
 
