@@ -21,8 +21,14 @@ from lessons.gpu.backward import (EMULATED, BackwardDivergence, backward_demo_in
                                   backward_trace_differences, first_backward_divergence, flash_attention_backward_gpu,
                                   kernel_backward_trace)
 from lessons.schedules.causal import count_tiles
-from lessons.views.backward import NUMPY_SOURCE, BackwardStepper, backward_figure, backward_kernel_figure
-from lessons.views.softmax import figure_png
+try:                            # the views need ipywidgets, which a GPU machine may lack
+    from lessons.views.backward import NUMPY_SOURCE, BackwardStepper, backward_figure, backward_kernel_figure
+    from lessons.views.softmax import figure_png
+except ImportError as err:
+    VIEWS_MISSING = str(err)
+else:
+    VIEWS_MISSING = None
+needs_views = pytest.mark.skipif(VIEWS_MISSING is not None, reason=f"the views cannot be imported: {VIEWS_MISSING}")
 
 NO_DEVICE = "no CUDA device: the same cases run on CPU threads under the emulator"
 BACKENDS = [
@@ -231,6 +237,7 @@ def test_bad_arguments_are_refused(pair):
 # the views: the same stepper and figure over the kernels' trace
 # ---------------------------------------------------------------------------
 
+@needs_views
 def test_the_stepper_toggles_between_the_kernels_trace_and_numpys(pair):
     base, ref = pair
     exact = textbook(backward_demo_inputs(64, 64, 16, causal=True, seed=0))
@@ -250,6 +257,7 @@ def test_the_stepper_toggles_between_the_kernels_trace_and_numpys(pair):
     assert "step <b>10</b> of 10" in st.readouts["step"].value
 
 
+@needs_views
 def test_the_stepper_shows_where_a_kernel_trace_parts(pair):
     base, ref = pair
     exact = tuple(np.zeros(s) for s in ((64, 16), (64, 16), (64, 16)))
@@ -266,6 +274,7 @@ def test_the_stepper_shows_where_a_kernel_trace_parts(pair):
         BackwardStepper(ref, exact, kernel=("GPU", dataclasses.replace(base, block_k=8)))
 
 
+@needs_views
 def test_the_kernel_figure_draws_both_traces_and_marks_a_divergence(pair):
     base, ref = pair
     exact = textbook(backward_demo_inputs(64, 64, 16, causal=True, seed=0))
@@ -287,6 +296,7 @@ def test_the_kernel_figure_draws_both_traces_and_marks_a_divergence(pair):
 # ---------------------------------------------------------------------------
 
 @needs_emulator
+@needs_views
 def test_the_section_runs_on_the_emulator_and_says_so():
     r = backward_on_gpu(n_q=32, n_k=48, d=16, use_device=False, emulate=True)
     assert r.ok and len(r.checks_on("emulator")) == 3 and not r.checks_on("GPU")
@@ -300,6 +310,7 @@ def test_the_section_runs_on_the_emulator_and_says_so():
 
 
 @pytest.mark.skipif(not gpu.device_available(), reason=NO_DEVICE)
+@needs_views
 def test_the_section_runs_on_the_device_and_names_it():
     r = backward_on_gpu(n_q=32, n_k=48, d=16)
     assert r.ok and r.ran_on_device and len(r.checks_on("GPU")) == 6 and not r.checks_on("emulator")
@@ -321,6 +332,7 @@ class StandInDevice(gpu.Runner):
 
 
 @needs_emulator
+@needs_views
 def test_the_gpu_branch_checks_times_and_labels_with_a_stand_in_device(monkeypatch):
     from lessons.gpu import harness
     monkeypatch.setattr(harness, "open_device", lambda use_device: (None, "the GPU was not used (use_device=False)")
