@@ -22,7 +22,8 @@ notebook             schedule              view              kernel             
 06 kernel ladder     gpu.ladder            views.ladder      flash_attention.cu,         (none)
                                                              flash_attention_regtile.cu,
                                                              flash_attention_mma.cu,
-                                                             flash_attention_mma_async.cu
+                                                             flash_attention_mma_async.cu,
+                                                             flash_attention_mma_fa2.cu
 07 paged attention   schedules.paged       views.paged       paged_decode.cu             paged
 08 flash-decoding,   schedules.split_kv,   views.split_kv,   paged_decode.cu             merge_states,
    ring              schedules.ring        views.ring        (num_splits)                flash_decoding, ring_step
