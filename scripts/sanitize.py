@@ -53,21 +53,27 @@ def run_online_softmax(cp, backend) -> bool:
     return _close("online_softmax", y, ref, 1e-6)
 
 
-def run_flash_attention(cp, backend) -> bool:
-    rng = np.random.default_rng(1)
+def _forward(cp, backend, launcher, label, rng, cases, atol) -> bool:
+    """Run ``launcher`` (one of the forward kernels, with a trace of the first and last rows) on
+    each case ``(lead, nq, nk, d, causal, dtype)`` and compare every head with NumPy's attention;
+    ``atol``: the tolerance per dtype name."""
     ok = True
-    for lead, nq, nk, d, causal, dtype in [((2,), 70, 45, 64, True, np.float16), ((), 33, 100, 80, False, np.float32),
-                                           ((), 5, 3, 3, True, np.float32)]:
+    for lead, nq, nk, d, causal, dtype in cases:
         q, k, v = (rng.standard_normal((*lead, n, d)).astype(dtype) for n in (nq, nk, nk))
-        rows = [0, nq - 1]
-        out, lse, _ = launch.flash_attention_gpu(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal=causal,
-                                                 trace_rows=rows, backend=backend)
+        out, lse, _ = launcher(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal=causal, trace_rows=[0, nq - 1],
+                               backend=backend)
         for idx in np.ndindex(*lead):
             ref = attention(q[idx].astype(np.float64), k[idx].astype(np.float64), v[idx].astype(np.float64),
                             causal=causal)
-            ok &= _close(f"flash {lead} {nq}x{nk} d={d} causal={causal} {np.dtype(dtype).name}",
-                         host(out)[idx], ref, 2e-3 if dtype == np.float16 else 1e-5)
+            name = np.dtype(dtype).name
+            ok &= _close(f"{label} {lead} {nq}x{nk} d={d} causal={causal} {name}", host(out)[idx], ref, atol[name])
     return ok
+
+
+def run_flash_attention(cp, backend) -> bool:
+    return _forward(cp, backend, launch.flash_attention_gpu, "flash", np.random.default_rng(1),
+                    [((2,), 70, 45, 64, True, np.float16), ((), 33, 100, 80, False, np.float32),
+                     ((), 5, 3, 3, True, np.float32)], {"float16": 2e-3, "float32": 1e-5})
 
 
 def run_flash_attention_mma(cp, backend) -> bool:
@@ -75,60 +81,28 @@ def run_flash_attention_mma(cp, backend) -> bool:
     a, b = rng.standard_normal((16, 16)).astype(np.float16), rng.standard_normal((16, 8)).astype(np.float16)
     ok = _close("mma_probe 16x16 @ 16x8", launch.mma_probe_gpu(cp.asarray(a), cp.asarray(b), backend=backend),
                 a.astype(np.float64) @ b.astype(np.float64), 1e-4, 1e-4)
-    for lead, nq, nk, d, causal in [((2,), 70, 45, 64, True), ((), 33, 100, 80, False), ((), 5, 3, 16, True),
-                                    ((), 20, 40, 256, False)]:
-        q, k, v = (rng.standard_normal((*lead, n, d)).astype(np.float16) for n in (nq, nk, nk))
-        out, lse, _ = launch.flash_attention_mma_gpu(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal=causal,
-                                                     trace_rows=[0, nq - 1], backend=backend)
-        for idx in np.ndindex(*lead):
-            ref = attention(q[idx].astype(np.float64), k[idx].astype(np.float64), v[idx].astype(np.float64),
-                            causal=causal)
-            ok &= _close(f"flash_mma {lead} {nq}x{nk} d={d} causal={causal} float16", host(out)[idx], ref, 3e-3)
-    return ok
+    return ok & _forward(cp, backend, launch.flash_attention_mma_gpu, "flash_mma", rng,
+                         [((2,), 70, 45, 64, True, np.float16), ((), 33, 100, 80, False, np.float16),
+                          ((), 5, 3, 16, True, np.float16), ((), 20, 40, 256, False, np.float16)], {"float16": 3e-3})
 
 
 def run_flash_attention_regtile(cp, backend) -> bool:
-    rng = np.random.default_rng(5)
-    ok = True
-    for lead, nq, nk, d, causal in [((2,), 70, 45, 64, True), ((), 33, 100, 128, False), ((), 5, 3, 4, True)]:
-        q, k, v = (rng.standard_normal((*lead, n, d)).astype(np.float32) for n in (nq, nk, nk))
-        out, lse, _ = launch.flash_attention_regtile_gpu(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal=causal,
-                                                         trace_rows=[0, nq - 1], backend=backend)
-        for idx in np.ndindex(*lead):
-            ref = attention(q[idx].astype(np.float64), k[idx].astype(np.float64), v[idx].astype(np.float64),
-                            causal=causal)
-            ok &= _close(f"regtile {lead} {nq}x{nk} d={d} causal={causal} float32", host(out)[idx], ref, 1e-5)
-    return ok
+    return _forward(cp, backend, launch.flash_attention_regtile_gpu, "regtile", np.random.default_rng(5),
+                    [((2,), 70, 45, 64, True, np.float32), ((), 33, 100, 128, False, np.float32),
+                     ((), 5, 3, 4, True, np.float32)], {"float32": 1e-5})
 
 
 def run_flash_attention_mma_async(cp, backend) -> bool:
-    rng = np.random.default_rng(6)
-    ok = True
-    for lead, nq, nk, d, causal in [((2,), 70, 45, 64, True), ((), 33, 100, 128, False), ((), 5, 3, 16, True)]:
-        q, k, v = (rng.standard_normal((*lead, n, d)).astype(np.float16) for n in (nq, nk, nk))
-        out, lse, _ = launch.flash_attention_mma_async_gpu(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal=causal,
-                                                           trace_rows=[0, nq - 1], backend=backend)
-        for idx in np.ndindex(*lead):
-            ref = attention(q[idx].astype(np.float64), k[idx].astype(np.float64), v[idx].astype(np.float64),
-                            causal=causal)
-            ok &= _close(f"mma_async {lead} {nq}x{nk} d={d} causal={causal} float16", host(out)[idx], ref, 3e-3)
-    return ok
+    return _forward(cp, backend, launch.flash_attention_mma_async_gpu, "mma_async", np.random.default_rng(6),
+                    [((2,), 70, 45, 64, True, np.float16), ((), 33, 100, 128, False, np.float16),
+                     ((), 5, 3, 16, True, np.float16)], {"float16": 3e-3})
 
 
 def run_flash_attention_mma_fa2(cp, backend) -> bool:
-    rng = np.random.default_rng(7)
-    ok = True
     # partial query and key blocks, causal with Nq > Nk (empty rows) and Nq < Nk, both head dims, the trace build
-    for lead, nq, nk, d, causal in [((2,), 70, 45, 64, True), ((), 150, 100, 64, False), ((), 33, 100, 128, True),
-                                    ((), 5, 3, 128, False)]:
-        q, k, v = (rng.standard_normal((*lead, n, d)).astype(np.float16) for n in (nq, nk, nk))
-        out, lse, _ = launch.flash_attention_mma_fa2_gpu(cp.asarray(q), cp.asarray(k), cp.asarray(v), causal=causal,
-                                                         trace_rows=[0, nq - 1], backend=backend)
-        for idx in np.ndindex(*lead):
-            ref = attention(q[idx].astype(np.float64), k[idx].astype(np.float64), v[idx].astype(np.float64),
-                            causal=causal)
-            ok &= _close(f"mma_fa2 {lead} {nq}x{nk} d={d} causal={causal} float16", host(out)[idx], ref, 3e-3)
-    return ok
+    return _forward(cp, backend, launch.flash_attention_mma_fa2_gpu, "mma_fa2", np.random.default_rng(7),
+                    [((2,), 70, 45, 64, True, np.float16), ((), 150, 100, 64, False, np.float16),
+                     ((), 33, 100, 128, True, np.float16), ((), 5, 3, 128, False, np.float16)], {"float16": 3e-3})
 
 
 def _paged(cp, rng, seq_lens, num_heads=8, num_kv_heads=2, d=64, block_size=16):
