@@ -404,6 +404,18 @@ def test_cupy_inputs_give_cupy_outputs():
                               numpy_in_precision((2,), inputs, "float16", True))
 
 
+def assert_agrees_with_torch(grads, torch_grads, exact):
+    """The kernel's fp16 (dq, dk, dv) (CuPy) against torch SDPA's (CUDA tensors) and the float64
+    gradients ``exact``: both are fp16 gradients of the same function, each within a few fp16
+    ulps of float64, so within that of each other; ours at most 2x torch's error (+ a floor)."""
+    for name, ours, theirs, ref in zip(("dq", "dk", "dv"), grads, torch_grads, exact):
+        ours = ours.get().astype(np.float64)
+        theirs = theirs.detach().cpu().numpy().astype(np.float64)
+        size = np.abs(ref).max()
+        assert np.abs(ours - theirs).max() <= 1e-2 * size, name
+        assert np.abs(ours - ref).max() <= 2 * np.abs(theirs - ref).max() + 1e-3 * size, name
+
+
 @gpu_only
 @pytest.mark.parametrize("causal", [False, True])
 def test_agrees_with_torch_scaled_dot_product_attention_backward(causal):
@@ -422,14 +434,7 @@ def test_agrees_with_torch_scaled_dot_product_attention_backward(causal):
     dq, dk, dv = flash_attention_backward_gpu(*(cupy.asarray(x) for x in (q, k, v)), o, lse, cupy.asarray(do),
                                               causal=causal)
     exact = textbook64((heads,), *(x.astype(np.float64) for x in (q, k, v, do)), causal)
-    for name, ours, theirs, ref in zip(("dq", "dk", "dv"), (dq, dk, dv), (tq.grad, tk.grad, tv.grad), exact):
-        ours = ours.get().astype(np.float64)
-        theirs = theirs.detach().cpu().numpy().astype(np.float64)
-        # both are fp16 gradients of the same function: each within a few fp16 ulps of float64,
-        # so within that of each other
-        size = np.abs(ref).max()
-        assert np.abs(ours - theirs).max() <= 1e-2 * size, name
-        assert np.abs(ours - ref).max() <= 2 * np.abs(theirs - ref).max() + 1e-3 * size, name
+    assert_agrees_with_torch((dq, dk, dv), (tq.grad, tk.grad, tv.grad), exact)
 
 
 # ---------------------------------------------------------------------------

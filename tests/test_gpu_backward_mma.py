@@ -23,6 +23,7 @@ import lessons.gpu as gpu
 from kernel_tolerance import assert_within_baseline, round_to
 from lessons.gpu import source
 from lessons.gpu.backward import flash_attention_backward_gpu, flash_attention_backward_mma_gpu
+from test_gpu_backward import assert_agrees_with_torch
 
 NO_DEVICE = "no CUDA device: the same cases run on CPU threads under the 'emulator' backend"
 BACKENDS = [
@@ -367,14 +368,7 @@ def test_agrees_with_torch_scaled_dot_product_attention_backward(causal, d):
     o, lse = gpu.flash_attention_mma_gpu(q_d, k_d, v_d, causal=causal)
     dq, dk, dv = flash_attention_backward_mma_gpu(q_d, k_d, v_d, o, lse, do_d, causal=causal)
     exact = textbook64(*(x.astype(np.float64) for x in (q, k, v, do)), causal)
-    for name, ours, theirs, ref in zip(("dq", "dk", "dv"), (dq, dk, dv), (tq.grad, tk.grad, tv.grad), exact):
-        ours = ours.get().astype(np.float64)
-        theirs = theirs.detach().cpu().numpy().astype(np.float64)
-        # both are fp16 gradients of the same function: each within a few fp16 ulps of float64,
-        # so within that of each other
-        size = np.abs(ref).max()
-        assert np.abs(ours - theirs).max() <= 1e-2 * size, name
-        assert np.abs(ours - ref).max() <= 2 * np.abs(theirs - ref).max() + 1e-3 * size, name
+    assert_agrees_with_torch((dq, dk, dv), (tq.grad, tk.grad, tv.grad), exact)
 
 
 # ---------------------------------------------------------------------------
