@@ -10,30 +10,19 @@ import lessons.gpu as gpu
 from lessons.gpu.source import (FA2_CONFIGS, KERNEL_DIR, fa2_swizzle, flash_attention_mma_fa2_config,
                                 flash_attention_mma_fa2_smem_bytes)
 from kernel_tolerance import assert_within_baseline, baseline_attention
+from test_gpu_kernels import stored, values  # the kernel's stored inputs; its outputs as float64
 
 BACKENDS = [
     pytest.param("emulator", marks=pytest.mark.skipif(not gpu.emulator_available(), reason="no C++ compiler")),
     pytest.param("cupy", marks=pytest.mark.skipif(not gpu.device_available(), reason="no CUDA device")),
 ]
+
 needs_nvrtc = pytest.mark.skipif(not gpu.nvrtc_available(), reason="CuPy/NVRTC not installed")
 
 
 @pytest.fixture(params=BACKENDS)
 def backend(request):
     return request.param
-
-
-def stored16(x, dtype):
-    """(the array the kernel takes, its exact values as float64)"""
-    if dtype == "bfloat16":
-        bits = gpu.to_bfloat16_bits(x)
-        return bits, gpu.from_bfloat16_bits(bits).astype(np.float64)
-    arr = np.ascontiguousarray(x, dtype=dtype)
-    return arr, arr.astype(np.float64)
-
-
-def values16(out, dtype):
-    return (gpu.from_bfloat16_bits(out) if dtype == "bfloat16" else out).astype(np.float64)
 
 
 def reference(q, k, v, causal):
@@ -57,17 +46,17 @@ CASES = [
 @pytest.mark.parametrize("lead, nq, nk, d, causal, dtype", CASES)
 def test_fa2_kernel_matches_the_reference(backend, lead, nq, nk, d, causal, dtype):
     rng = np.random.default_rng(nq * 1000 + nk + d)
-    (q, q64), (k, k64), (v, v64) = (stored16(rng.standard_normal((*lead, n, d)), dtype) for n in (nq, nk, nk))
+    (q, q64), (k, k64), (v, v64) = (stored(rng.standard_normal((*lead, n, d)), dtype) for n in (nq, nk, nk))
     out, lse = gpu.flash_attention_mma_fa2_gpu(q, k, v, causal=causal, bfloat16=dtype == "bfloat16", backend=backend)
     assert out.shape == q.shape and out.dtype == q.dtype and lse.shape == q.shape[:-1] and lse.dtype == np.float32
     ref, ref_lse = reference(q64, k64, v64, causal)
     base, base_lse = baseline_attention(q64, k64, v64, dtype, causal=causal)
-    assert_within_baseline(values16(out, dtype), ref, base)
+    assert_within_baseline(values(out, dtype), ref, base)
     assert_within_baseline(lse, ref_lse, base_lse, what="lse")
     # rows that see no key: exactly 0 and -inf, as in the NumPy core
     empty = np.isneginf(ref_lse)
     assert np.array_equal(np.isneginf(lse), empty)
-    assert not values16(out, dtype)[empty].any()
+    assert not values(out, dtype)[empty].any()
 
 
 def test_fa2_kernel_with_no_keys_gives_empty_rows(backend):
@@ -215,8 +204,7 @@ def test_fa2_ptx_holds_the_instructions_of_the_recipe(d):
 # the NaN rule, as the other tensor-core rungs are held to it (tests/test_gpu_kernels.py)
 # ---------------------------------------------------------------------------
 
-from test_gpu_kernels import (POISONS, assert_attention_close, forward_poison_check, gpu_only,  # noqa: E402
-                              padded, stored, values)
+from test_gpu_kernels import POISONS, assert_attention_close, forward_poison_check, gpu_only, padded  # noqa: E402
 
 
 @pytest.mark.parametrize("poison", POISONS)
