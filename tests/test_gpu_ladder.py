@@ -468,3 +468,37 @@ def test_async_kernel_refuses_what_it_cannot_do():
         gpu.flash_attention_mma_async_config(256, 64)
     # by hand: two stages of K and V, 2 bytes each: 8 * block_k * (d + 8) <= 49152
     assert [gpu.flash_attention_mma_async_config(d) for d in (64, 80, 96, 176, 192)] == [64, 64, 32, 32, 16]
+
+
+def test_the_notebooks_sentences_hold_for_the_recorded_run():
+    """What notebook 06 says in words about the recorded run, checked against the numbers."""
+    t = {d: {e["name"]: e for e in ladder.ladder_table(8192, d)} for d in (64, 128)}
+    for d in (64, 128):
+        assert t[d]["mma_fa2"]["x_naive"] >= 10                                   # an order of magnitude
+        assert max(t[d], key=lambda n: t[d][n]["x_naive"] if n != "sdpa" else 0) == "mma_fa2"   # fastest of ours
+        assert 1.5 < t[d]["scalar"]["ms"] / t[d]["regtile"]["ms"] < 2.5           # nearly doubles
+        assert 1.5 < t[d]["mma"]["ms"] / t[d]["mma_fa2"]["ms"] < 2.5              # roughly doubled
+    assert t[64]["scalar"]["x_naive"] < 1.5 and t[128]["scalar"]["x_naive"] < 1   # little gain; slower
+    assert t[128]["regtile"]["x_naive"] < t[64]["regtile"]["x_naive"] < 3         # short of 3x, most at 128
+    assert t[64]["mma_async"]["x_previous"] < 1 < t[128]["mma_async"]["x_previous"]  # paid off at 128 only
+    dec = {e["name"]: e["pct"] for e in ladder.decode_table()}
+    for shape, pct in dec["paged_decode_split"].items():                           # several times either
+        assert pct > 3 * max(dec["flash_decoding"][shape], dec["paged_decode"][shape]) and pct < 70
+    assert min(dec["paged_decode_split"], key=dec["paged_decode_split"].get) == (8, 32768)   # furthest there
+
+
+def test_the_quiz_quotes_the_recorded_run():
+    from lessons.course.quiz import QUIZZES
+
+    q = next(q for q in QUIZZES["06_kernel_ladder"] if "targets" in q.question)
+    claim = ladder.speedup_claim()
+    right = q.choices[q.answer]
+    assert f"about {claim[64]['ours'][1]:.0f}x and {claim[128]['ours'][1]:.0f}x" in right
+    assert all(claim[d]["holds"] for d in (64, 128))
+    out = {o["rung"]: o for o in ladder.target_outcomes()}
+    assert all(out[r]["met"] is False for r in ("regtile", "mma_fa2", "paged_decode_split"))
+    reg, fa2 = out["regtile"]["measured"], out["mma_fa2"]["measured"]
+    assert f"{reg[64]:.1f}x / {reg[128]:.1f}x (aim 3x)" in q.explanation
+    assert f"{fa2[64]:.2f}x / {fa2[128]:.2f}x SDPA (aim 0.5x)" in q.explanation
+    pct = out["paged_decode_split"]["measured"].values()
+    assert f"{min(pct):.0f}-{max(pct):.0f}% of the copy rate" in q.explanation
