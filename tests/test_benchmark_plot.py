@@ -22,7 +22,7 @@ def _overlaps(a, b):
 
 
 @pytest.mark.parametrize("name, sub", [("gpu_attention", "forward"), ("gpu_backward", "backward")])
-def test_replot_draws_the_recorded_rows_with_the_legend_outside(tmp_path, name, sub):
+def test_replot_draws_the_recorded_rows_with_the_legend_outside(tmp_path, monkeypatch, name, sub):
     import csv
 
     import matplotlib.pyplot as plt
@@ -49,11 +49,8 @@ def test_replot_draws_the_recorded_rows_with_the_legend_outside(tmp_path, name, 
         captured["title"] = kw["title"]
         orig(rows, path, **kw)
 
-    _common.plot_results = keep
-    try:
-        _common.replot(tmp_path / "results.csv", bench.plot_results, f"{name}.png")
-    finally:
-        _common.plot_results = orig
+    monkeypatch.setattr(_common, "plot_results", keep)
+    _common.replot(tmp_path / "results.csv", bench.plot_results, f"{name}.png")
     fig = captured["fig"]
     assert "NVIDIA H200 (sm_90)" in captured["title"]          # the device, from results.md
     fig.canvas.draw()
