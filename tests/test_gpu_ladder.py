@@ -502,3 +502,13 @@ def test_the_quiz_quotes_the_recorded_run():
     assert f"{fa2[64]:.2f}x / {fa2[128]:.2f}x SDPA (aim 0.5x)" in q.explanation
     pct = out["paged_decode_split"]["measured"].values()
     assert f"{min(pct):.0f}-{max(pct):.0f}% of the copy rate" in q.explanation
+
+
+def test_our_rungs_sit_below_their_roofs():
+    """Notebook 06: our rungs all sit below their modelled roofs, most at a third of it or less."""
+    from lessons.cost.traffic import H200
+
+    share = [p["tflops"] * 1e12 / min(H200.peak_flops[p["precision"]], H200.hbm_bytes_per_s * p["intensity"])
+             for p in ladder.ladder_points(8192, (64, 128)) if p["name"] != "sdpa"]
+    assert max(share) < 1
+    assert sum(s <= 0.37 for s in share) > len(share) / 2
