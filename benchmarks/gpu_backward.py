@@ -21,7 +21,8 @@ TFLOP/s counting the backward's 5 matmuls, 10 N^2 d flops per head (halved when 
 kernel's separate dQ pass actually does 14 N^2 d); peak device memory allocated during one
 backward call beyond its inputs (bytes: CuPy through a memory hook on its pool, torch through
 max_memory_allocated). Writes results.json, results.csv, results.md and gpu_backward.png into
-``--out``. Without a CUDA device it prints why and exits 0.
+``--out``. Without a CUDA device it prints why and exits 0. ``--replot CSV`` draws the plot again from a
+recorded ``results.csv`` (no GPU needed).
 """
 from __future__ import annotations
 
@@ -55,6 +56,8 @@ def parse_args(argv=None):
     p.add_argument("--causal", action="store_true")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--replot", type=Path, metavar="CSV",
+                   help="draw gpu_backward.png again from a recorded results.csv, beside it (nothing is measured)")
     p.add_argument("--time-budget", type=float, default=240.0,
                    help="seconds; configurations not started by then are recorded as skipped")
     args = p.parse_args(argv)
@@ -156,7 +159,11 @@ def plot_results(rows, path: Path, meta: dict) -> None:
 
 
 def main(argv=None) -> int:
-    return _common.main(parse_args(argv), run_size, write_results, kernels="backward kernels")
+    args = parse_args(argv)
+    if args.replot:
+        print(f"wrote {_common.replot(args.replot, plot_results, 'gpu_backward.png')}")
+        return 0
+    return _common.main(args, run_size, write_results, kernels="backward kernels")
 
 
 if __name__ == "__main__":
