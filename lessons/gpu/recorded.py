@@ -305,7 +305,8 @@ def backward_table(run, n=None, head_dims=(64, 128), dtype: str = "float16") -> 
         raise ValueError(f"head_dims {list(head_dims)}: the run has none of them in {dtype!r}")
     if n is None:
         n = min(_pick_n(run, None, d, dtype) for d in ds)
-    lines = [f"Attention backward, N = {n}, batch 1, {run.rows[0]['heads']} heads, {dtype}, {run.label}:", "",
+    lines = [f"Attention backward, N = {n}, batch 1, {run.rows[0]['heads']} heads, {dtype} (TFLOP/s: 10 N^2 d FLOPs "
+             f"per head), {run.label}:", "",
              "| implementation | d | time (ms) | TFLOP/s | extra memory | x naive CuPy | of torch's speed |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for d in ds:
