@@ -281,3 +281,60 @@ def test_live_measurement_gives_rows_the_views_take():
     assert backward_row(run, "naive", 512, 64)["peak_bytes"] >= 3 * 2 * 512 * 512 * 4
     assert backward_summary(run).n == 512 and "N = 512" in backward_table(run)
     assert len(recorded_backward_figure(run).get_axes()) == 2
+
+
+def test_live_measurement_loop_on_a_stand_in_device(monkeypatch):
+    """measure_backward's loop without a GPU: CuPy replaced by NumPy with events that say 2 ms, the
+    launchers by stand-ins (the tensor-core one failing as on a GPU older than sm_80), torch absent.
+    What is checked is what the loop makes of them: one row per (d, N, impl), FLOP/s from the time,
+    skips and failures as notes, the live label."""
+    import sys
+    import types
+
+    class Event:
+        def record(self):
+            pass
+
+        def synchronize(self):
+            pass
+
+    class MemoryHook:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    fake = types.ModuleType("cupy")
+    fake.__getattr__ = lambda name: getattr(np, name)          # arrays and maths: NumPy's
+    fake.cuda = types.SimpleNamespace(Event=Event, get_elapsed_time=lambda start, end: 2.0, MemoryHook=MemoryHook,
+                                      Device=lambda: types.SimpleNamespace(synchronize=lambda: None))
+    fake.get_default_memory_pool = lambda: types.SimpleNamespace(free_all_blocks=lambda: None)
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setitem(sys.modules, "torch", None)              # import torch -> ImportError
+    monkeypatch.setattr(gpu, "device_available", lambda: True)
+    monkeypatch.setattr(gpu, "device_name", lambda: "Stand-in GPU (sm_75)")
+    monkeypatch.setattr(gpu, "flash_attention_gpu", lambda q, k, v: (q, np.zeros(q.shape[:-1], np.float32)))
+    calls = []
+    monkeypatch.setattr(gpu, "flash_attention_backward_gpu", lambda *a: calls.append(a[0].shape) or (a[0],) * 3)
+
+    def old_gpu(*a):
+        raise RuntimeError("the tensor-core backward needs compute capability 8.0 or newer\nmore")
+    monkeypatch.setattr(gpu, "flash_attention_backward_mma_gpu", old_gpu)
+
+    run = measure_backward(sizes=(16, 32), head_dims=(64, 96), heads=2, warmup=1, repeats=3)
+    assert run.live and run.label.startswith("measured live on Stand-in GPU (sm_75), ")
+    assert [(r["d"], r["n"], r["impl"]) for r in run.rows] == [(d, n, i) for d in (64, 96) for n in (16, 32) for i in IMPLS]
+    assert calls[0] == (2, 16, 64) and len(calls) == 4 * (1 + 3 + 1)      # per (d, N): warmup, repeats, peak
+    for r in run.rows:
+        assert (r["heads"], r["causal"], r["dtype"]) == (2, False, "float16")
+        if r["impl"] in ("naive", "kernel"):
+            assert r["seconds"] == 2e-3 and r["peak_bytes"] == 0 and r["note"] == ""
+            assert r["tflops"] == pytest.approx(10 * r["n"] ** 2 * r["d"] * 2 / 2e-3 / 1e12)
+        else:
+            assert r["seconds"] is r["tflops"] is r["peak_bytes"] is None
+    notes = {(r["impl"], r["d"]): r["note"] for r in run.rows}
+    assert notes["mma", 64] == "failed: RuntimeError: the tensor-core backward needs compute capability 8.0 or newer"
+    assert notes["mma", 96] == "skipped: the tensor-core backward takes d = 64 or 128"
+    assert notes["torch", 64] == "skipped: torch is not installed"
+    assert "| skipped: torch is not installed |" in backward_table(run, head_dims=(64,))

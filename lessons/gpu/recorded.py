@@ -172,7 +172,8 @@ def measure_backward(sizes=(1024, 2048), head_dims=(64, 128), *, heads: int = 8,
     backward (torch, where torch with CUDA is installed) are each timed (median of ``repeats`` CUDA-event
     timings after ``warmup``, seconds) and their peak extra device memory measured (bytes). With the
     defaults this takes seconds. Returns a :class:`BackwardRun` labelled ``"measured live on <device>,
-    <date>"``; an implementation that could not run has ``seconds = None`` and says why in ``note``.
+    <date>"``; an implementation that could not run (skipped, or failed: out of memory, a GPU older than
+    sm_80 for the tensor cores) has ``seconds = None`` and says why in ``note``.
     Raises RuntimeError without a CUDA device, ValueError for sizes, head dims, heads or repeats below 1.
     """
     import numpy as np
@@ -213,13 +214,18 @@ def measure_backward(sizes=(1024, 2048), head_dims=(64, 128), *, heads: int = 8,
                     row["note"] = "skipped: the tensor-core backward takes d = 64 or 128"
                 elif impl == "torch" and torch_reason:
                     row["note"] = torch_reason
-                elif impl == "torch":
-                    row["seconds"], row["peak_bytes"] = torch_seconds_and_peak(
-                        torch, sdpa_backward(torch, q, k, v, do), warmup, repeats)
-                    torch.cuda.empty_cache()
                 else:
-                    row["seconds"] = median_cuda_seconds(cupy, calls[impl], warmup, repeats)
-                    row["peak_bytes"] = int(peak_cupy(cupy, calls[impl]))
+                    try:
+                        if impl == "torch":
+                            seconds, peak = torch_seconds_and_peak(torch, sdpa_backward(torch, q, k, v, do), warmup,
+                                                                   repeats)
+                            torch.cuda.empty_cache()
+                        else:
+                            seconds = median_cuda_seconds(cupy, calls[impl], warmup, repeats)
+                            peak = peak_cupy(cupy, calls[impl])
+                        row.update(seconds=seconds, peak_bytes=int(peak))
+                    except Exception as err:     # out of memory, a GPU older than sm_80 for mma, ...
+                        row["note"] = f"failed: {type(err).__name__}: {str(err).splitlines()[0][:120]}"
                 if row["seconds"] is not None:
                     row["tflops"] = backward_flops(n, d, heads, False) / row["seconds"] / 1e12
                 rows.append(row)
