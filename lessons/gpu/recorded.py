@@ -171,9 +171,10 @@ def measure_backward(sizes=(1024, 2048), head_dims=(64, 128), *, heads: int = 8,
     (kernel), :func:`lessons.gpu.flash_attention_backward_mma_gpu` (mma, d = 64 or 128) and torch SDPA's
     backward (torch, where torch with CUDA is installed) are each timed (median of ``repeats`` CUDA-event
     timings after ``warmup``, seconds) and their peak extra device memory measured (bytes). With the
-    defaults the timings take seconds (after NVRTC has compiled the kernels, once). Returns a :class:`BackwardRun` labelled ``"measured live on <device>,
-    <date>"``; an implementation that could not run (skipped, or failed: out of memory, a GPU older than
-    sm_80 for the tensor cores) has ``seconds = None`` and says why in ``note``.
+    defaults the timings take seconds (after NVRTC has compiled the kernels, once). Returns a
+    :class:`BackwardRun` labelled ``"measured live on <device>, <date>"``; an implementation that could not
+    run (skipped, or failed: out of memory, a GPU older than sm_80 for the tensor cores) has
+    ``seconds = None`` and says why in ``note``.
     Raises RuntimeError without a CUDA device, ValueError for sizes, head dims, heads or repeats below 1.
     """
     import numpy as np
