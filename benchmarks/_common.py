@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import csv
 import json
-import statistics
 import time
 from pathlib import Path
+
+from lessons.gpu.measure import make_peak_hook, peak_cupy, torch_seconds_and_peak  # noqa: F401 (re-exported)
 
 __all__ = ["device_or_reason", "make_peak_hook", "peak_cupy", "load_torch", "torch_seconds_and_peak", "benchmark", "main",
            "timed_rows", "format_row", "write_results", "results_figure", "plot_results", "read_results", "replot"]
@@ -33,36 +34,6 @@ def device_or_reason():
     return cupy, None
 
 
-def make_peak_hook(cupy):
-    """A CuPy memory hook that tracks the bytes held in the pool and their peak."""
-
-    class PeakHook(cupy.cuda.MemoryHook):
-        name = "PeakHook"
-
-        def __init__(self):
-            self.current = self.peak = 0
-
-        def malloc_postprocess(self, **kwargs):      # CuPy passes device_id, size, mem_size, ...
-            self.current += kwargs["mem_size"]
-            self.peak = max(self.peak, self.current)
-
-        def free_postprocess(self, **kwargs):
-            self.current -= kwargs["mem_size"]
-
-    return PeakHook()
-
-
-def peak_cupy(cupy, fn):
-    """Peak bytes CuPy's pool held beyond what it held before ``fn()``."""
-    hook = make_peak_hook(cupy)
-    cupy.cuda.Device().synchronize()
-    with hook:
-        result = fn()
-        cupy.cuda.Device().synchronize()
-    del result
-    return hook.peak
-
-
 def load_torch():
     """(torch module, None) when torch with CUDA is installed, else (None, why not)."""
     try:
@@ -72,29 +43,6 @@ def load_torch():
     if not torch.cuda.is_available():
         return None, "torch has no CUDA device"
     return torch, None
-
-
-def torch_seconds_and_peak(torch, fn, warmup: int, repeats: int):
-    """(median seconds of ``fn()`` over ``repeats`` runs after ``warmup``, timed with CUDA events;
-    peak bytes torch allocated during one more call beyond what it held before)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    out = fn()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base
-    del out
-    return statistics.median(times), peak
 
 
 def timed_rows(args, cupy, torch, impls, calls, *, dtype, d, n, flops, t0, skip=lambda impl: None):
