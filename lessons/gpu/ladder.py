@@ -23,6 +23,7 @@ from pathlib import Path
 
 from lessons.core.checks import check_int
 from lessons.cost.traffic import H200, flash_io, textbook_io
+from lessons.gpu.recorded import RECORDED_DIR  # the recorded H200 run: forward/, backward/, decode/, README.md, env.txt
 
 __all__ = ["Rung", "RUNGS", "RECORDED_DIR", "RECORDED_CSV", "RECORDED_LABEL", "PROFILED_DIR", "PROFILED_LABEL",
            "SDPA_KERNEL", "NOT_MEASURED", "rung", "attention_flops", "recorded_rows", "recorded", "ladder_table",
@@ -32,8 +33,6 @@ __all__ = ["Rung", "RUNGS", "RECORDED_DIR", "RECORDED_CSV", "RECORDED_LABEL", "P
            "decode_recorded", "decode_table", "decode_markdown"]
 
 ROOT = Path(__file__).resolve().parents[2]
-#: the recorded H200 run shipped in the repository (forward/, backward/, decode/, README.md, env.txt)
-RECORDED_DIR = ROOT / "benchmarks" / "results" / "gpu_h200_2026-12-01"
 #: its forward table: every rung, naive CuPy and torch SDPA at N = 1024, 4096, 8192, d = 64, 128
 RECORDED_CSV = RECORDED_DIR / "forward" / "results.csv"
 #: how every recorded figure is labelled (machine, date, driver, CUDA, commit: RECORDED_DIR/README.md, env.txt)

@@ -519,6 +519,6 @@ def recorded_backward_figure(run, *, dtype="float16", figsize=(10.5, 7.2), dpi=9
     handles, labels = top.get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8.5, frameon=False)
     heads = rows[0]["heads"]
-    fig.suptitle(f"Attention backward, batch 1, {heads} heads, {dtype}: {run.label}", fontsize=10.5, x=0.02,
+    fig.suptitle(f"Attention backward, batch 1, {heads} heads, {dtype}\n{run.label}", fontsize=10.5, x=0.02,
                  y=0.97, ha="left", color="#7a3b00" if run.live else "#333333")
     return fig
