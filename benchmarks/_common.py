@@ -168,6 +168,15 @@ def results_figure(rows, *, impls, dtypes, style, speed, title):
     return fig
 
 
+def dtype_caption(rows) -> str:
+    """How the plot tells the dtypes apart, for the dtypes that have a time in ``rows``:
+    ``"solid float16, dashed float32"``, or just ``"float16"`` when only one was run."""
+    timed = sorted({r["dtype"] for r in rows if r["seconds"] is not None}, key=lambda d: d != "float16")
+    if len(timed) == 1:
+        return timed[0]
+    return ", ".join(("solid " if d == "float16" else "dashed ") + d for d in timed)
+
+
 def plot_results(rows, path: Path, *, impls, dtypes, style, speed, title) -> None:
     """:func:`results_figure` of ``rows`` saved as a PNG at ``path``."""
     import matplotlib.pyplot as plt

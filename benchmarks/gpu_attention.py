@@ -128,8 +128,8 @@ def plot_results(rows, path: Path, meta: dict) -> None:
              "torch": ("tab:green", "^", "torch SDPA")}
     _common.plot_results(rows, path, impls=IMPLS, dtypes=DTYPES, style=style,
                          speed=(lambda r: r["tflops"], "TFLOP/s (higher is better)"),
-                         title=f"Attention forward on {meta['device']}\nbatch 1, {meta['heads']} heads; solid float16, "
-                               f"dashed float32" + (", causal" if meta["causal"] else ""))
+                         title=f"Attention forward on {meta['device']}\nbatch 1, {meta['heads']} heads; "
+                               f"{_common.dtype_caption(rows)}" + (", causal" if meta["causal"] else ""))
 
 
 def main(argv=None) -> int:

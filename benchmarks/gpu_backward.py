@@ -125,7 +125,7 @@ def plot_results(rows, path: Path, meta: dict) -> None:
     _common.plot_results(rows, path, impls=IMPLS, dtypes=DTYPES, style=style,
                          speed=(lambda r: r["seconds"] * 1e3, "backward time (ms, lower is better)"),
                          title=f"Attention backward on {meta['device']}\nbatch 1, {meta['heads']} heads; "
-                               f"solid float16, dashed float32" + (", causal" if meta["causal"] else ""))
+                               f"{_common.dtype_caption(rows)}" + (", causal" if meta["causal"] else ""))
 
 
 def main(argv=None) -> int:

@@ -77,3 +77,16 @@ def test_replot_refuses_an_empty_csv(tmp_path):
         _common.replot(tmp_path / "results.csv", lambda *a: None, "x.png")
     with pytest.raises(FileNotFoundError):
         _common.replot(tmp_path / "missing.csv", lambda *a: None, "x.png")
+
+
+def test_the_title_names_only_the_dtypes_that_were_timed():
+    from benchmarks import _common
+
+    row = {"dtype": "float16", "seconds": 1.0}
+    assert _common.dtype_caption([row, {**row, "dtype": "float32", "seconds": None}]) == "float16"
+    assert _common.dtype_caption([{**row, "dtype": "float32"}, row]) == "solid float16, dashed float32"
+    # the recorded backward run timed float16 only, the forward run both
+    root = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "gpu_h200_2026-12-01"
+    assert _common.dtype_caption(_common.read_results(root / "backward" / "results.csv")) == "float16"
+    assert _common.dtype_caption(_common.read_results(root / "forward" / "results.csv")) == \
+        "solid float16, dashed float32"
