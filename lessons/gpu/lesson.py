@@ -97,9 +97,7 @@ def _sample_decode_query():
     return q[-1], k, v
 
 
-# ---------------------------------------------------------------------------
-# 01 online softmax
-# ---------------------------------------------------------------------------
+# -- 01 online softmax ---------------------------------------------------------------------------------------
 
 def _softmax_reference(x):
     x64 = np.asarray(x, dtype=np.float64)
@@ -140,9 +138,7 @@ def online_softmax_on_gpu(x=None, *, tile: int = 256, timing_shape=(2048, 8192),
                 use_device=use_device, emulate=emulate)
 
 
-# ---------------------------------------------------------------------------
-# 02 flash attention forward, with the trace
-# ---------------------------------------------------------------------------
+# -- 02 flash attention forward, with the trace --------------------------------------------------------------
 
 def _trace_details(place, gpu_trace, q, k, v, row, block_q, block_k) -> dict:
     """The kernel's trace of ``row`` beside NumPy's and beside a fold that forgets alpha on l."""
@@ -275,9 +271,7 @@ def kernel_row_trace(q, k, v, tile, row, *, causal=False, block_q=64, scale=None
     return (f"GPU ({device.name})" if device is not None else "emulator"), out[2].row(row)
 
 
-# ---------------------------------------------------------------------------
-# 03 causal, Nq != Nk
-# ---------------------------------------------------------------------------
+# -- 03 causal, Nq != Nk -------------------------------------------------------------------------------------
 
 def causal_on_gpu(*, layer: int = 0, head: int = 0, cases=CAUSAL_CASES, all_heads: bool = True,
                   use_device=None, emulate=None) -> GpuLesson:
@@ -336,9 +330,7 @@ def causal_on_gpu(*, layer: int = 0, head: int = 0, cases=CAUSAL_CASES, all_head
                 use_device=use_device, emulate=emulate)
 
 
-# ---------------------------------------------------------------------------
-# 05 IO: compile report, naive vs kernel timing; the same fold on tensor cores
-# ---------------------------------------------------------------------------
+# -- 05 IO: compile report, naive vs kernel timing; the same fold on tensor cores ----------------------------
 
 def io_on_gpu(*, ns=(1024, 2048, 4096), d: int = 64, heads: int = 8, repeats: int = 5,
               use_device=None) -> GpuLesson:
@@ -454,9 +446,7 @@ def tensor_cores_on_gpu(*, layer: int = 0, head: int = 0, row: int = 93, n: int 
                 emulate=emulate)
 
 
-# ---------------------------------------------------------------------------
-# 07 paged decode, one sequence, one head group
-# ---------------------------------------------------------------------------
+# -- 07 paged decode, one sequence, one head group -----------------------------------------------------------
 
 def paged_decode_on_gpu(q=None, block_table=None, k_cache=None, v_cache=None, seq_len=None, block_size=None,
                         *, use_device=None, emulate=None) -> GpuLesson:
@@ -508,9 +498,7 @@ def paged_decode_on_gpu(q=None, block_table=None, k_cache=None, v_cache=None, se
                 use_device=use_device, emulate=emulate)
 
 
-# ---------------------------------------------------------------------------
-# 08 flash-decoding: split-KV + merge
-# ---------------------------------------------------------------------------
+# -- 08 flash-decoding: split-KV + merge ---------------------------------------------------------------------
 
 def flash_decoding_on_gpu(q=None, k=None, v=None, num_splits: int = 6, *, block_size: int = 16,
                           use_device=None, emulate=None) -> GpuLesson:
@@ -579,9 +567,7 @@ def flash_decoding_on_gpu(q=None, k=None, v=None, num_splits: int = 6, *, block_
                 use_device=use_device, emulate=emulate)
 
 
-# ---------------------------------------------------------------------------
-# 09 paged decode with GQA
-# ---------------------------------------------------------------------------
+# -- 09 paged decode with GQA --------------------------------------------------------------------------------
 
 def paged_gqa_on_gpu(q=None, k_cache=None, v_cache=None, block_tables=None, seq_lens=None, *,
                      use_device=None, emulate=None) -> GpuLesson:
