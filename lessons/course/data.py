@@ -316,8 +316,8 @@ def _seed(seed) -> int:
 def softmax_demo_rows(n_cols: int = 700, *, seed: int = 0) -> np.ndarray:
     """The small batch notebook 01's online-softmax kernel is checked on: float32 (3, n_cols).
 
-    Row 0: scores ``3 * N(0, 1)``; row 1: the same but its first ``n_cols * 3 // 7`` entries
-    ``-inf`` (with tiles of 256 its whole first tile is masked: the NaN trap of notebook 01,
+    Row 0: scores ``3 * N(0, 1)``; row 1: scores drawn the same way, but its first ``n_cols * 3 // 7``
+    entries ``-inf`` (with tiles of 256 its whole first tile is masked: the NaN trap of notebook 01,
     section 5); row 2: all ``-inf`` (a row that sees nothing: y = 0, lse = -inf).
     """
     x = (3.0 * np.random.default_rng(seed).standard_normal((3, n_cols))).astype(np.float32)
