@@ -208,6 +208,7 @@ def no_resource_report(monkeypatch):
         def getProgramLog(self, prog):
             return ""
 
+    monkeypatch.setenv("LESSONS_NVRTC_CACHE", "off")      # a made-up log must neither come from nor go to disk
     monkeypatch.setattr(compile_mod, "_nvrtc", lambda: Quiet())
     monkeypatch.setattr(compile_mod, "find_ptxas", lambda: None)
     for cached in (compile_mod.compile_kernel, compile_mod._standalone_report):
