@@ -28,7 +28,7 @@ from lessons.schedules.backward import BackwardTrace
 from lessons.views.flash import TILE_COLOURS
 from lessons.views.plot import new_figure, tidy
 from lessons.views.softmax import figure_png
-from lessons.views.stepper import format_value
+from lessons.views.stepper import StepperShell, format_value
 
 __all__ = ["GRADIENT_COLOURS", "backward_figure", "backward_step_text", "BackwardStepper", "backward_cost_figure",
            "backward_kernel_figure", "NUMPY_SOURCE"]
@@ -185,7 +185,7 @@ def backward_step_text(trace, step, exact) -> str:
     return "\n".join(lines)
 
 
-class BackwardStepper:
+class BackwardStepper(StepperShell):
     """Step through the FA-2 backward loop (ipywidgets): outer key blocks, inner query blocks.
 
     A view over ``trace`` (:func:`lessons.flash_attention_backward` with ``return_trace=True``)
@@ -225,34 +225,19 @@ class BackwardStepper:
         self.divergence = self.differences = None
         if kernel is not None:
             self._set_kernel(kernel, exact)
-        self.trace = self.numpy_trace
-        self.errors = self._errors["numpy"]
-        n = len(self.numpy_trace)
-        style = {"description_width": "initial"}
-        self.slider = widgets.IntSlider(value=min(max(int(step), 1), n), min=1, max=n, description="steps",
-                                        style=style, layout={"width": "480px"})
-        self.play = widgets.Play(value=self.slider.value, min=1, max=n, interval=interval)
-        widgets.jslink((self.play, "value"), (self.slider, "value"))
-        self.image = widgets.Image(format="png")
-        self.table = widgets.HTML(layout={"width": "330px"})
-        names = ["step", "key_block", "query_block", "dq_error", "dk_error", "dv_error", "on_chip"]
-        names += ["source", "kernel"] if kernel is not None else []
-        self.readouts = {k: widgets.HTML(layout={"border": "1px solid #dddddd", "padding": "2px 10px", "margin": "2px"})
-                         for k in names}
         self.source = None
-        top = [self.play, self.slider]
-        if kernel is not None:
+        names = ["step", "key_block", "query_block", "dq_error", "dk_error", "dv_error", "on_chip"]
+        if kernel is not None:              # the kernel's trace is shown first
             self.source = widgets.ToggleButtons(options=[(f"kernel ({self.where})", "kernel"), ("NumPy", "numpy")],
-                                                value="kernel", description="trace from", style=style)
+                                                value="kernel", description="trace from",
+                                                style={"description_width": "initial"})
+            names += ["source", "kernel"]
+        key = "numpy" if kernel is None else "kernel"
+        self.trace, self.errors = self._traces[key], self._errors[key]
+        self._build_shell(len(self.trace), step=min(int(step), len(self.numpy_trace)), label="steps", readouts=names,
+                          table_width="330px", interval=interval, controls=[self.source] if kernel is not None else [])
+        if kernel is not None:
             self.source.observe(lambda change: self._switch(), names="value")
-            top.append(self.source)
-            self._switch(render=False)
-        self._render()
-        self.slider.observe(lambda change: self._render(), names="value")
-        self.widget = widgets.VBox([widgets.HBox(top, layout={"flex_flow": "row wrap"}),
-                                    widgets.HBox(list(self.readouts.values()), layout={"flex_flow": "row wrap"}),
-                                    widgets.HBox([self.image, self.table],
-                                                 layout={"flex_flow": "row wrap", "align_items": "flex-start"})])
 
     def _set_kernel(self, kernel, exact):
         from lessons.gpu.backward import backward_trace_differences, first_backward_divergence
@@ -268,18 +253,15 @@ class BackwardStepper:
         self._traces["kernel"] = kernel_trace
         self._errors["kernel"] = kernel_trace.errors(exact)
 
-    def _switch(self, render=True):
+    def _switch(self):
         key = self.source.value
         self.trace, self.errors = self._traces[key], self._errors[key]
         n = len(self.trace)
         self.slider.max = self.play.max = n
         if self.slider.value > n:
             self.slider.value = n               # observed: renders
-        elif render:
+        else:
             self._render()
-
-    def _repr_mimebundle_(self, **kwargs):
-        return self.widget._repr_mimebundle_(**kwargs)
 
     def _source_label(self):
         if self.source is None or self.source.value == "numpy":
