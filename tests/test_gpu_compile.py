@@ -677,6 +677,96 @@ def test_nvrtc_results_kept_on_disk_are_the_bytes_nvrtc_gives(tmp_path, monkeypa
     assert len(list(folder.iterdir())) == 3
 
 
+def _kept_cubin(folder):
+    (path,) = [p for p in folder.iterdir() if "-cubin-" in p.name]
+    return path
+
+
+def _log_digit_changed(data):
+    i = data.index(b"Used ") + len(b"Used ")       # the first digit of a register count
+    return data[:i] + bytes([ord("9") if data[i] != ord("9") else ord("8")]) + data[i + 1:]
+
+
+@pytest.mark.skipif(not gpu.nvrtc_available(), reason="CuPy/NVRTC not installed")
+@pytest.mark.parametrize("damage", [
+    pytest.param(lambda data: data[:-100], id="cubin-cut-short"),
+    pytest.param(lambda data: data[:-1] + bytes([data[-1] ^ 0xFF]), id="cubin-byte-flipped"),
+    pytest.param(_log_digit_changed, id="register-count-changed"),
+    pytest.param(lambda data: b"\0" * 8, id="eight-zero-bytes"),
+    pytest.param(lambda data: b"", id="empty"),
+    pytest.param(lambda data: data + b"junk", id="bytes-appended"),
+])
+def test_a_damaged_kept_file_is_compiled_again_never_served(tmp_path, monkeypatch, fresh_caches, damage):
+    build = source.online_softmax_build(64, "float32")
+    monkeypatch.setenv("LESSONS_NVRTC_CACHE", str(tmp_path / "kept"))
+    good = gpu.compile_kernel(build, "sm_80")
+    path = _kept_cubin(tmp_path / "kept")
+    path.write_bytes(damage(path.read_bytes()))
+    compile_mod.compile_kernel.cache_clear()
+    again = gpu.compile_kernel(build, "sm_80")
+    assert again.cubin == good.cubin and again.cubin[:4] == b"\x7fELF"
+    assert again.resources == good.resources
+    compile_mod.compile_kernel.cache_clear()
+    assert gpu.compile_kernel(build, "sm_80").cubin == good.cubin       # and the file is whole again
+
+
+class PartialReportNvrtc(QuietNvrtc):
+    """A log that mentions registers but reports only the first entry point of paged_decode."""
+
+    def getProgramLog(self, prog):
+        return ("ptxas info    : Compiling entry function 'paged_decode' for 'sm_90'\n"
+                "ptxas info    : Used 40 registers, 1024 bytes smem\n")
+
+
+@pytest.mark.skipif(not gpu.nvrtc_available(), reason="CuPy/NVRTC not installed")
+def test_a_cubin_whose_log_misses_an_entry_is_not_kept(tmp_path, monkeypatch, fresh_caches):
+    build = source.paged_decode_build(64, 16, 8, 2, "float32")
+    assert len(build.entries) == 3 and build.entries[0] == "paged_decode"
+    real = compile_mod._nvrtc()
+    monkeypatch.setattr(compile_mod, "_nvrtc", lambda: PartialReportNvrtc(real))
+    monkeypatch.setenv("LESSONS_NVRTC_CACHE", str(tmp_path / "kept"))
+    gpu.compile_kernel(build, "sm_90")
+    assert not [p for p in (tmp_path / "kept").iterdir() if "-cubin-" in p.name]
+
+
+@pytest.mark.skipif(not gpu.nvrtc_available(), reason="CuPy/NVRTC not installed")
+def test_a_write_that_fails_leaves_no_piece_behind(tmp_path, monkeypatch, fresh_caches):
+    def full_disk(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(compile_mod.os, "replace", full_disk)
+    monkeypatch.setenv("LESSONS_NVRTC_CACHE", str(tmp_path / "kept"))
+    compiled = gpu.compile_kernel(source.online_softmax_build(64, "float32"), "sm_80")
+    assert compiled.cubin[:4] == b"\x7fELF"
+    assert list((tmp_path / "kept").iterdir()) == []
+
+
+@pytest.mark.skipif(not gpu.nvrtc_available(), reason="CuPy/NVRTC not installed")
+def test_a_cache_path_that_is_a_file_keeps_nothing_and_compiles(tmp_path, monkeypatch, fresh_caches):
+    path = tmp_path / "a-file"
+    path.write_bytes(b"a learner's file")
+    monkeypatch.setenv("LESSONS_NVRTC_CACHE", str(path))
+    assert compile_mod._disk_cache() is None
+    assert gpu.compile_kernel(source.online_softmax_build(64, "float32"), "sm_80").cubin[:4] == b"\x7fELF"
+    assert path.read_bytes() == b"a learner's file"
+
+
+def test_the_default_folder_is_used_only_when_this_user_alone_can_write_it(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.delenv("LESSONS_NVRTC_CACHE", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    made = compile_mod._disk_cache()
+    assert made is not None and made.parent == tmp_path and made.stat().st_mode & 0o077 == 0
+    made.chmod(0o777)                                   # another user could plant a cubin there
+    assert compile_mod._disk_cache() is None
+    made.chmod(0o700)
+    assert compile_mod._disk_cache() == made
+    if hasattr(os, "geteuid") and os.geteuid() == 0:    # a folder another user made first
+        os.chown(made, 65534, 65534)
+        assert compile_mod._disk_cache() is None
+
+
 @pytest.mark.skipif(not gpu.emulator_available(), reason="no C++ compiler (g++) for the CPU emulation")
 def test_threads_launching_emulated_kernels_at_once_get_their_own_answers():
     from concurrent.futures import ThreadPoolExecutor

@@ -29,7 +29,10 @@ PTX, and its log with the ptxas report) is also kept on disk, in ``$LESSONS_NVRT
 a per-user folder under the system temp dir; ``off`` keeps nothing), under a name that hashes the
 source with its headers inlined, every option and the NVRTC version: another process, or the same
 notebook run again, gets the same bytes without compiling. Files are written whole in a temporary
-file and renamed, so processes compiling at once never read half a file. Errors are never kept.
+file and renamed, so processes compiling at once never read half a file, and each carries a SHA-256
+of its contents: a file cut short or altered is compiled again, never loaded. Errors are never kept,
+nor a cubin whose log lacks ptxas's report for any of its entry points. The default folder is used
+only when this user owns it and nobody else can write to it.
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ import importlib.util
 import os
 import re
 import shutil
+import stat
 import struct
 import subprocess
 import tempfile
@@ -190,41 +194,87 @@ def _cache_options() -> tuple:
     return ("--no-cache",) if nvrtc_version() >= (12, 9) else ()
 
 
+#: first bytes of a kept result; a file from another layout, or none of ours, is compiled again
+_KEPT_MAGIC = b"LSNVRTC2"
+
+
 def _disk_cache() -> Path | None:
     """The folder of NVRTC's kept results (``$LESSONS_NVRTC_CACHE``, else per user under the temp
-    dir), or None when it is ``off`` or cannot be made."""
+    dir), or None when it is ``off`` or cannot be made. The per-user default lives in a shared temp
+    dir, so it is used only when it is a folder this user owns and nobody else can write to (made
+    with mode 0700): a folder another user made first is not trusted."""
     path = os.environ.get("LESSONS_NVRTC_CACHE")
     if path == "off":
         return None
-    if not path:
-        path = Path(tempfile.gettempdir()) / f"lessons-gpu-nvrtc-{os.getuid() if hasattr(os, 'getuid') else 0}"
+    default = not path
+    if default:
+        uid = os.getuid() if hasattr(os, "getuid") else None
+        path = Path(tempfile.gettempdir()) / f"lessons-gpu-nvrtc-{uid if uid is not None else 'user'}"
+    path = Path(path)
     try:
-        Path(path).mkdir(parents=True, exist_ok=True)
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = path.lstat() if default else path.stat()
     except OSError:
         return None
-    return Path(path)
+    if not stat.S_ISDIR(info.st_mode):
+        return None
+    if default and hasattr(os, "getuid") and (info.st_uid != os.getuid() or info.st_mode & 0o022):
+        return None
+    return path
 
 
 def _read_kept(path: Path) -> tuple | None:
-    """(output bytes, log) from a kept result, None when absent or not whole."""
+    """(output bytes, log) from a kept result; None when absent, cut short, altered or empty.
+
+    A kept file is ``_KEPT_MAGIC``, the SHA-256 of the rest, the log's length (8 bytes, little
+    endian), the log (UTF-8) and the output; any byte changed or missing fails the digest."""
     try:
         data = path.read_bytes()
-        (n,) = struct.unpack_from("<Q", data)
-        log = data[8:8 + n].decode()
-    except (OSError, struct.error, UnicodeDecodeError):
+    except OSError:
         return None
-    return (data[8 + n:], log) if len(data) >= 8 + n else None
+    head = len(_KEPT_MAGIC) + 32
+    if len(data) < head + 8 or not data.startswith(_KEPT_MAGIC):
+        return None
+    body = data[head:]
+    if hashlib.sha256(body).digest() != data[len(_KEPT_MAGIC):head]:
+        return None
+    (n,) = struct.unpack_from("<Q", body)
+    if len(body) <= 8 + n:                # no output at all is never a result NVRTC gave
+        return None
+    try:
+        log = body[8:8 + n].decode()
+    except UnicodeDecodeError:
+        return None
+    return body[8 + n:], log
 
 
 def _keep(path: Path, output: bytes, log: str) -> None:
-    """Write (output, log) whole: a temporary file in the same folder, then one atomic rename."""
+    """Write (output, log) whole: a temporary file in the same folder, then one atomic rename.
+    A failed write (full or read-only disk) leaves nothing behind and costs the next process a
+    compile, never a wrong result."""
     raw = log.encode()
+    body = struct.pack("<Q", len(raw)) + raw + output
+    part = None
     try:
         with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".part") as f:
-            f.write(struct.pack("<Q", len(raw)) + raw + output)
-        os.replace(f.name, path)
-    except OSError:   # a full or read-only disk only costs the next process a compile
-        pass
+            part = f.name
+            f.write(_KEPT_MAGIC + hashlib.sha256(body).digest() + body)
+        os.replace(part, path)
+    except OSError:
+        if part is not None:
+            try:
+                os.unlink(part)
+            except OSError:
+                pass
+
+
+def _reports_every_entry(build: KernelBuild, log: str) -> bool:
+    """True when ptxas's report in ``log`` names every entry point of ``build`` with its registers."""
+    try:
+        parsed = parse_ptxas_log(log)
+    except ValueError:
+        return False
+    return all(entry in parsed for entry in build.entries)
 
 
 def _compile(build: KernelBuild, arch_option: str, extra: tuple, what: str) -> tuple:
@@ -255,7 +305,9 @@ def _compile(build: KernelBuild, arch_option: str, extra: tuple, what: str) -> t
         output = output.encode() if isinstance(output, str) else bytes(output)
     finally:
         nvrtc.destroyProgram(prog)
-    if kept is not None and (what == "ptx" or "registers" in log):   # a cubin is kept with its ptxas report only
+    # a cubin is kept only with ptxas's full report: a log without it (a compile-cache hit, or
+    # processes compiling at once) would make every later run read "not reported"
+    if kept is not None and output and (what == "ptx" or _reports_every_entry(build, log)):
         _keep(kept, output, log)
     return options, output, log
 
