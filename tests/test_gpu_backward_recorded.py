@@ -338,3 +338,82 @@ def test_live_measurement_loop_on_a_stand_in_device(monkeypatch):
     assert notes["mma", 96] == "skipped: the tensor-core backward takes d = 64 or 128"
     assert notes["torch", 64] == "skipped: torch is not installed"
     assert "| skipped: torch is not installed |" in backward_table(run, head_dims=(64,))
+
+
+GOOD = ["naive", 512, 64, 2, False, "float16", 2e-3, 1.0, 1000, ""]
+
+
+@pytest.mark.parametrize("rows, match", [
+    ([GOOD, GOOD[:2]], r"line 3: 2 fields, the header has 10"),
+    ([GOOD + ["extra"]], r"line 2: 11 fields, the header has 10"),
+    ([["flash"] + GOOD[1:]], r"line 2: column 'impl' must be one of \['naive', 'kernel', 'mma', 'torch'\], got 'flash'"),
+    ([GOOD[:6] + [0.0] + GOOD[7:]], r"line 2: column 'seconds' must be above 0"),
+    ([GOOD[:6] + ["inf"] + GOOD[7:]], r"line 2: column 'seconds' must be a finite"),
+    ([GOOD[:7] + ["nan"] + GOOD[8:]], r"line 2: column 'tflops' must be a finite"),
+    ([GOOD[:8] + [""] + GOOD[9:]], r"line 2: columns \['seconds', 'tflops', 'peak_bytes'\] are all given .* "
+                                   r"got only \['seconds', 'tflops'\]"),
+    ([GOOD[:6] + ["", "", 1000, "skipped"]], r"got only \['peak_bytes'\]"),
+    ([GOOD, GOOD[:6] + [3e-3] + GOOD[7:]], r"line 3: the same \(impl, n, d, heads, causal, dtype\) .* as line 2"),
+], ids=["short-line", "long-line", "unknown-impl", "zero-seconds", "infinite-seconds", "nan-tflops",
+        "peak-missing", "only-peak", "duplicate"])
+def test_reader_rejects_rows_the_figures_cannot_use(tmp_path, rows, match):
+    with pytest.raises(ValueError, match=match):
+        read_backward_csv(write_csv(tmp_path / "results.csv", rows))
+
+
+def test_reader_rejects_a_file_that_is_not_text_and_a_path_that_is_not_one(tmp_path):
+    path = tmp_path / "results.csv"
+    path.write_bytes(b"\xff\xfe\x00 not a csv")
+    with pytest.raises(ValueError, match="is not UTF-8 text"):
+        read_backward_csv(path)
+    with pytest.raises(TypeError, match="path must be a str or path, got int 5"):
+        read_backward_csv(5)
+    with pytest.raises(TypeError, match="directory must be a str or path, got bool True"):
+        recorded_label(True)
+
+
+def test_speed_ups_and_memory_ratio_from_hand_made_rows(tmp_path):
+    """The speed-ups are naive seconds over each implementation's seconds (why the reader refuses 0 s)."""
+    path = write_csv(tmp_path / "results.csv", [GOOD, ["mma"] + GOOD[1:6] + [1e-3, 4.0, 10, ""]])
+    s = backward_summary(BackwardRun(tuple(read_backward_csv(path)), "made by hand", live=False))
+    assert s.x_naive == {"naive": 1.0, "mma": pytest.approx(2e-3 / 1e-3)}
+    assert s.memory_ratio == pytest.approx(10 / 1000)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda run: backward_row(run, "mmaa", 8192, 64), ValueError, r"impl must be one of .*got 'mmaa'"),
+    (lambda run: backward_row(run, "mma", True, 64), TypeError, "n must be an int, got bool"),
+    (lambda run: backward_row(run, "mma", 8192, 64.0), TypeError, "d must be an int, got float"),
+    (lambda run: backward_summary(run, d=True), TypeError, "d must be an int, got bool"),
+    (lambda run: backward_summary(run, n=np.True_), TypeError, "n must be an int, got bool"),
+    (lambda run: backward_table(run, head_dims=64), TypeError, "head_dims must be a sequence of ints, got int 64"),
+    (lambda run: backward_table(run, head_dims=(True,)), TypeError, "head_dims must be an int, got bool"),
+    (lambda run: backward_table(run, head_dims=(64.0,)), TypeError, "head_dims must be an int, got float"),
+    (lambda run: backward_table(run, n=True), TypeError, "n must be an int, got bool"),
+])
+def test_readers_reject_bad_arguments_by_name(call, error, match):
+    with pytest.raises(error, match=match):
+        call(recorded_backward())
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(sizes=1024), TypeError, "sizes must be a sequence of ints, got int"),
+    (dict(head_dims="64"), TypeError, "head_dims must be a sequence of ints, got str"),
+    (dict(sizes=(True,)), TypeError, "sizes must be an int, got bool"),
+    (dict(seed=True), TypeError, "seed must be an int, got bool"),
+    (dict(seed=-1), ValueError, "seed must be at least 0"),
+    (dict(warmup=1.5), TypeError, "warmup must be an int"),
+])
+def test_measure_rejects_bad_arguments_before_looking_for_a_device(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        measure_backward(**kwargs)
+
+
+@pytest.mark.parametrize("live", [False, None])
+def test_results_check_the_measure_arguments_even_when_the_recorded_run_is_shown(live):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'size'"):
+        backward_results(live=live, size=(1024,))
+    with pytest.raises(ValueError, match="sizes must be at least 1"):
+        backward_results(live=live, sizes=(-1,))
+    if live is False or not gpu.device_available():
+        assert backward_results(live=live, sizes=(512,)) == recorded_backward()

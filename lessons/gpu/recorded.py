@@ -23,6 +23,9 @@ from __future__ import annotations
 
 import csv
 import datetime
+import inspect
+import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -97,7 +100,7 @@ def recorded_label(directory=None) -> str:
     later line ``driver <version>, CUDA <version>``. Raises FileNotFoundError without the README, ValueError
     when it does not say those things.
     """
-    path = (RECORDED_DIR if directory is None else Path(directory)) / "README.md"
+    path = (RECORDED_DIR if directory is None else _path(directory, "directory")) / "README.md"
     text = path.read_text()
     title = _TITLE.match(text.splitlines()[0]) if text else None
     driver = _DRIVER.search(text)
@@ -108,6 +111,12 @@ def recorded_label(directory=None) -> str:
             f"commit {title['commit']})")
 
 
+def _path(value, name):
+    if isinstance(value, bool) or not isinstance(value, (str, os.PathLike)):
+        raise TypeError(f"{name} must be a str or path, got {type(value).__name__} {value!r}")
+    return Path(value)
+
+
 def _number(text, kind, path, line, column):
     if text == "":
         return None
@@ -115,9 +124,13 @@ def _number(text, kind, path, line, column):
         value = kind(text)
     except ValueError:
         raise ValueError(f"{path}, line {line}: column {column!r} must be {kind.__name__} or empty, got {text!r}") from None
-    if value < 0 or value != value:
-        raise ValueError(f"{path}, line {line}: column {column!r} must be a non-negative number, got {text!r}")
+    if value < 0 or not math.isfinite(value):
+        raise ValueError(f"{path}, line {line}: column {column!r} must be a finite non-negative number, got {text!r}")
     return value
+
+
+#: the columns a run fills in when an implementation ran, and leaves empty when it did not
+_MEASURED = ("seconds", "tflops", "peak_bytes")
 
 
 def read_backward_csv(path=None) -> list[dict]:
@@ -128,28 +141,53 @@ def read_backward_csv(path=None) -> list[dict]:
     (int, bytes), ``note`` (str); ``seconds``, ``tflops`` and ``peak_bytes`` are None where the line leaves
     them empty (a skipped implementation).
     Raises FileNotFoundError when the file is not there (an installed package without the repository),
-    ValueError naming the file, line and column for a missing column, a malformed number, ``causal`` other
-    than True/False, or a file without rows.
+    TypeError for a ``path`` that is not a str or path, ValueError naming the file, line and column for a
+    missing column, a line with more or fewer fields than the header, an ``impl`` not in :data:`IMPLS`, a
+    malformed, negative or non-finite number, ``seconds`` of 0, a line giving some of ``seconds``,
+    ``tflops``, ``peak_bytes`` but not all, ``causal`` other than True/False, the same (impl, n, d, heads,
+    causal, dtype) twice, a file that is not UTF-8 text, or a file without rows.
     """
-    path = BACKWARD_CSV if path is None else Path(path)
-    rows = []
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in _COLUMNS if c not in (reader.fieldnames or ())]
-        if missing:
-            raise ValueError(f"{path} must have the columns {list(_COLUMNS)}; missing {missing}")
-        for line, r in enumerate(reader, start=2):
-            if r["causal"] not in ("True", "False"):
-                raise ValueError(f"{path}, line {line}: column 'causal' must be True or False, got {r['causal']!r}")
-            row = dict(impl=r["impl"], causal=r["causal"] == "True", dtype=r["dtype"], note=r["note"] or "")
-            for column in ("n", "d", "heads"):
-                row[column] = _number(r[column], int, path, line, column)
-                if row[column] is None or row[column] < 1:
-                    raise ValueError(f"{path}, line {line}: column {column!r} must be a positive int, got {r[column]!r}")
-            row.update(seconds=_number(r["seconds"], float, path, line, "seconds"),
-                       tflops=_number(r["tflops"], float, path, line, "tflops"),
-                       peak_bytes=_number(r["peak_bytes"], int, path, line, "peak_bytes"))
-            rows.append({c: row[c] for c in _COLUMNS})
+    path = BACKWARD_CSV if path is None else _path(path, "path")
+    rows, seen = [], {}
+    with open(path, newline="", encoding="utf-8") as f:
+        try:
+            lines = list(enumerate(csv.reader(f), start=1))
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{path} is not UTF-8 text ({err})") from None
+    header = lines[0][1] if lines else []
+    missing = [c for c in _COLUMNS if c not in header]
+    if missing:
+        raise ValueError(f"{path} must have the columns {list(_COLUMNS)}; missing {missing}")
+    for line, fields in lines[1:]:
+        if not fields:                      # a blank line, as csv.DictReader skips it
+            continue
+        if len(fields) != len(header):
+            raise ValueError(f"{path}, line {line}: {len(fields)} fields, the header has {len(header)}")
+        r = dict(zip(header, fields))
+        if r["impl"] not in IMPLS:
+            raise ValueError(f"{path}, line {line}: column 'impl' must be one of {list(IMPLS)}, got {r['impl']!r}")
+        if r["causal"] not in ("True", "False"):
+            raise ValueError(f"{path}, line {line}: column 'causal' must be True or False, got {r['causal']!r}")
+        row = dict(impl=r["impl"], causal=r["causal"] == "True", dtype=r["dtype"], note=r["note"] or "")
+        for column in ("n", "d", "heads"):
+            row[column] = _number(r[column], int, path, line, column)
+            if row[column] is None or row[column] < 1:
+                raise ValueError(f"{path}, line {line}: column {column!r} must be a positive int, got {r[column]!r}")
+        row.update(seconds=_number(r["seconds"], float, path, line, "seconds"),
+                   tflops=_number(r["tflops"], float, path, line, "tflops"),
+                   peak_bytes=_number(r["peak_bytes"], int, path, line, "peak_bytes"))
+        given = [c for c in _MEASURED if row[c] is not None]
+        if given and len(given) != len(_MEASURED):
+            raise ValueError(f"{path}, line {line}: columns {list(_MEASURED)} are all given (the implementation "
+                             f"ran) or all empty (it did not); got only {given}")
+        if row["seconds"] == 0:
+            raise ValueError(f"{path}, line {line}: column 'seconds' must be above 0, got {r['seconds']!r}")
+        key = tuple(row[c] for c in ("impl", "n", "d", "heads", "causal", "dtype"))
+        if key in seen:
+            raise ValueError(f"{path}, line {line}: the same (impl, n, d, heads, causal, dtype) {key} as line "
+                             f"{seen[key]}")
+        seen[key] = line
+        rows.append({c: row[c] for c in _COLUMNS})
     if not rows:
         raise ValueError(f"{path} holds no rows")
     return rows
@@ -175,7 +213,9 @@ def measure_backward(sizes=(1024, 2048), head_dims=(64, 128), *, heads: int = 8,
     :class:`BackwardRun` labelled ``"measured live on <device>, <date>"``; an implementation that could not
     run (skipped, or failed: out of memory, a GPU older than sm_80 for the tensor cores) has
     ``seconds = None`` and says why in ``note``.
-    Raises RuntimeError without a CUDA device, ValueError for sizes, head dims, heads or repeats below 1.
+    Raises RuntimeError without a CUDA device; TypeError for ``sizes`` or ``head_dims`` that are not sequences
+    of ints, or a non-int (bools included) ``heads``, ``warmup``, ``repeats``, ``seed``; ValueError for sizes,
+    head dims, heads or repeats below 1, a negative ``warmup`` or ``seed``, empty ``sizes`` or ``head_dims``.
     """
     import numpy as np
 
@@ -183,12 +223,7 @@ def measure_backward(sizes=(1024, 2048), head_dims=(64, 128), *, heads: int = 8,
     from lessons.gpu.measure import (backward_flops, median_cuda_seconds, naive_backward, peak_cupy, sdpa_backward,
                                      torch_seconds_and_peak)
 
-    sizes = [check_int(n, "sizes", min=1) for n in sizes]
-    head_dims = [check_int(d, "head_dims", min=1) for d in head_dims]
-    heads, repeats = check_int(heads, "heads", min=1), check_int(repeats, "repeats", min=1)
-    warmup = check_int(warmup, "warmup", min=0)
-    if not sizes or not head_dims:
-        raise ValueError(f"sizes and head_dims must not be empty, got {sizes} and {head_dims}")
+    sizes, head_dims, heads, warmup, repeats, seed = _check_measure(sizes, head_dims, heads, warmup, repeats, seed)
     if not gpu.device_available():
         raise RuntimeError("measure_backward needs a CUDA device; without one use recorded_backward()")
     import cupy
@@ -235,12 +270,36 @@ def measure_backward(sizes=(1024, 2048), head_dims=(64, 128), *, heads: int = 8,
     return BackwardRun(tuple(rows), f"measured live on {gpu.device_name()}, {when}", live=True)
 
 
+def _ints(values, name, lo):
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"{name} must be a sequence of ints, got {type(values).__name__} {values!r}")
+    return [check_int(v, name, min=lo) for v in values]
+
+
+def _check_measure(sizes, head_dims, heads, warmup, repeats, seed):
+    sizes, head_dims = _ints(sizes, "sizes", 1), _ints(head_dims, "head_dims", 1)
+    heads, repeats = check_int(heads, "heads", min=1), check_int(repeats, "repeats", min=1)
+    warmup, seed = check_int(warmup, "warmup", min=0), check_int(seed, "seed", min=0)
+    if not sizes or not head_dims:
+        raise ValueError(f"sizes and head_dims must not be empty, got {sizes} and {head_dims}")
+    return sizes, head_dims, heads, warmup, repeats, seed
+
+
 def backward_results(live=None, **measure) -> BackwardRun:
     """What notebook 04 shows: :func:`measure_backward` (``**measure`` passed on) when ``live`` is True, or
-    when it is None and a CUDA device is present; else :func:`recorded_backward`. Raises RuntimeError for
-    ``live=True`` without a device, TypeError for a ``live`` that is not a bool or None."""
+    when it is None and a CUDA device is present; else :func:`recorded_backward`. ``**measure`` is checked
+    whichever is shown, so a misspelt or bad argument is an error on a machine without a GPU too.
+    Raises RuntimeError for ``live=True`` without a device, TypeError for a ``live`` that is not a bool or
+    None or an argument :func:`measure_backward` does not take, TypeError/ValueError as
+    :func:`measure_backward` for bad values."""
     if live is not None and not isinstance(live, bool):
         raise TypeError(f"live must be True, False or None, got {live!r}")
+    try:
+        bound = inspect.signature(measure_backward).bind(**measure)
+    except TypeError as err:
+        raise TypeError(f"backward_results passes **measure to measure_backward: {err}") from None
+    bound.apply_defaults()
+    _check_measure(**bound.arguments)
     if live is None:
         from lessons.gpu.compile import device_available
         live = device_available()
@@ -268,8 +327,13 @@ def _pick_n(run, n, d, dtype):
 
 def backward_row(run, impl: str, n: int, d: int, dtype: str = "float16") -> dict | None:
     """The non-causal row of ``impl`` at (``n``, ``d``, ``dtype``) in ``run`` if it ran there (``seconds`` not
-    None), else None. Raises TypeError for a run that is not a :class:`BackwardRun`."""
-    for r in _check_run(run).rows:
+    None), else None. Raises TypeError for a run that is not a :class:`BackwardRun` or a non-int ``n``/``d``
+    (bools included), ValueError for an ``impl`` not in :data:`IMPLS` or ``n``/``d`` below 1."""
+    run = _check_run(run)
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {list(IMPLS)}, got {impl!r}")
+    n, d = check_int(n, "n", min=1), check_int(d, "d", min=1)
+    for r in run.rows:
         if (r["impl"], r["n"], r["d"], r["dtype"], r["causal"]) == (impl, n, d, dtype, False) and r["seconds"] is not None:
             return r
     return None
@@ -307,7 +371,7 @@ def backward_table(run, n=None, head_dims=(64, 128), dtype: str = "float16") -> 
     Raises TypeError/ValueError as :func:`backward_summary` (ValueError too when no head dim is there).
     """
     run = _check_run(run)
-    ds = [d for d in head_dims if any(r["d"] == d and r["dtype"] == dtype for r in run.rows)]
+    ds = [d for d in _ints(head_dims, "head_dims", 1) if any(r["d"] == d and r["dtype"] == dtype for r in run.rows)]
     if not ds:
         raise ValueError(f"head_dims {list(head_dims)}: the run has none of them in {dtype!r}")
     if n is None:
