@@ -512,3 +512,77 @@ def test_our_rungs_sit_below_their_roofs():
              for p in ladder.ladder_points(8192, (64, 128)) if p["name"] != "sdpa"]
     assert max(share) < 1
     assert sum(s <= 0.37 for s in share) > len(share) / 2
+
+
+# ---------------------------------------------------------------------------
+# bad arguments and malformed files: a clear error, never a silent "not measured"
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: ladder.ladder_table(1000, 64), ValueError, r"no rows at n = 1000, d = 64; it has \(n, d\) \[\(1024, 64\)"),
+    (lambda: ladder.ladder_table(8192, 96), ValueError, r"no rows at n = 8192, d = 96"),
+    (lambda: ladder.ladder_markdown(2048, 64), ValueError, r"no rows at n = 2048"),
+    (lambda: ladder.ladder_points(1000, (64, 128)), ValueError, r"no rows at n = 1000"),
+    (lambda: ladder.speedup_claim(1000), ValueError, r"no rows at n = 1000, d = \[64, 128\]"),
+    (lambda: ladder.target_outcomes(1000), ValueError, r"no rows at n = 1000"),
+    (lambda: ladder.ladder_table(True, 64), TypeError, "n must be an int, got bool"),
+    (lambda: ladder.ladder_table(8192, np.True_), TypeError, "d must be an int, got bool"),
+    (lambda: ladder.ladder_table("8192", 64), TypeError, "n must be an int, got str"),
+    (lambda: ladder.recorded("mma", 8192.0), TypeError, "n must be an int, got float"),
+    (lambda: ladder.recorded(5), TypeError, "rung must be a Rung or a rung's name, got int"),
+    (lambda: ladder.speedup_claim(True), TypeError, "n must be an int, got bool"),
+    (lambda: ladder.ladder_points(8192, 64), TypeError, "ds must be a sequence of head dims, got int"),
+    (lambda: ladder.ladder_table(rows=5), TypeError, "rows must be a list of row dicts"),
+    (lambda: ladder.attention_flops(-8192, 64), ValueError, "n must be at least 1"),
+    (lambda: ladder.attention_flops(8192, 64, causal="no"), TypeError, "causal must be True or False"),
+    (lambda: ladder.measure_ladder(0), ValueError, "n must be at least 1"),
+    (lambda: ladder.measure_ladder(8192, True), TypeError, "d must be an int, got bool"),
+    (lambda: ladder.measure_ladder(seed=-1), ValueError, "seed must be at least 0"),
+])
+def test_ladder_rejects_bad_arguments_by_name(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_a_head_dim_the_live_run_lacks_is_not_measured_not_an_error():
+    rows = [dict(impl=i, n=64, d=64, heads=1, causal=False, dtype="float16", seconds=s, tflops=1.0, note="")
+            for i, s in (("naive", 3.0), ("mma", 2.0), ("sdpa", 1.0))]
+    claim = ladder.speedup_claim(64, rows)
+    assert claim[64] == {"ours": ("mma", 1.5), "sdpa": 3.0, "holds": False}
+    assert claim[128] == {"ours": None, "sdpa": None, "holds": None}
+    points = ladder.ladder_points(64, (64, 128), rows=rows)
+    assert {p["figure"] for p in points if p["d"] == 128} == {ladder.NOT_MEASURED}
+
+
+def _write(path, lines):
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda head, row: [head, row, "naive,1024"], r"line 3: 2 fields, the header has 10"),
+    (lambda head, row: [head.replace("seconds", "secs"), row], r"missing \['seconds'\]"),
+    (lambda head, row: [head, row.replace(",8,", ",x,", 1)], r"line 2: column 'heads' must be int, got 'x'"),
+    (lambda head, row: [head, row.replace(",8,", ",,", 1)], r"line 2: column 'heads' must be a positive int"),
+    (lambda head, row: [head, row.replace(",False,", ",no,", 1)], r"column 'causal' must be True or False"),
+    (lambda head, row: [head, ",".join(row.split(",")[:6] + ["0"] + row.split(",")[7:])], r"'seconds' must be above 0"),
+    (lambda head, row: [head, ",".join(row.split(",")[:7] + ["inf"] + row.split(",")[8:])], r"'tflops' must be a finite"),
+])
+def test_recorded_rows_reject_malformed_lines_naming_them(tmp_path, change, match):
+    head, row = ladder.RECORDED_CSV.read_text().splitlines()[:2]
+    with pytest.raises(ValueError, match=match):
+        ladder.recorded_rows(_write(tmp_path / "results.csv", change(head, row)))
+
+
+def test_decode_rows_reject_malformed_lines_naming_them(tmp_path):
+    head, row = ladder.DECODE_RECORDED.read_text().splitlines()[:2]
+    with pytest.raises(ValueError, match=r"line 3: 2 fields, the header has 9"):
+        ladder.decode_recorded_rows(_write(tmp_path / "a.csv", [head, row, "x,1"]))
+    with pytest.raises(ValueError, match=r"missing \['pct_of_copy'\]"):
+        ladder.decode_recorded_rows(_write(tmp_path / "b.csv", [head.replace("pct_of_copy", "pct"), row]))
+    fields = row.split(",")
+    with pytest.raises(ValueError, match=r"line 2: columns \['pct_of_copy'\] must not be empty"):
+        ladder.decode_recorded_rows(_write(tmp_path / "c.csv", [head, ",".join(fields[:7] + [""] + fields[8:])]))
+    # the good line reads as the raw CSV says
+    (got,) = ladder.decode_recorded_rows(_write(tmp_path / "d.csv", [head, row]))
+    assert got["pct"] == float(fields[7]) and got["ms"] == pytest.approx(float(fields[4]) * 1e3)

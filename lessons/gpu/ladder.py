@@ -18,6 +18,8 @@ FLOPs are counted as in ``benchmarks/gpu_attention.py``: ``4 N^2 d`` per head (2
 from __future__ import annotations
 
 import csv
+import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,6 +133,14 @@ RUNGS = (
 )
 
 
+def _rung(r) -> Rung:
+    if isinstance(r, Rung):
+        return r
+    if not isinstance(r, str):
+        raise TypeError(f"rung must be a Rung or a rung's name, got {type(r).__name__} {r!r}")
+    return rung(r)
+
+
 def rung(name: str) -> Rung:
     """The rung called ``name`` (one of ``[r.name for r in RUNGS]``); ValueError otherwise."""
     for r in RUNGS:
@@ -140,9 +150,51 @@ def rung(name: str) -> Rung:
 
 
 def attention_flops(n: int, d: int, heads: int = 1, causal: bool = False) -> float:
-    """FLOPs of one attention forward: ``4 N^2 d`` per head (half when causal)."""
-    n, d, heads = check_int(n, "n"), check_int(d, "d"), check_int(heads, "heads")
+    """FLOPs of one attention forward: ``4 N^2 d`` per head (half when causal). TypeError for a
+    non-int ``n``/``d``/``heads`` (bools included) or a non-bool ``causal``; ValueError below 1."""
+    n, d, heads = check_int(n, "n", min=1), check_int(d, "d", min=1), check_int(heads, "heads", min=1)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be True or False, got {type(causal).__name__} {causal!r}")
     return 4.0 * n * n * d * heads * (0.5 if causal else 1.0)
+
+
+def _read_csv(path, columns: dict) -> list[dict]:
+    """Rows of the CSV at ``path`` with ``columns`` (name -> int, float or str) typed; ValueError naming the
+    file and line for a missing column, a line with another number of fields than the header, or a number
+    that is malformed, negative or not finite (empty is None for int/float columns)."""
+    if isinstance(path, bool) or not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or path, got {type(path).__name__} {path!r}")
+    with open(path, newline="", encoding="utf-8") as f:
+        try:
+            lines = list(enumerate(csv.reader(f), start=1))
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{path} is not UTF-8 text ({err})") from None
+    header = lines[0][1] if lines else []
+    missing = [c for c in columns if c not in header]
+    if missing:
+        raise ValueError(f"{path} must have the columns {list(columns)}; missing {missing}")
+    rows = []
+    for line, fields in lines[1:]:
+        if not fields:
+            continue
+        if len(fields) != len(header):
+            raise ValueError(f"{path}, line {line}: {len(fields)} fields, the header has {len(header)}")
+        raw, row = dict(zip(header, fields)), {}
+        for column, kind in columns.items():
+            text = raw[column]
+            if kind is str or text == "":
+                row[column] = text if kind is str else None
+                continue
+            try:
+                value = kind(text)
+            except ValueError:
+                raise ValueError(f"{path}, line {line}: column {column!r} must be {kind.__name__}, got {text!r}") from None
+            if value < 0 or not math.isfinite(value):
+                raise ValueError(f"{path}, line {line}: column {column!r} must be a finite non-negative number, "
+                                 f"got {text!r}")
+            row[column] = value
+        rows.append((line, row))
+    return rows
 
 
 def recorded_rows(path: Path | None = None) -> list[dict]:
@@ -150,24 +202,51 @@ def recorded_rows(path: Path | None = None) -> list[dict]:
     heads, causal, dtype, seconds, tflops, note, with numbers as int/float and None where a run
     was skipped (``benchmarks/gpu_attention.py`` writes these files; the 2026-11-30 one,
     ``PROFILED_DIR / "results.csv"``, reads the same way). Raises FileNotFoundError when the
-    file is not there (an installed package without the repo)."""
-    path = RECORDED_CSV if path is None else Path(path)
+    file is not there (an installed package without the repo), ValueError naming the file and
+    line for a missing column, a line of the wrong length, a malformed or negative number, an
+    empty or zero n/d/heads, ``seconds`` of 0, ``causal`` other than True/False."""
+    path = RECORDED_CSV if path is None else path
+    columns = dict(impl=str, n=int, d=int, heads=int, causal=str, dtype=str, seconds=float, tflops=float, note=str)
     rows = []
-    with open(path, newline="") as f:
-        for r in csv.DictReader(f):
-            rows.append(dict(impl=r["impl"], n=int(r["n"]), d=int(r["d"]), heads=int(r["heads"]),
-                             causal=r["causal"] == "True", dtype=r["dtype"],
-                             seconds=float(r["seconds"]) if r["seconds"] else None,
-                             tflops=float(r["tflops"]) if r["tflops"] else None, note=r["note"]))
+    for line, r in _read_csv(path, columns):
+        for column in ("n", "d", "heads"):
+            if not r[column]:
+                raise ValueError(f"{path}, line {line}: column {column!r} must be a positive int, got {r[column]!r}")
+        if r["causal"] not in ("True", "False"):
+            raise ValueError(f"{path}, line {line}: column 'causal' must be True or False, got {r['causal']!r}")
+        if r["seconds"] == 0:
+            raise ValueError(f"{path}, line {line}: column 'seconds' must be above 0, got 0")
+        rows.append(dict(r, causal=r["causal"] == "True"))
     return rows
+
+
+def _rows(rows) -> list:
+    """``rows`` (default: the recorded H200 run) as a list of row dicts; TypeError otherwise."""
+    if rows is None:
+        return recorded_rows()
+    if not isinstance(rows, (list, tuple)) or not all(isinstance(r, dict) for r in rows):
+        raise TypeError(f"rows must be a list of row dicts (recorded_rows() or measure_ladder()), got "
+                        f"{type(rows).__name__}")
+    return list(rows)
+
+
+def _check_shape(rows, n, ds) -> tuple:
+    """(n, [d, ...]) checked as ints >= 1, and present in ``rows`` at n with one of the ds at least."""
+    n = check_int(n, "n", min=1)
+    ds = [check_int(d, "d", min=1) for d in ds]
+    have = sorted({(r["n"], r["d"]) for r in rows})
+    if not any((n, d) in have for d in ds):
+        raise ValueError(f"the run has no rows at n = {n}, d = {ds[0] if len(ds) == 1 else ds}; it has (n, d) {have}")
+    return n, ds
 
 
 def recorded(r: Rung | str, n: int = 8192, d: int = 64, dtype: str | None = None, rows=None) -> dict | None:
     """The recorded H200 row of rung ``r`` at ``(n, d)`` in ``dtype`` (default: the rung's),
     or None when that rung was not measured there. ``rows``: default the recorded H200 run;
     rows from :func:`measure_ladder` (impl = the rung's name) work too."""
-    r = rung(r) if isinstance(r, str) else r
-    rows = recorded_rows() if rows is None else rows
+    r = _rung(r)
+    n, d = check_int(n, "n", min=1), check_int(d, "d", min=1)
+    rows = _rows(rows)
     dtype = r.dtype if dtype is None else dtype
     keys = {r.name} | ({r.impl} if r.impl else set())      # recorded runs use impl, live ones the name
     for row in rows:
@@ -181,8 +260,15 @@ def ladder_table(n: int = 8192, d: int = 64, rows=None) -> list[dict]:
     """One dict per rung at ``(n, d)``: name, title, dtype, ms, tflops (None: not measured),
     x_naive (speed-up over naive CuPy in the same dtype), x_previous (over the nearest measured
     rung below), x_sdpa (fraction of SDPA's float16 TFLOP/s), figure (text, recorded or
-    NOT_MEASURED). ``rows``: measured rows (default: the recorded H200 run)."""
-    rows = recorded_rows() if rows is None else rows
+    NOT_MEASURED). ``rows``: measured rows (default: the recorded H200 run).
+    Raises TypeError for a non-int ``n``/``d`` (bools included) or rows that are not row dicts,
+    ValueError when the run has no rows at (``n``, ``d``) (the message lists what it has)."""
+    rows = _rows(rows)
+    n, (d,) = _check_shape(rows, n, [d])
+    return _table(n, d, rows)
+
+
+def _table(n, d, rows) -> list[dict]:
     sdpa = recorded("sdpa", n, d, rows=rows)
     out, previous = [], None
     for r in RUNGS:
@@ -253,13 +339,17 @@ def measure_ladder(n: int = 8192, d: int = 64, heads: int = 8, warmup: int = 2, 
 
     Returns rows shaped like :func:`recorded_rows` (impl = the rung's name; note says why a
     rung was skipped, e.g. torch missing), which :func:`ladder_table` takes as ``rows``.
-    Raises RuntimeError without a CUDA device.
+    Raises RuntimeError without a CUDA device, TypeError/ValueError naming the argument for a
+    non-int (bools included) or out-of-range ``n``, ``d``, ``heads``, ``warmup``, ``repeats``, ``seed``.
     """
     import numpy as np
 
     import lessons.gpu as gpu
     from lessons.gpu.measure import median_cuda_seconds, naive_attention
 
+    n, d, heads = check_int(n, "n", min=1), check_int(d, "d", min=1), check_int(heads, "heads", min=1)
+    warmup, repeats = check_int(warmup, "warmup", min=0), check_int(repeats, "repeats", min=1)
+    seed = check_int(seed, "seed", min=0)
     if not gpu.device_available():
         raise RuntimeError("measure_ladder needs a CUDA device; without one show the recorded table")
     import cupy
@@ -298,10 +388,16 @@ def measure_ladder(n: int = 8192, d: int = 64, heads: int = 8, warmup: int = 2, 
 def ladder_points(n: int = 8192, ds=(64, 128), rows=None) -> list[dict]:
     """What the ladder's roofline draws: one dict per (rung, d) with name, title, d, precision
     (``"fp32"`` or ``"bf16"``, the roof its dtype runs under; fp16 shares bf16's), intensity
-    (FLOPs per HBM byte, :func:`rung_intensity`), tflops (measured, None when not) and figure."""
+    (FLOPs per HBM byte, :func:`rung_intensity`), tflops (measured, None when not) and figure.
+    A head dim the run lacks is drawn as not measured; TypeError for ``ds`` that is not a sequence of
+    ints, ValueError when the run has no rows at ``n`` with any of ``ds``."""
+    if isinstance(ds, (str, bytes)) or not hasattr(ds, "__iter__"):
+        raise TypeError(f"ds must be a sequence of head dims, got {type(ds).__name__} {ds!r}")
+    rows = _rows(rows)
+    n, ds = _check_shape(rows, n, list(ds))
     out = []
     for d in ds:
-        for entry in ladder_table(n, d, rows):
+        for entry in _table(n, d, rows):
             r = rung(entry["name"])
             out.append(dict(name=r.name, title=r.title, d=d, precision="fp32" if r.dtype == "float32" else "bf16",
                             intensity=rung_intensity(r, n, d), tflops=entry["tflops"], figure=entry["figure"]))
@@ -318,10 +414,14 @@ def speedup_claim(n: int = 8192, rows=None) -> dict:
     best measured rung and of SDPA. Returns ``{d: {"ours": (rung name, x), "sdpa": x, "holds": bool}}``
     ("ours" None and "holds" None when no rung of ours was measured; "holds": our best rung is at
     least :data:`CLAIM` [0] times naive). ``rows``: default the recorded H200 run.
+    A head dim the run lacks at ``n`` gets None for all three. Raises TypeError/ValueError as
+    :func:`ladder_table` when the run has no rows at ``n`` with d = 64 or 128.
     Source of the claim: Dao et al. 2022, Sec. 4 (2-4x over standard attention on GPT-2 / long-range arena)."""
+    rows = _rows(rows)
+    n, _ = _check_shape(rows, n, [64, 128])
     out = {}
     for d in (64, 128):
-        table = ladder_table(n, d, rows)
+        table = _table(n, d, rows)
         ours = [(e["name"], e["x_naive"]) for e in table if e["name"] not in ("naive", "sdpa") and e["x_naive"]]
         best = max(ours, key=lambda t: t[1]) if ours else None
         sdpa = next(e["x_naive"] for e in table if e["name"] == "sdpa")
@@ -424,16 +524,20 @@ def decode_recorded_rows(path: Path | None = None) -> list[dict]:
     as dicts: name (the kernel, e.g. ``"flash_decoding"``), variant (the rest of the ``kernel`` column:
     ``"s=8"``, ``"auto"`` or ``""``), num_seqs, seq_len, num_splits (int), ms, kv_bytes (int),
     tb_per_s (K/V bytes read per second / 1e12), pct (of the device copy rate, float) and
-    max_abs_diff (against NumPy). FileNotFoundError without the file."""
-    path = DECODE_RECORDED if path is None else Path(path)
+    max_abs_diff (against NumPy). FileNotFoundError without the file; ValueError naming the file and
+    line for a missing column, a line of the wrong length, an empty, malformed or negative number."""
+    path = DECODE_RECORDED if path is None else path
+    columns = dict(kernel=str, num_seqs=int, seq_len=int, num_splits=int, seconds=float, kv_bytes=int, tb_per_s=float,
+                   pct_of_copy=float, max_abs_diff=float)
     rows = []
-    with open(path, newline="") as f:
-        for r in csv.DictReader(f):
-            name, _, variant = r["kernel"].partition(" ")
-            rows.append(dict(name=name, variant=variant, num_seqs=int(r["num_seqs"]), seq_len=int(r["seq_len"]),
-                             num_splits=int(r["num_splits"]), ms=float(r["seconds"]) * 1e3,
-                             kv_bytes=int(r["kv_bytes"]), tb_per_s=float(r["tb_per_s"]),
-                             pct=float(r["pct_of_copy"]), max_abs_diff=float(r["max_abs_diff"])))
+    for line, r in _read_csv(path, columns):
+        empty = [c for c, kind in columns.items() if kind is not str and r[c] is None]
+        if empty:
+            raise ValueError(f"{path}, line {line}: columns {empty} must not be empty")
+        name, _, variant = r["kernel"].partition(" ")
+        rows.append(dict(name=name, variant=variant, num_seqs=r["num_seqs"], seq_len=r["seq_len"],
+                         num_splits=r["num_splits"], ms=r["seconds"] * 1e3, kv_bytes=r["kv_bytes"],
+                         tb_per_s=r["tb_per_s"], pct=r["pct_of_copy"], max_abs_diff=r["max_abs_diff"]))
     return rows
 
 
@@ -515,7 +619,11 @@ def target_outcomes(n: int = 8192, rows=None, decode_rows=None) -> list[dict]:
     """Each of :data:`TARGETS` against a run: what, rung, metric, goal, measured (``{shape: value}``,
     None where that shape was not measured; None when the rung is not built), met (True, False, or
     None when not built or not measured at every shape) and outcome (text: "met", "not met",
-    "not built" or :data:`NOT_MEASURED`). ``rows``/``decode_rows``: default the recorded H200 run."""
+    "not built" or :data:`NOT_MEASURED`). ``rows``/``decode_rows``: default the recorded H200 run.
+    Raises TypeError/ValueError as :func:`ladder_table` when ``rows`` has no rows at ``n`` with any
+    head dim a target names."""
+    rows = _rows(rows)
+    n, _ = _check_shape(rows, n, sorted({d for t in TARGETS if t.metric != "pct_of_copy" for d in t.shapes}))
     out = []
     for t in TARGETS:
         measured = None
@@ -523,7 +631,7 @@ def target_outcomes(n: int = 8192, rows=None, decode_rows=None) -> list[dict]:
             pct = decode_recorded(t.rung, decode_rows) or {}
             measured = {s: pct.get(s) for s in t.shapes}
         elif t.rung is not None:
-            measured = {d: next(e[t.metric] for e in ladder_table(n, d, rows) if e["name"] == t.rung)
+            measured = {d: next(e[t.metric] for e in _table(n, d, rows) if e["name"] == t.rung)
                         for d in t.shapes}
         if measured is None:
             met, outcome = None, "not built"
