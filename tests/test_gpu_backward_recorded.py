@@ -417,3 +417,18 @@ def test_results_check_the_measure_arguments_even_when_the_recorded_run_is_shown
         backward_results(live=live, sizes=(-1,))
     if live is False or not gpu.device_available():
         assert backward_results(live=live, sizes=(512,)) == recorded_backward()
+
+
+def test_an_installed_package_without_the_recorded_run_says_where_it_comes_from(tmp_path, monkeypatch):
+    """``pip install .`` installs lessons/ but not benchmarks/: the readers say so, by name."""
+    from lessons.gpu import ladder, recorded
+
+    monkeypatch.setattr(recorded, "RECORDED_DIR", tmp_path / "gone")
+    monkeypatch.setattr(recorded, "BACKWARD_CSV", tmp_path / "gone" / "backward" / "results.csv")
+    monkeypatch.setattr(ladder, "RECORDED_CSV", tmp_path / "gone" / "forward" / "results.csv")
+    monkeypatch.setattr(ladder, "DECODE_RECORDED", tmp_path / "gone" / "decode" / "results.csv")
+    for call in (recorded.recorded_label, recorded.read_backward_csv, recorded.recorded_backward,
+                 lambda: recorded.backward_results(live=False), ladder.recorded_rows, ladder.ladder_table,
+                 ladder.speedup_claim, ladder.decode_recorded_rows, ladder.decode_table):
+        with pytest.raises(FileNotFoundError, match="ships with the repository .*not with an installed package"):
+            call()

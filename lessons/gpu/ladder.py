@@ -25,6 +25,7 @@ from pathlib import Path
 
 from lessons.core.checks import check_int
 from lessons.cost.traffic import H200, flash_io, textbook_io
+from lessons.gpu.recorded import _shipped
 from lessons.gpu.recorded import RECORDED_DIR  # the recorded H200 run: forward/, backward/, decode/, README.md, env.txt
 
 __all__ = ["Rung", "RUNGS", "RECORDED_DIR", "RECORDED_CSV", "RECORDED_LABEL", "PROFILED_DIR", "PROFILED_LABEL",
@@ -205,7 +206,7 @@ def recorded_rows(path: Path | None = None) -> list[dict]:
     file is not there (an installed package without the repo), ValueError naming the file and
     line for a missing column, a line of the wrong length, a malformed or negative number, an
     empty or zero n/d/heads, ``seconds`` of 0, ``causal`` other than True/False."""
-    path = RECORDED_CSV if path is None else path
+    path = _shipped(RECORDED_CSV) if path is None else path
     columns = dict(impl=str, n=int, d=int, heads=int, causal=str, dtype=str, seconds=float, tflops=float, note=str)
     rows = []
     for line, r in _read_csv(path, columns):
@@ -526,7 +527,7 @@ def decode_recorded_rows(path: Path | None = None) -> list[dict]:
     tb_per_s (K/V bytes read per second / 1e12), pct (of the device copy rate, float) and
     max_abs_diff (against NumPy). FileNotFoundError without the file; ValueError naming the file and
     line for a missing column, a line of the wrong length, an empty, malformed or negative number."""
-    path = DECODE_RECORDED if path is None else path
+    path = _shipped(DECODE_RECORDED) if path is None else path
     columns = dict(kernel=str, num_seqs=int, seq_len=int, num_splits=int, seconds=float, kv_bytes=int, tb_per_s=float,
                    pct_of_copy=float, max_abs_diff=float)
     rows = []

@@ -101,7 +101,7 @@ def recorded_label(directory=None) -> str:
     when it does not say those things.
     """
     path = (RECORDED_DIR if directory is None else _path(directory, "directory")) / "README.md"
-    text = path.read_text()
+    text = (_shipped(path) if directory is None else path).read_text()
     title = _TITLE.match(text.splitlines()[0]) if text else None
     driver = _DRIVER.search(text)
     if title is None or driver is None:
@@ -115,6 +115,15 @@ def _path(value, name):
     if isinstance(value, bool) or not isinstance(value, (str, os.PathLike)):
         raise TypeError(f"{name} must be a str or path, got {type(value).__name__} {value!r}")
     return Path(value)
+
+
+def _shipped(path: Path) -> Path:
+    """``path``, a file of the recorded run, or FileNotFoundError saying where it comes from: the recorded
+    run ships with the repository, not with an installed (``pip install .``) package."""
+    if not path.exists():
+        raise FileNotFoundError(f"the recorded GPU run is not here: {path} ships with the repository (a git "
+                                f"checkout), not with an installed package; pass the path of a copy")
+    return path
 
 
 def _number(text, kind, path, line, column):
@@ -147,7 +156,7 @@ def read_backward_csv(path=None) -> list[dict]:
     ``tflops``, ``peak_bytes`` but not all, ``causal`` other than True/False, the same (impl, n, d, heads,
     causal, dtype) twice, a file that is not UTF-8 text, or a file without rows.
     """
-    path = BACKWARD_CSV if path is None else _path(path, "path")
+    path = _shipped(BACKWARD_CSV) if path is None else _path(path, "path")
     rows, seen = [], {}
     with open(path, newline="", encoding="utf-8") as f:
         try:
