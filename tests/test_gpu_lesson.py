@@ -530,3 +530,69 @@ def test_every_section_on_the_device(fn):
 def test_the_tensor_core_section_and_kernel_row_trace_check_their_arguments_first(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+def _flash_decoding_data():
+    return lesson._sample_decode_query()
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: lesson.online_softmax_on_gpu(np.array([["1.5", "2"]])), TypeError, "x must have a float dtype"),
+    (lambda: lesson.online_softmax_on_gpu(np.ones((2, 64), bool)), TypeError, "x must have a float dtype.*bool"),
+    (lambda: lesson.online_softmax_on_gpu(np.ones((2, 64)) + 1j), TypeError, "x must have a float dtype.*complex"),
+    (lambda: lesson.online_softmax_on_gpu(np.ones((2, 2, 64))), ValueError, r"x must be 1-D or 2-D, got shape \(2, 2, 64\)"),
+    (lambda: lesson.online_softmax_on_gpu(1.0), ValueError, r"x must be 1-D or 2-D, got shape \(\)"),
+    (lambda: lesson.online_softmax_on_gpu(np.ones((2, 0))), ValueError, "x must hold at least one score"),
+    (lambda: lesson.online_softmax_on_gpu(timing_shape=(True, 64)), TypeError, "timing_shape must be an int, got bool"),
+    (lambda: lesson.online_softmax_on_gpu(timing_shape=(64,)), ValueError, "timing_shape must hold 2 ints"),
+    (lambda: lesson.flash_attention_on_gpu(row=500), ValueError, "row must be at most 127, got 500"),
+    (lambda: lesson.flash_attention_on_gpu(row=-1), ValueError, "row must be at least 0"),
+    (lambda: lesson.flash_attention_on_gpu(row=True), TypeError, "row must be an int, got bool"),
+    (lambda: lesson.flash_attention_on_gpu(all_heads="no"), TypeError, "all_heads must be True or False"),
+    (lambda: lesson.causal_on_gpu(cases=((40.7, 128),)), TypeError, r"cases \(Nq\) must be an int, got float"),
+    (lambda: lesson.causal_on_gpu(cases=((True, 128),)), TypeError, r"cases \(Nq\) must be an int, got bool"),
+    (lambda: lesson.causal_on_gpu(cases=(("40", 128),)), TypeError, r"cases \(Nq\) must be an int, got str"),
+    (lambda: lesson.causal_on_gpu(cases=((40, 128, 1),)), TypeError, r"cases must hold \(Nq, Nk\) pairs, got \(40, 128, 1\)"),
+    (lambda: lesson.causal_on_gpu(cases=(40, 128)), TypeError, r"cases must hold \(Nq, Nk\) pairs, got 40"),
+    (lambda: lesson.causal_on_gpu(cases=()), ValueError, "cases must hold at least one"),
+    (lambda: lesson.causal_on_gpu(all_heads=1), TypeError, "all_heads must be True or False"),
+    (lambda: lesson.io_on_gpu(ns=(True,)), TypeError, "ns must be an int, got bool"),
+    (lambda: lesson.io_on_gpu(ns=1024), TypeError, "ns must be a sequence of ints"),
+    (lambda: lesson.io_on_gpu(ns=(-5,)), ValueError, "ns must be at least 1"),
+    (lambda: lesson.io_on_gpu(heads=0), ValueError, "heads must be at least 1"),
+    (lambda: lesson.io_on_gpu(repeats=True), TypeError, "repeats must be an int, got bool"),
+    (lambda: lesson.paged_decode_on_gpu(*(lambda c: (c[0][None],) + c[1:])(lesson.paged_case())), ValueError,
+     r"q must be 1-D, got shape \(1, 32\)"),
+    (lambda: lesson.flash_decoding_on_gpu(*(lambda q, k, v: (np.stack([q, q]), k, v))(*_flash_decoding_data())),
+     ValueError, r"q must be 1-D, got shape \(2, 32\)"),
+    (lambda: lesson.flash_decoding_on_gpu(*(lambda q, k, v: (q, k[0], v))(*_flash_decoding_data())),
+     ValueError, r"k must be 2-D, got shape \(32,\)"),
+    (lambda: lesson.flash_decoding_on_gpu(*(lambda q, k, v: (q, k, v[:5]))(*_flash_decoding_data())),
+     ValueError, r"must agree, got shapes \(32,\), \(128, 32\), \(5, 32\)"),
+    (lambda: lesson.flash_decoding_on_gpu(*(lambda q, k, v: (q[:5], k, v))(*_flash_decoding_data())),
+     ValueError, r"must agree, got shapes \(5,\)"),
+    (lambda: lesson.flash_decoding_on_gpu(*(lambda q, k, v: (q.astype(int), k, v))(*_flash_decoding_data())),
+     TypeError, "q must have a float dtype"),
+])
+def test_sections_reject_bad_arguments_before_compiling(monkeypatch, call, error, match):
+    """Every check comes first: a bad argument is an error naming it, never a note in a report after compiling."""
+    def compiled(*args, **kwargs):
+        raise AssertionError("the section compiled and ran with a bad argument")
+
+    monkeypatch.setattr(lesson, "_run", compiled)
+    with pytest.raises(error, match=match):
+        call()
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(use_device=0), "use_device must be None, True or False, got int 0"),
+    (dict(use_device="no"), "use_device must be None, True or False, got str"),
+    (dict(use_device=False, emulate="no"), "emulate must be None, True or False, got str 'no'"),
+    (dict(use_device=False, emulate=0), "emulate must be None, True or False, got int 0"),
+])
+def test_use_device_and_emulate_are_none_true_or_false(kwargs, match):
+    with pytest.raises(TypeError, match=match):
+        lesson.online_softmax_on_gpu(**kwargs)
+    with pytest.raises(TypeError, match=match.split(",")[0]):
+        harness.run_section(harness.Section("01_online_softmax", "t", [source.online_softmax_build(256, "float32")]),
+                            **kwargs)

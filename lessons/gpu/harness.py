@@ -203,11 +203,22 @@ class GpuLesson:
         return tuple(c for c in self.checks if c.where == where)
 
 
+def check_choice(value, name: str):
+    """``value`` as None, True or False (Python or NumPy bools); TypeError naming ``name`` otherwise (``0`` or
+    ``"no"`` would read as "use it" or "don't" by accident)."""
+    if value is None:
+        return None
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be None, True or False, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
 def open_device(use_device):
     """(a :class:`~lessons.gpu.launch.Runner` on the CUDA device, or None; why not, or None).
 
-    ``use_device``: None = use a device when there is one, False = never."""
-    if use_device is False:
+    ``use_device``: None = use a device when there is one, False = never. TypeError for anything
+    but None, True or False."""
+    if check_choice(use_device, "use_device") is False:
         return None, "the GPU was not used (use_device=False)"
     if not device_available():
         try:
@@ -327,10 +338,12 @@ def run_section(section: Section, use_device=None, emulate=None) -> GpuLesson:
 
     ``use_device``: None = use a CUDA device when there is one; False = never. ``emulate``: None =
     run the CPU emulator only when the GPU did not run; True/False = always/never. Returns a
-    :class:`GpuLesson`; never raises for a failed compile or launch (it is reported).
+    :class:`GpuLesson`; never raises for a failed compile or launch (it is reported). Raises TypeError
+    for a ``use_device`` or ``emulate`` that is not None, True or False.
     """
+    emulate = check_choice(emulate, "emulate")
     device, why_not = open_device(use_device)
-    emulate = ((device is None) if emulate is None else bool(emulate)) and section.run is not None
+    emulate = ((device is None) if emulate is None else emulate) and section.run is not None
     emulator_note = building = None
     if emulate and emulator_available():           # g++ builds the emulator's library while NVRTC compiles
         with ThreadPoolExecutor(max_workers=1) as pool:

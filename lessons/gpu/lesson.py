@@ -31,7 +31,7 @@ from types import MappingProxyType, SimpleNamespace
 
 import numpy as np
 
-from lessons.core.checks import as_float_array, check_int, check_positive_int
+from lessons.core.checks import as_float_array, check_flag, check_int, check_positive_int
 from lessons.core.reference import attention
 from lessons.course.data import gqa_batch_case, load_sample, paged_case, softmax_demo_rows
 from lessons.gpu.compile import NOT_REPORTED, _config
@@ -86,6 +86,17 @@ def _run(notebook, title, builds, run=None, report=None, *, use_device, emulate,
     return run_section(Section(notebook, title, list(builds), run, report, **spec), use_device, emulate)
 
 
+def _ints(values, name: str, count: int | None = None) -> tuple:
+    """``values``: a non-empty sequence of ints >= 1 (``count`` of them when given); TypeError/ValueError
+    naming ``name`` otherwise (bools, floats and strings are not sizes)."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"{name} must be a sequence of ints, got {type(values).__name__} {values!r}")
+    values = tuple(values)
+    if not values or (count is not None and len(values) != count):
+        raise ValueError(f"{name} must hold {count or 'at least one'} int{'s' if count != 1 else ''}, got {values!r}")
+    return tuple(check_int(x, name, min=1) for x in values)
+
+
 def _table(title: str, lines) -> Table:
     """A :class:`~lessons.gpu.harness.Table` of text lines, indented 2."""
     return Table("\n".join("  " + r for r in lines), title)
@@ -113,10 +124,17 @@ def online_softmax_on_gpu(x=None, *, tile: int = 256, timing_shape=(2048, 8192),
     row). ``tile``: columns per tile = threads per block (a multiple of 32 up to 1024). ``timing_shape``:
     (rows, cols) of the random float32 scores timed on a GPU. References:
     :func:`lessons.schedules.softmax.safe_softmax` and ``numpy.logaddexp.reduce`` (lse) in float64.
-    Raises the launcher's TypeError/ValueError for a bad ``x`` or ``tile``. Source: Milakov &
-    Gimelshein 2018, Alg. 3.
+    Raises (before compiling anything) TypeError for an ``x`` without a float dtype (ints, bools, strings,
+    complex), a non-int ``tile`` or ``timing_shape``; ValueError for an ``x`` that is not 1-D or 2-D or is
+    empty, a ``tile`` the kernel cannot take, a ``timing_shape`` that is not two ints >= 1.
+    Source: Milakov & Gimelshein 2018, Alg. 3.
     """
-    x = softmax_demo_rows() if x is None else np.ascontiguousarray(x, dtype=np.float32)
+    if x is not None:
+        x = np.ascontiguousarray(as_float_array(x, "x", (1, 2)), dtype=np.float32)
+        if x.size == 0:
+            raise ValueError(f"x must hold at least one score, got shape {x.shape}")
+    x = softmax_demo_rows() if x is None else x
+    timing_shape = _ints(timing_shape, "timing_shape", 2)
 
     def run(place):
         runs = [(f"{' x '.join(map(str, x.shape))} scores, tiles of {tile}", x, False)]
@@ -194,10 +212,15 @@ def flash_attention_on_gpu(*, layer: int = 0, head: int = 0, row: int = 93, bloc
     per tile against :func:`lessons.flash_attention`'s by :func:`lessons.gpu.first_divergence`.
     ``details``: ``gpu_row``, ``numpy_row``, ``divergence`` (None when every tile agrees),
     ``broken_divergence``, ``model_error`` (vs the model's own output).
+    Raises TypeError for a non-int ``layer``, ``head``, ``row``, ``block_k`` (bools included) or a non-bool
+    ``all_heads``; ValueError for one outside the sample (``row`` in 0..127) or a ``block_k`` the kernel
+    cannot take.
     Source: Dao 2023 (FlashAttention-2), Alg. 1.
     """
     sample = load_sample()
     q, k, v = _f32(*sample.qkv(layer, head, dtype=np.float32))
+    row = check_int(row, "row", min=0, max=q.shape[0] - 1)
+    all_heads = check_flag(all_heads, "all_heads")
     d = q.shape[1]
     block_q, block_k = flash_attention_config(d, None, block_k)
     trace_build = flash_attention_build(d, "float32", True, block_q, block_k)
@@ -283,12 +306,22 @@ def causal_on_gpu(*, layer: int = 0, head: int = 0, cases=CAUSAL_CASES, all_head
     Checked against :func:`lessons.attention` ``(causal=True)``; ``details["empty_rows"]`` maps each
     case to the number of such rows, ``details["tiles"]`` to
     :func:`lessons.schedules.causal.count_tiles` for the kernel's tile sizes.
-    Raises ValueError for a case with Nq or Nk outside 1..128.
+    Raises TypeError for ``cases`` that are not (Nq, Nk) pairs of ints (bools, floats and strings are
+    not sizes) or a non-bool ``all_heads``; ValueError for no cases, or a case with Nq or Nk outside 1..128.
     Source: Dao 2023 (FlashAttention-2), Alg. 1 and Sec. 3.1.
     """
     sample = load_sample()
     n = sample.q.shape[2]
-    cases = tuple((int(a), int(b)) for a, b in cases)
+    if isinstance(cases, (str, bytes)) or not hasattr(cases, "__iter__"):
+        raise TypeError(f"cases must be a sequence of (Nq, Nk) pairs, got {type(cases).__name__} {cases!r}")
+    cases = tuple(cases)
+    if not cases:
+        raise ValueError("cases must hold at least one (Nq, Nk) pair, got none")
+    for case in cases:
+        if isinstance(case, (str, bytes)) or not hasattr(case, "__len__") or len(case) != 2:
+            raise TypeError(f"cases must hold (Nq, Nk) pairs, got {case!r}")
+    cases = tuple((check_int(a, "cases (Nq)"), check_int(b, "cases (Nk)")) for a, b in cases)
+    all_heads = check_flag(all_heads, "all_heads")
     for nq, nk in cases:
         if not (1 <= nq <= n and 1 <= nk <= n):
             raise ValueError(f"cases must hold (Nq, Nk) pairs in 1..{n}, got {(nq, nk)}")
@@ -345,8 +378,13 @@ def io_on_gpu(*, ns=(1024, 2048, 4096), d: int = 64, heads: int = 8, repeats: in
     ``repeats`` runs after 2 warm-ups) of naive attention in CuPy (the full score matrix in
     float32, :func:`lessons.gpu.measure.naive_attention`) and of :func:`lessons.gpu.flash_attention_gpu`,
     and the largest difference between their outputs; without one, a sentence.
+    Raises (before compiling anything) TypeError for ``ns`` that is not a sequence of ints or a non-int
+    ``d``, ``heads``, ``repeats`` (bools included); ValueError for no ``ns``, any of them below 1, or a
+    ``d`` the kernel cannot take.
     Source: Dao et al. 2022, Sec. 2-3 (IO-awareness); Dao 2023, Alg. 1.
     """
+    ns = _ints(ns, "ns")
+    heads, repeats = check_positive_int(heads, "heads"), check_positive_int(repeats, "repeats")
     builds = list(default_builds(128, "float16")) + [flash_attention_build(d, "float16")]
     forward = [b for b in builds if b.kernel == "flash_attention"]
 
@@ -459,12 +497,14 @@ def paged_decode_on_gpu(q=None, block_table=None, k_cache=None, v_cache=None, se
     ``(num_blocks, block_size, num_kv_heads, d)``, one KV head for one query head) is checked against
     :func:`lessons.paged_flash_attention`; then the unused slots are refilled with ``+inf`` and
     ``1e30`` and the output must not change by a bit (``details["garbage_identical"]``: it never
-    reads past ``seq_len``). Raises ValueError when only some of the data arguments are given.
+    reads past ``seq_len``). Raises ValueError when only some of the data arguments are given, or for a
+    ``q`` that is not one (d,) vector; otherwise what :func:`lessons.paged_flash_attention` raises.
     Source: Kwon et al. 2023 (PagedAttention), Sec. 4.
     """
     q, block_table, k_cache, v_cache, seq_len, block_size = _data(
         "q, block_table, k_cache, v_cache, seq_len, block_size", (q, block_table, k_cache, v_cache, seq_len,
                                                                    block_size), paged_case)
+    as_float_array(q, "q", (1,))                         # one decode query: (1, d) is not silently reshaped
     ref = paged_flash_attention(*_f64(q), block_table, *_f64(k_cache, v_cache), seq_len, block_size, return_lse=True)
     d = np.shape(q)[-1]
     qk = np.ascontiguousarray(np.asarray(q, dtype=np.float32).reshape(1, 1, d))
@@ -511,10 +551,18 @@ def flash_decoding_on_gpu(q=None, k=None, v=None, num_splits: int = 6, *, block_
     split's partial state ``(m, l, o)`` is checked against :func:`lessons.attention` over its keys
     (``o / l`` and ``m + log l``; an empty split must have ``l = 0``), the merged output against
     :func:`lessons.attention` and :func:`lessons.flash_decoding`. ``details["splits"]``: per split,
-    pages, keys, kernel and NumPy lse. Raises ValueError when only some of q, k, v are given.
+    pages, keys, kernel and NumPy lse. Raises ValueError when only some of q, k, v are given, for a ``q``
+    that is not 1-D, ``k`` or ``v`` not 2-D, a ``q`` whose d is not k's, or a ``v`` of another shape than
+    ``k``; TypeError for a non-float array or a non-int ``num_splits``/``block_size`` (bools included).
     Source: Dao, Haziza, Massa, Sizov 2023 (Flash-Decoding).
     """
-    q, k, v = _f32(*_data("q, k, v", (q, k, v), _sample_decode_query))
+    given = _data("q, k, v", (q, k, v), lambda: (None, None, None))
+    if given[0] is not None:
+        q, k, v = as_float_array(q, "q", (1,)), as_float_array(k, "k", (2,)), as_float_array(v, "v", (2,))
+        if q.shape[0] != k.shape[1] or v.shape != k.shape:
+            raise ValueError(f"q (d,), k (Nk, d) and v (Nk, d) must agree, got shapes {q.shape}, {k.shape}, {v.shape}")
+    q, k, v = _f32(*(_sample_decode_query() if given[0] is None else (q, k, v)))
+    num_splits, block_size = check_positive_int(num_splits, "num_splits"), check_positive_int(block_size, "block_size")
     nk, d = k.shape
     k_cache, v_cache, tables, lens = write_paged_batch([k[:, None, :]], [v[:, None, :]], block_size, seed=0)
     inputs = (np.ascontiguousarray(q.reshape(1, 1, d)), *_f32(k_cache, v_cache), tables.astype(np.int32),
