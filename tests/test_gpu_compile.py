@@ -751,6 +751,43 @@ def test_a_cache_path_that_is_a_file_keeps_nothing_and_compiles(tmp_path, monkey
     assert path.read_bytes() == b"a learner's file"
 
 
+@pytest.mark.skipif(not gpu.nvrtc_available(), reason="CuPy/NVRTC not installed")
+def test_the_kept_name_changes_with_the_source_and_the_nvrtc_build(tmp_path, monkeypatch, fresh_caches):
+    build = source.online_softmax_build(64, "float32")
+    monkeypatch.setenv("LESSONS_NVRTC_CACHE", str(tmp_path / "kept"))
+    first = gpu.compile_kernel(build, "sm_80")
+    names = {p.name for p in (tmp_path / "kept").iterdir()}
+    # an edit anywhere in the source the compiler sees (the inlined header included) is a new file
+    real_source = compile_mod.kernel_source
+    monkeypatch.setattr(compile_mod, "kernel_source",
+                        lambda kernel: real_source(kernel).replace("#define", "// edited\n#define", 1))
+    compile_mod.compile_kernel.cache_clear()
+    gpu.compile_kernel(build, "sm_80")
+    names_after_edit = {p.name for p in (tmp_path / "kept").iterdir()}
+    assert len(names_after_edit) == 2 and names < names_after_edit
+    monkeypatch.setattr(compile_mod, "kernel_source", real_source)
+    # another build of the same NVRTC version (a newer wheel, 12.9.41 -> 12.9.86) is a new file too
+    monkeypatch.setattr(compile_mod, "_nvrtc_identity", lambda: "12.9|nvidia-cuda-nvrtc-cu12==0.0.1")
+    compile_mod.compile_kernel.cache_clear()
+    assert gpu.compile_kernel(build, "sm_80").cubin == first.cubin
+    assert len(list((tmp_path / "kept").iterdir())) == 3
+
+
+@pytest.mark.skipif(not gpu.nvrtc_available(), reason="CuPy/NVRTC not installed")
+def test_the_nvrtc_identity_names_the_wheel_that_compiles():
+    import importlib.metadata
+
+    compile_mod._nvrtc_identity.cache_clear()
+    identity = compile_mod._nvrtc_identity()
+    assert identity.startswith(".".join(map(str, compile_mod.nvrtc_version())))
+    wheels = [d for d in importlib.metadata.distributions()
+              if (d.metadata["Name"] or "").lower().startswith("nvidia-cuda-nvrtc")]
+    for d in wheels:
+        assert f"{d.metadata['Name']}=={d.version}" in identity
+    if not wheels:
+        assert "libnvrtc" in identity
+
+
 def test_the_default_folder_is_used_only_when_this_user_alone_can_write_it(tmp_path, monkeypatch):
     import tempfile
 

@@ -27,8 +27,9 @@ never stored in the cached :class:`CompiledKernel`.
 NVRTC takes seconds per kernel (a minute for the whole report), so what it produced (the cubin or
 PTX, and its log with the ptxas report) is also kept on disk, in ``$LESSONS_NVRTC_CACHE`` (default
 a per-user folder under the system temp dir; ``off`` keeps nothing), under a name that hashes the
-source with its headers inlined, every option and the NVRTC version: another process, or the same
-notebook run again, gets the same bytes without compiling. Files are written whole in a temporary
+source with its headers inlined, every option and the NVRTC that compiled it (version, and the wheel's
+version or the library file): another process, or the same notebook run again, gets the same bytes
+without compiling. Files are written whole in a temporary
 file and renamed, so processes compiling at once never read half a file, and each carries a SHA-256
 of its contents: a file cut short or altered is compiled again, never loaded. Errors are never kept,
 nor a cubin whose log lacks ptxas's report for any of its entry points. The default folder is used
@@ -198,6 +199,33 @@ def _cache_options() -> tuple:
 _KEPT_MAGIC = b"LSNVRTC2"
 
 
+@lru_cache(maxsize=1)
+def _nvrtc_identity() -> str:
+    """Which NVRTC compiles, for the disk cache's key: its (major, minor) version, the versions of the
+    installed ``nvidia-cuda-nvrtc*`` wheels (12.9.41 and 12.9.86 both say (12, 9), and their ptxas
+    may allocate registers differently) or, without such a wheel (a CUDA toolkit's NVRTC), the loaded
+    library's path, size and modification time, where the process map shows it."""
+    import importlib.metadata
+
+    parts = [".".join(map(str, nvrtc_version()))]
+    try:
+        parts += sorted(f"{d.metadata['Name']}=={d.version}" for d in importlib.metadata.distributions()
+                        if (d.metadata["Name"] or "").lower().startswith("nvidia-cuda-nvrtc"))
+    except Exception:      # a broken installation's metadata only costs the key its detail
+        pass
+    if len(parts) > 1:
+        return "|".join(parts)
+    try:
+        with open("/proc/self/maps") as maps:
+            libs = sorted({line.split()[-1] for line in maps if "libnvrtc" in line.split()[-1]})
+        for lib in libs:
+            info = os.stat(lib)
+            parts.append(f"{lib}:{info.st_size}:{info.st_mtime_ns}")
+    except OSError:
+        pass
+    return "|".join(parts)
+
+
 def _disk_cache() -> Path | None:
     """The folder of NVRTC's kept results (``$LESSONS_NVRTC_CACHE``, else per user under the temp
     dir), or None when it is ``off`` or cannot be made. The per-user default lives in a shared temp
@@ -287,7 +315,7 @@ def _compile(build: KernelBuild, arch_option: str, extra: tuple, what: str) -> t
     folder = _disk_cache()
     kept = None
     if folder is not None:
-        key = hashlib.sha256("\0".join([what, ".".join(map(str, nvrtc_version())), source, *options]).encode())
+        key = hashlib.sha256("\0".join([what, _nvrtc_identity(), source, *options]).encode())
         kept = folder / f"{build.kernel}-{what}-{key.hexdigest()[:24]}"
         hit = _read_kept(kept)
         if hit is not None:
