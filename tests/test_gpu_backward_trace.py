@@ -345,3 +345,13 @@ def test_the_gpu_branch_checks_times_and_labels_with_a_stand_in_device(monkeypat
     assert where == "GPU (a stand-in device)" and len(trace) == 3
     where, _ = kernel_backward_trace(*backward_demo_inputs(32, 32, 16), block_q=16, block_k=16, use_device=False)
     assert where == EMULATED
+
+
+@pytest.mark.parametrize("seed, error, match", [(True, TypeError, "seed must be an int, got bool"),
+                                                (-1, ValueError, "seed must be at least 0"),
+                                                (1.0, TypeError, "seed must be an int, got float")])
+def test_backward_demo_inputs_name_a_bad_seed(seed, error, match):
+    from lessons.gpu.backward import backward_demo_inputs
+
+    with pytest.raises(error, match=match):
+        backward_demo_inputs(seed=seed)

@@ -502,12 +502,13 @@ def backward_demo_inputs(n_q: int = 64, n_k: int = 64, d: int = 16, *, causal: b
 
     q, do (n_q, d), k, v (n_k, d): standard normal from ``numpy.random.default_rng(seed)``, stored in float32;
     ``o`` and ``lse``: :func:`lessons.attention` in float64 on those stored values (``causal`` as given),
-    then stored in float32. Raises ValueError for sizes below 1 (``n_q``, ``n_k``, ``d``).
+    then stored in float32. Raises ValueError for sizes below 1 (``n_q``, ``n_k``, ``d``) or a negative
+    ``seed``, TypeError for a non-int size or seed (bools included).
     """
-    from lessons.core.checks import check_positive_int
+    from lessons.core.checks import check_int, check_positive_int
     from lessons.core.reference import attention
     n_q, n_k, d = (check_positive_int(x, name) for x, name in ((n_q, "n_q"), (n_k, "n_k"), (d, "d")))
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(check_int(seed, "seed", min=0))
     q, k, v, do = (rng.standard_normal((n, d)).astype(np.float32) for n in (n_q, n_k, n_k, n_q))
     o, lse = attention(*(x.astype(np.float64) for x in (q, k, v)), causal=causal, return_lse=True)
     return q, k, v, o.astype(np.float32), lse.astype(np.float32), do
