@@ -788,6 +788,14 @@ def test_the_nvrtc_identity_names_the_wheel_that_compiles():
         assert "libnvrtc" in identity
 
 
+@pytest.mark.parametrize("value", ["off", "OFF", "Off", " off "])
+def test_off_in_any_case_keeps_nothing_and_makes_no_folder(tmp_path, monkeypatch, value):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("LESSONS_NVRTC_CACHE", value)
+    assert compile_mod._disk_cache() is None
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_the_default_folder_is_used_only_when_this_user_alone_can_write_it(tmp_path, monkeypatch):
     import tempfile
 

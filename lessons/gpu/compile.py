@@ -231,8 +231,8 @@ def _disk_cache() -> Path | None:
     dir), or None when it is ``off`` or cannot be made. The per-user default lives in a shared temp
     dir, so it is used only when it is a folder this user owns and nobody else can write to (made
     with mode 0700): a folder another user made first is not trusted."""
-    path = os.environ.get("LESSONS_NVRTC_CACHE")
-    if path == "off":
+    path = os.environ.get("LESSONS_NVRTC_CACHE", "").strip()
+    if path.lower() == "off":          # "OFF" or "Off" too: never a folder of that name in the notebook's folder
         return None
     default = not path
     if default:
