@@ -710,6 +710,20 @@ def test_a_damaged_kept_file_is_compiled_again_never_served(tmp_path, monkeypatc
     assert gpu.compile_kernel(build, "sm_80").cubin == good.cubin       # and the file is whole again
 
 
+@pytest.mark.skipif(not gpu.nvrtc_available(), reason="CuPy/NVRTC not installed")
+def test_a_whole_kept_file_under_another_keys_name_is_not_served(tmp_path, monkeypatch, fresh_caches):
+    small, large = source.online_softmax_build(64, "float32"), source.online_softmax_build(128, "float32")
+    monkeypatch.setenv("LESSONS_NVRTC_CACHE", str(tmp_path / "kept"))
+    want_small = gpu.compile_kernel(small, "sm_80")
+    small_file = _kept_cubin(tmp_path / "kept")
+    want_large = gpu.compile_kernel(large, "sm_80")
+    (large_file,) = [p for p in (tmp_path / "kept").iterdir() if "-cubin-" in p.name and p != small_file]
+    assert want_small.cubin != want_large.cubin
+    large_file.write_bytes(small_file.read_bytes())        # a whole, well-formed file, but the other kernel's
+    compile_mod.compile_kernel.cache_clear()
+    assert gpu.compile_kernel(large, "sm_80").cubin == want_large.cubin
+
+
 class PartialReportNvrtc(QuietNvrtc):
     """A log that mentions registers but reports only the first entry point of paged_decode."""
 

@@ -254,8 +254,9 @@ def _disk_cache() -> Path | None:
 def _read_kept(path: Path) -> tuple | None:
     """(output bytes, log) from a kept result; None when absent, cut short, altered or empty.
 
-    A kept file is ``_KEPT_MAGIC``, the SHA-256 of the rest, the log's length (8 bytes, little
-    endian), the log (UTF-8) and the output; any byte changed or missing fails the digest."""
+    A kept file is ``_KEPT_MAGIC``, the SHA-256 of its own name and the rest, the log's length (8 bytes,
+    little endian), the log (UTF-8) and the output; any byte changed or missing fails the digest, and
+    so does a whole file copied or renamed to another key's name."""
     try:
         data = path.read_bytes()
     except OSError:
@@ -264,7 +265,7 @@ def _read_kept(path: Path) -> tuple | None:
     if len(data) < head + 8 or not data.startswith(_KEPT_MAGIC):
         return None
     body = data[head:]
-    if hashlib.sha256(body).digest() != data[len(_KEPT_MAGIC):head]:
+    if hashlib.sha256(path.name.encode() + body).digest() != data[len(_KEPT_MAGIC):head]:
         return None
     (n,) = struct.unpack_from("<Q", body)
     if len(body) <= 8 + n:                # no output at all is never a result NVRTC gave
@@ -286,7 +287,7 @@ def _keep(path: Path, output: bytes, log: str) -> None:
     try:
         with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".part") as f:
             part = f.name
-            f.write(_KEPT_MAGIC + hashlib.sha256(body).digest() + body)
+            f.write(_KEPT_MAGIC + hashlib.sha256(path.name.encode() + body).digest() + body)
         os.replace(part, path)
     except OSError:
         if part is not None:
