@@ -41,3 +41,63 @@ def test_end_labels_keep_far_apart_labels_at_their_points_and_spread_close_ones(
     assert offsets["a"] == pytest.approx(-5) and offsets["b"] == pytest.approx(5)
     assert offsets["c"] == pytest.approx(0)
     plt.close(fig)
+
+
+# ---------------------------------------------------------------------------
+# notebook 06: the ladder figure's roofs, torch's backends, the decode table
+# ---------------------------------------------------------------------------
+
+def test_ladder_figure_names_every_roof():
+    from lessons.cost.traffic import H200
+    from lessons.gpu import ladder
+    from lessons.views.ladder import ladder_figure
+
+    fig = ladder_figure(ladder.ladder_points(8192, (64, 128)), label=ladder.RECORDED_LABEL)
+    roofline = fig.get_axes()[0]
+    texts = [t.get_text() for t in roofline.texts]
+    assert f"HBM {H200.hbm_bytes_per_s / 1e12:.1f} TB/s" in texts
+    assert sum("TFLOP/s" in t for t in texts) == 2                       # the two compute roofs
+    fig.canvas.draw()
+    assert _overlaps(roofline.texts, fig.canvas.get_renderer()) == []
+
+
+def test_sdpa_backends_reads_the_recorded_file_line_by_line():
+    from lessons.gpu import ladder
+
+    lines = (ladder.PROFILED_DIR / "sdpa_backends.txt").read_text().splitlines()
+    want = {}
+    for line in lines[1:]:                                # header: torch version and device
+        w = line.split()
+        if w[0] == "N=8192" and w[2] == "causal=False":
+            want.setdefault(w[3], {})[int(w[1][2:])] = float(w[7])
+    got = ladder.sdpa_backends()
+    assert got == want and set(got) == {"CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH"}
+    # the FLOP count agrees with the ladder's (4 N^2 d per head, 8 heads) given the recorded time
+    fa2_64 = next(line for line in lines if line.startswith("N=8192 d=64 causal=False FLASH_ATTENTION"))
+    ms = float(fa2_64.split()[5])
+    assert got["FLASH_ATTENTION"][64] == pytest.approx(ladder.attention_flops(8192, 64, 8) / (ms * 1e-3) / 1e12,
+                                                       rel=2e-3)
+    assert set(ladder.sdpa_backends(causal=True)["CUDNN_ATTENTION"]) == {64}
+
+
+def test_sdpa_backends_rejects_what_it_cannot_answer(tmp_path):
+    from lessons.gpu import ladder
+
+    with pytest.raises(ValueError, match="no row with N = 1000"):
+        ladder.sdpa_backends(n=1000)
+    with pytest.raises(TypeError, match="causal"):
+        ladder.sdpa_backends(causal="no")
+    with pytest.raises(TypeError, match="n must be an int"):
+        ladder.sdpa_backends(n=8192.0)
+    with pytest.raises(FileNotFoundError):
+        ladder.sdpa_backends(path=tmp_path / "missing.txt")
+
+
+def test_decode_table_keeps_a_share_under_one_percent_visible():
+    from lessons.gpu import ladder
+
+    rows = ladder.decode_recorded_rows()
+    naive = next(r for r in rows if r["name"] == "paged_decode" and r["seq_len"] == 131072)
+    assert naive["pct"] < 1                                              # 0.14% of the copy rate
+    figure = next(e["figure"] for e in ladder.decode_table() if e["name"] == "paged_decode")
+    assert f"1 x 131072: {naive['pct']:.1f}% (1 split)" in figure and ": 0% " not in figure
