@@ -101,3 +101,32 @@ def test_decode_table_keeps_a_share_under_one_percent_visible():
     assert naive["pct"] < 1                                              # 0.14% of the copy rate
     figure = next(e["figure"] for e in ladder.decode_table() if e["name"] == "paged_decode")
     assert f"1 x 131072: {naive['pct']:.1f}% (1 split)" in figure and ": 0% " not in figure
+
+
+def _blocks_per_sm_by_registers(registers, warps, regs_per_sm=65536, unit=256):
+    """Blocks one SM of sm_80 / sm_90 holds as far as registers go: each warp's registers are allocated
+    in units of 256 (CUDA occupancy calculator)."""
+    per_warp = -(-registers * 32 // unit) * unit
+    return regs_per_sm // (per_warp * warps)
+
+
+def test_blocks_per_sm_by_registers_by_hand():
+    assert _blocks_per_sm_by_registers(168, 4) == 3            # 5376 per warp, 21504 per block
+    assert _blocks_per_sm_by_registers(226, 4) == 2            # 7232 -> 7424 per warp, 29696 per block
+    assert _blocks_per_sm_by_registers(128, 8) == 2            # the FA-2 rung at d = 64: 256 threads
+
+
+def test_mma_rung_quotes_the_registers_and_blocks_per_sm_of_its_current_build():
+    from lessons import gpu
+    from lessons.gpu import ladder
+
+    if not gpu.nvrtc_available():
+        pytest.skip("CuPy/NVRTC not installed")
+    text = ladder.rung("mma").predicted
+    assert "167-168 registers per thread at d = 64 and 218-226 at d = 128" in text
+    assert "allow 3 and 2 blocks of 4 warps per SM" in text
+    for d, (low, high), blocks in ((64, (167, 168), 3), (128, (218, 226), 2)):
+        for arch in ("sm_80", "sm_90"):
+            e = next(e for e in ladder.rung_evidence(d, arch) if e["name"] == "mma")
+            assert low <= e["registers"] <= high, (d, arch, e["registers"])
+            assert _blocks_per_sm_by_registers(e["registers"], 4) == blocks

@@ -98,7 +98,9 @@ RUNGS = (
          "float16",
          "both products (Q K^T and P V) on tensor cores, mma.sync.m16n8k16, float16 in, float32 accumulate",
          "one warp instruction does 16 x 8 x 16 multiply-adds (4096 FLOPs) instead of 32 FMAs; bound by "
-         "occupancy instead: 196-254 registers per thread (ncu on the H200, 2026-11-30) allow 2 blocks of 4 warps per SM",
+         "occupancy instead: 167-168 registers per thread at d = 64 and 218-226 at d = 128 (NVRTC 12.9, sm_80 / "
+         "sm_90) allow 3 and 2 blocks of 4 warps per SM (the build Nsight Compute profiled on 2026-11-30 had "
+         "196-254 registers and ran 2 blocks per SM)",
          "mma.sync.aligned.m16n8k16", "occupancy 12.5%, no warp eligible 57% of cycles, synchronous loads (ncu, 2026-11-30 run)"),
     Rung("mma_async", "tensor cores + ldmatrix, cp.async", "mma_async", "flash_attention_mma_async",
          "lessons.gpu.flash_attention_mma_async_gpu", "float16",
