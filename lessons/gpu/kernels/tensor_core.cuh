@@ -6,9 +6,11 @@
 // the mma.sync instruction, fragment loads, cp.async and ldmatrix. The fold itself (scores,
 // masking, m, l, alpha, o, P V) stays written out in each kernel, next to FA-2 Alg. 1.
 //
-// Every helper is __forceinline__: the compiled code is what it was when each kernel carried
-// its own copy. Each has a CPU-emulation twin (FA_CPU_EMULATION, kernels/cpu_emulation.h) that
-// does the same thing by its definition, so the emulator checks the kernels' index arithmetic.
+// Every helper is __forceinline__, and each is the code one of those kernels carried as its own
+// copy before: the PTX NVRTC makes of every kernel is the same, instruction for instruction.
+// Those that are single PTX instructions (mma.sync, cvta.to.shared, cp.async, ldmatrix) have a
+// CPU-emulation twin (FA_CPU_EMULATION, kernels/cpu_emulation.h) that does the same thing by
+// its definition, so the emulator still checks every lane's index arithmetic.
 //
 // Sources: PTX ISA, "Warp-level matrix instructions: mma" (fragment layouts of m16n8k16),
 // "ldmatrix", "cp.async"; Dao 2023 (FlashAttention-2), Sec. 3.3. Needs sm_80 or newer.
