@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import csv
 import json
-import statistics
 import time
 from pathlib import Path
 
+from lessons.gpu.measure import make_peak_hook, peak_cupy, torch_seconds_and_peak  # noqa: F401 (re-exported)
+
 __all__ = ["device_or_reason", "make_peak_hook", "peak_cupy", "load_torch", "torch_seconds_and_peak", "benchmark", "main",
-           "timed_rows", "format_row", "write_results", "plot_results"]
+           "timed_rows", "format_row", "write_results", "results_figure", "plot_results", "read_results", "replot"]
 
 
 def device_or_reason():
@@ -33,36 +34,6 @@ def device_or_reason():
     return cupy, None
 
 
-def make_peak_hook(cupy):
-    """A CuPy memory hook that tracks the bytes held in the pool and their peak."""
-
-    class PeakHook(cupy.cuda.MemoryHook):
-        name = "PeakHook"
-
-        def __init__(self):
-            self.current = self.peak = 0
-
-        def malloc_postprocess(self, **kwargs):      # CuPy passes device_id, size, mem_size, ...
-            self.current += kwargs["mem_size"]
-            self.peak = max(self.peak, self.current)
-
-        def free_postprocess(self, **kwargs):
-            self.current -= kwargs["mem_size"]
-
-    return PeakHook()
-
-
-def peak_cupy(cupy, fn):
-    """Peak bytes CuPy's pool held beyond what it held before ``fn()``."""
-    hook = make_peak_hook(cupy)
-    cupy.cuda.Device().synchronize()
-    with hook:
-        result = fn()
-        cupy.cuda.Device().synchronize()
-    del result
-    return hook.peak
-
-
 def load_torch():
     """(torch module, None) when torch with CUDA is installed, else (None, why not)."""
     try:
@@ -72,29 +43,6 @@ def load_torch():
     if not torch.cuda.is_available():
         return None, "torch has no CUDA device"
     return torch, None
-
-
-def torch_seconds_and_peak(torch, fn, warmup: int, repeats: int):
-    """(median seconds of ``fn()`` over ``repeats`` runs after ``warmup``, timed with CUDA events;
-    peak bytes torch allocated during one more call beyond what it held before)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    out = fn()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - base
-    del out
-    return statistics.median(times), peak
 
 
 def timed_rows(args, cupy, torch, impls, calls, *, dtype, d, n, flops, t0, skip=lambda impl: None):
@@ -167,20 +115,25 @@ def write_results(rows, out: Path, meta: dict, *, what: str) -> None:
     (out / "results.md").write_text("```\n" + console.export_text() + "```\n")
 
 
-def plot_results(rows, path: Path, *, impls, dtypes, style, speed, title) -> None:
-    """Two rows of panels (speed, peak memory) x one column per head dim; log2 N on x.
+def results_figure(rows, *, impls, dtypes, style, speed, title):
+    """Two rows of panels (speed, peak memory) x one column per head dim; log2 N on x. Returns the Figure.
 
     ``style[impl]``: (colour, marker, label); ``speed``: (row -> value, y label) for the top
-    panels; ``title``: the figure's title. float16 lines solid, others dashed.
+    panels; ``title``: the figure's title. float16 lines solid, others dashed. One legend for the
+    whole figure, outside the axes on the right (one entry per implementation drawn, one per dtype
+    line style), so it never covers a line.
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     value, ylabel = speed
     head_dims = sorted({r["d"] for r in rows})
-    fig, axes = plt.subplots(2, len(head_dims), figsize=(5.2 * len(head_dims), 7.5), squeeze=False, sharex=True)
+    fig, axes = plt.subplots(2, len(head_dims), figsize=(4.6 * len(head_dims) + 3.4, 7.5), squeeze=False,
+                             sharex=True, layout="constrained")
+    drawn_impls, drawn_dtypes = [], []
     for col, d in enumerate(head_dims):
         for dtype in dtypes:
             for impl in impls:
@@ -188,6 +141,8 @@ def plot_results(rows, path: Path, *, impls, dtypes, style, speed, title) -> Non
                              if r["d"] == d and r["impl"] == impl and r["dtype"] == dtype and r["seconds"] is not None)
                 if not pts:
                     continue
+                drawn_impls += [impl] if impl not in drawn_impls else []
+                drawn_dtypes += [dtype] if dtype not in drawn_dtypes else []
                 color, marker, label = style[impl]
                 line = dict(marker=marker, color=color, label=f"{label}, {dtype}",
                             linestyle="-" if dtype == "float16" else "--")
@@ -204,11 +159,65 @@ def plot_results(rows, path: Path, *, impls, dtypes, style, speed, title) -> Non
             ax.set_yscale("log")
             ax.set_xticks(sizes, [str(n) for n in sizes])
             ax.grid(True, which="both", alpha=0.3)
-        axes[0, col].legend(fontsize=8)
+    handles = [Line2D([], [], color=style[i][0], marker=style[i][1], label=style[i][2]) for i in impls
+               if i in drawn_impls]
+    handles += [Line2D([], [], color="#555555", linestyle="-" if dt == "float16" else "--", label=dt)
+                for dt in dtypes if dt in drawn_dtypes]
+    fig.legend(handles=handles, loc="outside right center", fontsize=8, frameon=False)
     fig.suptitle(title)
-    fig.tight_layout()
+    return fig
+
+
+def dtype_caption(rows) -> str:
+    """How the plot tells the dtypes apart, for the dtypes that have a time in ``rows``:
+    ``"solid float16, dashed float32"``, or just ``"float16"`` when only one was run."""
+    timed = sorted({r["dtype"] for r in rows if r["seconds"] is not None}, key=lambda d: d != "float16")
+    if len(timed) == 1:
+        return timed[0]
+    return ", ".join(("solid " if d == "float16" else "dashed ") + d for d in timed)
+
+
+def plot_results(rows, path: Path, *, impls, dtypes, style, speed, title) -> None:
+    """:func:`results_figure` of ``rows`` saved as a PNG at ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = results_figure(rows, impls=impls, dtypes=dtypes, style=style, speed=speed, title=title)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def read_results(path: Path) -> list[dict]:
+    """The rows of a ``results.csv`` written by :func:`write_results`, typed as the run made them:
+    n, d, heads, peak_bytes int; causal bool; seconds, tflops float; None where the row was not run."""
+    rows = []
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            done = bool(r["seconds"])
+            rows.append(dict(r, n=int(r["n"]), d=int(r["d"]), heads=int(r["heads"]), causal=r["causal"] == "True",
+                             seconds=float(r["seconds"]) if done else None, tflops=float(r["tflops"]) if done else None,
+                             peak_bytes=int(r["peak_bytes"]) if done else None))
+    if not rows:
+        raise ValueError(f"{path} holds no result rows")
+    return rows
+
+
+def replot(csv_path: Path, plot, png_name: str) -> Path:
+    """Draw the plot of a recorded run again from its ``results.csv`` (no new measurement): ``plot``
+    is the benchmark's ``plot_results(rows, path, meta)``; the device name comes from the title of
+    ``results.md`` beside the CSV ("GPU" when it is not there). Writes ``png_name`` beside the CSV
+    and returns its path. FileNotFoundError when the CSV is missing."""
+    csv_path = Path(csv_path)
+    rows = read_results(csv_path)
+    device = "GPU"
+    md = csv_path.with_name("results.md")
+    if md.is_file():
+        for line in md.read_text().splitlines():
+            if ", batch 1," in line:
+                device = line.split(", batch 1,")[0].strip().split(", ", 1)[-1]
+                break
+    path = csv_path.with_name(png_name)
+    plot(rows, path, dict(device=device, heads=rows[0]["heads"], causal=rows[0]["causal"]))
+    return path
 
 
 def benchmark(args, cupy, run_size):

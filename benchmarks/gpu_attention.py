@@ -25,7 +25,8 @@ events (seconds); TFLOP/s counting 4 N^2 d flops per head (2 for Q K^T, 2 for P 
 halved when causal); peak device memory allocated during one call beyond the inputs
 (bytes: CuPy through a memory hook on its pool, torch through max_memory_allocated).
 Writes results.json, results.csv, results.md and gpu_attention.png into ``--out``.
-Without a CUDA device it prints why and exits 0.
+Without a CUDA device it prints why and exits 0. ``--replot CSV`` draws the plot again from a
+recorded ``results.csv`` (no GPU needed).
 """
 from __future__ import annotations
 
@@ -58,6 +59,8 @@ def parse_args(argv=None):
     p.add_argument("--causal", action="store_true")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--replot", type=Path, metavar="CSV",
+                   help="draw gpu_attention.png again from a recorded results.csv, beside it (nothing is measured)")
     p.add_argument("--time-budget", type=float, default=240.0,
                    help="seconds; configurations not started by then are recorded as skipped")
     args = p.parse_args(argv)
@@ -125,12 +128,16 @@ def plot_results(rows, path: Path, meta: dict) -> None:
              "torch": ("tab:green", "^", "torch SDPA")}
     _common.plot_results(rows, path, impls=IMPLS, dtypes=DTYPES, style=style,
                          speed=(lambda r: r["tflops"], "TFLOP/s (higher is better)"),
-                         title=f"Attention forward on {meta['device']}\nbatch 1, {meta['heads']} heads; solid float16, "
-                               f"dashed float32" + (", causal" if meta["causal"] else ""))
+                         title=f"Attention forward on {meta['device']}\nbatch 1, {meta['heads']} heads; "
+                               f"{_common.dtype_caption(rows)}" + (", causal" if meta["causal"] else ""))
 
 
 def main(argv=None) -> int:
-    return _common.main(parse_args(argv), run_size, write_results)
+    args = parse_args(argv)
+    if args.replot:
+        print(f"wrote {_common.replot(args.replot, plot_results, 'gpu_attention.png')}")
+        return 0
+    return _common.main(args, run_size, write_results)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ TFLOP/s counting the backward's 5 matmuls, 10 N^2 d flops per head (halved when 
 kernel's separate dQ pass actually does 14 N^2 d); peak device memory allocated during one
 backward call beyond its inputs (bytes: CuPy through a memory hook on its pool, torch through
 max_memory_allocated). Writes results.json, results.csv, results.md and gpu_backward.png into
-``--out``. Without a CUDA device it prints why and exits 0.
+``--out``. Without a CUDA device it prints why and exits 0. ``--replot CSV`` draws the plot again from a
+recorded ``results.csv`` (no GPU needed).
 """
 from __future__ import annotations
 
@@ -34,15 +35,10 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import _common  # noqa: E402
 from benchmarks._common import format_row, timed_rows, torch_seconds_and_peak  # noqa: E402,F401
+from lessons.gpu.measure import backward_flops, naive_backward, sdpa_backward  # noqa: E402,F401
 
 IMPLS = ("naive", "kernel", "mma", "torch")
 DTYPES = ("float16", "float32")
-
-
-def backward_flops(n: int, d: int, heads: int, causal: bool) -> float:
-    """Floating-point operations of one attention backward: 5 matmuls of 2 N^2 d each per head
-    (S, dV, dP, dQ, dK; FlashAttention-2's count), halved when causal."""
-    return 10.0 * n * n * d * heads * (0.5 if causal else 1.0)
 
 
 def parse_args(argv=None):
@@ -55,6 +51,8 @@ def parse_args(argv=None):
     p.add_argument("--causal", action="store_true")
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--replot", type=Path, metavar="CSV",
+                   help="draw gpu_backward.png again from a recorded results.csv, beside it (nothing is measured)")
     p.add_argument("--time-budget", type=float, default=240.0,
                    help="seconds; configurations not started by then are recorded as skipped")
     args = p.parse_args(argv)
@@ -64,34 +62,9 @@ def parse_args(argv=None):
     return args
 
 
-def naive_backward(xp, q, k, v, do, causal=False):
-    """The textbook backward in CuPy, float32, with P, dP and dS materialised: (dq, dk, dv) in q's dtype.
-
-    ``xp``: the array module (``cupy``; ``numpy`` in tests). ``q``, ``do`` (heads, Nq, d); ``k``, ``v``
-    (heads, Nk, d); ``scale = 1/sqrt(d)``; causal bottom-right aligned.
-    Source: Dao et al. 2022, App. B.2 (the standard backward)."""
-    from lessons.gpu.measure import naive_probabilities
-
-    p, scale = naive_probabilities(xp, q, k, causal)
-    q32, k32, v32, do32 = (x.astype(xp.float32) for x in (q, k, v, do))
-    dv = xp.matmul(p.transpose(0, 2, 1), do32)
-    dp = xp.matmul(do32, v32.transpose(0, 2, 1))
-    dp -= (p * dp).sum(axis=-1, keepdims=True)
-    ds = xp.multiply(p, dp, out=dp)
-    dq = xp.matmul(ds, k32) * scale
-    dk = xp.matmul(ds.transpose(0, 2, 1), q32) * scale
-    return dq.astype(q.dtype), dk.astype(q.dtype), dv.astype(q.dtype)
-
-
 def run_torch(torch, q, k, v, do, causal, warmup, repeats):
     """Median seconds and peak extra bytes of SDPA's backward (the forward is run once, outside)."""
-    import torch.nn.functional as F
-
-    tq, tk, tv = (torch.as_tensor(x, device="cuda").unsqueeze(0).requires_grad_() for x in (q, k, v))
-    tdo = torch.as_tensor(do, device="cuda").unsqueeze(0)
-    out = F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
-    return torch_seconds_and_peak(torch, lambda: torch.autograd.grad(out, (tq, tk, tv), tdo, retain_graph=True),
-                                  warmup, repeats)
+    return torch_seconds_and_peak(torch, sdpa_backward(torch, q, k, v, do, causal), warmup, repeats)
 
 
 def run_size(args, cupy, torch, torch_reason, rng, dtype, d, n, t0):
@@ -152,11 +125,15 @@ def plot_results(rows, path: Path, meta: dict) -> None:
     _common.plot_results(rows, path, impls=IMPLS, dtypes=DTYPES, style=style,
                          speed=(lambda r: r["seconds"] * 1e3, "backward time (ms, lower is better)"),
                          title=f"Attention backward on {meta['device']}\nbatch 1, {meta['heads']} heads; "
-                               f"solid float16, dashed float32" + (", causal" if meta["causal"] else ""))
+                               f"{_common.dtype_caption(rows)}" + (", causal" if meta["causal"] else ""))
 
 
 def main(argv=None) -> int:
-    return _common.main(parse_args(argv), run_size, write_results, kernels="backward kernels")
+    args = parse_args(argv)
+    if args.replot:
+        print(f"wrote {_common.replot(args.replot, plot_results, 'gpu_backward.png')}")
+        return 0
+    return _common.main(args, run_size, write_results, kernels="backward kernels")
 
 
 if __name__ == "__main__":

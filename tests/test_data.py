@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from lessons import attention, flash_attention, late_max_case, load_sample, make_case, random_case
+from lessons.course import data
 from lessons.course.data import CASE_KINDS, Sample
 
 # float16 unit roundoff: storing q, k, v (and the layer-5 check value) in float16 moves each
@@ -224,3 +225,38 @@ def test_make_case_unknown_kind(kind):
 def test_make_case_passes_on_range_errors():
     with pytest.raises(ValueError, match="head must be in 0..11"):
         make_case("real", head=12)
+
+
+def test_softmax_demo_rows_mask_a_first_tile_and_a_whole_row():
+    x = data.softmax_demo_rows()
+    assert x.shape == (3, 700) and x.dtype == np.float32
+    assert np.isfinite(x[0]).all() and np.isneginf(x[2]).all()
+    assert np.isneginf(x[1, :300]).all() and np.isfinite(x[1, 300:]).all()     # 700 * 3 // 7 = 300 > one tile of 256
+    assert 2.7 < x[0].std() < 3.3 and 2.7 < x[1, 300:].std() < 3.3                # scores 3 * N(0, 1)
+    np.testing.assert_array_equal(x, data.softmax_demo_rows())                     # the same every time
+
+
+def test_paged_case_holds_the_samples_first_100_keys_through_its_block_table(sample):
+    q, block_table, k_cache, v_cache, seq_len, block_size = data.paged_case()
+    q_all, k_all, v_all = sample.qkv(0, 0)
+    assert (seq_len, block_size, k_cache.shape) == (100, 16, (16, 16, 32)) and len(block_table) == 7
+    np.testing.assert_array_equal(q, q_all[99])
+    keys = np.concatenate([k_cache[p] for p in block_table])[:seq_len]   # gather the pages in table order
+    values = np.concatenate([v_cache[p] for p in block_table])[:seq_len]
+    np.testing.assert_array_equal(keys, k_all[:100])
+    np.testing.assert_array_equal(values, v_all[:100])
+    assert np.isnan(k_cache).sum() == (16 * 16 - 100) * 32                # every other slot is NaN
+
+
+def test_gqa_batch_case_is_four_sequences_on_two_kv_heads():
+    q, k_cache, v_cache, block_tables, seq_lens = data.gqa_batch_case()
+    rng = np.random.default_rng(0)                  # the notebook's draws, in its order
+    keys = [rng.standard_normal((n, 2, 64)) for n in (1, 15, 16, 37)]
+    values = [rng.standard_normal((n, 2, 64)) for n in (1, 15, 16, 37)]
+    np.testing.assert_array_equal(q, rng.standard_normal((4, 8, 64)))
+    assert seq_lens.tolist() == [1, 15, 16, 37] and k_cache.shape[1:] == (16, 2, 64)
+    for b, n in enumerate(seq_lens):
+        pages = block_tables[b][: -(-n // 16)]
+        assert (block_tables[b][len(pages):] == -1).all()
+        np.testing.assert_array_equal(np.concatenate([k_cache[p] for p in pages])[:n], keys[b])
+        np.testing.assert_array_equal(np.concatenate([v_cache[p] for p in pages])[:n], values[b])

@@ -442,6 +442,8 @@ def test_agrees_with_torch_scaled_dot_product_attention_backward(causal):
 # ---------------------------------------------------------------------------
 
 def _benchmark_module():
+    """``benchmarks/gpu_backward.py`` loaded as a module (it is a script, not part of a package);
+    tests/test_gpu_backward_mma.py imports this helper too."""
     import importlib.util
     from pathlib import Path
 

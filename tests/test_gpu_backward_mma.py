@@ -23,7 +23,7 @@ import lessons.gpu as gpu
 from kernel_tolerance import assert_within_baseline, round_to
 from lessons.gpu import source
 from lessons.gpu.backward import flash_attention_backward_gpu, flash_attention_backward_mma_gpu
-from test_gpu_backward import assert_agrees_with_torch
+from test_gpu_backward import _benchmark_module, assert_agrees_with_torch
 
 NO_DEVICE = "no CUDA device: the same cases run on CPU threads under the 'emulator' backend"
 BACKENDS = [
@@ -374,17 +374,6 @@ def test_agrees_with_torch_scaled_dot_product_attention_backward(causal, d):
 # ---------------------------------------------------------------------------
 # benchmarks/gpu_backward.py, impl "mma": what runs without a GPU
 # ---------------------------------------------------------------------------
-
-def _benchmark_module():
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_backward.py"
-    spec = importlib.util.spec_from_file_location("gpu_backward_benchmark_mma", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
-
 
 def test_benchmark_times_the_tensor_core_backward_and_notes_its_difference():
     bench = _benchmark_module()

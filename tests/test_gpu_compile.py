@@ -148,6 +148,7 @@ def fresh_caches():
 
 @pytest.fixture
 def quiet_nvrtc(monkeypatch, fresh_caches):
+    monkeypatch.setenv("LESSONS_NVRTC_CACHE", "off")      # a made-up log must neither come from nor go to disk
     real = compile_mod._nvrtc()
     monkeypatch.setattr(compile_mod, "_nvrtc", lambda: QuietNvrtc(real))
 
@@ -618,7 +619,10 @@ def test_processes_compiling_and_emulating_the_same_kernels_at_once_all_succeed(
 
     env = {**os.environ, "LESSONS_EMULATOR_CACHE": str(tmp_path / "emulator"), "PYTHONPATH": str(ROOT)}
     modes = ["plain", "quiet", "plain", "quiet"]
-    procs = [subprocess.Popen([sys.executable, "-c", CHILD, mode], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+    # the plain ones share one empty NVRTC cache folder; the quiet ones' made-up logs stay off disk
+    nvrtc_cache = {"plain": str(tmp_path / "nvrtc"), "quiet": "off"}
+    procs = [subprocess.Popen([sys.executable, "-c", CHILD, mode], cwd=tmp_path,
+                              env={**env, "LESSONS_NVRTC_CACHE": nvrtc_cache[mode]}, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for mode in modes]
     results = []
     for proc in procs:
@@ -641,6 +645,36 @@ def test_processes_compiling_and_emulating_the_same_kernels_at_once_all_succeed(
             assert "not reported" in res["summary"]
     assert len(list((tmp_path / "emulator").glob("*.so"))) == 1         # one library, built and renamed whole
     assert not [p for p in (tmp_path / "emulator").iterdir() if p.is_dir()]   # no build folder left behind
+    kept = sorted(p.name for p in (tmp_path / "nvrtc").iterdir())
+    assert kept and not [n for n in kept if n.endswith(".part")]        # NVRTC's results kept whole, no pieces
+
+
+@pytest.mark.skipif(not gpu.nvrtc_available(), reason="CuPy/NVRTC not installed")
+def test_nvrtc_results_kept_on_disk_are_the_bytes_nvrtc_gives(tmp_path, monkeypatch, fresh_caches):
+    build = source.online_softmax_build(64, "float32")
+    monkeypatch.setenv("LESSONS_NVRTC_CACHE", "off")
+    fresh = gpu.compile_kernel(build, "sm_80")
+    fresh_ptx = compile_mod.compile_ptx(build, "sm_80")
+    assert "registers" in fresh.log and fresh_ptx.lstrip().startswith("//")
+    folder = tmp_path / "kept"
+    monkeypatch.setenv("LESSONS_NVRTC_CACHE", str(folder))
+    compile_mod.compile_kernel.cache_clear()
+    first = gpu.compile_kernel(build, "sm_80")
+    files = sorted(folder.iterdir())
+    assert len(files) == 1 and "-cubin-" in files[0].name
+    compile_mod.compile_kernel.cache_clear()
+    again = gpu.compile_kernel(build, "sm_80")                           # read back from disk
+    assert first.cubin == again.cubin == fresh.cubin and first.log == again.log    # (the log holds ptxas's own timing)
+    assert again.resources == first.resources == fresh.resources
+    assert compile_mod.compile_ptx(build, "sm_80") == compile_mod.compile_ptx(build, "sm_80") == fresh_ptx
+    assert len(list(folder.iterdir())) == 2                             # the cubin and the PTX
+    files[0].write_bytes(files[0].read_bytes()[:20])                    # a file cut short is compiled again
+    compile_mod.compile_kernel.cache_clear()
+    assert gpu.compile_kernel(build, "sm_80").cubin == fresh.cubin
+    assert files[0].stat().st_size > 20
+    other = source.online_softmax_build(128, "float32")                  # another source, another file
+    gpu.compile_kernel(other, "sm_80")
+    assert len(list(folder.iterdir())) == 3
 
 
 @pytest.mark.skipif(not gpu.emulator_available(), reason="no C++ compiler (g++) for the CPU emulation")

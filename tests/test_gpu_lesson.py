@@ -19,9 +19,11 @@ import pytest
 
 import lessons
 import lessons.gpu as gpu
+from lessons.course.data import softmax_demo_rows
 from lessons.schedules.causal import causal_mask
 from lessons.gpu import harness, lesson, source
 from lessons.gpu.launch import Runner
+from lessons.gpu.trace_compare import relative_difference, trace_table
 
 needs_nvrtc = pytest.mark.skipif(not gpu.nvrtc_available() and not os.environ.get("CI"),
                                  reason="CuPy/NVRTC not installed: pip install cupy-cuda12x nvidia-cuda-nvrtc-cu12")
@@ -206,6 +208,7 @@ def no_resource_report(monkeypatch):
         def getProgramLog(self, prog):
             return ""
 
+    monkeypatch.setenv("LESSONS_NVRTC_CACHE", "off")      # a made-up log must neither come from nor go to disk
     monkeypatch.setattr(compile_mod, "_nvrtc", lambda: Quiet())
     monkeypatch.setattr(compile_mod, "find_ptxas", lambda: None)
     for cached in (compile_mod.compile_kernel, compile_mod._standalone_report):
@@ -235,7 +238,7 @@ def test_a_missing_resource_report_reads_not_reported_never_a_failed_compile(no_
 def test_online_softmax_emulator_equals_the_textbook_softmax(results):
     r = results["01"]
     c = emulator_check(r)
-    x = lesson.softmax_demo_rows().astype(np.float64)
+    x = softmax_demo_rows().astype(np.float64)
     np.testing.assert_allclose(c.output, lessons.safe_softmax(x), **TOL)
     for i in (0, 1):                              # lse by hand: m + log(sum exp(x - m)) over the visible entries
         row = x[i][np.isfinite(x[i])]
@@ -273,8 +276,14 @@ def test_flash_attention_trace_matches_numpy_tile_by_tile(results):
     # forgetting alpha on l first shows where the max moves while l > 0
     first_rescale = int(np.flatnonzero(rt.rescaled)[0])
     assert det["broken_divergence"].tile == first_rescale and det["broken_divergence"].quantity == "l"
-    table = lesson.trace_table(g, rt, "emulator").splitlines()
+    table = trace_table(g, rt, "emulator").splitlines()
     assert len(table) == 1 + len(rt) and table[1].split()[:2] == ["1", "0-15"]
+    rel = relative_difference(g, rt)             # by hand, per tile: the worst of m, alpha, l
+    for i, line in enumerate(table[1:]):
+        worst = max(abs(getattr(g, f)[i] - getattr(rt, f)[i]) / max(abs(getattr(rt, f)[i]), 1e-30)
+                    if getattr(g, f)[i] != getattr(rt, f)[i] else 0.0 for f in ("m", "alpha", "l"))
+        assert rel[i] == pytest.approx(worst) and line.split()[-1] == f"{worst:.1e}"
+    assert det["max_relative_difference"] == pytest.approx(max(rel))
     assert "first_divergence: none" in text(r) and f"names tile {first_rescale + 1}" in text(r)
 
 
@@ -343,12 +352,11 @@ def test_paged_decode_needs_all_or_none_of_its_arguments():
         lesson.causal_on_gpu(cases=((0, 8),), use_device=False, emulate=False)
 
 
-def test_split_pages_by_hand():
-    assert lesson.split_pages(8, 6) == [(0, 2), (2, 4), (4, 6), (6, 8), (8, 8), (8, 8)]
-    assert lesson.split_pages(7, 3) == [(0, 3), (3, 6), (6, 7)]
-    assert lesson.split_pages(0, 2) == [(0, 0), (0, 0)]
-    with pytest.raises(ValueError):
-        lesson.split_pages(4, 0)
+def test_flash_decoding_splits_its_pages_by_hand(results):
+    # 128 keys in pages of 16: 8 pages; 6 splits of ceil(8 / 6) = 2 pages, the last two empty
+    assert results["06"].details["split_pages"] == [(0, 2), (2, 4), (4, 6), (6, 8), (8, 8), (8, 8)]
+    with pytest.raises(ValueError, match="num_splits must be at least 1"):
+        lesson.flash_decoding_on_gpu(num_splits=0, use_device=False, emulate=False)
 
 
 @needs_emulator
@@ -510,11 +518,13 @@ def test_every_section_on_the_device(fn):
 
 
 @pytest.mark.parametrize("call, error, match", [
-    (lambda: lesson.tensor_cores_on_gpu(row=200, use_device=False), ValueError, r"row must be an int in \[0, 128\)"),
+    (lambda: lesson.tensor_cores_on_gpu(row=200, use_device=False), ValueError, "row must be at most 127, got 200"),
+    (lambda: lesson.tensor_cores_on_gpu(row=1.0, use_device=False), TypeError, "row must be an int"),
     (lambda: lesson.tensor_cores_on_gpu(heads=0, use_device=False), ValueError, "heads must be at least 1"),
     (lambda: lesson.tensor_cores_on_gpu(d=72, use_device=False), ValueError, "multiple of 16"),
     (lambda: lesson.kernel_row_trace(*[np.zeros((1, 8, 16))] * 3, 16, 0), ValueError, "q must be 2-D"),
-    (lambda: lesson.kernel_row_trace(*[np.zeros((8, 16))] * 3, 16, 8), ValueError, r"row must be an int in \[0, 8\)"),
+    (lambda: lesson.kernel_row_trace(*[np.zeros((8, 16))] * 3, 16, 8), ValueError, "row must be at most 7, got 8"),
+    (lambda: lesson.kernel_row_trace(*[np.zeros((8, 16))] * 3, 16, -1), ValueError, "row must be at least 0"),
     (lambda: lesson.kernel_row_trace(*[np.zeros((8, 16))] * 3, True, 0), TypeError, "tile must be an int"),
 ])
 def test_the_tensor_core_section_and_kernel_row_trace_check_their_arguments_first(call, error, match):

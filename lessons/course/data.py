@@ -28,7 +28,8 @@ import numpy as np
 
 from lessons.core.checks import check_int, check_positive_int
 
-__all__ = ["Sample", "load_sample", "random_case", "late_max_case", "late_max_keys", "make_case", "CASE_KINDS"]
+__all__ = ["Sample", "load_sample", "random_case", "late_max_case", "late_max_keys", "make_case", "CASE_KINDS",
+           "softmax_demo_rows", "paged_case", "gqa_batch_case"]
 
 CASE_KINDS = ("real", "random", "late-max")
 _NPZ = "minilm_sample.npz"
@@ -310,3 +311,50 @@ def _seed(seed) -> int:
     if seed < 0:
         raise ValueError(f"seed must be >= 0, got {seed}")
     return int(seed)
+
+
+def softmax_demo_rows(n_cols: int = 700, *, seed: int = 0) -> np.ndarray:
+    """The small batch notebook 01's online-softmax kernel is checked on: float32 (3, n_cols).
+
+    Row 0: scores ``3 * N(0, 1)``; row 1: scores drawn the same way, but its first ``n_cols * 3 // 7``
+    entries ``-inf`` (with tiles of 256 its whole first tile is masked: the NaN trap of notebook 01,
+    section 5); row 2: all ``-inf`` (a row that sees nothing: y = 0, lse = -inf).
+    """
+    x = (3.0 * np.random.default_rng(seed).standard_normal((3, n_cols))).astype(np.float32)
+    x[1, : n_cols * 3 // 7] = -np.inf
+    x[2] = -np.inf
+    return x
+
+
+def paged_case():
+    """Notebook 07's decode step: one real head (layer 0, head 0), 100 tokens in a shuffled pool of
+    16 pages of 16 slots (NaN in the unused slots), the query of token 99.
+
+    Returns ``(q, block_table, k_cache, v_cache, seq_len, block_size)``: float64 ``q`` (d,), int
+    ``block_table`` (7,), float64 caches (16, 16, d), ints 100 and 16
+    (:func:`lessons.schedules.paged.write_paged_cache`, seed 3).
+    """
+    from lessons.schedules.paged import write_paged_cache
+    q_all, k_all, v_all = load_sample().qkv(0, 0, dtype=np.float64)
+    seq_len, block_size = 100, 16
+    block_table, k_cache, v_cache = write_paged_cache(k_all[:seq_len], v_all[:seq_len], block_size,
+                                                      num_blocks=16, seed=3)
+    return q_all[seq_len - 1], block_table, k_cache, v_cache, seq_len, block_size
+
+
+def gqa_batch_case():
+    """Notebook 09's decode batch (the same generator, seeds and order): 4 sequences of 1, 15, 16 and
+    37 tokens, 8 query heads on 2 KV heads, d = 64, pages of 16, NaN in the unused slots.
+
+    Returns ``(q, k_cache, v_cache, block_tables, seq_lens)``: float64 ``q`` (4, 8, 64), caches
+    (num_blocks, 16, 2, 64), int ``block_tables`` (4, max_blocks_per_seq) with -1 padding, int
+    ``seq_lens`` (4,) (:func:`lessons.schedules.gqa_decode.write_paged_batch`, seed 1).
+    """
+    from lessons.schedules.gqa_decode import write_paged_batch
+    rng = np.random.default_rng(0)
+    num_heads, num_kv_heads, d, block_size = 8, 2, 64, 16
+    lengths = [1, 15, 16, 37]
+    keys = [rng.standard_normal((n, num_kv_heads, d)) for n in lengths]
+    values = [rng.standard_normal((n, num_kv_heads, d)) for n in lengths]
+    k_cache, v_cache, block_tables, seq_lens = write_paged_batch(keys, values, block_size, seed=1)
+    return rng.standard_normal((len(lengths), num_heads, d)), k_cache, v_cache, block_tables, seq_lens

@@ -23,13 +23,22 @@ this module passes ``--no-cache`` to those versions (several processes compiling
 kernels at once hit that cache), and falls back as above if a report is still missing.
 Whether a device is present is a fact about the run, not about a compiled kernel: it is
 never stored in the cached :class:`CompiledKernel`.
+
+NVRTC takes seconds per kernel (a minute for the whole report), so what it produced (the cubin or
+PTX, and its log with the ptxas report) is also kept on disk, in ``$LESSONS_NVRTC_CACHE`` (default
+a per-user folder under the system temp dir; ``off`` keeps nothing), under a name that hashes the
+source with its headers inlined, every option and the NVRTC version: another process, or the same
+notebook run again, gets the same bytes without compiling. Files are written whole in a temporary
+file and renamed, so processes compiling at once never read half a file. Errors are never kept.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import re
 import shutil
+import struct
 import subprocess
 import tempfile
 from dataclasses import dataclass, field, replace
@@ -181,11 +190,59 @@ def _cache_options() -> tuple:
     return ("--no-cache",) if nvrtc_version() >= (12, 9) else ()
 
 
-def _compile(build: KernelBuild, arch_option: str, extra: tuple) -> tuple:
+def _disk_cache() -> Path | None:
+    """The folder of NVRTC's kept results (``$LESSONS_NVRTC_CACHE``, else per user under the temp
+    dir), or None when it is ``off`` or cannot be made."""
+    path = os.environ.get("LESSONS_NVRTC_CACHE")
+    if path == "off":
+        return None
+    if not path:
+        path = Path(tempfile.gettempdir()) / f"lessons-gpu-nvrtc-{os.getuid() if hasattr(os, 'getuid') else 0}"
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return None
+    return Path(path)
+
+
+def _read_kept(path: Path) -> tuple | None:
+    """(output bytes, log) from a kept result, None when absent or not whole."""
+    try:
+        data = path.read_bytes()
+        (n,) = struct.unpack_from("<Q", data)
+        log = data[8:8 + n].decode()
+    except (OSError, struct.error, UnicodeDecodeError):
+        return None
+    return (data[8 + n:], log) if len(data) >= 8 + n else None
+
+
+def _keep(path: Path, output: bytes, log: str) -> None:
+    """Write (output, log) whole: a temporary file in the same folder, then one atomic rename."""
+    raw = log.encode()
+    try:
+        with tempfile.NamedTemporaryFile(dir=path.parent, delete=False, suffix=".part") as f:
+            f.write(struct.pack("<Q", len(raw)) + raw + output)
+        os.replace(f.name, path)
+    except OSError:   # a full or read-only disk only costs the next process a compile
+        pass
+
+
+def _compile(build: KernelBuild, arch_option: str, extra: tuple, what: str) -> tuple:
+    """(options, output bytes, log): ``what`` is ``"cubin"`` or ``"ptx"``; from the disk cache
+    when this source was compiled so before, else by NVRTC. Raises KernelCompileError."""
     nvrtc = _nvrtc()
     # -ftz: as CuPy compiles
     options = (arch_option, "--std=c++17", "-ftz=true") + build.options + _cache_options() + extra
-    prog = nvrtc.createProgram(kernel_source(build.kernel), f"{build.kernel}.cu", [], [])
+    source = kernel_source(build.kernel)
+    folder = _disk_cache()
+    kept = None
+    if folder is not None:
+        key = hashlib.sha256("\0".join([what, ".".join(map(str, nvrtc_version())), source, *options]).encode())
+        kept = folder / f"{build.kernel}-{what}-{key.hexdigest()[:24]}"
+        hit = _read_kept(kept)
+        if hit is not None:
+            return options, hit[0], hit[1]
+    prog = nvrtc.createProgram(source, f"{build.kernel}.cu", [], [])
     try:
         try:
             nvrtc.compileProgram(prog, list(options))
@@ -194,10 +251,13 @@ def _compile(build: KernelBuild, arch_option: str, extra: tuple) -> tuple:
             raise KernelCompileError(
                 f"NVRTC could not compile {build.describe()} ({arch_option}): {err}\n{log}") from None
         log = nvrtc.getProgramLog(prog).rstrip("\x00")
-        return prog, options, log
-    except Exception:
+        output = nvrtc.getCUBIN(prog) if what == "cubin" else nvrtc.getPTX(prog)
+        output = output.encode() if isinstance(output, str) else bytes(output)
+    finally:
         nvrtc.destroyProgram(prog)
-        raise
+    if kept is not None and (what == "ptx" or "registers" in log):   # a cubin is kept with its ptxas report only
+        _keep(kept, output, log)
+    return options, output, log
 
 
 def _config(build: KernelBuild) -> str:
@@ -240,12 +300,7 @@ def compile_kernel(build: KernelBuild, arch: str = "sm_90") -> CompiledKernel:
     whether a CUDA device is present.
     """
     arch = _check_arch(arch)
-    nvrtc = _nvrtc()
-    prog, options, log = _compile(build, f"-arch={arch}", ("--ptxas-options=-v",))
-    try:
-        cubin = nvrtc.getCUBIN(prog)
-    finally:
-        nvrtc.destroyProgram(prog)
+    options, cubin, log = _compile(build, f"-arch={arch}", ("--ptxas-options=-v",), "cubin")
     try:
         parsed, why = parse_ptxas_log(log), None
     except ValueError as err:
@@ -269,13 +324,8 @@ def compile_kernel(build: KernelBuild, arch: str = "sm_90") -> CompiledKernel:
 def compile_ptx(build: KernelBuild, arch: str = "sm_90") -> str:
     """PTX text of ``build`` for the virtual architecture of ``arch`` (``compute_90`` for ``sm_90``)."""
     arch = _check_arch(arch)
-    nvrtc = _nvrtc()
-    prog, _, _ = _compile(build, "-arch=" + arch.replace("sm_", "compute_"), ())
-    try:
-        ptx = nvrtc.getPTX(prog)
-    finally:
-        nvrtc.destroyProgram(prog)
-    return ptx.decode() if isinstance(ptx, bytes) else ptx
+    _, ptx, _ = _compile(build, "-arch=" + arch.replace("sm_", "compute_"), (), "ptx")
+    return ptx.decode()
 
 
 # ---------------------------------------------------------------------------

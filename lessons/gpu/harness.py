@@ -1,11 +1,11 @@
 """The control flow every notebook's "On the GPU" section shares, written once.
 
-A section (:mod:`lessons.gpu.lesson`) is a :class:`Section` spec: the builds it compiles, what
-it runs at one :class:`Place` (inputs, launch, reference) and what it prints. :func:`run_section`
-compiles the builds with NVRTC for sm_80 and sm_90 (while g++ builds the emulator's library),
-runs the spec on a CUDA device, checked against NumPy and timed with CUDA events, or says plainly
-why not; runs it on the CPU emulator, labelled as such and never timed; and reports. A failed run
-is a note, not an exception: the notebook goes on. The result is a :class:`GpuLesson`.
+A section (:mod:`lessons.gpu.lesson`) is a :class:`Section` spec: the builds it compiles, what it runs
+at one :class:`Place` (inputs, launch, reference) and what it prints. :func:`run_section` compiles the
+builds with NVRTC for sm_80 and sm_90 (while g++ builds the emulator's library), runs the spec on a CUDA
+device, checked against NumPy and timed with CUDA events, or says plainly why not; runs it on the CPU
+emulator, labelled as such and never timed; and reports, as a :class:`GpuLesson`. A failed run is a
+note, not an exception: the notebook goes on.
 """
 from __future__ import annotations
 
@@ -19,8 +19,7 @@ from typing import Callable
 
 import numpy as np
 
-from lessons.gpu.compile import (ARCHS, KernelCompileError, _number, compile_report, compile_report_table,
-                                 device_available, nvrtc_version)
+from lessons.gpu.compile import ARCHS, KernelCompileError, _number, compile_report, device_available, nvrtc_version
 from lessons.gpu.emulator import EmulatedModule, EmulatorError, emulator_available
 from lessons.gpu.launch import Runner
 
@@ -203,10 +202,6 @@ class GpuLesson:
             raise ValueError(f"where must be 'GPU' or 'emulator', got {where!r}")
         return tuple(c for c in self.checks if c.where == where)
 
-    def table(self):
-        """The resources as a :class:`rich.table.Table` (:func:`lessons.gpu.compile_report_table`)."""
-        return compile_report_table(list(self.resources))
-
 
 def open_device(use_device):
     """(a :class:`~lessons.gpu.launch.Runner` on the CUDA device, or None; why not, or None).
@@ -262,6 +257,12 @@ class Place:
         return compare(self.where, case, self.host(result[0]), reference[0], lse,
                        reference[1] if len(reference) > 1 else None, **kwargs)
 
+    def verify(self, case, launcher, args, reference, *, timed=False, tolerance=TOLERANCE, **kwargs) -> KernelCheck:
+        """:meth:`check` (within ``tolerance``, atol and rtol) of :meth:`launch` ``(launcher, args,
+        timed=timed, **kwargs)``, its median seconds with it."""
+        result, seconds = self.launch(launcher, args, timed=timed, **kwargs)
+        return self.check(case, result, reference, seconds=seconds, **tolerance)
+
 
 @dataclass
 class Section:
@@ -269,8 +270,8 @@ class Section:
 
     ``notebook``, ``title``: as in :class:`GpuLesson`; ``builds``: what NVRTC compiles and reports;
     ``run(place) -> (checks, details)``: inputs, launch and reference at one place (None: nothing
-    to run); ``report(result) -> blocks``: the lines after the checks (str lines, "" between
-    paragraphs, :class:`Table` s; it may add to ``result.details``); ``timings(place) -> (rows,
+    to run); ``report(result) -> blocks``, or the blocks: the lines after the checks (str lines, ""
+    between paragraphs, :class:`Table` s; it may add to ``result.details``); ``timings(place) -> (rows,
     blocks)``: what only a GPU measures; ``emulator_builds``: the emulator's libraries (default
     ``builds``); ``entries``: the entry points reported (default all); ``once_per_arch``: entries
     reported once per architecture; ``details``: numbers known beforehand.
@@ -280,7 +281,7 @@ class Section:
     title: str
     builds: list
     run: Callable | None = None
-    report: Callable | None = None
+    report: Callable | list | None = None
     timings: Callable | None = None
     emulator_builds: list | None = None
     entries: tuple | None = None
@@ -364,7 +365,8 @@ def run_section(section: Section, use_device=None, emulate=None) -> GpuLesson:
     # the report sees a draft whose details it may add to (numbers computed from the checks)
     draft = GpuLesson(section.notebook, section.title, tuple(section.builds), compiled, status, resources,
                       tuple(checks), tuple(notes), details, "")
-    extra = (list(section.report(draft)) if section.report is not None else []) + extra
+    report = section.report(draft) if callable(section.report) else section.report
+    extra = list(report or []) + extra
     notes += [f"Nothing was timed: {why_not}; the GPU run and its timing are skipped."] if device is None else []
     notes += [emulator_note] if emulator_note else []
     notes += sorted({f"Resources of {r.entry} ({r.arch}) not reported: {r.reason}." for r in resources

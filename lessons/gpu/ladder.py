@@ -3,11 +3,14 @@
 Each :class:`Rung` says what it changes over the rung below, what that change should do
 (bytes moved, instructions per FMA, occupancy), which instruction in its PTX proves the
 change is there (``tests/test_gpu_ladder.py`` greps for it), and what it measured on a GPU,
-if it was measured. Figures come from one run on one NVIDIA H200 on 2026-11-30
-(``benchmarks/results/gpu_h200_2026-11-30/``: machine, driver and commit in its README);
-a rung that was added after that run says "not yet measured on a GPU" and is never given
-a number it did not earn. With a CUDA device present, :func:`measure_ladder` times every
-rung live with CUDA events (:func:`lessons.gpu.measure.median_cuda_seconds`).
+if it was measured. Figures come from one run on one NVIDIA H200 on 2026-12-01
+(``benchmarks/results/gpu_h200_2026-12-01/``: ``forward/results.csv``, ``decode/results.csv``;
+command, machine, driver and commit in its README). The Nsight Compute notes in
+:attr:`Rung.limit` come from the run before it, 2026-11-30 (``PROFILED_DIR``, with
+``sdpa_backends.txt``), and say so. A rung without a row in the recorded run says
+"not yet measured on a GPU" and is never given a number it did not earn. With a CUDA device
+present, :func:`measure_ladder` times every rung live with CUDA events
+(:func:`lessons.gpu.measure.median_cuda_seconds`).
 
 FLOPs are counted as in ``benchmarks/gpu_attention.py``: ``4 N^2 d`` per head (2 for Q K^T,
 2 for P V). Source of the algorithm of every rung: Dao 2023 (FlashAttention-2), Alg. 1.
@@ -15,25 +18,30 @@ FLOPs are counted as in ``benchmarks/gpu_attention.py``: ``4 N^2 d`` per head (2
 from __future__ import annotations
 
 import csv
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from lessons.core.checks import check_int
 from lessons.cost.traffic import H200, flash_io, textbook_io
+from lessons.gpu.recorded import RECORDED_DIR  # the recorded H200 run: forward/, backward/, decode/, README.md, env.txt
 
-__all__ = ["Rung", "RUNGS", "RECORDED_DIR", "RECORDED_LABEL", "SDPA_KERNEL", "NOT_MEASURED", "rung",
-           "attention_flops", "recorded_rows", "recorded", "ladder_table", "rung_intensity",
-           "rung_build", "measure_ladder", "ladder_points", "speedup_claim",
-           "ladder_markdown", "rung_evidence", "DECODE_RUNGS", "DECODE_RECORDED", "decode_rung",
-           "decode_rung_build", "decode_recorded_rows", "decode_recorded", "decode_table"]
+__all__ = ["Rung", "RUNGS", "RECORDED_DIR", "RECORDED_CSV", "RECORDED_LABEL", "PROFILED_DIR", "PROFILED_LABEL",
+           "SDPA_KERNEL", "NOT_MEASURED", "rung", "attention_flops", "recorded_rows", "recorded", "ladder_table",
+           "rung_intensity", "rung_build", "measure_ladder", "ladder_points", "speedup_claim", "CLAIM",
+           "ladder_markdown", "rung_evidence", "Target", "TARGETS", "target_outcomes", "targets_markdown",
+           "DECODE_RUNGS", "DECODE_RECORDED", "decode_rung", "decode_rung_build", "decode_recorded_rows",
+           "decode_recorded", "decode_table", "decode_markdown"]
 
 ROOT = Path(__file__).resolve().parents[2]
-#: the recorded H200 run shipped in the repository
-RECORDED_DIR = ROOT / "benchmarks" / "results" / "gpu_h200_2026-11-30"
-#: how every recorded figure is labelled
-RECORDED_LABEL = "recorded on one NVIDIA H200, 2026-11-30 (driver 580.159.04, CUDA 13.0, commit 1b1cd0d)"
-#: the kernel torch SDPA dispatched to in that run (profiler kernel names, fp16, N = 8192)
+#: its forward table: every rung, naive CuPy and torch SDPA at N = 1024, 4096, 8192, d = 64, 128
+RECORDED_CSV = RECORDED_DIR / "forward" / "results.csv"
+#: how every recorded figure is labelled (machine, date, driver, CUDA, commit: RECORDED_DIR/README.md, env.txt)
+RECORDED_LABEL = "recorded on one NVIDIA H200, 2026-12-01 (driver 580.159.04, CUDA 13.0, commit 5ea12bd)"
+#: the run before it, which has the Nsight Compute notes quoted in Rung.limit and sdpa_backends.txt
+PROFILED_DIR = ROOT / "benchmarks" / "results" / "gpu_h200_2026-11-30"
+#: how the Nsight Compute notes of that run are credited
+PROFILED_LABEL = "Nsight Compute on one NVIDIA H200, 2026-11-30 (commit 1b1cd0d)"
+#: the kernel torch SDPA dispatched to on the H200 (profiler kernel names, fp16, N = 8192; 2026-11-30 run)
 SDPA_KERNEL = "cuDNN cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16 (132 persistent blocks of 384 threads)"
 #: what a rung without a GPU figure shows
 NOT_MEASURED = "not yet measured on a GPU"
@@ -50,7 +58,7 @@ class Rung:
     rung changes over the one below; predicted: the effect that change should have (bytes,
     instructions, occupancy), with numbers where the code fixes them; ptx_grep: the PTX
     instruction the change is about (None when there is no kernel of ours); limit: what
-    bounds it, from Nsight Compute where it was profiled.
+    bounds it, from Nsight Compute where it was profiled (the 2026-11-30 run, :data:`PROFILED_LABEL`).
     """
 
     name: str
@@ -76,29 +84,32 @@ RUNGS = (
          "the fold over key tiles (m, l, o per row) in one kernel: S and P never leave the chip",
          "HBM traffic drops to Q, K, V read once per query block plus O written once; but each FMA of "
          "S = Q K^T needs one 4-byte shared-memory load (k_s[j][c]): 1 load per FMA",
-         "fma.rn.ftz.f32", "shared-memory loads: L1/TEX pipe 94% busy (ncu, d = 64)"),
-    Rung("regtile", "CUDA cores, register-tiled", None, "flash_attention_regtile",
+         "fma.rn.ftz.f32", "shared-memory loads: L1/TEX pipe 94% busy (ncu, d = 64, 2026-11-30 run)"),
+    Rung("regtile", "CUDA cores, register-tiled", "regtile", "flash_attention_regtile",
          "lessons.gpu.flash_attention_regtile_gpu", "float32",
          "each thread owns a block of S (4 rows x 4 keys at d = 64) and of O (4 rows x 8 columns), "
          "and reads shared memory 16 bytes at a time (ld.shared.v4)",
          "shared loads per FMA in S: (TM + TN) / (4 TM TN) = 8 / 64 = 1/8 at d = 64, 6 / 32 at d = 128 "
-         "(the scalar rung: 1); 122-124 registers per thread, no spills (4 blocks of 128 threads per SM)",
-         "ld.shared.v4.f32", "not profiled yet"),
+         "(the scalar rung: 1); 122-124 registers per thread, no spills (4 blocks of 128 threads per SM); "
+         "aim: >= 3x naive CuPy. Measured (2026-12-01): 1.9x the scalar rung at both head dims, but only "
+         "2.7x naive at d = 64 and 1.4x at d = 128: the aim is not met",
+         "ld.shared.v4.f32", "not profiled yet (the Nsight Compute run of 2026-11-30 predates it)"),
     Rung("mma", "tensor cores, mma.sync", "mma", "flash_attention_mma", "lessons.gpu.flash_attention_mma_gpu",
          "float16",
          "both products (Q K^T and P V) on tensor cores, mma.sync.m16n8k16, float16 in, float32 accumulate",
          "one warp instruction does 16 x 8 x 16 multiply-adds (4096 FLOPs) instead of 32 FMAs; bound by "
-         "occupancy instead: 196-254 registers per thread (ncu on the H200) allow 2 blocks of 4 warps per SM",
-         "mma.sync.aligned.m16n8k16", "occupancy 12.5%, no warp eligible 57% of cycles, synchronous loads (ncu)"),
-    Rung("mma_async", "tensor cores + ldmatrix, cp.async", None, "flash_attention_mma_async",
+         "occupancy instead: 196-254 registers per thread (ncu on the H200, 2026-11-30) allow 2 blocks of 4 warps per SM",
+         "mma.sync.aligned.m16n8k16", "occupancy 12.5%, no warp eligible 57% of cycles, synchronous loads (ncu, 2026-11-30 run)"),
+    Rung("mma_async", "tensor cores + ldmatrix, cp.async", "mma_async", "flash_attention_mma_async",
          "lessons.gpu.flash_attention_mma_async_gpu", "float16",
          "K/V tiles copied by cp.async into two shared-memory stages (tile j + 1 in flight while tile j "
          "is multiplied); K and V fragments loaded by ldmatrix.x2 (.trans for V), one instruction per warp",
          "the synchronous loads the mma rung stalls on overlap the previous tile's tensor-core work; "
          "per V fragment one ldmatrix instead of four 16-bit loads and two packs; two stages double the "
-         "shared memory, so block_k drops to 32 at d = 128 (64 at d = 64)",
-         "ldmatrix.sync.aligned.m8n8.x2.trans", "not profiled yet"),
-    Rung("mma_fa2", "tensor cores, FlashAttention-2's recipe", None, "flash_attention_mma_fa2",
+         "shared memory, so block_k drops to 32 at d = 128 (64 at d = 64). Measured (2026-12-01): "
+         "confirmed at d = 128 only, 1.21x the mma rung; at d = 64 it is 0.95x, no gain",
+         "ldmatrix.sync.aligned.m8n8.x2.trans", "not profiled yet (the Nsight Compute run of 2026-11-30 predates it)"),
+    Rung("mma_fa2", "tensor cores, FlashAttention-2's recipe", "mma_fa2", "flash_attention_mma_fa2",
          "lessons.gpu.flash_attention_mma_fa2_gpu", "float16",
          "128 query rows over 8 warps at d = 64 (64 over 4 at d = 128) with registers capped for 2 blocks "
          "per SM; Q loaded once into registers by ldmatrix.x4; K and V by ldmatrix.x4 (.trans for V) out of "
@@ -109,8 +120,9 @@ RUNGS = (
          "the mma rung's 12.5%); d = 128: 202-208 registers x 128 threads, 32768 bytes, 2 blocks per SM; "
          "half the ldmatrix instructions of the .x2 rung; one ex2 per probability instead of expf; K and V "
          "read from HBM once per 128 query rows at d = 64 (half the mma rung's traffic); "
-         "aim: >= 0.5x SDPA (220 / 315 TFLOP/s at d = 64 / 128)",
-         "ex2.approx.ftz.f32", "not profiled yet"),
+         "aim: >= 0.5x SDPA. Measured (2026-12-01): 1.9x / 2.0x the mma rung at d = 64 / 128, "
+         "but 0.43x / 0.30x SDPA: the aim is not met",
+         "ex2.approx.ftz.f32", "not profiled yet (the Nsight Compute run of 2026-11-30 predates it)"),
     Rung("sdpa", "torch SDPA (the reference point)", "torch", None,
          "torch.nn.functional.scaled_dot_product_attention", "float16",
          "not ours: what a tuned library does on this GPU (Hopper wgmma + TMA, warp specialisation)",
@@ -134,10 +146,12 @@ def attention_flops(n: int, d: int, heads: int = 1, causal: bool = False) -> flo
 
 
 def recorded_rows(path: Path | None = None) -> list[dict]:
-    """The rows of the recorded ``results.csv`` (impl, n, d, heads, causal, dtype, seconds,
-    tflops, peak_bytes, note) with numbers as int/float and None where a run was skipped.
-    Raises FileNotFoundError when the file is not there (an installed package without the repo)."""
-    path = RECORDED_DIR / "results.csv" if path is None else Path(path)
+    """The rows of a recorded forward ``results.csv`` (default :data:`RECORDED_CSV`): impl, n, d,
+    heads, causal, dtype, seconds, tflops, note, with numbers as int/float and None where a run
+    was skipped (``benchmarks/gpu_attention.py`` writes these files; the 2026-11-30 one,
+    ``PROFILED_DIR / "results.csv"``, reads the same way). Raises FileNotFoundError when the
+    file is not there (an installed package without the repo)."""
+    path = RECORDED_CSV if path is None else Path(path)
     rows = []
     with open(path, newline="") as f:
         for r in csv.DictReader(f):
@@ -294,10 +308,16 @@ def ladder_points(n: int = 8192, ds=(64, 128), rows=None) -> list[dict]:
     return out
 
 
+#: the seed's claim: FlashAttention is 2-4x faster (wall clock) than standard attention (Dao et al. 2022, Sec. 4)
+CLAIM = (2.0, 4.0)
+
+
 def speedup_claim(n: int = 8192, rows=None) -> dict:
-    """Where "FlashAttention is 2-4x faster than standard attention" stands on the measured GPU:
-    for each head dim, the wall-clock speed-up over naive CuPy (same dtype) of our best measured
-    rung and of SDPA. Returns ``{d: {"ours": (rung name, x), "sdpa": x}}`` (None when unmeasured).
+    """Where "FlashAttention is 2-4x faster than standard attention" (:data:`CLAIM`) stands on the
+    measured GPU: for each head dim, the wall-clock speed-up over naive CuPy (same dtype) of our
+    best measured rung and of SDPA. Returns ``{d: {"ours": (rung name, x), "sdpa": x, "holds": bool}}``
+    ("ours" None and "holds" None when no rung of ours was measured; "holds": our best rung is at
+    least :data:`CLAIM` [0] times naive). ``rows``: default the recorded H200 run.
     Source of the claim: Dao et al. 2022, Sec. 4 (2-4x over standard attention on GPT-2 / long-range arena)."""
     out = {}
     for d in (64, 128):
@@ -305,7 +325,7 @@ def speedup_claim(n: int = 8192, rows=None) -> dict:
         ours = [(e["name"], e["x_naive"]) for e in table if e["name"] not in ("naive", "sdpa") and e["x_naive"]]
         best = max(ours, key=lambda t: t[1]) if ours else None
         sdpa = next(e["x_naive"] for e in table if e["name"] == "sdpa")
-        out[d] = {"ours": best, "sdpa": sdpa}
+        out[d] = {"ours": best, "sdpa": sdpa, "holds": None if best is None else best[1] >= CLAIM[0]}
     return out
 
 
@@ -350,8 +370,9 @@ def rung_evidence(d: int = 64, arch: str = "sm_90") -> list[dict]:
 # Decoding does about 2 FLOPs per byte of K/V read, so a decode rung is judged by bytes, not
 # FLOPs: the K/V read rate as a fraction of the device's copy rate (benchmarks/gpu_decode.py).
 
-#: the recorded decode figures of the same H200 run (fp16, 32 query heads on 8 KV heads, d = 128, pages of 16)
-DECODE_RECORDED = RECORDED_DIR / "decode_bandwidth.txt"
+#: the recorded decode figures of the same H200 run (fp16, 32 query heads on 8 KV heads, d = 128, pages of 16;
+#: columns kernel, num_seqs, seq_len, num_splits, seconds, kv_bytes, tb_per_s, pct_of_copy, max_abs_diff)
+DECODE_RECORDED = RECORDED_DIR / "decode" / "results.csv"
 
 DECODE_RUNGS = (
     Rung("paged_decode", "one block per sequence and head group", "paged_decode", "paged_decode",
@@ -360,27 +381,24 @@ DECODE_RUNGS = (
          "share each page it stages in shared memory",
          "num_seqs x 8 blocks: 512 at 64 sequences, 8 at one sequence (the GPU has 132 SMs); K and V read "
          "one 2-byte value per thread per load",
-         "ld.global.nc.u16", "too little parallelism per sequence, scalar loads"),
+         "ld.global.nc.u16", "too little parallelism per sequence, scalar loads (2026-11-30 run)"),
     Rung("flash_decoding", "split over the keys, partial states merged", "flash_decoding", "paged_decode",
          "lessons.gpu.flash_decoding_gpu", "float16",
          "each (sequence, group) cut into num_splits ranges of pages, one block each; a second kernel "
          "merges the partial (m, l, o) with the lse rule",
          "num_splits times more blocks, so one long sequence fills the GPU; the loads stay scalar",
          "ld.global.nc.u16", "scalar loads, one page staged per barrier"),
-    Rung("paged_decode_split", "GQA group per block, 16-byte loads, splits from the shape", None,
+    Rung("paged_decode_split", "GQA group per block, 16-byte loads, splits from the shape", "paged_decode_split",
          "paged_decode_split", "lessons.gpu.paged_decode_split_gpu", "float16",
          "16 lanes read a key row of 256 bytes 16 bytes each, a warp two rows at once; each lane group "
          "issues 4 keys' K and V loads before using them and keeps its own (m, l, o), merged in shared "
          "memory at the end; the 16 partial dots of 4 keys x 4 heads summed by one reduce-scatter, so each "
          "lane does the softmax of one (key, head) pair; num_splits from decode_splits (132 SMs x 4 blocks)",
          "8 rows of 256 bytes in flight per warp (16 KiB per block of 4 warps, 4 blocks per SM, 128 "
-         "registers, no spills): enough to keep HBM busy; target 70% of the copy rate",
-         "ld.global.nc.v4.u32", "not profiled yet"),
+         "registers, no spills): enough to keep HBM busy; aim: 70% of the copy rate. Measured (2026-12-01): "
+         "68% at 64 x 4096, 51% at 8 x 32768, 66% at 1 x 131072, 5-15x flash_decoding: the aim is not met",
+         "ld.global.nc.v4.u32", "not profiled yet (the Nsight Compute run of 2026-11-30 predates it)"),
 )
-
-_DECODE_LINE = re.compile(r"^(?P<name>\w+)(?: s=(?P<splits>\d+))?\s+seqs=(?P<seqs>\d+) len=(?P<len>\d+) .*?: "
-                          r"(?P<ms>[\d.]+) ms, KV (?P<tbs>[\d.]+) TB/s = (?P<pct>\d+)% of the copy rate")
-
 
 def decode_rung(name: str) -> Rung:
     """The decode rung called ``name`` (one of ``[r.name for r in DECODE_RUNGS]``); ValueError otherwise."""
@@ -402,39 +420,134 @@ def decode_rung_build(r: Rung | str, d: int = 128):
 
 
 def decode_recorded_rows(path: Path | None = None) -> list[dict]:
-    """The recorded decode lines as dicts: name, num_splits (None for paged_decode), num_seqs, seq_len,
-    ms, tb_per_s, pct (of the copy rate, rounded as recorded). FileNotFoundError without the file."""
+    """The recorded decode rows (default :data:`DECODE_RECORDED`, written by ``benchmarks/gpu_decode.py``)
+    as dicts: name (the kernel, e.g. ``"flash_decoding"``), variant (the rest of the ``kernel`` column:
+    ``"s=8"``, ``"auto"`` or ``""``), num_seqs, seq_len, num_splits (int), ms, kv_bytes (int),
+    tb_per_s (K/V bytes read per second / 1e12), pct (of the device copy rate, float) and
+    max_abs_diff (against NumPy). FileNotFoundError without the file."""
     path = DECODE_RECORDED if path is None else Path(path)
     rows = []
-    for line in path.read_text().splitlines():
-        m = _DECODE_LINE.match(line.strip())
-        if m:
-            rows.append(dict(name=m["name"], num_splits=int(m["splits"]) if m["splits"] else None,
-                             num_seqs=int(m["seqs"]), seq_len=int(m["len"]), ms=float(m["ms"]),
-                             tb_per_s=float(m["tbs"]), pct=int(m["pct"])))
+    with open(path, newline="") as f:
+        for r in csv.DictReader(f):
+            name, _, variant = r["kernel"].partition(" ")
+            rows.append(dict(name=name, variant=variant, num_seqs=int(r["num_seqs"]), seq_len=int(r["seq_len"]),
+                             num_splits=int(r["num_splits"]), ms=float(r["seconds"]) * 1e3,
+                             kv_bytes=int(r["kv_bytes"]), tb_per_s=float(r["tb_per_s"]),
+                             pct=float(r["pct_of_copy"]), max_abs_diff=float(r["max_abs_diff"])))
     return rows
 
 
-def decode_recorded(r: Rung | str, rows=None) -> dict | None:
-    """``{(num_seqs, seq_len): pct of the copy rate}`` recorded for rung ``r`` (the best split count
-    where several were run), or None when the rung was never measured on a GPU."""
-    r = decode_rung(r) if isinstance(r, str) else r
-    rows = decode_recorded_rows() if rows is None else rows
-    out = {}
+def _decode_best(r: Rung, rows) -> dict:
+    """``{(num_seqs, seq_len): the row of rung r with the highest pct}`` (several split counts were run)."""
+    best = {}
     for row in rows:
         if r.impl is not None and row["name"] == r.impl:
             key = (row["num_seqs"], row["seq_len"])
-            out[key] = max(out.get(key, 0), row["pct"])
-    return out or None
+            if key not in best or row["pct"] > best[key]["pct"]:
+                best[key] = row
+    return best
+
+
+def decode_recorded(r: Rung | str, rows=None) -> dict | None:
+    """``{(num_seqs, seq_len): % of the copy rate}`` recorded for decode rung ``r`` (the best split
+    count where several were run), or None when the rung was never measured on a GPU.
+    ``rows``: default :func:`decode_recorded_rows`."""
+    r = decode_rung(r) if isinstance(r, str) else r
+    rows = decode_recorded_rows() if rows is None else rows
+    return {key: row["pct"] for key, row in _decode_best(r, rows).items()} or None
 
 
 def decode_table(rows=None) -> list[dict]:
-    """One dict per decode rung: name, title, pct (``{(num_seqs, seq_len): % of the copy rate}`` or None)
-    and figure (text: the recorded percentages, or :data:`NOT_MEASURED`)."""
+    """One dict per decode rung: name, title, pct (``{(num_seqs, seq_len): % of the copy rate}`` or
+    None), splits (``{(num_seqs, seq_len): num_splits}`` of those rows, or None) and figure (text:
+    the recorded percentages with their split counts, or :data:`NOT_MEASURED`)."""
+    rows = decode_recorded_rows() if rows is None else rows
     out = []
     for r in DECODE_RUNGS:
-        pct = decode_recorded(r, rows)
-        figure = NOT_MEASURED if pct is None else ", ".join(
-            f"{s} x {n}: {p}% of the copy rate" for (s, n), p in sorted(pct.items(), key=lambda kv: -kv[0][0]))
-        out.append(dict(name=r.name, title=r.title, pct=pct, figure=figure))
+        best = _decode_best(r, rows)
+        items = sorted(best.items(), key=lambda kv: -kv[0][0])
+        figure = NOT_MEASURED if not best else ", ".join(
+            f"{s} x {n}: {row['pct']:.0f}% ({row['num_splits']} split{'s' if row['num_splits'] > 1 else ''})"
+            for (s, n), row in items)
+        out.append(dict(name=r.name, title=r.title, pct={k: row["pct"] for k, row in best.items()} or None,
+                        splits={k: row["num_splits"] for k, row in best.items()} or None, figure=figure))
     return out
+
+
+def decode_markdown(rows=None) -> str:
+    """A Markdown table of the decode rungs: rung, what changed, the instruction its PTX holds and its
+    share of the device copy rate per shape (sequences x tokens; the split count of that row)."""
+    lines = ["| rung | what changed | PTX holds | K/V read rate, % of the copy rate |", "| --- | --- | --- | --- |"]
+    for r, e in zip(DECODE_RUNGS, decode_table(rows)):
+        lines.append(f"| {r.title} (`{r.name}`) | {r.changed} | `{r.ptx_grep}` | {e['figure']} |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------
+# the ladder's targets, and whether the recorded run met them
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Target:
+    """One target of the ladder: ``rung`` (a name in :data:`RUNGS` or :data:`DECODE_RUNGS`; None when
+    no rung for it has been built) must reach ``goal`` in ``metric`` (``"x_naive"``: speed-up over
+    naive CuPy in the same dtype; ``"x_sdpa"``: fraction of torch SDPA's TFLOP/s; ``"pct_of_copy"``:
+    K/V read rate in % of the device copy rate) at every shape in ``shapes`` (head dims for the
+    forward at N = 8192, (num_seqs, seq_len) for decode)."""
+
+    what: str
+    rung: str | None
+    metric: str
+    goal: float
+    shapes: tuple
+
+
+TARGETS = (
+    Target("fp32 CUDA-core forward: >= 3x naive CuPy (register tiling)", "regtile", "x_naive", 3.0, (64, 128)),
+    Target("fp16 tensor-core forward (mma.sync): >= 0.5x torch SDPA", "mma_fa2", "x_sdpa", 0.5, (64, 128)),
+    Target("Hopper rung (wgmma + TMA, sm_90a): >= 0.75x torch SDPA", None, "x_sdpa", 0.75, (64, 128)),
+    Target("decode: K/V read at >= 70% of the device copy rate", "paged_decode_split", "pct_of_copy", 70.0,
+           ((64, 4096), (8, 32768), (1, 131072))),
+)
+
+
+def target_outcomes(n: int = 8192, rows=None, decode_rows=None) -> list[dict]:
+    """Each of :data:`TARGETS` against a run: what, rung, metric, goal, measured (``{shape: value}``,
+    None where that shape was not measured; None when the rung is not built), met (True, False, or
+    None when not built or not measured at every shape) and outcome (text: "met", "not met",
+    "not built" or :data:`NOT_MEASURED`). ``rows``/``decode_rows``: default the recorded H200 run."""
+    out = []
+    for t in TARGETS:
+        measured = None
+        if t.rung is not None and t.metric == "pct_of_copy":
+            pct = decode_recorded(t.rung, decode_rows) or {}
+            measured = {s: pct.get(s) for s in t.shapes}
+        elif t.rung is not None:
+            measured = {d: next(e[t.metric] for e in ladder_table(n, d, rows) if e["name"] == t.rung)
+                        for d in t.shapes}
+        if measured is None:
+            met, outcome = None, "not built"
+        elif any(v is None for v in measured.values()):
+            met, outcome = None, NOT_MEASURED
+        else:
+            met = all(v >= t.goal for v in measured.values())
+            outcome = "met" if met else "not met"
+        out.append(dict(what=t.what, rung=t.rung, metric=t.metric, goal=t.goal, measured=measured, met=met,
+                        outcome=outcome))
+    return out
+
+
+def targets_markdown(n: int = 8192, rows=None, decode_rows=None) -> str:
+    """A Markdown table of :func:`target_outcomes`: target, rung, measured value per shape, outcome."""
+    def value(metric, v):
+        return "-" if v is None else f"{v:.0f}%" if metric == "pct_of_copy" else f"{v:.2f}x"
+
+    def shape(s):
+        return f"d = {s}" if isinstance(s, int) else f"{s[0]} x {s[1]}"
+
+    lines = ["| target | rung | measured | outcome |", "| --- | --- | --- | --- |"]
+    for o in target_outcomes(n, rows, decode_rows):
+        got = "-" if o["measured"] is None else ", ".join(
+            f"{shape(s)}: {value(o['metric'], v)}" for s, v in o["measured"].items())
+        lines.append(f"| {o['what']} | {'`' + o['rung'] + '`' if o['rung'] else '-'} | {got} | **{o['outcome']}** |")
+    return "\n".join(lines)

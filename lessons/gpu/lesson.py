@@ -1,9 +1,9 @@
 """The "On the GPU" section of every notebook: the notebook's algorithm as a CUDA kernel.
 
-One function per notebook, each a short :class:`lessons.gpu.harness.Section` spec (the builds
-of :mod:`lessons.gpu.source`, inputs, a launch at one place, the NumPy reference, what it prints)
-run by :func:`lessons.gpu.harness.run_section`: compiled for sm_80 and sm_90, run and timed on a
-CUDA device when there is one, else run on the CPU emulator and labelled so, never as the GPU.
+One function per notebook, each a short :class:`lessons.gpu.harness.Section` spec (the builds of
+:mod:`lessons.gpu.source`, inputs, a launch at one place, the NumPy reference, what it prints) run by
+:func:`lessons.gpu.harness.run_section`: compiled for sm_80 and sm_90, run and timed on a CUDA device
+when there is one, else run on the CPU emulator and labelled so, never as the GPU.
 
 ==================================  =========================================================
 notebook                            function
@@ -19,53 +19,51 @@ notebook                            function
 ``09_paged_gqa_decode``             :func:`paged_gqa_on_gpu`
 ==================================  =========================================================
 
-Each returns a :class:`GpuLesson` (numbers as attributes, ``str(result)`` the text printed) and
-takes ``use_device`` (None = a CUDA device when there is one, False = never) and ``emulate``
-(None = the emulator only when the GPU did not run; True/False = always/never). Nothing here needs
-a GPU or CuPy. Kernels compute in float32 (float16 on tensor cores), so every comparison is
-against the float64 NumPy reference fed the same rounded inputs.
+Each returns a :class:`GpuLesson` (numbers as attributes, ``str(result)`` the text printed) and takes
+``use_device`` (None = a CUDA device when there is one, False = never) and ``emulate`` (None = the
+emulator only when the GPU did not run; True/False = always/never). Nothing here needs a GPU or CuPy.
+Kernels compute in float32 (float16 on tensor cores), so every comparison is against the float64
+NumPy reference fed the same rounded inputs.
 """
 from __future__ import annotations
 
-import numbers
 from types import MappingProxyType, SimpleNamespace
 
 import numpy as np
 
-from lessons.core.checks import check_positive_int
+from lessons.core.checks import as_float_array, check_int, check_positive_int
 from lessons.core.reference import attention
-from lessons.course.data import load_sample
+from lessons.course.data import gqa_batch_case, load_sample, paged_case, softmax_demo_rows
 from lessons.gpu.compile import NOT_REPORTED, _config
 from lessons.gpu.emulator import emulator_available
-from lessons.gpu.harness import (EMULATOR, GPU, TOLERANCE, GpuLesson, KernelCheck, Section, Table, format_seconds,
-                                 open_device, resources_text, run_section)
+from lessons.gpu.harness import (TOLERANCE, GpuLesson, KernelCheck, Section, Table, format_seconds, open_device,
+                                 resources_text, run_section)
 from lessons.gpu.launch import (Runner, flash_attention_gpu, flash_attention_mma_gpu, flash_decoding_gpu, mma_probe_gpu,
                                 online_softmax_gpu, paged_decode_gpu)
 from lessons.gpu.measure import naive_attention
 from lessons.gpu.source import (MMA_BLOCK_Q, STATIC_SMEM_LIMIT, default_builds, flash_attention_build,
                                 flash_attention_config, flash_attention_mma_build, flash_attention_mma_config,
                                 online_softmax_build, paged_decode_build)
-from lessons.gpu.trace_compare import first_divergence
+from lessons.gpu.trace_compare import first_divergence, relative_difference, trace_table
 from lessons.schedules.causal import count_tiles
 from lessons.schedules.flash import flash_attention
 from lessons.schedules.gqa_decode import paged_decode, write_paged_batch
-from lessons.schedules.paged import paged_flash_attention, write_paged_cache
+from lessons.schedules.paged import paged_flash_attention
 from lessons.schedules.softmax import safe_softmax
-from lessons.schedules.split_kv import flash_decoding
+from lessons.schedules.split_kv import flash_decoding, split_ranges
 from lessons.schedules.variants import run_variant
 
-__all__ = [
-    "GpuLesson", "KernelCheck", "online_softmax_on_gpu", "flash_attention_on_gpu", "causal_on_gpu",
-    "io_on_gpu", "tensor_cores_on_gpu", "kernel_row_trace", "paged_decode_on_gpu", "flash_decoding_on_gpu",
-    "paged_gqa_on_gpu", "resources_text", "trace_table", "softmax_demo_rows", "split_pages", "CAUSAL_CASES",
-    "TOLERANCE", "MMA_TOLERANCE",
-]
+__all__ = ["GpuLesson", "KernelCheck", "online_softmax_on_gpu", "flash_attention_on_gpu", "causal_on_gpu", "io_on_gpu",
+           "tensor_cores_on_gpu", "kernel_row_trace", "paged_decode_on_gpu", "flash_decoding_on_gpu",
+           "paged_gqa_on_gpu", "resources_text", "CAUSAL_CASES", "TOLERANCE", "MMA_TOLERANCE"]
 
 #: the tensor-core kernel (P rounded to float16 before P V) against float64 NumPy on float16 inputs
 MMA_TOLERANCE = MappingProxyType({"atol": 3e-3, "rtol": 5e-3})
 #: (Nq, Nk) of notebook 03's GPU check: fewer queries than keys (a chunk against a longer
 #: cache), and more queries than keys (the first Nq - Nk rows see nothing)
 CAUSAL_CASES = ((40, 128), (128, 96))
+#: how the paged launchers are timed: the block tables were checked by the untimed launch
+TIMED_PAGED = MappingProxyType({"check_tables": False})
 
 
 def _f32(*arrays):
@@ -76,52 +74,30 @@ def _f64(*arrays):
     return tuple(np.asarray(a, dtype=np.float64) for a in arrays)
 
 
-def _g(x, digits=6):
-    return f"{float(x):.{digits}g}"
-
-
-def _all_or_none(names: str, values) -> bool:
-    """True when every value is given, False when none is; ValueError for some."""
+def _data(names: str, values, default) -> tuple:
+    """``values`` when every one is given, ``default()`` when none is; ValueError for some."""
     given = [x is not None for x in values]
     if any(given) and not all(given):
         raise ValueError(f"pass all of {names}, or none of them")
-    return all(given)
-
-
-def _check_query_row(row, n_q: int) -> int:
-    """``row`` as an int in [0, n_q); ValueError naming it otherwise (bools refused)."""
-    if isinstance(row, bool) or not isinstance(row, numbers.Integral) or not 0 <= row < n_q:
-        raise ValueError(f"row must be an int in [0, {n_q}), got {row!r}")
-    return int(row)
+    return tuple(values) if all(given) else default()
 
 
 def _run(notebook, title, builds, run=None, report=None, *, use_device, emulate, **spec) -> GpuLesson:
-    """:func:`~lessons.gpu.harness.run_section` of the spec; ``report`` may be a list of lines."""
-    lines = report if report is None or callable(report) else (lambda r: report)
-    return run_section(Section(notebook, title, list(builds), run, lines, **spec), use_device, emulate)
+    return run_section(Section(notebook, title, list(builds), run, report, **spec), use_device, emulate)
 
 
-def _table(title: str, head: str, rows) -> Table:
+def _table(title: str, lines) -> Table:
     """A :class:`~lessons.gpu.harness.Table` of text lines, indented 2."""
-    return Table("\n".join("  " + r for r in [head, *rows]), title)
+    return Table("\n".join("  " + r for r in lines), title)
 
 
-# ---------------------------------------------------------------------------
-# 01 online softmax
-# ---------------------------------------------------------------------------
+def _sample_decode_query():
+    """Notebook 08's data: the last query of layer 0, head 0 of the real sample, and its 128 keys."""
+    q, k, v = load_sample().qkv(0, 0, dtype=np.float64)
+    return q[-1], k, v
 
-def softmax_demo_rows(n_cols: int = 700, *, seed: int = 0) -> np.ndarray:
-    """The small batch the online-softmax kernel is checked on: float32 (3, n_cols).
 
-    Row 0: scores ``3 * N(0, 1)``; row 1: the same but its first ``n_cols * 3 // 7``
-    entries ``-inf`` (with tiles of 256 its whole first tile is masked: the NaN trap of
-    notebook 01, section 5); row 2: all ``-inf`` (a row that sees nothing: y = 0, lse = -inf).
-    """
-    x = (3.0 * np.random.default_rng(seed).standard_normal((3, n_cols))).astype(np.float32)
-    x[1, : n_cols * 3 // 7] = -np.inf
-    x[2] = -np.inf
-    return x
-
+# -- 01 online softmax ---------------------------------------------------------------------------------------
 
 def _softmax_reference(x):
     x64 = np.asarray(x, dtype=np.float64)
@@ -132,25 +108,23 @@ def online_softmax_on_gpu(x=None, *, tile: int = 256, timing_shape=(2048, 8192),
                           emulate=None) -> GpuLesson:
     """Notebook 01: the online-softmax kernel (one thread block per row) against NumPy.
 
-    ``x``: float (n_cols,) or (n_rows, n_cols), cast to float32; default :func:`softmax_demo_rows`
-    (3 x 700: 3 tiles, a masked first tile, an all-masked row). ``tile``: columns per tile =
-    threads per block (a multiple of 32 up to 1024). ``timing_shape``: (rows, cols) of the random
-    float32 scores timed on a GPU. References: :func:`lessons.schedules.softmax.safe_softmax` and
-    ``numpy.logaddexp.reduce`` (lse) in float64. Raises the launcher's TypeError/ValueError for a
-    bad ``x`` or ``tile``. Source: Milakov & Gimelshein 2018, Alg. 3.
+    ``x``: float (n_cols,) or (n_rows, n_cols), cast to float32; default
+    :func:`lessons.course.data.softmax_demo_rows` (3 x 700: 3 tiles, a masked first tile, an all-masked
+    row). ``tile``: columns per tile = threads per block (a multiple of 32 up to 1024). ``timing_shape``:
+    (rows, cols) of the random float32 scores timed on a GPU. References:
+    :func:`lessons.schedules.softmax.safe_softmax` and ``numpy.logaddexp.reduce`` (lse) in float64.
+    Raises the launcher's TypeError/ValueError for a bad ``x`` or ``tile``. Source: Milakov &
+    Gimelshein 2018, Alg. 3.
     """
     x = softmax_demo_rows() if x is None else np.ascontiguousarray(x, dtype=np.float32)
-    ref = _softmax_reference(x)
-    case = f"{' x '.join(map(str, x.shape))} scores, tiles of {tile}"
 
     def run(place):
-        checks = [place.check(case, place.launch(online_softmax_gpu, [x], tile=tile)[0], ref)]
+        runs = [(f"{' x '.join(map(str, x.shape))} scores, tiles of {tile}", x, False)]
         if place.timed:
-            big = (np.random.default_rng(1).standard_normal(timing_shape) * 3).astype(np.float32)
-            got, seconds = place.launch(online_softmax_gpu, [big], timed=True, tile=tile)
-            checks.append(place.check(f"{timing_shape[0]} x {timing_shape[1]} random scores", got,
-                                      _softmax_reference(big), seconds=seconds))
-        return checks, {}
+            runs.append((f"{timing_shape[0]} x {timing_shape[1]} random scores",
+                         (np.random.default_rng(1).standard_normal(timing_shape) * 3).astype(np.float32), True))
+        return [place.verify(case, online_softmax_gpu, [s], _softmax_reference(s), timed=timed, tile=tile)
+                for case, s, timed in runs], {}
 
     def report(r):
         if not r.checks or x.ndim != 2 or x.shape[0] < 3:
@@ -164,36 +138,7 @@ def online_softmax_on_gpu(x=None, *, tile: int = 256, timing_shape=(2048, 8192),
                 use_device=use_device, emulate=emulate)
 
 
-# ---------------------------------------------------------------------------
-# 02 flash attention forward, with the trace
-# ---------------------------------------------------------------------------
-
-def trace_table(gpu_row, numpy_row, where: str) -> str:
-    """Text table of one row's trace: the kernel's (m, alpha, l) per tile beside NumPy's.
-
-    ``gpu_row``: :class:`~lessons.gpu.trace_compare.GpuRowTrace`; ``numpy_row``:
-    :class:`lessons.core.trace.RowTrace` (same tiles); ``where``: the column label ("GPU" or
-    "emulator"). The last column is the largest relative difference of the three,
-    ``|kernel - NumPy| / max(|NumPy|, 1e-30)`` (0 where both are -inf). Tiles are counted from
-    1, as on the stepper (``gpu_row.tile`` holds 0-based indices).
-    """
-    head = ["tile", "keys", f"m {where}", "m NumPy", f"alpha {where}", "alpha NumPy", f"l {where}", "l NumPy",
-            "max rel diff"]
-    body = [[str(int(gpu_row.tile[i]) + 1), f"{numpy_row.key_start[i]}-{numpy_row.key_stop[i] - 1}",
-             *(_g(getattr(row, f)[i]) for f in ("m", "alpha", "l") for row in (gpu_row, numpy_row)),
-             f"{_relative(gpu_row, numpy_row, i):.1e}"] for i in range(min(len(gpu_row), len(numpy_row)))]
-    widths = [max(len(r[j]) for r in [head, *body]) for j in range(len(head))]
-    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in [head, *body])
-
-
-def _relative(gpu_row, numpy_row, i) -> float:
-    worst = 0.0
-    for f in ("m", "alpha", "l"):
-        a, b = float(getattr(gpu_row, f)[i]), float(getattr(numpy_row, f)[i])
-        if a != b:
-            worst = max(worst, abs(a - b) / max(abs(b), 1e-30) if np.isfinite(a - b) else float("inf"))
-    return worst
-
+# -- 02 flash attention forward, with the trace --------------------------------------------------------------
 
 def _trace_details(place, gpu_trace, q, k, v, row, block_q, block_k) -> dict:
     """The kernel's trace of ``row`` beside NumPy's and beside a fold that forgets alpha on l."""
@@ -201,19 +146,19 @@ def _trace_details(place, gpu_trace, q, k, v, row, block_q, block_k) -> dict:
     np_row, g_row = np_trace.row(row), gpu_trace.row(row)
     broken = run_variant("no_alpha_on_l", *_f64(q[row:row + 1], k, v), block_k)
     broken_row = SimpleNamespace(m=broken.m[:, 0], alpha=broken.alpha[:, 0], l=broken.l[:, 0])
-    rel = max((_relative(g_row, np_row, i) for i in range(min(len(g_row), len(np_row)))), default=0.0)
     return {"gpu_row": g_row, "numpy_row": np_row, "divergence": first_divergence(g_row, np_row, rtol=1e-4, atol=1e-6),
             "broken_divergence": first_divergence(g_row, broken_row, rtol=1e-4, atol=1e-6),
-            "max_relative_difference": rel, "trace_from": place.where}
+            "max_relative_difference": float(relative_difference(g_row, np_row).max(initial=0.0)),
+            "trace_from": place.where}
 
 
 def _trace_lines(details, row, block_q, block_k) -> list:
     if "gpu_row" not in details:
         return []
     where, found, b = details["trace_from"], details["divergence"], details["broken_divergence"]
-    lines = [Table("\n".join("  " + x for x in trace_table(details["gpu_row"], details["numpy_row"], where).split("\n")),
-                   f"Row {row}, tile by tile: the {where}'s trace (trace build, -DFA_TRACE) beside NumPy's "
-                   f"(lessons.flash_attention, block_q={block_q}, tile={block_k}):"),
+    lines = [_table(f"Row {row}, tile by tile: the {where}'s trace (trace build, -DFA_TRACE) beside NumPy's "
+                    f"(lessons.flash_attention, block_q={block_q}, tile={block_k}):",
+                    trace_table(details["gpu_row"], details["numpy_row"], where).split("\n")),
              f"  first_divergence: {found}" if found is not None else
              f"  first_divergence: none - every tile agrees within rounding (rtol 1e-4, atol 1e-6); "
              f"largest relative difference {details['max_relative_difference']:.1e}."]
@@ -225,21 +170,17 @@ def _trace_lines(details, row, block_q, block_k) -> list:
 
 
 def _forward_checks(place, case, qkv, reference, heads=None, **options) -> list:
-    """Timed checks of the forward kernel at a GPU place: every head in one launch (``heads`` =
-    (case, q, k, v) of shape (L, H, N, d), or None), then the one head ``qkv`` against
-    ``reference`` = (out, lse). At the emulator, only the one head, untimed."""
-    checks = []
-    for label, arrays, ref in ([(heads[0], heads[1:], None)] if heads is not None and place.timed else []) + [
-            (case, qkv, reference)]:
-        got, seconds = place.launch(flash_attention_gpu, arrays, timed=True, **options)
-        if ref is None:            # lessons.attention per (layer, head)
-            qa, ka, va = arrays
-            refs = [attention(*_f64(qa[i, j], ka[i, j], va[i, j]), return_lse=True, causal=options.get("causal", False))
-                    for i in range(qa.shape[0]) for j in range(qa.shape[1])]
-            ref = (np.stack([x[0] for x in refs]).reshape(qa.shape),
-                   np.stack([x[1] for x in refs]).reshape(qa.shape[:-1]))
-        checks.append(place.check(label, got, ref, seconds=seconds))
-    return checks
+    """Timed checks of the forward kernel: at a GPU place first every head in one launch (``heads`` =
+    (case, q, k, v) of shape (L, H, N, d), or None) against :func:`lessons.attention` per head, then
+    the one head ``qkv`` against ``reference`` = (out, lse); at the emulator the one head, untimed."""
+    runs = [(case, qkv, reference)]
+    if heads is not None and place.timed:
+        q, k, v = heads[1:]
+        refs = [attention(*_f64(q[i, j], k[i, j], v[i, j]), return_lse=True, causal=options.get("causal", False))
+                for i, j in np.ndindex(q.shape[:2])]
+        runs.insert(0, (heads[0], heads[1:], (np.stack([x[0] for x in refs]).reshape(q.shape),
+                                              np.stack([x[1] for x in refs]).reshape(q.shape[:-1]))))
+    return [place.verify(label, flash_attention_gpu, arrays, ref, timed=True, **options) for label, arrays, ref in runs]
 
 
 def flash_attention_on_gpu(*, layer: int = 0, head: int = 0, row: int = 93, block_k: int = 16,
@@ -275,10 +216,9 @@ def flash_attention_on_gpu(*, layer: int = 0, head: int = 0, row: int = 93, bloc
 
     def report(r):
         lines = _trace_lines(r.details, row, block_q, block_k)
-        kernel_checks = [c for c in r.checks if c.case.startswith(case)]
-        if kernel_checks and layer in sample.context:
+        if r.checks and layer in sample.context:
             model = sample.model_output(layer, head)
-            err = r.details["model_error"] = float(np.abs(kernel_checks[-1].output - model).max())
+            err = r.details["model_error"] = float(np.abs(r.checks[-1].output - model).max())
             lines.append(f"  The model's own output for this head (PyTorch, float32, before q, k, v were stored in "
                          f"float16) is {err:.1e} from the kernel's and {float(np.abs(ref[0] - model).max()):.1e} from "
                          f"NumPy's: the float16 rounding of the inputs, not the kernel.")
@@ -287,45 +227,40 @@ def flash_attention_on_gpu(*, layer: int = 0, head: int = 0, row: int = 93, bloc
     return _run("02_flash_attention_tile_by_tile", f"FlashAttention-2 forward kernel (lessons/gpu/kernels/"
                 f"flash_attention.cu), block_q={block_q}, block_k={block_k}, d={d}",
                 [flash_attention_build(d, "float32", False, block_q, block_k), trace_build], run, report,
-                emulator_builds=[trace_build], details=dict(block_q=block_q, block_k=block_k, row=row,
-                                                            token=sample.tokens[row]),
-                use_device=use_device, emulate=emulate)
+                emulator_builds=[trace_build], use_device=use_device, emulate=emulate,
+                details=dict(block_q=block_q, block_k=block_k, row=row, token=sample.tokens[row]))
 
 
 def kernel_row_trace(q, k, v, tile, row, *, causal=False, block_q=64, scale=None, use_device=None):
     """The forward kernel's own trace of one query row, for ``TileStepper(kernel=kernel_row_trace)``.
 
-    ``q`` (Nq, d), ``k``, ``v`` (Nk, d): float arrays (computed in float32); ``tile``: keys per
-    tile, the kernel's ``block_k``; ``row``: the query row traced; ``causal``, ``block_q``,
-    ``scale``: as :func:`lessons.flash_attention`. The kernel uses ``block_q`` when its tile rules
-    allow it with ``block_k = tile``; without causal masking the row's trace does not depend on
-    ``block_q``, so another is tried. With causal masking give the stepper's block size (with
-    lesson 3's ``schedule=block_schedule(16)``: ``functools.partial(kernel_row_trace, block_q=16)``).
+    ``q`` (Nq, d), ``k``, ``v`` (Nk, d): float arrays (computed in float32); ``tile``: keys per tile,
+    the kernel's ``block_k``; ``row``: the query row traced; ``causal``, ``block_q``, ``scale``: as
+    :func:`lessons.flash_attention`. The kernel uses ``block_q`` when its tile rules allow it with
+    ``block_k = tile``; without causal masking the row's trace does not depend on ``block_q``, so
+    another is tried. With causal masking give the stepper's block size (with lesson 3's
+    ``schedule=block_schedule(16)``: ``functools.partial(kernel_row_trace, block_q=16)``).
 
-    Runs the trace build (``-DFA_TRACE``) of :func:`lessons.gpu.flash_attention_gpu` on the GPU
-    when there is one (and ``use_device`` is not False), else on the CPU emulator. Returns
-    ``(where, gpu_row)``: ``"GPU (<name>)"`` or ``"emulator"``, and a
-    :class:`lessons.gpu.GpuRowTrace` of ``(m, alpha, l)`` per absorbed tile.
-    Raises ValueError for q, k, v that are not 2-D, a ``row`` outside ``[0, Nq)``, a ``tile``
-    below 1, or when no ``block_q`` lets the kernel take ``block_k = tile`` (e.g. an odd tile
-    needs block_q 128, whose tiles may not fit shared memory); TypeError for a ``tile`` that is
-    not an int; RuntimeError when neither a GPU nor a C++ compiler for the emulator is there.
-    Source: Dao 2023 (FlashAttention-2), Alg. 1.
+    Runs the trace build (``-DFA_TRACE``) of :func:`lessons.gpu.flash_attention_gpu` on the GPU when
+    there is one (and ``use_device`` is not False), else on the CPU emulator. Returns ``(where,
+    gpu_row)``: ``"GPU (<name>)"`` or ``"emulator"``, and a :class:`lessons.gpu.GpuRowTrace` of ``(m,
+    alpha, l)`` per absorbed tile. Raises ValueError for q, k, v that are not 2-D, a ``row`` outside
+    ``[0, Nq)``, a ``tile`` below 1, or when no ``block_q`` lets the kernel take ``block_k = tile``
+    (e.g. an odd tile needs block_q 128, whose tiles may not fit shared memory); TypeError for a
+    ``tile`` or ``row`` that is not an int or a q, k, v that is not float; RuntimeError when neither a
+    GPU nor a C++ compiler for the emulator is there. Source: Dao 2023 (FlashAttention-2), Alg. 1.
     """
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if np.ndim(x) != 2:
-            raise ValueError(f"{name} must be 2-D (N, d): one head, as the stepper holds it; got shape {np.shape(x)}")
-    q, k, v = _f32(q, k, v)
-    d, tile, row = q.shape[-1], check_positive_int(tile, "tile"), _check_query_row(row, q.shape[0])
+    q, k, v = _f32(*(as_float_array(x, name, (2,)) for x, name in ((q, "q"), (k, "k"), (v, "v"))))
+    tile, row = check_positive_int(tile, "tile"), check_int(row, "row", min=0, max=q.shape[0] - 1)
     config, why = None, None
     for bq in [block_q] + ([] if causal else [b for b in (128, 64, 32, 16, 8, 4) if b != block_q]):
         try:
-            config = flash_attention_config(d, bq, tile)
+            config = flash_attention_config(q.shape[1], bq, tile)
             break
         except ValueError as err:
             why = why or err
     if config is None:
-        raise ValueError(f"the kernel cannot take tile={tile} keys with d={d}"
+        raise ValueError(f"the kernel cannot take tile={tile} keys with d={q.shape[1]}"
                          f"{' and block_q=' + str(block_q) if causal else ''}: {why}")
     device, _ = open_device(use_device)
     if device is None and not emulator_available():
@@ -336,9 +271,7 @@ def kernel_row_trace(q, k, v, tile, row, *, causal=False, block_q=64, scale=None
     return (f"GPU ({device.name})" if device is not None else "emulator"), out[2].row(row)
 
 
-# ---------------------------------------------------------------------------
-# 03 causal, Nq != Nk
-# ---------------------------------------------------------------------------
+# -- 03 causal, Nq != Nk -------------------------------------------------------------------------------------
 
 def causal_on_gpu(*, layer: int = 0, head: int = 0, cases=CAUSAL_CASES, all_heads: bool = True,
                   use_device=None, emulate=None) -> GpuLesson:
@@ -363,7 +296,7 @@ def causal_on_gpu(*, layer: int = 0, head: int = 0, cases=CAUSAL_CASES, all_head
     block_q, block_k = flash_attention_config(q.shape[1])
     data = {}                          # (nq, nk) -> (q, k, v), reference, all heads
     for nq, nk in cases:
-        qkv = (np.ascontiguousarray(q[-nq:]), np.ascontiguousarray(k[:nk]), np.ascontiguousarray(v[:nk]))
+        qkv = _f32(q[-nq:], k[:nk], v[:nk])
         heads = (f"Nq={nq}, Nk={nk}, causal, all {sample.q.shape[0] * sample.q.shape[1]} heads",
                  *_f32(sample.q[:, :, -nq:], sample.k[:, :, :nk], sample.v[:, :, :nk])) if all_heads else None
         data[(nq, nk)] = (qkv, attention(*_f64(*qkv), causal=True, return_lse=True), heads)
@@ -391,15 +324,13 @@ def causal_on_gpu(*, layer: int = 0, head: int = 0, cases=CAUSAL_CASES, all_head
         return lines
 
     return _run("03_query_blocks_and_causal", f"FlashAttention-2 forward kernel, causal (bottom-right), "
-                f"block_q={block_q}, block_k={block_k}", [flash_attention_build(q.shape[1], "float32", False, block_q,
-                                                                                block_k)], run, report,
+                f"block_q={block_q}, block_k={block_k}", [flash_attention_build(q.shape[1], "float32", False,
+                                                                                block_q, block_k)], run, report,
                 details={"empty_rows": empty_rows, "tiles": tiles, "block_q": block_q, "block_k": block_k},
                 use_device=use_device, emulate=emulate)
 
 
-# ---------------------------------------------------------------------------
-# 05 IO: compile report, naive vs kernel timing; the same fold on tensor cores
-# ---------------------------------------------------------------------------
+# -- 05 IO: compile report, naive vs kernel timing; the same fold on tensor cores ----------------------------
 
 def io_on_gpu(*, ns=(1024, 2048, 4096), d: int = 64, heads: int = 8, repeats: int = 5,
               use_device=None) -> GpuLesson:
@@ -430,10 +361,10 @@ def io_on_gpu(*, ns=(1024, 2048, 4096), d: int = 64, heads: int = 8, repeats: in
             rows.append({"n": n, "naive_seconds": t_naive, "kernel_seconds": t_kernel, "max_difference": err})
         return rows, [_table(f"Median time on {place.name}, {heads} heads, d={d}, float16 inputs (naive: "
                              f"lessons.gpu.measure; CUDA events, {repeats} runs):",
-                             f"{'N':>6} {'naive CuPy':>12} {'kernel':>12} {'naive/kernel':>13} {'max |diff|':>11}",
-                             [f"{r['n']:>6} {format_seconds(r['naive_seconds']):>12} "
+                             [f"{'N':>6} {'naive CuPy':>12} {'kernel':>12} {'naive/kernel':>13} {'max |diff|':>11}",
+                              *(f"{r['n']:>6} {format_seconds(r['naive_seconds']):>12} "
                               f"{format_seconds(r['kernel_seconds']):>12} {r['naive_seconds'] / r['kernel_seconds']:>12.2f}x"
-                              f" {r['max_difference']:>11.1e}" for r in rows])]
+                              f" {r['max_difference']:>11.1e}" for r in rows)])]
 
     def report(r):
         formula = r.details["smem_formula"] = {
@@ -468,13 +399,14 @@ def tensor_cores_on_gpu(*, layer: int = 0, head: int = 0, row: int = 93, n: int 
     also times, for ``heads`` heads of N = ``n``, d = ``d`` float16 inputs, naive CuPy, the
     CUDA-core and the tensor-core kernels (median of ``repeats`` CUDA-event runs after 2 warm-ups,
     seconds, and TFLOP/s at 4 N^2 d flops per head): ``details["timings"]`` (empty without one).
-    Raises ValueError (before running anything) for a ``row`` outside the sample's 128 rows,
-    ``n``, ``heads`` or ``repeats`` below 1, or a ``d`` the kernel cannot take.
+    Raises (before running anything) TypeError for a ``row``, ``n``, ``heads`` or ``repeats`` that is
+    not an int, ValueError for a ``row`` outside the sample's 128 rows, ``n``, ``heads`` or ``repeats``
+    below 1, or a ``d`` the kernel cannot take.
     Source: Dao 2023 (FlashAttention-2), Alg. 1 and Sec. 3.3; PTX ISA, mma.m16n8k16.
     """
     sample = load_sample()
     q, k, v = (np.ascontiguousarray(x, dtype=np.float16) for x in sample.qkv(layer, head, dtype=np.float32))
-    _check_query_row(row, q.shape[0])
+    check_int(row, "row", min=0, max=q.shape[0] - 1)
     for name, value in (("n", n), ("heads", heads), ("repeats", repeats)):
         check_positive_int(value, name)
     flash_attention_mma_config(d)                                   # d: a multiple of 16 in 16..256
@@ -484,14 +416,13 @@ def tensor_cores_on_gpu(*, layer: int = 0, head: int = 0, row: int = 93, n: int 
     ref = attention(*_f64(q, k, v), return_lse=True)
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((16, 16)).astype(np.float16), rng.standard_normal((16, 8)).astype(np.float16)
-    case = f"layer {layer}, head {head} (128 x {d_sample}, float16)"
 
     def run(place):
         probe = place.check("one mma.sync, 16x16 @ 16x8", [place.launch(mma_probe_gpu, (a, b))[0]],
                             [_f64(a)[0] @ _f64(b)[0]], atol=1e-4, rtol=1e-4)
         (out, lse, trace), _ = place.launch(flash_attention_mma_gpu, (q, k, v), trace_rows=[row])
-        return [probe, place.check(case, (out, lse), ref, **MMA_TOLERANCE)], \
-            _trace_details(place, trace, q, k, v, row, MMA_BLOCK_Q, block_k)
+        return [probe, place.check(f"layer {layer}, head {head} (128 x {d_sample}, float16)", (out, lse), ref,
+                                   **MMA_TOLERANCE)], _trace_details(place, trace, q, k, v, row, MMA_BLOCK_Q, block_k)
 
     def timings(place):
         x = [place.put(rng.standard_normal((heads, n, d)).astype(np.float16)) for _ in range(3)]
@@ -502,9 +433,9 @@ def tensor_cores_on_gpu(*, layer: int = 0, head: int = 0, row: int = 93, n: int 
         for t in rows:
             t["tflops"] = 4.0 * n * n * d * heads / t["seconds"] / 1e12
         return rows, [_table(f"Median time on {place.name}, {heads} heads, N={n}, d={d}, float16 (CUDA events, "
-                             f"{repeats} runs):", f"{'kernel':>12}  {'time':>10}  {'TFLOP/s':>7}",
-                             [f"{t['kernel']:>12}: {format_seconds(t['seconds']):>10}  {t['tflops']:7.1f}"
-                              for t in rows])]
+                             f"{repeats} runs):", [f"{'kernel':>12}  {'time':>10}  {'TFLOP/s':>7}", *(
+                                 f"{t['kernel']:>12}: {format_seconds(t['seconds']):>10}  {t['tflops']:7.1f}"
+                                 for t in rows)])]
 
     return _run("05_io_awareness", f"FlashAttention-2 forward on tensor cores (lessons/gpu/kernels/"
                 f"flash_attention_mma.cu), block_q={MMA_BLOCK_Q}, block_k={block_k}",
@@ -515,36 +446,25 @@ def tensor_cores_on_gpu(*, layer: int = 0, head: int = 0, row: int = 93, n: int 
                 emulate=emulate)
 
 
-# ---------------------------------------------------------------------------
-# 07 paged decode, one sequence, one head group
-# ---------------------------------------------------------------------------
-
-def _paged_notebook_data():
-    """The data of notebook 07: one real head, a 100-token sequence in a shuffled pool of 16 pages."""
-    q_all, k_all, v_all = load_sample().qkv(0, 0, dtype=np.float64)
-    seq_len, block_size = 100, 16
-    block_table, k_cache, v_cache = write_paged_cache(k_all[:seq_len], v_all[:seq_len], block_size,
-                                                      num_blocks=16, seed=3)
-    return q_all[seq_len - 1], block_table, k_cache, v_cache, seq_len, block_size
-
+# -- 07 paged decode, one sequence, one head group -----------------------------------------------------------
 
 def paged_decode_on_gpu(q=None, block_table=None, k_cache=None, v_cache=None, seq_len=None, block_size=None,
                         *, use_device=None, emulate=None) -> GpuLesson:
     """Notebook 07: the paged decode kernel on one sequence and one head group.
 
-    Notebook 07's data (all None: rebuilt, the query of token 99 of the real sample, 100 tokens in
-    16 shuffled pages of 16 slots, NaN in every unused slot): ``q`` (d,) one decode query,
-    ``block_table`` int (num_blocks_per_seq,), ``k_cache``, ``v_cache`` (num_blocks, block_size, d),
-    ``seq_len``, ``block_size`` ints. The kernel (vLLM layout ``(num_blocks, block_size,
-    num_kv_heads, d)``, one KV head for one query head) is checked against
+    Notebook 07's data (all None: :func:`lessons.course.data.paged_case`, the query of token 99 of the
+    real sample, 100 tokens in 16 shuffled pages of 16 slots, NaN in every unused slot): ``q`` (d,)
+    one decode query, ``block_table`` int (num_blocks_per_seq,), ``k_cache``, ``v_cache``
+    (num_blocks, block_size, d), ``seq_len``, ``block_size`` ints. The kernel (vLLM layout
+    ``(num_blocks, block_size, num_kv_heads, d)``, one KV head for one query head) is checked against
     :func:`lessons.paged_flash_attention`; then the unused slots are refilled with ``+inf`` and
     ``1e30`` and the output must not change by a bit (``details["garbage_identical"]``: it never
     reads past ``seq_len``). Raises ValueError when only some of the data arguments are given.
     Source: Kwon et al. 2023 (PagedAttention), Sec. 4.
     """
-    if not _all_or_none("q, block_table, k_cache, v_cache, seq_len, block_size",
-                        (q, block_table, k_cache, v_cache, seq_len, block_size)):
-        q, block_table, k_cache, v_cache, seq_len, block_size = _paged_notebook_data()
+    q, block_table, k_cache, v_cache, seq_len, block_size = _data(
+        "q, block_table, k_cache, v_cache, seq_len, block_size", (q, block_table, k_cache, v_cache, seq_len,
+                                                                   block_size), paged_case)
     ref = paged_flash_attention(*_f64(q), block_table, *_f64(k_cache, v_cache), seq_len, block_size, return_lse=True)
     d = np.shape(q)[-1]
     qk = np.ascontiguousarray(np.asarray(q, dtype=np.float32).reshape(1, 1, d))
@@ -559,7 +479,7 @@ def paged_decode_on_gpu(q=None, block_table=None, k_cache=None, v_cache=None, se
     case = f"seq_len {seq_len} in pages of {block_size} (pages {list(map(int, np.asarray(block_table)))})"
 
     def run(place):
-        (o, lse), seconds = place.launch(paged_decode_gpu, (qk, kc, vc, tables, lens), timed={"check_tables": False})
+        (o, lse), seconds = place.launch(paged_decode_gpu, (qk, kc, vc, tables, lens), timed=TIMED_PAGED)
         o, lse = place.host(o), place.host(lse)
         same = [np.array_equal(place.host(place.kernel(paged_decode_gpu)(qk, kg, vg, tables, lens)[0]), o)
                 for kg, vg in garbage]
@@ -578,21 +498,7 @@ def paged_decode_on_gpu(q=None, block_table=None, k_cache=None, v_cache=None, se
                 use_device=use_device, emulate=emulate)
 
 
-# ---------------------------------------------------------------------------
-# 08 flash-decoding: split-KV + merge
-# ---------------------------------------------------------------------------
-
-def split_pages(n_pages: int, num_splits: int) -> list:
-    """The pages ``[start, stop)`` split ``s`` of the flash-decoding kernel takes.
-
-    ``per = ceil(n_pages / num_splits)``; split s takes ``[s * per, min((s + 1) * per, n_pages))``,
-    empty (start >= stop) past the end. Raises ValueError for n_pages < 0 or num_splits < 1.
-    """
-    if n_pages < 0 or num_splits < 1:
-        raise ValueError(f"need n_pages >= 0 and num_splits >= 1, got {n_pages}, {num_splits}")
-    per = -(-n_pages // num_splits) if n_pages else 0
-    return [(min(s * per, n_pages), min((s + 1) * per, n_pages)) for s in range(num_splits)]
-
+# -- 08 flash-decoding: split-KV + merge ---------------------------------------------------------------------
 
 def flash_decoding_on_gpu(q=None, k=None, v=None, num_splits: int = 6, *, block_size: int = 16,
                           use_device=None, emulate=None) -> GpuLesson:
@@ -601,25 +507,21 @@ def flash_decoding_on_gpu(q=None, k=None, v=None, num_splits: int = 6, *, block_
     ``q`` (d,) one decode query, ``k``, ``v`` (Nk, d) (all None: notebook 08's data, the last
     query of layer 0, head 0 of the real sample against its 128 keys); ``num_splits``: workers
     (thread blocks) per (sequence, head); ``block_size``: the page size of the shuffled cache.
-    The kernel splits by pages (:func:`split_pages`); each split's partial state ``(m, l, o)`` is
-    checked against :func:`lessons.attention` over its keys (``o / l`` and ``m + log l``; an empty
-    split must have ``l = 0``), the merged output against :func:`lessons.attention` and
-    :func:`lessons.flash_decoding`. ``details["splits"]``: per split, pages, keys, kernel and NumPy
-    lse. Raises ValueError when only some of q, k, v are given.
+    The kernel splits by pages (:func:`lessons.schedules.split_kv.split_ranges` of the pages); each
+    split's partial state ``(m, l, o)`` is checked against :func:`lessons.attention` over its keys
+    (``o / l`` and ``m + log l``; an empty split must have ``l = 0``), the merged output against
+    :func:`lessons.attention` and :func:`lessons.flash_decoding`. ``details["splits"]``: per split,
+    pages, keys, kernel and NumPy lse. Raises ValueError when only some of q, k, v are given.
     Source: Dao, Haziza, Massa, Sizov 2023 (Flash-Decoding).
     """
-    if not _all_or_none("q, k, v", (q, k, v)):
-        q_all, k, v = load_sample().qkv(0, 0, dtype=np.float64)
-        q = q_all[-1]
-    q, k, v = _f32(q, k, v)
+    q, k, v = _f32(*_data("q, k, v", (q, k, v), _sample_decode_query))
     nk, d = k.shape
     k_cache, v_cache, tables, lens = write_paged_batch([k[:, None, :]], [v[:, None, :]], block_size, seed=0)
     inputs = (np.ascontiguousarray(q.reshape(1, 1, d)), *_f32(k_cache, v_cache), tables.astype(np.int32),
-              lens.astype(np.int32))
+              lens.astype(np.int32), num_splits)
     ref = attention(*_f64(q, k, v), return_lse=True)
     n_pages = -(-nk // block_size)
-    splits = split_pages(n_pages, num_splits)
-    case = f"{nk} keys in {n_pages} pages of {block_size}, num_splits={num_splits}"
+    splits = split_ranges(n_pages, num_splits)
 
     def partial_checks(parts):
         m, l, o = (np.asarray(parts[x], dtype=np.float64)[0, 0] for x in ("m", "l", "o"))
@@ -637,9 +539,9 @@ def flash_decoding_on_gpu(q=None, k=None, v=None, num_splits: int = 6, *, block_
         return rows
 
     def run(place):
-        (o, lse, parts), seconds = place.launch(flash_decoding_gpu, inputs + (num_splits,), return_partials=True,
-                                                timed={"check_tables": False})
-        return [place.check(case, (place.host(o)[0, 0], place.host(lse)[0, 0]), ref, seconds=seconds)], \
+        (o, lse, parts), seconds = place.launch(flash_decoding_gpu, inputs, return_partials=True, timed=TIMED_PAGED)
+        return [place.check(f"{nk} keys in {n_pages} pages of {block_size}, num_splits={num_splits}",
+                            (place.host(o)[0, 0], place.host(lse)[0, 0]), ref, seconds=seconds)], \
             {"splits": partial_checks({x: place.host(y) for x, y in parts.items()})}
 
     def span(a, b):
@@ -649,14 +551,13 @@ def flash_decoding_on_gpu(q=None, k=None, v=None, num_splits: int = 6, *, block_
         if "splits" not in r.details:
             return []
         where, per = r.checks[0].where, -(-n_pages // num_splits)
-        rows = [f"{s['split']:>5} {span(*s['pages']):>7} {span(*s['keys']):>9} {_g(s['lse'], 7):>14} "
-                f"{_g(s['numpy_lse'], 7):>10}  {s['agrees']}" for s in r.details["splits"]]
         diff = float(np.abs(r.checks[0].output - flash_decoding(*_f64(q, k, v), num_splits, tile=block_size)).max())
         r.details["numpy_flash_decoding_difference"] = diff
-        return [Table("\n".join("  " + x for x in [f"{'split':>5} {'pages':>7} {'keys':>9} {'lse ' + where:>14} "
-                                                   f"{'lse NumPy':>10}  agrees", *rows]),
-                      f"The partial states, one per split (the kernel splits by pages: per = ceil({n_pages} / "
-                      f"{num_splits}) = {per}), beside attention over the same keys:"),
+        return [_table(f"The partial states, one per split (the kernel splits by pages: per = ceil({n_pages} / "
+                       f"{num_splits}) = {per}), beside attention over the same keys:",
+                       [f"{'split':>5} {'pages':>7} {'keys':>9} {'lse ' + where:>14} {'lse NumPy':>10}  agrees",
+                        *(f"{s['split']:>5} {span(*s['pages']):>7} {span(*s['keys']):>9} {s['lse']:>14.7g} "
+                          f"{s['numpy_lse']:>10.7g}  {s['agrees']}" for s in r.details["splits"])]),
                 f"  The merged output differs from lessons.flash_decoding (NumPy, {num_splits} splits by keys) by "
                 f"{diff:.1e}."]
 
@@ -666,39 +567,25 @@ def flash_decoding_on_gpu(q=None, k=None, v=None, num_splits: int = 6, *, block_
                 use_device=use_device, emulate=emulate)
 
 
-# ---------------------------------------------------------------------------
-# 09 paged decode with GQA
-# ---------------------------------------------------------------------------
-
-def _gqa_notebook_data():
-    """The data of notebook 09 (same generator, seeds and order): 4 sequences, 8 heads on 2 KV heads."""
-    rng = np.random.default_rng(0)
-    num_heads, num_kv_heads, d, block_size = 8, 2, 64, 16
-    lengths = [1, 15, 16, 37]
-    keys = [rng.standard_normal((n, num_kv_heads, d)) for n in lengths]
-    values = [rng.standard_normal((n, num_kv_heads, d)) for n in lengths]
-    k_cache, v_cache, block_tables, seq_lens = write_paged_batch(keys, values, block_size, seed=1)
-    return rng.standard_normal((len(lengths), num_heads, d)), k_cache, v_cache, block_tables, seq_lens
-
+# -- 09 paged decode with GQA --------------------------------------------------------------------------------
 
 def paged_gqa_on_gpu(q=None, k_cache=None, v_cache=None, block_tables=None, seq_lens=None, *,
                      use_device=None, emulate=None) -> GpuLesson:
     """Notebook 09: the paged decode kernel with grouped-query heads, on a batch.
 
-    Notebook 09's data (all None: rebuilt, 4 sequences of 1, 15, 16 and 37 tokens, 8 query heads
-    on 2 KV heads, d = 64, pages of 16, NaN in the unused slots): ``q`` (num_seqs, num_heads, d);
-    ``k_cache``, ``v_cache`` (num_blocks, block_size, num_kv_heads, d); ``block_tables`` int
-    (num_seqs, max_blocks_per_seq), -1 = padding; ``seq_lens`` int (num_seqs,). Checked against
-    :func:`lessons.paged_decode`. ``details["heads_per_block"]``: how many query heads of one
-    group a thread block serves (each page it loads is used that many times). Raises ValueError
-    when only some of the data arguments are given.
+    Notebook 09's data (all None: :func:`lessons.course.data.gqa_batch_case`, 4 sequences of 1, 15,
+    16 and 37 tokens, 8 query heads on 2 KV heads, d = 64, pages of 16, NaN in the unused slots):
+    ``q`` (num_seqs, num_heads, d); ``k_cache``, ``v_cache`` (num_blocks, block_size, num_kv_heads,
+    d); ``block_tables`` int (num_seqs, max_blocks_per_seq), -1 = padding; ``seq_lens`` int
+    (num_seqs,). Checked against :func:`lessons.paged_decode`. ``details["heads_per_block"]``: how
+    many query heads of one group a thread block serves (each page it loads is used that many
+    times). Raises ValueError when only some of the data arguments are given.
     Source: Kwon et al. 2023, Sec. 4; Ainslie et al. 2023 (GQA), Sec. 2; Dao 2023, Alg. 1.
     """
-    if not _all_or_none("q, k_cache, v_cache, block_tables, seq_lens", (q, k_cache, v_cache, block_tables, seq_lens)):
-        q, k_cache, v_cache, block_tables, seq_lens = _gqa_notebook_data()
+    q, k_cache, v_cache, block_tables, seq_lens = _data("q, k_cache, v_cache, block_tables, seq_lens",
+                                                        (q, k_cache, v_cache, block_tables, seq_lens), gqa_batch_case)
     q32, kc, vc = _f32(q, k_cache, v_cache)
-    tables = np.ascontiguousarray(np.asarray(block_tables), dtype=np.int32)
-    lens = np.ascontiguousarray(np.asarray(seq_lens), dtype=np.int32)
+    tables, lens = (np.ascontiguousarray(np.asarray(x), dtype=np.int32) for x in (block_tables, seq_lens))
     ref = paged_decode(*_f64(q32, kc, vc), block_tables, seq_lens, return_lse=True)
     (num_seqs, num_heads, d), (block_size, num_kv_heads) = q32.shape, kc.shape[1:3]
     build = paged_decode_build(d, block_size, num_heads, num_kv_heads, "float32")
@@ -706,12 +593,10 @@ def paged_gqa_on_gpu(q=None, k_cache=None, v_cache=None, block_tables=None, seq_
     case = (f"{num_seqs} sequences (lengths {lens.tolist()}), {num_heads} heads on {num_kv_heads} KV heads, "
             f"d={d}, pages of {block_size}")
 
-    def run(place):
-        got, seconds = place.launch(paged_decode_gpu, (q32, kc, vc, tables, lens), timed={"check_tables": False})
-        return [place.check(case, got, ref, seconds=seconds)], {}
-
     return _run("09_paged_gqa_decode", f"paged GQA decode kernel (lessons/gpu/kernels/paged_decode.cu), "
-                f"HEADS_PER_BLOCK={hpb}", [build], run,
+                f"HEADS_PER_BLOCK={hpb}", [build],
+                lambda place: ([place.verify(case, paged_decode_gpu, (q32, kc, vc, tables, lens), ref,
+                                             timed=TIMED_PAGED)], {}),
                 [f"  Grid: {num_heads // hpb} x {num_seqs} thread blocks; each serves {hpb} query heads of one group "
                  f"of {group}, so every page of a KV head it loads is used {hpb} times."],
                 entries=("paged_decode",), details={"heads_per_block": hpb, "group": group},

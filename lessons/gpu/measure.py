@@ -1,16 +1,17 @@
-"""Naive attention in CuPy and CUDA-event timing: what the GPU kernels are compared with.
+"""Naive attention in CuPy, CUDA-event timing and peak device memory: what the GPU kernels are compared with.
 
-Shared by the notebooks' "On the GPU" sections (:mod:`lessons.gpu.lesson`) and
-``benchmarks/gpu_attention.py``. Both functions take the array module (``cupy``, or
-``numpy`` for :func:`naive_attention` in tests) as their first argument, so importing
-this module never imports CuPy.
+Shared by the notebooks' "On the GPU" sections (:mod:`lessons.gpu.lesson`, :mod:`lessons.gpu.recorded`)
+and the GPU benchmarks (``benchmarks/gpu_attention.py``, ``benchmarks/gpu_backward.py``). Every
+function takes the array module (``cupy``, or ``numpy`` for the naive ones in tests) or ``torch``
+as its first argument, so importing this module imports neither CuPy nor torch.
 """
 from __future__ import annotations
 
 import math
 import statistics
 
-__all__ = ["naive_probabilities", "naive_attention", "median_cuda_seconds"]
+__all__ = ["naive_probabilities", "naive_attention", "median_cuda_seconds", "naive_backward", "backward_flops",
+           "make_peak_hook", "peak_cupy", "torch_seconds_and_peak", "sdpa_backward"]
 
 
 def naive_probabilities(xp, q, k, causal=False):
@@ -62,3 +63,94 @@ def median_cuda_seconds(cupy, fn, warmup: int = 3, repeats: int = 20) -> float:
         end.synchronize()
         times.append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
     return statistics.median(times)
+
+
+def backward_flops(n: int, d: int, heads: int, causal: bool) -> float:
+    """Floating-point operations of one attention backward: 5 matmuls of 2 N^2 d each per head
+    (S, dV, dP, dQ, dK; FlashAttention-2's count, Dao 2023, Sec. 4.1), halved when causal."""
+    return 10.0 * n * n * d * heads * (0.5 if causal else 1.0)
+
+
+def naive_backward(xp, q, k, v, do, causal=False):
+    """The textbook backward in float32 with P, dP and dS materialised: (dq, dk, dv) in q's dtype.
+
+    ``xp``: the array module (``cupy``; ``numpy`` in tests). ``q``, ``do`` (heads, Nq, d); ``k``, ``v``
+    (heads, Nk, d); ``scale = 1/sqrt(d)``; causal bottom-right aligned. P, dP and dS are each
+    (heads, Nq, Nk) float32 in device memory.
+    Source: Dao et al. 2022, App. B.2 (the standard backward)."""
+    p, scale = naive_probabilities(xp, q, k, causal)
+    q32, k32, v32, do32 = (x.astype(xp.float32) for x in (q, k, v, do))
+    dv = xp.matmul(p.transpose(0, 2, 1), do32)
+    dp = xp.matmul(do32, v32.transpose(0, 2, 1))
+    dp -= (p * dp).sum(axis=-1, keepdims=True)
+    ds = xp.multiply(p, dp, out=dp)
+    dq = xp.matmul(ds, k32) * scale
+    dk = xp.matmul(ds.transpose(0, 2, 1), q32) * scale
+    return dq.astype(q.dtype), dk.astype(q.dtype), dv.astype(q.dtype)
+
+
+def make_peak_hook(cupy):
+    """A CuPy memory hook that tracks the bytes held in the pool and their peak."""
+
+    class PeakHook(cupy.cuda.MemoryHook):
+        name = "PeakHook"
+
+        def __init__(self):
+            self.current = self.peak = 0
+
+        def malloc_postprocess(self, **kwargs):      # CuPy passes device_id, size, mem_size, ...
+            self.current += kwargs["mem_size"]
+            self.peak = max(self.peak, self.current)
+
+        def free_postprocess(self, **kwargs):
+            self.current -= kwargs["mem_size"]
+
+    return PeakHook()
+
+
+def peak_cupy(cupy, fn) -> int:
+    """Peak bytes CuPy's pool held beyond what it held before ``fn()``."""
+    hook = make_peak_hook(cupy)
+    cupy.cuda.Device().synchronize()
+    with hook:
+        result = fn()
+        cupy.cuda.Device().synchronize()
+    del result
+    return hook.peak
+
+
+def torch_seconds_and_peak(torch, fn, warmup: int, repeats: int):
+    """(median seconds of ``fn()`` over ``repeats`` runs after ``warmup``, timed with CUDA events;
+    peak bytes torch allocated during one more call beyond what it held before)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del out
+    return statistics.median(times), peak
+
+
+def sdpa_backward(torch, q, k, v, do, causal=False):
+    """A function that runs the backward of ``torch.nn.functional.scaled_dot_product_attention`` once.
+
+    ``q``, ``k``, ``v``, ``do``: CuPy (or anything ``torch.as_tensor`` takes) of shape (heads, N, d);
+    the forward runs once here, with its graph retained; each call of the result returns
+    ``torch.autograd.grad(out, (q, k, v), do)`` as CUDA tensors of shape (1, heads, N, d)."""
+    import torch.nn.functional as F
+
+    tq, tk, tv = (torch.as_tensor(x, device="cuda").unsqueeze(0).requires_grad_() for x in (q, k, v))
+    tdo = torch.as_tensor(do, device="cuda").unsqueeze(0)
+    out = F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
+    return lambda: torch.autograd.grad(out, (tq, tk, tv), tdo, retain_graph=True)

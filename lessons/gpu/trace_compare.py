@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["GpuTrace", "GpuRowTrace", "TraceDivergence", "first_divergence", "FIELDS"]
+__all__ = ["GpuTrace", "GpuRowTrace", "TraceDivergence", "first_divergence", "relative_difference", "trace_table",
+           "FIELDS"]
 
 #: the quantities a trace record holds, in buffer order
 FIELDS = ("m", "alpha", "l")
@@ -153,3 +154,31 @@ def first_divergence(gpu_row, numpy_row, *, rtol: float = 1e-4, atol: float = 1e
                                f"the GPU absorbed {len(g['m'])} tiles, NumPy {len(n['m'])}: "
                                f"they part at step {steps + 1} (tile {tile + 1})")
     return None
+
+
+def relative_difference(gpu_row, numpy_row) -> np.ndarray:
+    """Per tile, the largest relative difference of ``(m, alpha, l)``: float64 (n,) over the
+    ``n`` tiles both rows absorbed, ``|gpu - numpy| / max(|numpy|, 1e-30)``, 0 where the two
+    are equal (also both -inf), inf where their difference is not finite. The rows as in
+    :func:`first_divergence`."""
+    n = min(len(gpu_row.m), len(numpy_row.m))
+    a, b = (np.stack([np.asarray(getattr(r, f), dtype=np.float64)[:n] for f in FIELDS]) for r in (gpu_row, numpy_row))
+    with np.errstate(invalid="ignore", over="ignore"):
+        rel = np.where(np.isfinite(a - b), np.abs(a - b) / np.maximum(np.abs(b), 1e-30), np.inf)
+    return np.where(a == b, 0.0, rel).max(axis=0, initial=0.0)
+
+
+def trace_table(gpu_row, numpy_row, where: str) -> str:
+    """Text table of one row's trace: the kernel's (m, alpha, l) per tile beside NumPy's.
+
+    ``gpu_row``: :class:`GpuRowTrace`; ``numpy_row``: :class:`lessons.core.trace.RowTrace` (same
+    tiles); ``where``: the kernel's column label ("GPU" or "emulator"). The last column is
+    :func:`relative_difference`. Tiles are counted from 1, as on the stepper (``gpu_row.tile``
+    holds 0-based indices).
+    """
+    head = ["tile", "keys", *(f"{f} {w}" for f in FIELDS for w in (where, "NumPy")), "max rel diff"]
+    body = [[str(int(gpu_row.tile[i]) + 1), f"{numpy_row.key_start[i]}-{numpy_row.key_stop[i] - 1}",
+             *(f"{float(getattr(r, f)[i]):.6g}" for f in FIELDS for r in (gpu_row, numpy_row)), f"{rel:.1e}"]
+            for i, rel in enumerate(relative_difference(gpu_row, numpy_row))]
+    widths = [max(len(r[j]) for r in [head, *body]) for j in range(len(head))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in [head, *body])

@@ -10,7 +10,8 @@ or the CUDA kernels' own (:func:`lessons.gpu.backward.kernel_backward_trace`, th
 object), with a toggle between the two. :func:`backward_kernel_figure` sets the kernels'
 trace beside NumPy's, step by step.
 :func:`backward_cost_figure` draws the measured peak memory and the counted HBM
-traffic and FLOPs. All of them only display what the trace and the cost
+traffic and FLOPs; :func:`recorded_backward_figure` the backward kernels' times and extra device
+memory on a real GPU (:mod:`lessons.gpu.recorded`: the recorded H200 run, or a live one). All of them only display what the trace and the cost
 functions recorded; no gradient is computed here.
 """
 from __future__ import annotations
@@ -27,10 +28,11 @@ from lessons.schedules.backward import BackwardTrace
 from lessons.views.flash import TILE_COLOURS
 from lessons.views.plot import new_figure, tidy
 from lessons.views.softmax import figure_png
-from lessons.views.stepper import format_value
+from lessons.views.stepper import StepperShell, format_value
 
 __all__ = ["GRADIENT_COLOURS", "backward_figure", "backward_step_text", "BackwardStepper", "backward_cost_figure",
            "backward_kernel_figure", "NUMPY_SOURCE"]
+__all__ += ["IMPL_COLOURS", "recorded_backward_figure"]
 
 #: Line colour of each gradient in the error panel.
 GRADIENT_COLOURS = {"dq": "#1f77b4", "dk": "#d62728", "dv": "#2ca02c"}
@@ -183,7 +185,7 @@ def backward_step_text(trace, step, exact) -> str:
     return "\n".join(lines)
 
 
-class BackwardStepper:
+class BackwardStepper(StepperShell):
     """Step through the FA-2 backward loop (ipywidgets): outer key blocks, inner query blocks.
 
     A view over ``trace`` (:func:`lessons.flash_attention_backward` with ``return_trace=True``)
@@ -223,34 +225,19 @@ class BackwardStepper:
         self.divergence = self.differences = None
         if kernel is not None:
             self._set_kernel(kernel, exact)
-        self.trace = self.numpy_trace
-        self.errors = self._errors["numpy"]
-        n = len(self.numpy_trace)
-        style = {"description_width": "initial"}
-        self.slider = widgets.IntSlider(value=min(max(int(step), 1), n), min=1, max=n, description="steps",
-                                        style=style, layout={"width": "480px"})
-        self.play = widgets.Play(value=self.slider.value, min=1, max=n, interval=interval)
-        widgets.jslink((self.play, "value"), (self.slider, "value"))
-        self.image = widgets.Image(format="png")
-        self.table = widgets.HTML(layout={"width": "330px"})
-        names = ["step", "key_block", "query_block", "dq_error", "dk_error", "dv_error", "on_chip"]
-        names += ["source", "kernel"] if kernel is not None else []
-        self.readouts = {k: widgets.HTML(layout={"border": "1px solid #dddddd", "padding": "2px 10px", "margin": "2px"})
-                         for k in names}
         self.source = None
-        top = [self.play, self.slider]
-        if kernel is not None:
+        names = ["step", "key_block", "query_block", "dq_error", "dk_error", "dv_error", "on_chip"]
+        if kernel is not None:              # the kernel's trace is shown first
             self.source = widgets.ToggleButtons(options=[(f"kernel ({self.where})", "kernel"), ("NumPy", "numpy")],
-                                                value="kernel", description="trace from", style=style)
+                                                value="kernel", description="trace from",
+                                                style={"description_width": "initial"})
+            names += ["source", "kernel"]
+        key = "numpy" if kernel is None else "kernel"
+        self.trace, self.errors = self._traces[key], self._errors[key]
+        self._build_shell(len(self.trace), step=min(int(step), len(self.numpy_trace)), label="steps", readouts=names,
+                          table_width="330px", interval=interval, controls=[self.source] if kernel is not None else [])
+        if kernel is not None:
             self.source.observe(lambda change: self._switch(), names="value")
-            top.append(self.source)
-            self._switch(render=False)
-        self._render()
-        self.slider.observe(lambda change: self._render(), names="value")
-        self.widget = widgets.VBox([widgets.HBox(top, layout={"flex_flow": "row wrap"}),
-                                    widgets.HBox(list(self.readouts.values()), layout={"flex_flow": "row wrap"}),
-                                    widgets.HBox([self.image, self.table],
-                                                 layout={"flex_flow": "row wrap", "align_items": "flex-start"})])
 
     def _set_kernel(self, kernel, exact):
         from lessons.gpu.backward import backward_trace_differences, first_backward_divergence
@@ -266,18 +253,15 @@ class BackwardStepper:
         self._traces["kernel"] = kernel_trace
         self._errors["kernel"] = kernel_trace.errors(exact)
 
-    def _switch(self, render=True):
+    def _switch(self):
         key = self.source.value
         self.trace, self.errors = self._traces[key], self._errors[key]
         n = len(self.trace)
         self.slider.max = self.play.max = n
         if self.slider.value > n:
             self.slider.value = n               # observed: renders
-        elif render:
+        else:
             self._render()
-
-    def _repr_mimebundle_(self, **kwargs):
-        return self.widget._repr_mimebundle_(**kwargs)
 
     def _source_label(self):
         if self.source is None or self.source.value == "numpy":
@@ -436,4 +420,87 @@ def backward_kernel_figure(kernel_trace, numpy_trace, exact, *, where, baseline=
     fig.text(0.02, 0.975, f"The backward kernels' own trace ({where}) beside NumPy's float64 one: "
                           f"{len(kernel_trace)} steps, {verdict}",
              fontsize=10.5, ha="left", va="top", color="#7a3b00", fontweight="bold")
+    return fig
+
+
+#: Line colour of each backward implementation in :func:`recorded_backward_figure` (as in benchmarks/gpu_backward.py).
+IMPL_COLOURS = {"naive": "tab:red", "kernel": "tab:blue", "mma": "tab:purple", "torch": "tab:green"}
+_IMPL_MARKERS = {"naive": "o", "kernel": "s", "mma": "D", "torch": "^"}
+
+
+def _end_labels(ax, labels, *, near=0.12, gap=9):
+    """Write each (x, y, text, colour) just right of its point; labels whose y lie within ``near`` decades
+    of each other are spread ``gap`` points apart so that none covers another."""
+    labels = sorted(labels, key=lambda t: t[1])
+    groups = []
+    for label in labels:
+        if groups and np.log10(label[1]) - np.log10(groups[-1][-1][1]) < near:
+            groups[-1].append(label)
+        else:
+            groups.append([label])
+    for group in groups:
+        for i, (x, y, text, colour) in enumerate(group):
+            ax.annotate(text, (x, y), xytext=(5, (i - (len(group) - 1) / 2) * gap), textcoords="offset points",
+                        fontsize=8, va="center", color=colour)
+
+
+def recorded_backward_figure(run, *, dtype="float16", figsize=(10.5, 7.2), dpi=90):
+    """The backward implementations on a real GPU: time and extra device memory against N.
+
+    ``run``: a :class:`lessons.gpu.recorded.BackwardRun` (recorded or live); ``dtype``: the storage dtype
+    whose rows are drawn. Returns a Figure with one column per head dim: on top the median time of one
+    backward (ms, log scale) against N (log scale), each line's last point labelled with its time; below,
+    the peak extra device memory of one call (MiB, log scale). One line per implementation
+    (:data:`lessons.gpu.recorded.IMPL_TITLES`, colours :data:`IMPL_COLOURS`); implementations that did not
+    run are left out. The run's label (recorded: machine, date, commit; or live) is in the title. Only
+    draws the rows: no timing or ratio is computed here.
+    Raises TypeError for a run that is not a BackwardRun, ValueError when it has no rows in ``dtype``.
+    """
+    from lessons.gpu.recorded import IMPL_TITLES, IMPLS, BackwardRun
+    if not isinstance(run, BackwardRun):
+        raise TypeError(f"run must be a lessons.gpu.recorded.BackwardRun, got {type(run).__name__}")
+    rows = [r for r in run.rows if r["dtype"] == dtype and not r["causal"] and r["seconds"] is not None]
+    if not rows:
+        raise ValueError(f"the run has no measured rows in dtype {dtype!r}; it has {sorted({r['dtype'] for r in run.rows})}")
+    ds = sorted({r["d"] for r in rows})
+    sizes = sorted({r["n"] for r in rows})
+    fig = new_figure(figsize, dpi)
+    width = 0.84 / len(ds)
+    for col, d in enumerate(ds):
+        left = 0.08 + col * (width + 0.04)
+        top = fig.add_axes([left, 0.52, width - 0.04, 0.33])
+        bottom = fig.add_axes([left, 0.13, width - 0.04, 0.33], sharex=top)
+        ends = {top: [], bottom: []}
+        for impl in IMPLS:
+            pts = sorted((r["n"], r["seconds"] * 1e3, r["peak_bytes"] / 2**20) for r in rows
+                         if r["impl"] == impl and r["d"] == d)
+            if not pts:
+                continue
+            n, ms, mib = zip(*pts)
+            style = dict(color=IMPL_COLOURS[impl], marker=_IMPL_MARKERS[impl], lw=3.2 if impl == "kernel" else 1.6,
+                         ms=6 if impl == "kernel" else 5, label=IMPL_TITLES[impl])     # kernel: wide, seen under mma
+            top.plot(n, ms, **style)
+            bottom.plot(n, mib, **style)
+            ends[top].append((n[-1], ms[-1], f"{ms[-1]:.2f} ms", IMPL_COLOURS[impl]))
+            ends[bottom].append((n[-1], mib[-1], f"{mib[-1]:,.0f} MiB", IMPL_COLOURS[impl]))
+        for ax, labels in ends.items():
+            _end_labels(ax, labels)
+        for ax in (top, bottom):
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xticks(sizes, [str(n) for n in sizes])
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.set_xlim(sizes[0] / 1.3, sizes[-1] * 2.2)
+            ax.grid(True, which="major", color="#eeeeee", lw=0.6)
+            tidy(ax)
+        top.set_title(f"d = {d}", fontsize=10)
+        top.set_ylabel("time of one backward (ms)", fontsize=9.5)
+        bottom.set_ylabel("peak extra device memory (MiB)", fontsize=9.5)
+        bottom.set_xlabel("sequence length N", fontsize=9.5)
+        top.tick_params(labelbottom=False)
+    handles, labels = top.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8.5, frameon=False)
+    heads = rows[0]["heads"]
+    fig.suptitle(f"Attention backward, batch 1, {heads} heads, {dtype}\n{run.label}", fontsize=10.5, x=0.02,
+                 y=0.97, ha="left", color="#7a3b00" if run.live else "#333333")
     return fig

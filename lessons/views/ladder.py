@@ -13,16 +13,17 @@ from lessons.views.plot import new_figure, tidy
 __all__ = ["RUNG_COLOURS", "ladder_figure"]
 
 RUNG_COLOURS = {"naive": "#c44e52", "scalar": "#1f77b4", "regtile": "#17becf", "mma": "#8c564b", "mma_async": "#9467bd",
-                "sdpa": "#2ca02c"}
+                "mma_fa2": "#ff7f0e", "sdpa": "#2ca02c"}
 
 
 def ladder_figure(points, *, label: str, hardware=H200):
     """Two panels: left, each measured rung at (intensity, measured FLOP/s) under the roofs of
-    ``hardware`` (circle d = 64, square d = 128; a rung's dtype picks its roof); right, measured
+    ``hardware`` (filled circle d = 64, open square d = 128, so that a circle inside a square stays
+    visible; a rung's dtype picks its roof); right, measured
     TFLOP/s per rung and head dim (log scale), unmeasured rungs marked as such.
 
     ``points``: dicts from :func:`lessons.gpu.ladder.ladder_points`; ``label``: where the numbers
-    come from (e.g. "recorded on one NVIDIA H200, 2026-11-30"), printed in the title.
+    come from (e.g. :data:`lessons.gpu.ladder.RECORDED_LABEL`), printed in the title.
     Returns a Figure. Raises ValueError for an empty ``points``.
     """
     points = list(points)
@@ -41,13 +42,15 @@ def ladder_figure(points, *, label: str, hardware=H200):
     for p in points:
         if p["tflops"] is None:
             continue
-        ax.loglog([p["intensity"]], [p["tflops"]], ls="none", marker=markers.get(p["d"], "D"), ms=8,
-                  color=RUNG_COLOURS.get(p["name"], "k"))
+        colour = RUNG_COLOURS.get(p["name"], "k")
+        ax.loglog([p["intensity"]], [p["tflops"]], ls="none", marker=markers.get(p["d"], "D"),
+                  ms=7 if p["d"] == 64 else 11, color=colour, mew=2,
+                  mfc=colour if p["d"] == 64 else "none", zorder=3 if p["d"] == 64 else 2)
     ax.set_xlim(xs[0], xs[-1])
     ax.set_ylim(3, 2000)
     ax.set_xlabel("arithmetic intensity (FLOPs per HBM byte, IO model)", fontsize=9.5)
     ax.set_ylabel("TFLOP/s", fontsize=9.5)
-    ax.set_title("rungs under the roofs (circle d = 64, square d = 128)", fontsize=9.5, loc="left")
+    ax.set_title("rungs under the roofs (dot d = 64, open square d = 128)", fontsize=9.5, loc="left")
     ax.grid(True, which="major", color="#eeeeee", lw=0.6)
     tidy(ax)
 

@@ -97,21 +97,22 @@ def step_controls(n: int, value: int = 1, *, label: str, width: str = "480px", i
 
 class StepperShell:
     """The shell of a stepper widget: a Play button and a slider over steps ``1..n``, a row of readout
-    cards, and a picture (PNG) beside a table. A subclass calls :meth:`_build_shell` and fills the
+    cards, and a picture (PNG) beside a table; ``controls``: more widgets after the slider (e.g. a toggle
+    that picks the trace shown). A subclass calls :meth:`_build_shell` and fills the
     readouts, ``image`` and ``table`` for ``slider.value`` in ``_render``: a view over a trace that
     it reads, never computes. The object displays as ``widget``.
     """
 
     def _build_shell(self, n: int, *, step: int, label: str, readouts, table_width: str,
-                     interval: int) -> None:
+                     interval: int, controls=()) -> None:
         self.slider, self.play = step_controls(n, step, label=label, interval=interval)
         self.image = widgets.Image(format="png")
         self.table = widgets.HTML(layout={"width": table_width})
         self.readouts = {k: widgets.HTML(layout=READOUT_CARD) for k in readouts}
         self._render()
         self.slider.observe(lambda change: self._render(), names="value")
-        self.widget = widgets.VBox([widgets.HBox([self.play, self.slider]),
-                                    widgets.HBox(list(self.readouts.values()), layout={"flex_flow": "row wrap"}),
+        top = widgets.HBox([self.play, self.slider, *controls], layout={"flex_flow": "row wrap"})
+        self.widget = widgets.VBox([top, widgets.HBox(list(self.readouts.values()), layout={"flex_flow": "row wrap"}),
                                     widgets.HBox([self.image, self.table],
                                                  layout={"flex_flow": "row wrap", "align_items": "flex-start"})])
 

@@ -1,0 +1,353 @@
+"""The backward kernels on a real GPU: the recorded H200 run, or a live run where a CUDA device is present.
+
+Without a GPU a learner still sees how the backward kernels did on one: ``benchmarks/gpu_backward.py``
+ran on one NVIDIA H200 on 2026-12-01 and its ``results.csv`` ships with the repository
+(``benchmarks/results/gpu_h200_2026-12-01/backward/``; machine, driver and commit in the README one
+folder up). :func:`recorded_backward` reads it, labelled as recorded; :func:`measure_backward` times the
+same four implementations on the CUDA device at hand (small N, seconds), labelled as live, with the
+benchmark's own code (:mod:`lessons.gpu.measure`); :func:`backward_results` picks one. Every figure
+shown is computed from those rows (:func:`backward_summary`, :func:`backward_table`,
+:func:`backward_findings`, and :func:`lessons.views.backward.recorded_backward_figure`): no number
+here is typed in except the goals set before the run (:data:`TORCH_GOAL`).
+
+A row is a dict, as the benchmark writes it: ``impl`` (``"naive"``, ``"kernel"``, ``"mma"``,
+``"torch"``), ``n`` (sequence length, queries = keys), ``d`` (head dim), ``heads``, ``causal`` (bool),
+``dtype`` (storage dtype of q, k, v, dO), ``seconds`` (median of CUDA-event timings of one backward;
+None when it was not run), ``tflops`` (10 N^2 d FLOPs per head over ``seconds``, 1e12 FLOP/s),
+``peak_bytes`` (peak extra device memory of one backward call beyond its inputs, bytes; None when not
+run) and ``note`` (why it was not run, or the tensor-core kernel's difference from the CUDA-core one).
+Source of the algorithm: Dao 2023 (FlashAttention-2), Alg. 2; of the textbook backward: Dao et al.
+2022, App. B.2.
+"""
+from __future__ import annotations
+
+import csv
+import datetime
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from lessons.core.checks import check_int
+
+__all__ = ["RECORDED_DIR", "BACKWARD_CSV", "IMPLS", "IMPL_TITLES", "TORCH_GOAL", "BackwardRun", "BackwardSummary",
+           "recorded_label", "read_backward_csv", "recorded_backward", "measure_backward", "backward_results",
+           "backward_row", "backward_summary", "backward_table", "backward_findings"]
+
+ROOT = Path(__file__).resolve().parents[2]
+#: the recorded H200 run shipped in the repository (README.md: machine, driver, commit)
+RECORDED_DIR = ROOT / "benchmarks" / "results" / "gpu_h200_2026-12-01"
+#: its backward rows, written by ``benchmarks/gpu_backward.py``
+BACKWARD_CSV = RECORDED_DIR / "backward" / "results.csv"
+#: the implementations, in the order the benchmark runs them
+IMPLS = ("naive", "kernel", "mma", "torch")
+#: what a learner reads for each implementation
+IMPL_TITLES = {"naive": "naive CuPy (P, dP, dS in HBM)",
+               "kernel": "our kernels, CUDA cores (fp32 FMAs)",
+               "mma": "our kernels, tensor cores (mma.sync)",
+               "torch": "torch SDPA backward"}
+#: the stretch goal set for the tensor-core backward before it was measured: this fraction of torch's speed
+TORCH_GOAL = 0.3
+
+_COLUMNS = ("impl", "n", "d", "heads", "causal", "dtype", "seconds", "tflops", "peak_bytes", "note")
+_TITLE = re.compile(r"^#.* on one (?P<machine>.+?), (?P<date>\d{4}-\d{2}-\d{2}) \(commit (?P<commit>[0-9a-f]{7,40})\)")
+_DRIVER = re.compile(r"driver (?P<driver>[\d.]+), CUDA (?P<cuda>[\d.]+)")
+
+
+@dataclass(frozen=True)
+class BackwardRun:
+    """Backward timings from one GPU: ``rows`` (tuple of row dicts, see the module docstring), ``label``
+    (where and when they were measured, printed with every figure) and ``live`` (True: measured now on
+    this machine's device; False: read from a recorded run)."""
+
+    rows: tuple
+    label: str
+    live: bool
+
+
+@dataclass(frozen=True)
+class BackwardSummary:
+    """The figures of one (N, d, dtype) of a :class:`BackwardRun`, every one computed from its rows.
+
+    ``seconds``, ``tflops``, ``peak_bytes``: ``{impl: value}`` for the implementations that ran (seconds,
+    1e12 FLOP/s, bytes of extra device memory); ``x_naive``: ``{impl: naive seconds / impl seconds}``, the
+    speed-up over the naive CuPy backward (above 1: faster); ``of_torch``: ``{impl: torch seconds / impl
+    seconds}``, the fraction of torch SDPA's backward speed; ``memory_ratio``: the tensor-core backward's
+    extra memory over the naive one's (None where either did not run); ``goal_met``: whether the
+    tensor-core backward reached :data:`TORCH_GOAL` of torch's speed (None where either did not run).
+    """
+
+    n: int
+    d: int
+    dtype: str
+    label: str
+    seconds: dict
+    tflops: dict
+    peak_bytes: dict
+    x_naive: dict
+    of_torch: dict
+    memory_ratio: float | None
+    goal_met: bool | None
+
+
+def recorded_label(directory=None) -> str:
+    """How figures of the recorded run in ``directory`` (default :data:`RECORDED_DIR`) are labelled, read from
+    its README.md: ``"recorded on one NVIDIA H200, 2026-12-01 (driver 580.159.04, CUDA 13.0, commit 5ea12bd)"``.
+
+    The README's title gives machine, date and commit (``# ... on one <machine>, <date> (commit <hash>)``), a
+    later line ``driver <version>, CUDA <version>``. Raises FileNotFoundError without the README, ValueError
+    when it does not say those things.
+    """
+    path = (RECORDED_DIR if directory is None else Path(directory)) / "README.md"
+    text = path.read_text()
+    title = _TITLE.match(text.splitlines()[0]) if text else None
+    driver = _DRIVER.search(text)
+    if title is None or driver is None:
+        raise ValueError(f"{path} must start with '# ... on one <machine>, <YYYY-MM-DD> (commit <hash>)' and name "
+                         f"'driver <version>, CUDA <version>'")
+    return (f"recorded on one {title['machine']}, {title['date']} (driver {driver['driver']}, CUDA {driver['cuda']}, "
+            f"commit {title['commit']})")
+
+
+def _number(text, kind, path, line, column):
+    if text == "":
+        return None
+    try:
+        value = kind(text)
+    except ValueError:
+        raise ValueError(f"{path}, line {line}: column {column!r} must be {kind.__name__} or empty, got {text!r}") from None
+    if value < 0 or value != value:
+        raise ValueError(f"{path}, line {line}: column {column!r} must be a non-negative number, got {text!r}")
+    return value
+
+
+def read_backward_csv(path=None) -> list[dict]:
+    """The rows of a backward ``results.csv`` (default :data:`BACKWARD_CSV`), typed.
+
+    Returns one dict per line with the columns ``impl`` (str), ``n``, ``d``, ``heads`` (int), ``causal``
+    (bool), ``dtype`` (str), ``seconds`` (float, seconds), ``tflops`` (float, 1e12 FLOP/s), ``peak_bytes``
+    (int, bytes), ``note`` (str); ``seconds``, ``tflops`` and ``peak_bytes`` are None where the line leaves
+    them empty (a skipped implementation).
+    Raises FileNotFoundError when the file is not there (an installed package without the repository),
+    ValueError naming the file, line and column for a missing column, a malformed number, ``causal`` other
+    than True/False, or a file without rows.
+    """
+    path = BACKWARD_CSV if path is None else Path(path)
+    rows = []
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in _COLUMNS if c not in (reader.fieldnames or ())]
+        if missing:
+            raise ValueError(f"{path} must have the columns {list(_COLUMNS)}; missing {missing}")
+        for line, r in enumerate(reader, start=2):
+            if r["causal"] not in ("True", "False"):
+                raise ValueError(f"{path}, line {line}: column 'causal' must be True or False, got {r['causal']!r}")
+            row = dict(impl=r["impl"], causal=r["causal"] == "True", dtype=r["dtype"], note=r["note"] or "")
+            for column in ("n", "d", "heads"):
+                row[column] = _number(r[column], int, path, line, column)
+                if row[column] is None or row[column] < 1:
+                    raise ValueError(f"{path}, line {line}: column {column!r} must be a positive int, got {r[column]!r}")
+            row.update(seconds=_number(r["seconds"], float, path, line, "seconds"),
+                       tflops=_number(r["tflops"], float, path, line, "tflops"),
+                       peak_bytes=_number(r["peak_bytes"], int, path, line, "peak_bytes"))
+            rows.append({c: row[c] for c in _COLUMNS})
+    if not rows:
+        raise ValueError(f"{path} holds no rows")
+    return rows
+
+
+def recorded_backward(path=None, directory=None) -> BackwardRun:
+    """The recorded backward run: :func:`read_backward_csv` of ``path`` (default :data:`BACKWARD_CSV`) with
+    :func:`recorded_label` of ``directory`` (default :data:`RECORDED_DIR`, the folder holding its README)."""
+    return BackwardRun(tuple(read_backward_csv(path)), recorded_label(directory), live=False)
+
+
+def measure_backward(sizes=(1024, 2048), head_dims=(64, 128), *, heads: int = 8, warmup: int = 2,
+                     repeats: int = 5, seed: int = 0) -> BackwardRun:
+    """Time the four backward implementations on the CUDA device now, as ``benchmarks/gpu_backward.py`` does.
+
+    For each head dim ``d`` in ``head_dims`` and N in ``sizes``: q, k, v, dO float16 of shape (heads, N, d),
+    standard normal (``numpy.random.default_rng(seed)``), O and lse from :func:`lessons.gpu.flash_attention_gpu`;
+    then :func:`lessons.gpu.measure.naive_backward` (naive), :func:`lessons.gpu.flash_attention_backward_gpu`
+    (kernel), :func:`lessons.gpu.flash_attention_backward_mma_gpu` (mma, d = 64 or 128) and torch SDPA's
+    backward (torch, where torch with CUDA is installed) are each timed (median of ``repeats`` CUDA-event
+    timings after ``warmup``, seconds) and their peak extra device memory measured (bytes). With the
+    defaults the timings take seconds (after NVRTC has compiled the kernels, once). Returns a
+    :class:`BackwardRun` labelled ``"measured live on <device>, <date>"``; an implementation that could not
+    run (skipped, or failed: out of memory, a GPU older than sm_80 for the tensor cores) has
+    ``seconds = None`` and says why in ``note``.
+    Raises RuntimeError without a CUDA device, ValueError for sizes, head dims, heads or repeats below 1.
+    """
+    import numpy as np
+
+    import lessons.gpu as gpu
+    from lessons.gpu.measure import (backward_flops, median_cuda_seconds, naive_backward, peak_cupy, sdpa_backward,
+                                     torch_seconds_and_peak)
+
+    sizes = [check_int(n, "sizes", min=1) for n in sizes]
+    head_dims = [check_int(d, "head_dims", min=1) for d in head_dims]
+    heads, repeats = check_int(heads, "heads", min=1), check_int(repeats, "repeats", min=1)
+    warmup = check_int(warmup, "warmup", min=0)
+    if not sizes or not head_dims:
+        raise ValueError(f"sizes and head_dims must not be empty, got {sizes} and {head_dims}")
+    if not gpu.device_available():
+        raise RuntimeError("measure_backward needs a CUDA device; without one use recorded_backward()")
+    import cupy
+
+    try:
+        import torch
+        torch_reason = None if torch.cuda.is_available() else "skipped: torch has no CUDA device"
+    except ImportError:
+        torch, torch_reason = None, "skipped: torch is not installed"
+    rng = np.random.default_rng(seed)
+    rows = []
+    for d in head_dims:
+        for n in sizes:
+            q, k, v, do = (cupy.asarray(rng.standard_normal((heads, n, d), dtype=np.float32).astype(np.float16))
+                           for _ in range(4))
+            o, lse = gpu.flash_attention_gpu(q, k, v)
+            calls = {"naive": lambda: naive_backward(cupy, q, k, v, do),
+                     "kernel": lambda: gpu.flash_attention_backward_gpu(q, k, v, o, lse, do),
+                     "mma": lambda: gpu.flash_attention_backward_mma_gpu(q, k, v, o, lse, do)}
+            for impl in IMPLS:
+                row = dict(impl=impl, n=n, d=d, heads=heads, causal=False, dtype="float16", seconds=None, tflops=None,
+                           peak_bytes=None, note="")
+                if impl == "mma" and d not in (64, 128):
+                    row["note"] = "skipped: the tensor-core backward takes d = 64 or 128"
+                elif impl == "torch" and torch_reason:
+                    row["note"] = torch_reason
+                else:
+                    try:
+                        if impl == "torch":
+                            seconds, peak = torch_seconds_and_peak(torch, sdpa_backward(torch, q, k, v, do), warmup,
+                                                                   repeats)
+                            torch.cuda.empty_cache()
+                        else:
+                            seconds = median_cuda_seconds(cupy, calls[impl], warmup, repeats)
+                            peak = peak_cupy(cupy, calls[impl])
+                        row.update(seconds=seconds, peak_bytes=int(peak))
+                    except Exception as err:     # out of memory, a GPU older than sm_80 for mma, ...
+                        row["note"] = f"failed: {type(err).__name__}: {str(err).splitlines()[0][:120]}"
+                if row["seconds"] is not None:
+                    row["tflops"] = backward_flops(n, d, heads, False) / row["seconds"] / 1e12
+                rows.append(row)
+                cupy.get_default_memory_pool().free_all_blocks()
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return BackwardRun(tuple(rows), f"measured live on {gpu.device_name()}, {when}", live=True)
+
+
+def backward_results(live=None, **measure) -> BackwardRun:
+    """What notebook 04 shows: :func:`measure_backward` (``**measure`` passed on) when ``live`` is True, or
+    when it is None and a CUDA device is present; else :func:`recorded_backward`. Raises RuntimeError for
+    ``live=True`` without a device, TypeError for a ``live`` that is not a bool or None."""
+    if live is not None and not isinstance(live, bool):
+        raise TypeError(f"live must be True, False or None, got {live!r}")
+    if live is None:
+        from lessons.gpu.compile import device_available
+        live = device_available()
+    return measure_backward(**measure) if live else recorded_backward()
+
+
+def _check_run(run):
+    if not isinstance(run, BackwardRun):
+        raise TypeError(f"run must be a BackwardRun (recorded_backward() or measure_backward()), got {type(run).__name__}")
+    return run
+
+
+def _pick_n(run, n, d, dtype):
+    ns = sorted({r["n"] for r in run.rows if r["d"] == d and r["dtype"] == dtype and not r["causal"]})
+    if not ns:
+        have = sorted({(r["d"], r["dtype"]) for r in run.rows})
+        raise ValueError(f"the run has no rows with d = {d} and dtype {dtype!r}; it has (d, dtype) {have}")
+    if n is None:
+        return ns[-1]
+    n = check_int(n, "n", min=1)
+    if n not in ns:
+        raise ValueError(f"n must be one of the run's sequence lengths {ns} at d = {d}, got {n}")
+    return n
+
+
+def backward_row(run, impl: str, n: int, d: int, dtype: str = "float16") -> dict | None:
+    """The non-causal row of ``impl`` at (``n``, ``d``, ``dtype``) in ``run`` if it ran there (``seconds`` not
+    None), else None. Raises TypeError for a run that is not a :class:`BackwardRun`."""
+    for r in _check_run(run).rows:
+        if (r["impl"], r["n"], r["d"], r["dtype"], r["causal"]) == (impl, n, d, dtype, False) and r["seconds"] is not None:
+            return r
+    return None
+
+
+def backward_summary(run, n=None, d: int = 64, dtype: str = "float16") -> BackwardSummary:
+    """The figures of ``run`` at (``n``, ``d``, ``dtype``), non-causal; ``n`` default: the largest N it has
+    (8192 in the recorded run). See :class:`BackwardSummary` for the fields and their units.
+    Raises TypeError for a run that is not a :class:`BackwardRun`, ValueError for an (``n``, ``d``, ``dtype``)
+    the run has no rows for (the message lists what it has).
+    """
+    run = _check_run(run)
+    d = check_int(d, "d", min=1)
+    n = _pick_n(run, n, d, dtype)
+    ran = {impl: r for impl in IMPLS if (r := backward_row(run, impl, n, d, dtype)) is not None}
+    seconds = {impl: r["seconds"] for impl, r in ran.items()}
+    x_naive = {impl: seconds["naive"] / s for impl, s in seconds.items()} if "naive" in seconds else {}
+    of_torch = {impl: seconds["torch"] / s for impl, s in seconds.items()} if "torch" in seconds else {}
+    peak = {impl: r["peak_bytes"] for impl, r in ran.items()}
+    memory_ratio = peak["mma"] / peak["naive"] if {"mma", "naive"} <= peak.keys() and peak["naive"] else None
+    goal_met = of_torch["mma"] >= TORCH_GOAL if "mma" in of_torch else None
+    return BackwardSummary(n, d, dtype, run.label, seconds, {impl: r["tflops"] for impl, r in ran.items()}, peak,
+                           x_naive, of_torch, memory_ratio, goal_met)
+
+
+def _mib(b) -> str:
+    return f"{b / 2**20:,.0f} MiB" if b >= 2**20 else f"{b / 2**20:.2f} MiB"
+
+
+def backward_table(run, n=None, head_dims=(64, 128), dtype: str = "float16") -> str:
+    """A Markdown table of ``run`` at sequence length ``n`` (default: the largest it has): one line per
+    implementation and head dim with the time (ms), TFLOP/s, peak extra device memory (MiB), the speed-up
+    over the naive CuPy backward and the fraction of torch's speed; ``-`` with the reason where an
+    implementation did not run. Its caption gives the run's label. Head dims the run lacks are left out.
+    Raises TypeError/ValueError as :func:`backward_summary` (ValueError too when no head dim is there).
+    """
+    run = _check_run(run)
+    ds = [d for d in head_dims if any(r["d"] == d and r["dtype"] == dtype for r in run.rows)]
+    if not ds:
+        raise ValueError(f"head_dims {list(head_dims)}: the run has none of them in {dtype!r}")
+    if n is None:
+        n = min(_pick_n(run, None, d, dtype) for d in ds)
+    lines = [f"Attention backward, N = {n}, batch 1, {run.rows[0]['heads']} heads, {dtype} (TFLOP/s: 10 N^2 d FLOPs "
+             f"per head), {run.label}:", "",
+             "| implementation | d | time (ms) | TFLOP/s | extra memory | x naive CuPy | of torch's speed |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for d in ds:
+        s = backward_summary(run, n, d, dtype)
+        for impl in IMPLS:
+            if impl in s.seconds:
+                lines.append(f"| {IMPL_TITLES[impl]} | {d} | {s.seconds[impl] * 1e3:.2f} | {s.tflops[impl]:.1f} | "
+                             f"{_mib(s.peak_bytes[impl])} | "
+                             f"{format(s.x_naive[impl], '.2f') + 'x' if impl in s.x_naive else '-'} | "
+                             f"{format(s.of_torch[impl], '.2f') + 'x' if impl in s.of_torch else '-'} |")
+            else:
+                why = next((r["note"] for r in run.rows if (r["impl"], r["n"], r["d"], r["dtype"]) == (impl, n, d, dtype)),
+                           "not in this run")
+                lines.append(f"| {IMPL_TITLES[impl]} | {d} | - | - | - | - | {why or 'not run'} |")
+    return "\n".join(lines)
+
+
+def backward_findings(run, n=None, d: int = 64, dtype: str = "float16") -> list[str]:
+    """What ``run`` says at (``n``, ``d``), in sentences for the notebook, every number from its rows: the
+    tensor-core backward's time and speed-up over naive CuPy, the extra memory of each, its fraction of torch's
+    speed against :data:`TORCH_GOAL`, and whether the CUDA-core backward beat the naive one. A sentence whose
+    implementations did not run is left out. Raises as :func:`backward_summary`."""
+    s = backward_summary(run, n, d, dtype)
+    out = [f"{run.label}; N = {s.n}, d = {s.d}, {s.dtype}:"]
+    if {"mma", "naive"} <= s.seconds.keys():
+        out.append(f"tensor-core backward {s.seconds['mma'] * 1e3:.2f} ms ({s.tflops['mma']:.0f} TFLOP/s): "
+                   f"{s.x_naive['mma']:.1f}x faster than the naive CuPy backward ({s.seconds['naive'] * 1e3:.2f} ms).")
+        out.append(f"extra device memory: {_mib(s.peak_bytes['mma'])} against {_mib(s.peak_bytes['naive'])} for the "
+                   f"naive backward ({s.memory_ratio:.2%} of it).")
+    if "mma" in s.of_torch:
+        out.append(f"against torch SDPA's backward ({s.seconds['torch'] * 1e3:.2f} ms): {s.of_torch['mma']:.2f}x its "
+                   f"speed; the goal was {TORCH_GOAL}x: {'met' if s.goal_met else 'not met'}.")
+    if {"kernel", "naive"} <= s.seconds.keys():
+        faster = s.x_naive["kernel"] > 1
+        out.append(f"CUDA-core backward {s.seconds['kernel'] * 1e3:.2f} ms: {s.x_naive['kernel']:.2f}x the naive "
+                   f"backward's speed, {'faster' if faster else 'NOT faster'} than it.")
+    return out
