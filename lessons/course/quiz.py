@@ -241,7 +241,8 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
            "It skips the rescaling by alpha"),
           0,
           "Same fold, same bytes from HBM; what changes is the ratio of shared loads to FMAs (1/8 at "
-          "d = 64 instead of 1). Reread 'What the compiler says, with or without a GPU'."),
+          "d = 64 instead of 1). Reread the register-tiled row of 'The rungs' (its predicted effect) and "
+          "'The register-tiled rung, run on CPU threads'."),
         Q("On the recorded H200 run, what became of the ladder's targets for our own kernels?",
           ("All were met once the FA-2 recipe was in",
            "The 2-4x claim over naive attention holds (about 20x and 12x), but the 3x (register tiling), "

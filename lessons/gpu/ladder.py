@@ -33,7 +33,7 @@ __all__ = ["Rung", "RUNGS", "RECORDED_DIR", "RECORDED_CSV", "RECORDED_LABEL", "P
            "rung_intensity", "rung_build", "measure_ladder", "ladder_points", "speedup_claim", "CLAIM",
            "ladder_markdown", "rung_evidence", "Target", "TARGETS", "target_outcomes", "targets_markdown",
            "DECODE_RUNGS", "DECODE_RECORDED", "decode_rung", "decode_rung_build", "decode_recorded_rows",
-           "decode_recorded", "decode_table", "decode_markdown"]
+           "decode_recorded", "decode_table", "decode_markdown", "sdpa_backends"]
 
 ROOT = Path(__file__).resolve().parents[2]
 #: its forward table: every rung, naive CuPy and torch SDPA at N = 1024, 4096, 8192, d = 64, 128
@@ -101,7 +101,9 @@ RUNGS = (
          "float16",
          "both products (Q K^T and P V) on tensor cores, mma.sync.m16n8k16, float16 in, float32 accumulate",
          "one warp instruction does 16 x 8 x 16 multiply-adds (4096 FLOPs) instead of 32 FMAs; bound by "
-         "occupancy instead: 196-254 registers per thread (ncu on the H200, 2026-11-30) allow 2 blocks of 4 warps per SM",
+         "occupancy instead: 167-168 registers per thread at d = 64 and 218-226 at d = 128 (NVRTC 12.9, sm_80 / "
+         "sm_90) allow 3 and 2 blocks of 4 warps per SM (the build Nsight Compute profiled on 2026-11-30 had "
+         "196-254 registers and ran 2 blocks per SM)",
          "mma.sync.aligned.m16n8k16", "occupancy 12.5%, no warp eligible 57% of cycles, synchronous loads (ncu, 2026-11-30 run)"),
     Rung("mma_async", "tensor cores + ldmatrix, cp.async", "mma_async", "flash_attention_mma_async",
          "lessons.gpu.flash_attention_mma_async_gpu", "float16",
@@ -430,6 +432,32 @@ def speedup_claim(n: int = 8192, rows=None) -> dict:
     return out
 
 
+def sdpa_backends(n: int = 8192, causal: bool = False, path: Path | None = None) -> dict:
+    """torch SDPA's forward speed per backend, as recorded in the 2026-11-30 H200 run
+    (``PROFILED_DIR/sdpa_backends.txt``: each backend forced in turn, fp16, 8 heads, CUDA events;
+    TFLOP/s counted as here, 4 N^2 d per head). Returns ``{backend: {d: forward TFLOP/s}}`` for the rows
+    with this ``n`` and ``causal``, e.g. ``["FLASH_ATTENTION"][64]``: torch's own FlashAttention-2
+    kernel (mma.sync, like our rungs). Raises FileNotFoundError when the file is missing and ValueError
+    when it has no row for ``n`` and ``causal``."""
+    n = check_int(n, "n", min=1)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be True or False, got {causal!r}")
+    path = PROFILED_DIR / "sdpa_backends.txt" if path is None else Path(path)
+    out: dict = {}
+    for line in path.read_text().splitlines():
+        fields = dict(f.split("=", 1) for f in line.split()[:3] if "=" in f)
+        if set(fields) != {"N", "d", "causal"} or "fwd" not in line:
+            continue                                         # the header line (torch version, device)
+        if int(fields["N"]) != n or fields["causal"] != str(causal):
+            continue
+        words = line.split()
+        tflops = float(words[words.index("fwd") + 3])        # "fwd 0.488 ms 281.4 TF/s"
+        out.setdefault(words[3], {})[int(fields["d"])] = tflops
+    if not out:
+        raise ValueError(f"{path} has no row with N = {n}, causal = {causal}")
+    return out
+
+
 def _fmt(x, spec):
     return "-" if x is None else format(x, spec)
 
@@ -562,6 +590,11 @@ def decode_recorded(r: Rung | str, rows=None) -> dict | None:
     return {key: row["pct"] for key, row in _decode_best(r, rows).items()} or None
 
 
+def _pct(p: float) -> str:
+    """A share in percent: whole percents, one decimal below 1% (so 0.14% does not read as 0%)."""
+    return f"{p:.1f}%" if p < 1 else f"{p:.0f}%"
+
+
 def decode_table(rows=None) -> list[dict]:
     """One dict per decode rung: name, title, pct (``{(num_seqs, seq_len): % of the copy rate}`` or
     None), splits (``{(num_seqs, seq_len): num_splits}`` of those rows, or None) and figure (text:
@@ -572,7 +605,7 @@ def decode_table(rows=None) -> list[dict]:
         best = _decode_best(r, rows)
         items = sorted(best.items(), key=lambda kv: -kv[0][0])
         figure = NOT_MEASURED if not best else ", ".join(
-            f"{s} x {n}: {row['pct']:.0f}% ({row['num_splits']} split{'s' if row['num_splits'] > 1 else ''})"
+            f"{s} x {n}: {_pct(row['pct'])} ({row['num_splits']} split{'s' if row['num_splits'] > 1 else ''})"
             for (s, n), row in items)
         out.append(dict(name=r.name, title=r.title, pct={k: row["pct"] for k, row in best.items()} or None,
                         splits={k: row["num_splits"] for k, row in best.items()} or None, figure=figure))

@@ -428,19 +428,31 @@ IMPL_COLOURS = {"naive": "tab:red", "kernel": "tab:blue", "mma": "tab:purple", "
 _IMPL_MARKERS = {"naive": "o", "kernel": "s", "mma": "D", "torch": "^"}
 
 
-def _end_labels(ax, labels, *, near=0.12, gap=9):
-    """Write each (x, y, text, colour) just right of its point; labels whose y lie within ``near`` decades
-    of each other are spread ``gap`` points apart so that none covers another."""
-    labels = sorted(labels, key=lambda t: t[1])
-    groups = []
-    for label in labels:
-        if groups and np.log10(label[1]) - np.log10(groups[-1][-1][1]) < near:
-            groups[-1].append(label)
-        else:
-            groups.append([label])
-    for group in groups:
-        for i, (x, y, text, colour) in enumerate(group):
-            ax.annotate(text, (x, y), xytext=(5, (i - (len(group) - 1) / 2) * gap), textcoords="offset points",
+def _end_labels(ax, labels, *, gap=10):
+    """Write each (x, y, text, colour) just right of its point, the labels spread apart vertically so that
+    no two are closer than ``gap`` points: labels that would be closer form a group, centred on the mean
+    height of its points (in display coordinates, so on log axes too). Call after the axes' scales and
+    limits are set."""
+    if not labels:
+        return
+    ax.get_xlim(), ax.get_ylim()                  # settle the autoscaled limits before reading transData
+    to_points = 72.0 / ax.figure.dpi
+    want = sorted((ax.transData.transform((x, y))[1] * to_points, (x, y, text, colour))
+                  for x, y, text, colour in labels)
+    groups = []                                   # [sum of wanted heights, labels]: centred at the mean
+    for h, label in want:
+        groups.append([h, [(h, label)]])
+        while len(groups) > 1:
+            (s0, g0), (s1, g1) = groups[-2], groups[-1]
+            top0 = s0 / len(g0) + (len(g0) - 1) * gap / 2
+            bottom1 = s1 / len(g1) - (len(g1) - 1) * gap / 2
+            if bottom1 - top0 >= gap:
+                break
+            groups[-2:] = [[s0 + s1, g0 + g1]]
+    for total, group in groups:
+        first = total / len(group) - (len(group) - 1) * gap / 2
+        for i, (h, (x, y, text, colour)) in enumerate(group):
+            ax.annotate(text, (x, y), xytext=(5, first + i * gap - h), textcoords="offset points",
                         fontsize=8, va="center", color=colour)
 
 
@@ -483,8 +495,6 @@ def recorded_backward_figure(run, *, dtype="float16", figsize=(10.5, 7.2), dpi=9
             bottom.plot(n, mib, **style)
             ends[top].append((n[-1], ms[-1], f"{ms[-1]:.2f} ms", IMPL_COLOURS[impl]))
             ends[bottom].append((n[-1], mib[-1], f"{mib[-1]:,.0f} MiB", IMPL_COLOURS[impl]))
-        for ax, labels in ends.items():
-            _end_labels(ax, labels)
         for ax in (top, bottom):
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
@@ -498,6 +508,8 @@ def recorded_backward_figure(run, *, dtype="float16", figsize=(10.5, 7.2), dpi=9
         bottom.set_ylabel("peak extra device memory (MiB)", fontsize=9.5)
         bottom.set_xlabel("sequence length N", fontsize=9.5)
         top.tick_params(labelbottom=False)
+        for ax, labels in ends.items():               # after the scales and limits: spaced in points
+            _end_labels(ax, labels)
     handles, labels = top.get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8.5, frameon=False)
     heads = rows[0]["heads"]

@@ -38,6 +38,13 @@ def ladder_figure(points, *, label: str, hardware=H200):
         name = "fp16/bf16 tensor cores" if prec == "bf16" else "fp32 CUDA cores"
         ax.annotate(f"{name} {hardware.peak_flops[prec] / 1e12:.0f} TFLOP/s", (xs[-1], hardware.peak_flops[prec] / 1e12),
                     xytext=(-4, 4), textcoords="offset points", ha="right", va="bottom", fontsize=8, color="#444444")
+    ax.set_xlim(xs[0], xs[-1])
+    ax.set_ylim(3, 2000)
+    (x0, y0), (x1, y1) = ax.transData.transform([(5.0, hardware.hbm_bytes_per_s * 5.0 / 1e12),
+                                                 (10.0, hardware.hbm_bytes_per_s * 10.0 / 1e12)])
+    ax.annotate(f"HBM {hardware.hbm_bytes_per_s / 1e12:.1f} TB/s", (5.0, hardware.hbm_bytes_per_s * 5.0 / 1e12),
+                xytext=(0, 4), textcoords="offset points", ha="left", va="bottom", fontsize=8, color="#444444",
+                rotation=np.degrees(np.arctan2(y1 - y0, x1 - x0)), rotation_mode="anchor")   # along the roof
     markers = {64: "o", 128: "s"}
     for p in points:
         if p["tflops"] is None:
@@ -50,7 +57,8 @@ def ladder_figure(points, *, label: str, hardware=H200):
     ax.set_ylim(3, 2000)
     ax.set_xlabel("arithmetic intensity (FLOPs per HBM byte, IO model)", fontsize=9.5)
     ax.set_ylabel("TFLOP/s", fontsize=9.5)
-    ax.set_title("rungs under the roofs (dot d = 64, open square d = 128)", fontsize=9.5, loc="left")
+    ax.set_title("rungs under the roofs (dot d = 64, open square d = 128; colours as on the right)",
+                 fontsize=9.5, loc="left")
     ax.grid(True, which="major", color="#eeeeee", lw=0.6)
     tidy(ax)
 

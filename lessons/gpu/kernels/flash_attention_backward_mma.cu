@@ -81,6 +81,8 @@
 // Defines: HEAD_DIM (64 or 128), DKDV_BLOCK_Q and DQ_BLOCK_K (multiples of 16),
 // FA_DTYPE 1 (float16) or 2 (bfloat16).
 #include "common.cuh"
+// the plumbing of the tensor cores: pack2f, mma_16x8x16, saddr, ldmatrix_x2
+#include "tensor_core.cuh"
 
 #ifndef HEAD_DIM
 #error "compile with -DHEAD_DIM=<d>"
@@ -103,28 +105,6 @@ static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "the tensor-core backward takes
 static_assert(DKDV_BLOCK_Q % 16 == 0 && DKDV_BLOCK_Q >= 16 && DKDV_BLOCK_Q <= 64, "DKDV_BLOCK_Q: 16, 32, 48 or 64");
 static_assert(DQ_BLOCK_K % 16 == 0 && DQ_BLOCK_K >= 16 && DQ_BLOCK_K <= 64, "DQ_BLOCK_K: 16, 32, 48 or 64");
 
-// Two 16-bit values in one 32-bit register, the lower-indexed element in the low half.
-__device__ __forceinline__ unsigned pack2(scalar_t lo, scalar_t hi) {
-    return (unsigned)lo | ((unsigned)hi << 16);
-}
-__device__ __forceinline__ unsigned pack2f(float lo, float hi) { return pack2(from_float(lo), from_float(hi)); }
-
-// c += a * b for one 16x16 (a) times 16x8 (b) tile: one tensor-core instruction per warp.
-__device__ __forceinline__ void mma_16x8x16(float c[4], const unsigned a[4], const unsigned b[2]) {
-#ifdef FA_CPU_EMULATION
-    emu::mma_m16n8k16(c, a, b, to_float);          // the same layout, computed on CPU threads
-#else
-#if FA_DTYPE == 1
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-#else
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-#endif
-                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#endif
-}
-
 // The A fragment of rows row .. row + 15, columns col .. col + 15 of a row-major tile m with
 // `pitch` values per row (shared or global memory); rows at or past n_rows read as zeros.
 __device__ __forceinline__ void load_a(unsigned a[4], const scalar_t* m, long long pitch, int row, int n_rows,
@@ -138,58 +118,17 @@ __device__ __forceinline__ void load_a(unsigned a[4], const scalar_t* m, long lo
     a[3] = has_hi ? *reinterpret_cast<const unsigned*>(hi + 8) : 0u;
 }
 
-// ---- ldmatrix (PTX ISA 7.0+, sm_80+): a warp loads the 8x8 16-bit matrices of a fragment ------
-// .x2: lanes 0..7 name the 8 rows of matrix 0, lanes 8..15 those of matrix 1 (lanes 16..31 are
-// not read, but name valid rows too); lane L receives, of matrix i, row L/4 elements 2(L%4) and
-// 2(L%4)+1 in register i (.trans: column L/4, rows 2(L%4) and 2(L%4)+1). One instruction
-// replaces each lane's two 32-bit loads, or four 16-bit loads and two packs.
-#ifdef FA_CPU_EMULATION
-inline const unsigned short* ldm_rows[1024];
-// ldmatrix .x2 by its definition (above), between two warp barriers, as the emulated mma
-inline void ldmatrix_x2(unsigned b[2], const unsigned short* row, bool trans) {
-    const unsigned tid = threadIdx.x, first = tid & ~31u, lane = tid & 31u;
-    ldm_rows[tid] = row;
-    __syncwarp();                                  // every lane has published its row address
-    for (int i = 0; i < 2; ++i) {
-        unsigned short lo, hi;
-        if (!trans) {
-            const unsigned short* r = ldm_rows[first + 8 * i + lane / 4];
-            lo = r[2 * (lane % 4)]; hi = r[2 * (lane % 4) + 1];
-        } else {
-            lo = ldm_rows[first + 8 * i + 2 * (lane % 4)][lane / 4];
-            hi = ldm_rows[first + 8 * i + 2 * (lane % 4) + 1][lane / 4];
-        }
-        b[i] = (unsigned)lo | ((unsigned)hi << 16);
-    }
-    __syncwarp();                                  // every lane has read before the next load
-}
-#else
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-    unsigned a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-__device__ __forceinline__ void ldmatrix_x2(unsigned b[2], const unsigned short* row, bool trans) {
-    if (trans)
-        asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
-                     : "=r"(b[0]), "=r"(b[1]) : "r"(smem_u32(row)));
-    else
-        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
-                     : "=r"(b[0]), "=r"(b[1]) : "r"(smem_u32(row)));
-}
-#endif
-
 // The B fragment of B = M^T, B[k][n] = M[n0 + n][k0 + k] (k 0..15, n 0..7), M a row-major
 // shared tile: b0 = M[n0 + g][k0 + 2t, 2t + 1], b1 = the same 8 columns on. Matrix i of the
 // ldmatrix is rows n0 .. n0 + 7, columns k0 + 8i .. k0 + 8i + 7, read as stored.
 __device__ __forceinline__ void load_b_transposed(unsigned b[2], const scalar_t* m, int n0, int k0, int lane) {
-    ldmatrix_x2(b, m + (n0 + lane % 8) * PITCH + k0 + 8 * ((lane / 8) % 2), false);
+    ldmatrix_x2(b, saddr(m + (n0 + lane % 8) * PITCH + k0 + 8 * ((lane / 8) % 2)), false);
 }
 
 // The B fragment of B = M, B[k][n] = M[k0 + k][n0 + n]: b0 = M[k0 + 2t, 2t + 1][n0 + g], b1 the
 // same 8 rows on. Matrix i is rows k0 + 8i .. k0 + 8i + 7, columns n0 .. n0 + 7, transposed.
 __device__ __forceinline__ void load_b(unsigned b[2], const scalar_t* m, int k0, int n0, int lane) {
-    ldmatrix_x2(b, m + (k0 + 8 * ((lane / 8) % 2) + lane % 8) * PITCH + n0, true);
+    ldmatrix_x2(b, saddr(m + (k0 + 8 * ((lane / 8) % 2) + lane % 8) * PITCH + n0), true);
 }
 
 // Rows first .. first + n_rows_tile - 1 of a (n_rows, HEAD_DIM) matrix into a shared tile,

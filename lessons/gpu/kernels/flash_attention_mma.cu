@@ -58,6 +58,8 @@
 // Defines: HEAD_DIM (a multiple of 16, 16..256), BLOCK_K (a multiple of 16),
 // FA_DTYPE 1 (float16) or 2 (bfloat16), FA_TRACE. Needs sm_80 or newer.
 #include "common.cuh"
+// the plumbing of the tensor cores: pack2, pack2f, non_finite, finite_part, mma_16x8x16, load_a_fragment
+#include "tensor_core.cuh"
 
 #ifndef HEAD_DIM
 #error "compile with -DHEAD_DIM=<d>"
@@ -80,64 +82,6 @@
 static_assert(FA_DTYPE == 1 || FA_DTYPE == 2, "tensor cores take float16 or bfloat16 inputs");
 static_assert(HEAD_DIM % 16 == 0 && HEAD_DIM >= 16 && HEAD_DIM <= 256, "HEAD_DIM must be a multiple of 16 in 16..256");
 static_assert(BLOCK_K % 16 == 0 && BLOCK_K >= 16 && BLOCK_K <= 128, "BLOCK_K must be a multiple of 16 in 16..128");
-
-// Two 16-bit values in one 32-bit register, the lower-indexed element in the low half.
-__device__ __forceinline__ unsigned pack2(scalar_t lo, scalar_t hi) {
-    return (unsigned)lo | ((unsigned)hi << 16);
-}
-
-// Is a 16-bit float inf or NaN? (all exponent bits set: 5 of float16, 8 of bfloat16)
-#if FA_DTYPE == 1
-#define EXPONENT_BITS 0x7c00u
-#else
-#define EXPONENT_BITS 0x7f80u
-#endif
-__device__ __forceinline__ bool non_finite(scalar_t x) { return (x & EXPONENT_BITS) == EXPONENT_BITS; }
-
-// Copy 8 16-bit values (one 16-byte word) with every inf or NaN replaced by 0; *bad is set
-// when there was one.
-__device__ __forceinline__ uint4 finite_part(uint4 w, bool* bad) {
-    unsigned* u = reinterpret_cast<unsigned*>(&w);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const scalar_t lo = (scalar_t)(u[i] & 0xffffu), hi = (scalar_t)(u[i] >> 16);
-        const bool bad_lo = non_finite(lo), bad_hi = non_finite(hi);
-        *bad = *bad || bad_lo || bad_hi;
-        u[i] = pack2(bad_lo ? (scalar_t)0 : lo, bad_hi ? (scalar_t)0 : hi);
-    }
-    return w;
-}
-
-// c += a * b for one 16x16 (a) times 16x8 (b) tile: one tensor-core instruction per warp.
-__device__ __forceinline__ void mma_16x8x16(float c[4], const unsigned a[4], const unsigned b[2]) {
-#ifdef FA_CPU_EMULATION
-    emu::mma_m16n8k16(c, a, b, to_float);          // the same layout, computed on CPU threads
-#else
-#if FA_DTYPE == 1
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-#else
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-#endif
-                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#endif
-}
-
-// The A fragment of rows (row_lo, row_lo + 8), columns col .. col + 15 of a row-major
-// matrix with `pitch` values per row; rows at or past n_rows read as zeros.
-__device__ __forceinline__ void load_a_fragment(unsigned a[4], const scalar_t* m, long long pitch,
-                                                int row_lo, int n_rows, int col, int t) {
-    const int c = col + 2 * t;
-    const scalar_t zero = 0;
-    const scalar_t* lo = m + (long long)row_lo * pitch;
-    const scalar_t* hi = lo + 8 * pitch;
-    const bool has_lo = row_lo < n_rows, has_hi = row_lo + 8 < n_rows;
-    a[0] = has_lo ? pack2(lo[c], lo[c + 1]) : pack2(zero, zero);
-    a[1] = has_hi ? pack2(hi[c], hi[c + 1]) : pack2(zero, zero);
-    a[2] = has_lo ? pack2(lo[c + 8], lo[c + 9]) : pack2(zero, zero);
-    a[3] = has_hi ? pack2(hi[c + 8], hi[c + 9]) : pack2(zero, zero);
-}
 
 // q: (batch*heads, n_q, HEAD_DIM), k, v: (batch*heads, n_k, HEAD_DIM), 16-bit, C-contiguous,
 // each 16-byte aligned. out: like q; lse: (batch*heads, n_q) float32.
@@ -289,10 +233,10 @@ flash_attention_mma(const scalar_t* __restrict__ q, const scalar_t* __restrict__
 #pragma unroll
         for (int ks = 0; ks < KEY_STEPS; ++ks) {
             const unsigned p_frag[4] = {
-                pack2(from_float(s[2 * ks][0]), from_float(s[2 * ks][1])),
-                pack2(from_float(s[2 * ks][2]), from_float(s[2 * ks][3])),
-                pack2(from_float(s[2 * ks + 1][0]), from_float(s[2 * ks + 1][1])),
-                pack2(from_float(s[2 * ks + 1][2]), from_float(s[2 * ks + 1][3]))};
+                pack2f(s[2 * ks][0], s[2 * ks][1]),
+                pack2f(s[2 * ks][2], s[2 * ks][3]),
+                pack2f(s[2 * ks + 1][0], s[2 * ks + 1][1]),
+                pack2f(s[2 * ks + 1][2], s[2 * ks + 1][3])};
             const scalar_t* v_col = v_s + (ks * 16 + 2 * t) * K_PITCH + g;
 #pragma unroll
             for (int n = 0; n < O_TILES; ++n) {

@@ -27,6 +27,9 @@
 // Launch: grid = (ceil(n_q / 64), batch * heads), block = 128 threads (4 warps).
 // Defines: HEAD_DIM (a multiple of 16, 16..256), BLOCK_K (16, 32 or 64), FA_DTYPE 1 or 2, FA_TRACE. sm_80+.
 #include "common.cuh"
+// the plumbing of the tensor cores: pack2f, non_finite, finite_part, mma_16x8x16, load_a_fragment,
+// cp_async16 / cp_async_commit / cp_async_wait, ldmatrix_x2
+#include "tensor_core.cuh"
 
 #ifndef HEAD_DIM
 #error "compile with -DHEAD_DIM=<d>"
@@ -49,111 +52,6 @@
 static_assert(FA_DTYPE == 1 || FA_DTYPE == 2, "tensor cores take float16 or bfloat16 inputs");
 static_assert(HEAD_DIM % 16 == 0 && HEAD_DIM >= 16 && HEAD_DIM <= 256, "HEAD_DIM must be a multiple of 16 in 16..256");
 static_assert(BLOCK_K == 16 || BLOCK_K == 32 || BLOCK_K == 64, "BLOCK_K must be 16, 32 or 64");
-
-// Two 16-bit values in one 32-bit register, the lower-indexed element in the low half.
-__device__ __forceinline__ unsigned pack2(scalar_t lo, scalar_t hi) {
-    return (unsigned)lo | ((unsigned)hi << 16);
-}
-
-// Is a 16-bit float inf or NaN? (all exponent bits set: 5 of float16, 8 of bfloat16)
-#if FA_DTYPE == 1
-#define EXPONENT_BITS 0x7c00u
-#else
-#define EXPONENT_BITS 0x7f80u
-#endif
-__device__ __forceinline__ bool non_finite(scalar_t x) { return (x & EXPONENT_BITS) == EXPONENT_BITS; }
-
-// Copy 8 16-bit values (one 16-byte word) with every inf or NaN replaced by 0; *bad is set
-// when there was one.
-__device__ __forceinline__ uint4 finite_part(uint4 w, bool* bad) {
-    unsigned* u = reinterpret_cast<unsigned*>(&w);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const scalar_t lo = (scalar_t)(u[i] & 0xffffu), hi = (scalar_t)(u[i] >> 16);
-        const bool bad_lo = non_finite(lo), bad_hi = non_finite(hi);
-        *bad = *bad || bad_lo || bad_hi;
-        u[i] = pack2(bad_lo ? (scalar_t)0 : lo, bad_hi ? (scalar_t)0 : hi);
-    }
-    return w;
-}
-
-// c += a * b for one 16x16 (a) times 16x8 (b) tile: one tensor-core instruction per warp.
-__device__ __forceinline__ void mma_16x8x16(float c[4], const unsigned a[4], const unsigned b[2]) {
-#ifdef FA_CPU_EMULATION
-    emu::mma_m16n8k16(c, a, b, to_float);          // the same layout, computed on CPU threads
-#else
-#if FA_DTYPE == 1
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-#else
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-#endif
-                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#endif
-}
-
-// The A fragment of rows (row_lo, row_lo + 8), columns col .. col + 15 of a row-major
-// matrix with `pitch` values per row; rows at or past n_rows read as zeros.
-__device__ __forceinline__ void load_a_fragment(unsigned a[4], const scalar_t* m, long long pitch,
-                                                int row_lo, int n_rows, int col, int t) {
-    const int c = col + 2 * t;
-    const scalar_t zero = 0;
-    const scalar_t* lo = m + (long long)row_lo * pitch;
-    const scalar_t* hi = lo + 8 * pitch;
-    const bool has_lo = row_lo < n_rows, has_hi = row_lo + 8 < n_rows;
-    a[0] = has_lo ? pack2(lo[c], lo[c + 1]) : pack2(zero, zero);
-    a[1] = has_hi ? pack2(hi[c], hi[c + 1]) : pack2(zero, zero);
-    a[2] = has_lo ? pack2(lo[c + 8], lo[c + 9]) : pack2(zero, zero);
-    a[3] = has_hi ? pack2(hi[c + 8], hi[c + 9]) : pack2(zero, zero);
-}
-
-// ---- cp.async and ldmatrix (PTX ISA 7.0+, sm_80+) -----------------------------------------
-#ifdef FA_CPU_EMULATION
-#define ASYNC_THREADS 1024
-inline const unsigned short* ldm_rows[ASYNC_THREADS];
-inline void cp_async16(void* dst, const void* src) { __builtin_memcpy(dst, src, 16); }
-inline void cp_async_commit() {}
-inline void cp_async_wait_one() {}
-// ldmatrix .x2 by its definition: lane 8i + r names row r of matrix i; lane L receives, of
-// each matrix i, row L/4 elements 2(L%4), 2(L%4)+1 (or, .trans, column L/4 of rows 2(L%4), 2(L%4)+1).
-inline void ldmatrix_x2(unsigned b[2], const unsigned short* row, bool trans) {
-    const unsigned tid = threadIdx.x, first = tid & ~31u, lane = tid & 31u;
-    ldm_rows[tid] = row;
-    __syncwarp();
-    for (int i = 0; i < 2; ++i) {
-        unsigned short lo, hi;
-        if (!trans) {
-            const unsigned short* r = ldm_rows[first + 8 * i + lane / 4];
-            lo = r[2 * (lane % 4)]; hi = r[2 * (lane % 4) + 1];
-        } else {
-            lo = ldm_rows[first + 8 * i + 2 * (lane % 4)][lane / 4];
-            hi = ldm_rows[first + 8 * i + 2 * (lane % 4) + 1][lane / 4];
-        }
-        b[i] = (unsigned)lo | ((unsigned)hi << 16);
-    }
-    __syncwarp();
-}
-#else
-__device__ __forceinline__ unsigned smem_u32(const void* p) {
-    unsigned a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(smem_u32(dst)), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
-__device__ __forceinline__ void ldmatrix_x2(unsigned b[2], const unsigned short* row, bool trans) {
-    if (trans)
-        asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
-                     : "=r"(b[0]), "=r"(b[1]) : "r"(smem_u32(row)));
-    else
-        asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];"
-                     : "=r"(b[0]), "=r"(b[1]) : "r"(smem_u32(row)));
-}
-#endif
 
 // Start the copies of key tile `tile` into one stage: 16 bytes per cp.async, zeros past n_k.
 __device__ __forceinline__ void issue_tile(scalar_t* k_st, scalar_t* v_st, const scalar_t* k_bh,
@@ -239,7 +137,7 @@ flash_attention_mma_async(const scalar_t* __restrict__ q, const scalar_t* __rest
             issue_tile(k_stage[(tile + 1) & 1], v_stage[(tile + 1) & 1], k_bh, v_bh, tile + 1, n_k, tid);
         else
             cp_async_commit();                       // an empty group keeps the count
-        cp_async_wait_one();
+        cp_async_wait<1>();
         bool v_had_non_finite = false;
         for (int idx = tid; idx < BLOCK_K * (HEAD_DIM / 8); idx += NUM_THREADS) {
             const int j = idx / (HEAD_DIM / 8), c = (idx % (HEAD_DIM / 8)) * 8;
@@ -268,7 +166,7 @@ flash_attention_mma_async(const scalar_t* __restrict__ q, const scalar_t* __rest
             for (int n = 0; n < S_TILES; ++n) {
                 // lane 8i + r names row 8n + r, columns ds*16 + 8i .. +7 (matrix i = b[i])
                 unsigned b[2];
-                ldmatrix_x2(b, k_s + (n * 8 + lane % 8) * K_PITCH + ds * 16 + 8 * ((lane / 8) % 2), false);
+                ldmatrix_x2(b, saddr(k_s + (n * 8 + lane % 8) * K_PITCH + ds * 16 + 8 * ((lane / 8) % 2)), false);
                 mma_16x8x16(s[n], q_ds, b);
             }
         }
@@ -324,15 +222,15 @@ flash_attention_mma_async(const scalar_t* __restrict__ q, const scalar_t* __rest
 #pragma unroll
         for (int ks = 0; ks < KEY_STEPS; ++ks) {
             const unsigned p_frag[4] = {
-                pack2(from_float(s[2 * ks][0]), from_float(s[2 * ks][1])),
-                pack2(from_float(s[2 * ks][2]), from_float(s[2 * ks][3])),
-                pack2(from_float(s[2 * ks + 1][0]), from_float(s[2 * ks + 1][1])),
-                pack2(from_float(s[2 * ks + 1][2]), from_float(s[2 * ks + 1][3]))};
+                pack2f(s[2 * ks][0], s[2 * ks][1]),
+                pack2f(s[2 * ks][2], s[2 * ks][3]),
+                pack2f(s[2 * ks + 1][0], s[2 * ks + 1][1]),
+                pack2f(s[2 * ks + 1][2], s[2 * ks + 1][3])};
 #pragma unroll
             for (int n = 0; n < O_TILES; ++n) {
                 // lane 8i + r names row 16ks + 8i + r, columns 8n .. 8n+7; .trans hands each lane a column
                 unsigned b[2];
-                ldmatrix_x2(b, v_s + (ks * 16 + 8 * ((lane / 8) % 2) + lane % 8) * K_PITCH + n * 8, true);
+                ldmatrix_x2(b, saddr(v_s + (ks * 16 + 8 * ((lane / 8) % 2) + lane % 8) * K_PITCH + n * 8), true);
                 mma_16x8x16(o[n], p_frag, b);
             }
         }

@@ -46,6 +46,9 @@
 // Defines: HEAD_DIM (64 or 128), BLOCK_Q (64 or 128), BLOCK_K (32 or 64), MIN_BLOCKS (blocks per
 // SM promised to ptxas), FA_DTYPE 1 or 2, FA_TRACE. sm_80+.
 #include "common.cuh"
+// the plumbing of the tensor cores: pack2f, non_finite, chunk_non_finite, finite_part, mma_16x8x16,
+// saddr / sadd (32-bit shared-memory addresses), cp_async16 / cp_async_commit / cp_async_wait, ldmatrix_x4
+#include "tensor_core.cuh"
 
 #ifndef HEAD_DIM
 #error "compile with -DHEAD_DIM=<d>"
@@ -81,13 +84,11 @@ static_assert(BLOCK_Q * HEAD_DIM <= STAGE_ELEMS, "the Q tile must fit in one K/V
 // HEAD_DIM values per row. Mirrored by lessons.gpu.source.fa2_swizzle (tested there).
 __device__ __forceinline__ int swz(int row, int chunk) { return row * HEAD_DIM + ((chunk ^ (row & 7)) << 3); }
 
-__device__ __forceinline__ unsigned pack2(scalar_t lo, scalar_t hi) { return (unsigned)lo | ((unsigned)hi << 16); }
-
 // Two floats rounded (to nearest even) to 16 bits and packed, lo in the low half: one
 // cvt.rn.{f16x2,bf16x2}.f32 instruction on sm_80+ (the operand order puts hi first).
 __device__ __forceinline__ unsigned pack_float2(float lo, float hi) {
 #ifdef FA_CPU_EMULATION
-    return pack2(from_float(lo), from_float(hi));
+    return pack2f(lo, hi);
 #else
     unsigned r;
 #if FA_DTYPE == 1
@@ -97,34 +98,6 @@ __device__ __forceinline__ unsigned pack_float2(float lo, float hi) {
 #endif
     return r;
 #endif
-}
-
-#if FA_DTYPE == 1
-#define EXPONENT_BITS 0x7c00u
-#else
-#define EXPONENT_BITS 0x7f80u
-#endif
-__device__ __forceinline__ bool non_finite(scalar_t x) { return (x & EXPONENT_BITS) == EXPONENT_BITS; }
-
-// Does a 16-byte chunk (8 16-bit values) hold an inf or NaN? 8 masked compares, no conversions.
-__device__ __forceinline__ bool chunk_non_finite(uint4 w) {
-    const unsigned lo = EXPONENT_BITS, hi = EXPONENT_BITS << 16;
-    const unsigned u[4] = {w.x, w.y, w.z, w.w};
-    bool bad = false;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) bad = bad || (u[i] & lo) == lo || (u[i] & hi) == hi;
-    return bad;
-}
-
-// The chunk with every inf or NaN replaced by 0.
-__device__ __forceinline__ uint4 finite_part(uint4 w) {
-    unsigned u[4] = {w.x, w.y, w.z, w.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const scalar_t lo = (scalar_t)(u[i] & 0xffffu), hi = (scalar_t)(u[i] >> 16);
-        u[i] = pack2(non_finite(lo) ? (scalar_t)0 : lo, non_finite(hi) ? (scalar_t)0 : hi);
-    }
-    return make_uint4(u[0], u[1], u[2], u[3]);
 }
 
 // 2^x: one ex2.approx on the GPU (ex2.approx(-inf) = +0).
@@ -137,79 +110,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
     return y;
 #endif
 }
-
-// c += a * b for one 16x16 (a) times 16x8 (b) tile: one tensor-core instruction per warp.
-__device__ __forceinline__ void mma_16x8x16(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
-#ifdef FA_CPU_EMULATION
-    const unsigned b[2] = {b0, b1};
-    emu::mma_m16n8k16(c, a, b, to_float);
-#else
-#if FA_DTYPE == 1
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-#else
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-#endif
-                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-#endif
-}
-
-// ---- cp.async and ldmatrix.x4 (PTX ISA 7.0+, sm_80+) ---------------------------------------
-// A shared-memory address: on the GPU a 32-bit address in the shared window (computed once
-// from the array, then plain integer adds: no generic-to-shared conversion per instruction);
-// on the emulator a pointer. sadd(a, e) is the address e 16-bit values further on.
-#ifdef FA_CPU_EMULATION
-typedef unsigned short* saddr_t;
-inline saddr_t saddr(scalar_t* p) { return p; }
-inline saddr_t sadd(saddr_t a, int elems) { return a + elems; }
-inline const unsigned short* fa2_ldm_rows[1024];
-inline void cp_async16(saddr_t dst, const void* src) { __builtin_memcpy(dst, src, 16); }
-inline void cp_async_commit() {}
-template <int N> inline void cp_async_wait() {}
-// ldmatrix .x4 by its definition: lane 8i + r names row r of matrix i; lane L receives, of each
-// matrix i, row L/4 elements 2(L%4), 2(L%4)+1 (.trans: column L/4 of rows 2(L%4), 2(L%4)+1).
-inline void ldmatrix_x4(unsigned r[4], saddr_t row, bool trans) {
-    const unsigned tid = threadIdx.x, first = tid & ~31u, lane = tid & 31u;
-    fa2_ldm_rows[tid] = row;
-    __syncwarp();
-    for (int i = 0; i < 4; ++i) {
-        unsigned short lo, hi;
-        if (!trans) {
-            const unsigned short* p = fa2_ldm_rows[first + 8 * i + lane / 4];
-            lo = p[2 * (lane % 4)]; hi = p[2 * (lane % 4) + 1];
-        } else {
-            lo = fa2_ldm_rows[first + 8 * i + 2 * (lane % 4)][lane / 4];
-            hi = fa2_ldm_rows[first + 8 * i + 2 * (lane % 4) + 1][lane / 4];
-        }
-        r[i] = (unsigned)lo | ((unsigned)hi << 16);
-    }
-    __syncwarp();
-}
-#else
-typedef unsigned saddr_t;
-__device__ __forceinline__ saddr_t saddr(const void* p) {
-    unsigned a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-__device__ __forceinline__ saddr_t sadd(saddr_t a, int elems) { return a + 2u * (unsigned)elems; }
-__device__ __forceinline__ void cp_async16(saddr_t dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
-}
-__device__ __forceinline__ void ldmatrix_x4(unsigned r[4], saddr_t row, bool trans) {
-    if (trans)
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(row));
-    else
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(row));
-}
-#endif
 
 // Start copying ROWS rows (row0 ..) of a (n_rows, HEAD_DIM) matrix into a swizzled tile;
 // rows at or past n_rows are zero-filled (plain stores). No commit. Thread tid copies chunk
@@ -338,8 +238,8 @@ flash_attention_mma_fa2(const scalar_t* __restrict__ q, const scalar_t* __restri
             for (int n = 0; n < S_TILES; n += 2) {
                 unsigned b[4];
                 ldmatrix_x4(b, sadd(k_s, swz(n * 8 + 8 * (lane / 16) + lane % 8, 2 * ds + (lane / 8) % 2)), false);
-                mma_16x8x16(s[n], q_ds, b[0], b[1]);
-                mma_16x8x16(s[n + 1], q_ds, b[2], b[3]);
+                mma_16x8x16(s[n], q_ds, b);
+                mma_16x8x16(s[n + 1], q_ds, b + 2);
             }
         }
 
@@ -413,8 +313,8 @@ flash_attention_mma_fa2(const scalar_t* __restrict__ q, const scalar_t* __restri
             for (int n = 0; n < O_TILES; n += 2) {
                 unsigned b[4];
                 ldmatrix_x4(b, sadd(v_s, swz(ks * 16 + 8 * ((lane / 8) % 2) + lane % 8, n + lane / 16)), true);
-                mma_16x8x16(o[n], p_frag, b[0], b[1]);
-                mma_16x8x16(o[n + 1], p_frag, b[2], b[3]);
+                mma_16x8x16(o[n], p_frag, b);
+                mma_16x8x16(o[n + 1], p_frag, b + 2);
             }
         }
 
