@@ -427,8 +427,9 @@ def test_an_installed_package_without_the_recorded_run_says_where_it_comes_from(
     monkeypatch.setattr(recorded, "BACKWARD_CSV", tmp_path / "gone" / "backward" / "results.csv")
     monkeypatch.setattr(ladder, "RECORDED_CSV", tmp_path / "gone" / "forward" / "results.csv")
     monkeypatch.setattr(ladder, "DECODE_RECORDED", tmp_path / "gone" / "decode" / "results.csv")
+    monkeypatch.setattr(ladder, "PROFILED_DIR", tmp_path / "gone-too")
     for call in (recorded.recorded_label, recorded.read_backward_csv, recorded.recorded_backward,
                  lambda: recorded.backward_results(live=False), ladder.recorded_rows, ladder.ladder_table,
-                 ladder.speedup_claim, ladder.decode_recorded_rows, ladder.decode_table):
+                 ladder.speedup_claim, ladder.decode_recorded_rows, ladder.decode_table, ladder.sdpa_backends):
         with pytest.raises(FileNotFoundError, match="ships with the repository .*not with an installed package"):
             call()

@@ -586,3 +586,14 @@ def test_decode_rows_reject_malformed_lines_naming_them(tmp_path):
     # the good line reads as the raw CSV says
     (got,) = ladder.decode_recorded_rows(_write(tmp_path / "d.csv", [head, row]))
     assert got["pct"] == float(fields[7]) and got["ms"] == pytest.approx(float(fields[4]) * 1e3)
+
+
+def test_sdpa_backends_names_a_line_it_cannot_read(tmp_path):
+    good = (ladder.PROFILED_DIR / "sdpa_backends.txt").read_text().splitlines()
+    bad = tmp_path / "sdpa_backends.txt"
+    bad.write_text("\n".join(good[:2] + ["N=8192 d=128 causal=False MATH fwd 2.1 ms"]) + "\n")
+    with pytest.raises(ValueError, match=r"line 3: expected 'N=.. d=.. causal=.. <backend> fwd"):
+        ladder.sdpa_backends(path=bad)
+    bad.write_text("\n".join(good[:2] + ["N=8192 d=128 causal=False MATH fwd 2.1 ms fast TF/s"]) + "\n")
+    with pytest.raises(ValueError, match="line 3"):
+        ladder.sdpa_backends(path=bad)

@@ -438,21 +438,25 @@ def sdpa_backends(n: int = 8192, causal: bool = False, path: Path | None = None)
     TFLOP/s counted as here, 4 N^2 d per head). Returns ``{backend: {d: forward TFLOP/s}}`` for the rows
     with this ``n`` and ``causal``, e.g. ``["FLASH_ATTENTION"][64]``: torch's own FlashAttention-2
     kernel (mma.sync, like our rungs). Raises FileNotFoundError when the file is missing and ValueError
-    when it has no row for ``n`` and ``causal``."""
+    when it has no row for ``n`` and ``causal`` or a row it cannot read (the message names the line)."""
     n = check_int(n, "n", min=1)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be True or False, got {causal!r}")
-    path = PROFILED_DIR / "sdpa_backends.txt" if path is None else Path(path)
+    path = _shipped(PROFILED_DIR / "sdpa_backends.txt") if path is None else Path(path)
     out: dict = {}
-    for line in path.read_text().splitlines():
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
         fields = dict(f.split("=", 1) for f in line.split()[:3] if "=" in f)
         if set(fields) != {"N", "d", "causal"} or "fwd" not in line:
             continue                                         # the header line (torch version, device)
         if int(fields["N"]) != n or fields["causal"] != str(causal):
             continue
         words = line.split()
-        tflops = float(words[words.index("fwd") + 3])        # "fwd 0.488 ms 281.4 TF/s"
-        out.setdefault(words[3], {})[int(fields["d"])] = tflops
+        try:
+            tflops = float(words[words.index("fwd") + 3])    # "fwd 0.488 ms 281.4 TF/s"
+            out.setdefault(words[3], {})[int(fields["d"])] = tflops
+        except (ValueError, IndexError):
+            raise ValueError(f"{path}, line {number}: expected 'N=.. d=.. causal=.. <backend> fwd <ms> ms <TF/s> "
+                             f"TF/s', got {line!r}") from None
     if not out:
         raise ValueError(f"{path} has no row with N = {n}, causal = {causal}")
     return out
