@@ -17,7 +17,6 @@ FLOPs are counted as in ``benchmarks/gpu_attention.py``: ``4 N^2 d`` per head (2
 """
 from __future__ import annotations
 
-import csv
 import math
 import os
 from dataclasses import dataclass
@@ -25,8 +24,7 @@ from pathlib import Path
 
 from lessons.core.checks import check_int
 from lessons.cost.traffic import H200, flash_io, textbook_io
-from lessons.gpu.recorded import _shipped
-from lessons.gpu.recorded import RECORDED_DIR  # the recorded H200 run: forward/, backward/, decode/, README.md, env.txt
+from lessons.gpu.recorded import RECORDED_DIR, _shipped, csv_lines  # RECORDED_DIR: the H200 run (forward/, backward/, decode/)
 
 __all__ = ["Rung", "RUNGS", "RECORDED_DIR", "RECORDED_CSV", "RECORDED_LABEL", "PROFILED_DIR", "PROFILED_LABEL",
            "SDPA_KERNEL", "NOT_MEASURED", "rung", "attention_flops", "recorded_rows", "recorded", "ladder_table",
@@ -167,22 +165,9 @@ def _read_csv(path, columns: dict) -> list[dict]:
     that is malformed, negative or not finite (empty is None for int/float columns)."""
     if isinstance(path, bool) or not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"path must be a str or path, got {type(path).__name__} {path!r}")
-    with open(path, newline="", encoding="utf-8") as f:
-        try:
-            lines = list(enumerate(csv.reader(f), start=1))
-        except UnicodeDecodeError as err:
-            raise ValueError(f"{path} is not UTF-8 text ({err})") from None
-    header = lines[0][1] if lines else []
-    missing = [c for c in columns if c not in header]
-    if missing:
-        raise ValueError(f"{path} must have the columns {list(columns)}; missing {missing}")
     rows = []
-    for line, fields in lines[1:]:
-        if not fields:
-            continue
-        if len(fields) != len(header):
-            raise ValueError(f"{path}, line {line}: {len(fields)} fields, the header has {len(header)}")
-        raw, row = dict(zip(header, fields)), {}
+    for line, raw in csv_lines(path, columns):
+        row = {}
         for column, kind in columns.items():
             text = raw[column]
             if kind is str or text == "":

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from lessons.core.checks import check_int
 
-__all__ = ["RECORDED_DIR", "BACKWARD_CSV", "IMPLS", "IMPL_TITLES", "TORCH_GOAL", "BackwardRun", "BackwardSummary",
+__all__ = ["RECORDED_DIR", "BACKWARD_CSV", "csv_lines", "IMPLS", "IMPL_TITLES", "TORCH_GOAL", "BackwardRun", "BackwardSummary",
            "recorded_label", "read_backward_csv", "recorded_backward", "measure_backward", "backward_results",
            "backward_row", "backward_summary", "backward_table", "backward_findings"]
 
@@ -142,6 +142,31 @@ def _number(text, kind, path, line, column):
 _MEASURED = ("seconds", "tflops", "peak_bytes")
 
 
+def csv_lines(path, columns) -> list[tuple[int, dict]]:
+    """(line number, {column: text}) for each non-blank line of the CSV at ``path`` after its header.
+
+    ``columns``: the names the header must have. Raises ValueError naming the file (and line) for a file
+    that is not UTF-8 text, a missing column, or a line with more or fewer fields than the header.
+    """
+    with open(path, newline="", encoding="utf-8") as f:
+        try:
+            lines = list(enumerate(csv.reader(f), start=1))
+        except UnicodeDecodeError as err:
+            raise ValueError(f"{path} is not UTF-8 text ({err})") from None
+    header = lines[0][1] if lines else []
+    missing = [c for c in columns if c not in header]
+    if missing:
+        raise ValueError(f"{path} must have the columns {list(columns)}; missing {missing}")
+    out = []
+    for line, fields in lines[1:]:
+        if not fields:                      # a blank line, as csv.DictReader skips it
+            continue
+        if len(fields) != len(header):
+            raise ValueError(f"{path}, line {line}: {len(fields)} fields, the header has {len(header)}")
+        out.append((line, dict(zip(header, fields))))
+    return out
+
+
 def read_backward_csv(path=None) -> list[dict]:
     """The rows of a backward ``results.csv`` (default :data:`BACKWARD_CSV`), typed.
 
@@ -158,21 +183,7 @@ def read_backward_csv(path=None) -> list[dict]:
     """
     path = _shipped(BACKWARD_CSV) if path is None else _path(path, "path")
     rows, seen = [], {}
-    with open(path, newline="", encoding="utf-8") as f:
-        try:
-            lines = list(enumerate(csv.reader(f), start=1))
-        except UnicodeDecodeError as err:
-            raise ValueError(f"{path} is not UTF-8 text ({err})") from None
-    header = lines[0][1] if lines else []
-    missing = [c for c in _COLUMNS if c not in header]
-    if missing:
-        raise ValueError(f"{path} must have the columns {list(_COLUMNS)}; missing {missing}")
-    for line, fields in lines[1:]:
-        if not fields:                      # a blank line, as csv.DictReader skips it
-            continue
-        if len(fields) != len(header):
-            raise ValueError(f"{path}, line {line}: {len(fields)} fields, the header has {len(header)}")
-        r = dict(zip(header, fields))
+    for line, r in csv_lines(path, _COLUMNS):
         if r["impl"] not in IMPLS:
             raise ValueError(f"{path}, line {line}: column 'impl' must be one of {list(IMPLS)}, got {r['impl']!r}")
         if r["causal"] not in ("True", "False"):
