@@ -17,14 +17,12 @@ FLOPs are counted as in ``benchmarks/gpu_attention.py``: ``4 N^2 d`` per head (2
 """
 from __future__ import annotations
 
-import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from lessons.core.checks import check_int
 from lessons.cost.traffic import H200, flash_io, textbook_io
-from lessons.gpu.recorded import RECORDED_DIR, _shipped, csv_lines  # RECORDED_DIR: the H200 run (forward/, backward/, decode/)
+from lessons.gpu.recorded import RECORDED_DIR, _shipped, typed_csv_rows  # RECORDED_DIR: the H200 run (forward/, backward/, decode/)
 
 __all__ = ["Rung", "RUNGS", "RECORDED_DIR", "RECORDED_CSV", "RECORDED_LABEL", "PROFILED_DIR", "PROFILED_LABEL",
            "SDPA_KERNEL", "NOT_MEASURED", "rung", "attention_flops", "recorded_rows", "recorded", "ladder_table",
@@ -159,32 +157,6 @@ def attention_flops(n: int, d: int, heads: int = 1, causal: bool = False) -> flo
     return 4.0 * n * n * d * heads * (0.5 if causal else 1.0)
 
 
-def _read_csv(path, columns: dict) -> list[dict]:
-    """Rows of the CSV at ``path`` with ``columns`` (name -> int, float or str) typed; ValueError naming the
-    file and line for a missing column, a line with another number of fields than the header, or a number
-    that is malformed, negative or not finite (empty is None for int/float columns)."""
-    if isinstance(path, bool) or not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a str or path, got {type(path).__name__} {path!r}")
-    rows = []
-    for line, raw in csv_lines(path, columns):
-        row = {}
-        for column, kind in columns.items():
-            text = raw[column]
-            if kind is str or text == "":
-                row[column] = text if kind is str else None
-                continue
-            try:
-                value = kind(text)
-            except ValueError:
-                raise ValueError(f"{path}, line {line}: column {column!r} must be {kind.__name__}, got {text!r}") from None
-            if value < 0 or not math.isfinite(value):
-                raise ValueError(f"{path}, line {line}: column {column!r} must be a finite non-negative number, "
-                                 f"got {text!r}")
-            row[column] = value
-        rows.append((line, row))
-    return rows
-
-
 def recorded_rows(path: Path | None = None) -> list[dict]:
     """The rows of a recorded forward ``results.csv`` (default :data:`RECORDED_CSV`): impl, n, d,
     heads, causal, dtype, seconds, tflops, note, with numbers as int/float and None where a run
@@ -196,7 +168,7 @@ def recorded_rows(path: Path | None = None) -> list[dict]:
     path = _shipped(RECORDED_CSV) if path is None else path
     columns = dict(impl=str, n=int, d=int, heads=int, causal=str, dtype=str, seconds=float, tflops=float, note=str)
     rows = []
-    for line, r in _read_csv(path, columns):
+    for line, r in typed_csv_rows(path, columns):
         for column in ("n", "d", "heads"):
             if not r[column]:
                 raise ValueError(f"{path}, line {line}: column {column!r} must be a positive int, got {r[column]!r}")
@@ -548,7 +520,7 @@ def decode_recorded_rows(path: Path | None = None) -> list[dict]:
     columns = dict(kernel=str, num_seqs=int, seq_len=int, num_splits=int, seconds=float, kv_bytes=int, tb_per_s=float,
                    pct_of_copy=float, max_abs_diff=float)
     rows = []
-    for line, r in _read_csv(path, columns):
+    for line, r in typed_csv_rows(path, columns):
         empty = [c for c, kind in columns.items() if kind is not str and r[c] is None]
         if empty:
             raise ValueError(f"{path}, line {line}: columns {empty} must not be empty")

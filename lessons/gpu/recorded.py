@@ -32,7 +32,7 @@ from pathlib import Path
 
 from lessons.core.checks import check_int
 
-__all__ = ["RECORDED_DIR", "BACKWARD_CSV", "csv_lines", "IMPLS", "IMPL_TITLES", "TORCH_GOAL", "BackwardRun", "BackwardSummary",
+__all__ = ["RECORDED_DIR", "BACKWARD_CSV", "csv_lines", "typed_csv_rows", "IMPLS", "IMPL_TITLES", "TORCH_GOAL", "BackwardRun", "BackwardSummary",
            "recorded_label", "read_backward_csv", "recorded_backward", "measure_backward", "backward_results",
            "backward_row", "backward_summary", "backward_table", "backward_findings"]
 
@@ -51,7 +51,10 @@ IMPL_TITLES = {"naive": "naive CuPy (P, dP, dS in HBM)",
 #: the stretch goal set for the tensor-core backward before it was measured: this fraction of torch's speed
 TORCH_GOAL = 0.3
 
-_COLUMNS = ("impl", "n", "d", "heads", "causal", "dtype", "seconds", "tflops", "peak_bytes", "note")
+#: the backward CSV's columns and how each is read (causal as its text, "True"/"False")
+_TYPES = dict(impl=str, n=int, d=int, heads=int, causal=str, dtype=str, seconds=float, tflops=float,
+              peak_bytes=int, note=str)
+_COLUMNS = tuple(_TYPES)
 _TITLE = re.compile(r"^#.* on one (?P<machine>.+?), (?P<date>\d{4}-\d{2}-\d{2}) \(commit (?P<commit>[0-9a-f]{7,40})\)")
 _DRIVER = re.compile(r"driver (?P<driver>[\d.]+), CUDA (?P<cuda>[\d.]+)")
 
@@ -126,18 +129,6 @@ def _shipped(path: Path) -> Path:
     return path
 
 
-def _number(text, kind, path, line, column):
-    if text == "":
-        return None
-    try:
-        value = kind(text)
-    except ValueError:
-        raise ValueError(f"{path}, line {line}: column {column!r} must be {kind.__name__} or empty, got {text!r}") from None
-    if value < 0 or not math.isfinite(value):
-        raise ValueError(f"{path}, line {line}: column {column!r} must be a finite non-negative number, got {text!r}")
-    return value
-
-
 #: the columns a run fills in when an implementation ran, and leaves empty when it did not
 _MEASURED = ("seconds", "tflops", "peak_bytes")
 
@@ -167,6 +158,32 @@ def csv_lines(path, columns) -> list[tuple[int, dict]]:
     return out
 
 
+def typed_csv_rows(path, columns: dict) -> list[tuple[int, dict]]:
+    """(line number, row) for each line of the CSV at ``path``, ``columns`` (name -> int, float or str)
+    typed, an empty int/float field as None. Raises TypeError for a ``path`` that is not a str or path,
+    ValueError naming the file and line for what :func:`csv_lines` refuses, or a number that is malformed,
+    negative or not finite."""
+    path = _path(path, "path")
+    rows = []
+    for line, raw in csv_lines(path, columns):
+        row = {}
+        for column, kind in columns.items():
+            text = raw[column]
+            if kind is str or text == "":
+                row[column] = text if kind is str else None
+                continue
+            try:
+                value = kind(text)
+            except ValueError:
+                raise ValueError(f"{path}, line {line}: column {column!r} must be {kind.__name__}, got {text!r}") from None
+            if value < 0 or not math.isfinite(value):
+                raise ValueError(f"{path}, line {line}: column {column!r} must be a finite non-negative number, "
+                                 f"got {text!r}")
+            row[column] = value
+        rows.append((line, row))
+    return rows
+
+
 def read_backward_csv(path=None) -> list[dict]:
     """The rows of a backward ``results.csv`` (default :data:`BACKWARD_CSV`), typed.
 
@@ -183,25 +200,21 @@ def read_backward_csv(path=None) -> list[dict]:
     """
     path = _shipped(BACKWARD_CSV) if path is None else _path(path, "path")
     rows, seen = [], {}
-    for line, r in csv_lines(path, _COLUMNS):
-        if r["impl"] not in IMPLS:
-            raise ValueError(f"{path}, line {line}: column 'impl' must be one of {list(IMPLS)}, got {r['impl']!r}")
-        if r["causal"] not in ("True", "False"):
-            raise ValueError(f"{path}, line {line}: column 'causal' must be True or False, got {r['causal']!r}")
-        row = dict(impl=r["impl"], causal=r["causal"] == "True", dtype=r["dtype"], note=r["note"] or "")
+    for line, row in typed_csv_rows(path, _TYPES):
+        if row["impl"] not in IMPLS:
+            raise ValueError(f"{path}, line {line}: column 'impl' must be one of {list(IMPLS)}, got {row['impl']!r}")
+        if row["causal"] not in ("True", "False"):
+            raise ValueError(f"{path}, line {line}: column 'causal' must be True or False, got {row['causal']!r}")
+        row["causal"] = row["causal"] == "True"
         for column in ("n", "d", "heads"):
-            row[column] = _number(r[column], int, path, line, column)
             if row[column] is None or row[column] < 1:
-                raise ValueError(f"{path}, line {line}: column {column!r} must be a positive int, got {r[column]!r}")
-        row.update(seconds=_number(r["seconds"], float, path, line, "seconds"),
-                   tflops=_number(r["tflops"], float, path, line, "tflops"),
-                   peak_bytes=_number(r["peak_bytes"], int, path, line, "peak_bytes"))
+                raise ValueError(f"{path}, line {line}: column {column!r} must be a positive int, got {row[column]!r}")
         given = [c for c in _MEASURED if row[c] is not None]
         if given and len(given) != len(_MEASURED):
             raise ValueError(f"{path}, line {line}: columns {list(_MEASURED)} are all given (the implementation "
                              f"ran) or all empty (it did not); got only {given}")
         if row["seconds"] == 0:
-            raise ValueError(f"{path}, line {line}: column 'seconds' must be above 0, got {r['seconds']!r}")
+            raise ValueError(f"{path}, line {line}: column 'seconds' must be above 0, got {row['seconds']!r}")
         key = tuple(row[c] for c in ("impl", "n", "d", "heads", "causal", "dtype"))
         if key in seen:
             raise ValueError(f"{path}, line {line}: the same (impl, n, d, heads, causal, dtype) {key} as line "
