@@ -39,14 +39,10 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import _common  # noqa: E402
 from benchmarks._common import format_row, timed_rows, torch_seconds_and_peak  # noqa: E402,F401
+from lessons.gpu.measure import attention_flops  # noqa: E402  (4 N^2 d per head, half when causal)
 
 IMPLS = ("naive", "kernel", "regtile", "mma", "mma_async", "mma_fa2", "torch")
 DTYPES = ("float16", "float32")
-
-
-def attention_flops(n: int, d: int, heads: int, causal: bool) -> float:
-    """Floating-point operations of one attention forward: 4 N^2 d per head (half if causal)."""
-    return 4.0 * n * n * d * heads * (0.5 if causal else 1.0)
 
 
 def parse_args(argv=None):

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from lessons.core.checks import check_int
 from lessons.cost.traffic import H200, flash_io, textbook_io
+from lessons.gpu.measure import attention_flops  # 4 N^2 d per head, half when causal
 from lessons.gpu.recorded import RECORDED_DIR, _shipped, typed_csv_rows  # RECORDED_DIR: the H200 run (forward/, backward/, decode/)
 
 __all__ = ["Rung", "RUNGS", "RECORDED_DIR", "RECORDED_CSV", "RECORDED_LABEL", "PROFILED_DIR", "PROFILED_LABEL",
@@ -146,15 +147,6 @@ def rung(name: str) -> Rung:
         if r.name == name:
             return r
     raise ValueError(f"rung must be one of {[r.name for r in RUNGS]}, got {name!r}")
-
-
-def attention_flops(n: int, d: int, heads: int = 1, causal: bool = False) -> float:
-    """FLOPs of one attention forward: ``4 N^2 d`` per head (half when causal). TypeError for a
-    non-int ``n``/``d``/``heads`` (bools included) or a non-bool ``causal``; ValueError below 1."""
-    n, d, heads = check_int(n, "n", min=1), check_int(d, "d", min=1), check_int(heads, "heads", min=1)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be True or False, got {type(causal).__name__} {causal!r}")
-    return 4.0 * n * n * d * heads * (0.5 if causal else 1.0)
 
 
 def recorded_rows(path: Path | None = None) -> list[dict]:

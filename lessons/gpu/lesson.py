@@ -40,7 +40,7 @@ from lessons.gpu.harness import (TOLERANCE, GpuLesson, KernelCheck, Section, Tab
                                  resources_text, run_section)
 from lessons.gpu.launch import (Runner, flash_attention_gpu, flash_attention_mma_gpu, flash_decoding_gpu, mma_probe_gpu,
                                 online_softmax_gpu, paged_decode_gpu)
-from lessons.gpu.measure import naive_attention
+from lessons.gpu.measure import attention_flops, naive_attention
 from lessons.gpu.source import (MMA_BLOCK_Q, STATIC_SMEM_LIMIT, default_builds, flash_attention_build,
                                 flash_attention_config, flash_attention_mma_build, flash_attention_mma_config,
                                 online_softmax_build, paged_decode_build)
@@ -469,7 +469,7 @@ def tensor_cores_on_gpu(*, layer: int = 0, head: int = 0, row: int = 93, n: int 
                 "tensor cores": lambda: place.kernel(flash_attention_mma_gpu)(*x)}
         rows = [{"kernel": name, "seconds": place.seconds(fn, warmup=2, repeats=repeats)} for name, fn in runs.items()]
         for t in rows:
-            t["tflops"] = 4.0 * n * n * d * heads / t["seconds"] / 1e12
+            t["tflops"] = attention_flops(n, d, heads) / t["seconds"] / 1e12
         return rows, [_table(f"Median time on {place.name}, {heads} heads, N={n}, d={d}, float16 (CUDA events, "
                              f"{repeats} runs):", [f"{'kernel':>12}  {'time':>10}  {'TFLOP/s':>7}", *(
                                  f"{t['kernel']:>12}: {format_seconds(t['seconds']):>10}  {t['tflops']:7.1f}"

@@ -10,7 +10,10 @@ from __future__ import annotations
 import math
 import statistics
 
-__all__ = ["naive_probabilities", "naive_attention", "median_cuda_seconds", "naive_backward", "backward_flops",
+from lessons.core.checks import check_int
+
+__all__ = ["naive_probabilities", "naive_attention", "median_cuda_seconds", "attention_flops", "naive_backward",
+           "backward_flops",
            "make_peak_hook", "peak_cupy", "torch_seconds_and_peak", "sdpa_backward"]
 
 
@@ -63,6 +66,16 @@ def median_cuda_seconds(cupy, fn, warmup: int = 3, repeats: int = 20) -> float:
         end.synchronize()
         times.append(cupy.cuda.get_elapsed_time(start, end) / 1e3)
     return statistics.median(times)
+
+
+def attention_flops(n: int, d: int, heads: int = 1, causal: bool = False) -> float:
+    """FLOPs of one attention forward: ``4 N^2 d`` per head (2 for Q K^T, 2 for P V), half when causal.
+    TypeError for a non-int ``n``/``d``/``heads`` (bools included) or a non-bool ``causal``; ValueError
+    below 1."""
+    n, d, heads = check_int(n, "n", min=1), check_int(d, "d", min=1), check_int(heads, "heads", min=1)
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be True or False, got {type(causal).__name__} {causal!r}")
+    return 4.0 * n * n * d * heads * (0.5 if causal else 1.0)
 
 
 def backward_flops(n: int, d: int, heads: int, causal: bool) -> float:
