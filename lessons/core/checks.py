@@ -100,10 +100,14 @@ def check_block_k(block_k, tile, default: int = 64) -> int:
     return check_int(default if block_k is None else block_k, "block_k", min=1)
 
 
-def check_flag(value, name: str) -> bool:
-    """A real bool (Python or NumPy); anything else is a TypeError naming the argument."""
+def check_flag(value, name: str, *, none: bool = False) -> bool | None:
+    """A real bool (Python or NumPy), or None where ``none`` allows it ("decide for me"); anything else
+    (``0``, ``"no"``) is a TypeError naming the argument."""
+    if none and value is None:
+        return None
     if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+        allowed = "None, True or False" if none else "True or False"
+        raise TypeError(f"{name} must be {allowed}, got {type(value).__name__} {value!r}")
     return bool(value)
 
 

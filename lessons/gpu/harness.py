@@ -19,6 +19,7 @@ from typing import Callable
 
 import numpy as np
 
+from lessons.core.checks import check_flag
 from lessons.gpu.compile import ARCHS, KernelCompileError, _number, compile_report, device_available, nvrtc_version
 from lessons.gpu.emulator import EmulatedModule, EmulatorError, emulator_available
 from lessons.gpu.launch import Runner
@@ -203,22 +204,12 @@ class GpuLesson:
         return tuple(c for c in self.checks if c.where == where)
 
 
-def check_choice(value, name: str):
-    """``value`` as None, True or False (Python or NumPy bools); TypeError naming ``name`` otherwise (``0`` or
-    ``"no"`` would read as "use it" or "don't" by accident)."""
-    if value is None:
-        return None
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be None, True or False, got {type(value).__name__} {value!r}")
-    return bool(value)
-
-
 def open_device(use_device):
     """(a :class:`~lessons.gpu.launch.Runner` on the CUDA device, or None; why not, or None).
 
     ``use_device``: None = use a device when there is one, False = never. TypeError for anything
     but None, True or False."""
-    if check_choice(use_device, "use_device") is False:
+    if check_flag(use_device, "use_device", none=True) is False:
         return None, "the GPU was not used (use_device=False)"
     if not device_available():
         try:
@@ -341,7 +332,7 @@ def run_section(section: Section, use_device=None, emulate=None) -> GpuLesson:
     :class:`GpuLesson`; never raises for a failed compile or launch (it is reported). Raises TypeError
     for a ``use_device`` or ``emulate`` that is not None, True or False.
     """
-    emulate = check_choice(emulate, "emulate")
+    emulate = check_flag(emulate, "emulate", none=True)
     device, why_not = open_device(use_device)
     emulate = ((device is None) if emulate is None else emulate) and section.run is not None
     emulator_note = building = None
