@@ -118,10 +118,11 @@ def write_results(rows, out: Path, meta: dict) -> None:
 
 def plot_results(rows, path: Path, meta: dict) -> None:
     """Two rows of panels (time, peak memory) x one column per head dim; log2 N on x."""
-    style = {"naive": ("tab:red", "o", "naive CuPy (P, dP, dS materialised)"),
-             "kernel": ("tab:blue", "s", "RawKernels (P recomputed from lse)"),
-             "mma": ("tab:purple", "D", "RawKernels on tensor cores (mma.sync)"),
-             "torch": ("tab:green", "^", "torch SDPA backward")}
+    from lessons.views.backward import IMPL_COLOURS, IMPL_MARKERS    # the notebook's colours and markers
+
+    labels = {"naive": "naive CuPy (P, dP, dS materialised)", "kernel": "RawKernels (P recomputed from lse)",
+              "mma": "RawKernels on tensor cores (mma.sync)", "torch": "torch SDPA backward"}
+    style = {impl: (IMPL_COLOURS[impl], IMPL_MARKERS[impl], label) for impl, label in labels.items()}
     _common.plot_results(rows, path, impls=IMPLS, dtypes=DTYPES, style=style,
                          speed=(lambda r: r["seconds"] * 1e3, "backward time (ms, lower is better)"),
                          title=f"Attention backward on {meta['device']}\nbatch 1, {meta['heads']} heads; "

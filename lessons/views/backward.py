@@ -32,7 +32,7 @@ from lessons.views.stepper import StepperShell, format_value
 
 __all__ = ["GRADIENT_COLOURS", "backward_figure", "backward_step_text", "BackwardStepper", "backward_cost_figure",
            "backward_kernel_figure", "NUMPY_SOURCE"]
-__all__ += ["IMPL_COLOURS", "recorded_backward_figure"]
+__all__ += ["IMPL_COLOURS", "IMPL_MARKERS", "recorded_backward_figure"]
 
 #: Line colour of each gradient in the error panel.
 GRADIENT_COLOURS = {"dq": "#1f77b4", "dk": "#d62728", "dv": "#2ca02c"}
@@ -423,9 +423,10 @@ def backward_kernel_figure(kernel_trace, numpy_trace, exact, *, where, baseline=
     return fig
 
 
-#: Line colour of each backward implementation in :func:`recorded_backward_figure` (as in benchmarks/gpu_backward.py).
+#: Line colour of each backward implementation in :func:`recorded_backward_figure` and benchmarks/gpu_backward.py's plot
 IMPL_COLOURS = {"naive": "tab:red", "kernel": "tab:blue", "mma": "tab:purple", "torch": "tab:green"}
-_IMPL_MARKERS = {"naive": "o", "kernel": "s", "mma": "D", "torch": "^"}
+#: ... and its marker
+IMPL_MARKERS = {"naive": "o", "kernel": "s", "mma": "D", "torch": "^"}
 
 
 def _end_labels(ax, labels, *, gap=10):
@@ -489,7 +490,7 @@ def recorded_backward_figure(run, *, dtype="float16", figsize=(10.5, 7.2), dpi=9
             if not pts:
                 continue
             n, ms, mib = zip(*pts)
-            style = dict(color=IMPL_COLOURS[impl], marker=_IMPL_MARKERS[impl], lw=3.2 if impl == "kernel" else 1.6,
+            style = dict(color=IMPL_COLOURS[impl], marker=IMPL_MARKERS[impl], lw=3.2 if impl == "kernel" else 1.6,
                          ms=6 if impl == "kernel" else 5, label=IMPL_TITLES[impl])     # kernel: wide, seen under mma
             top.plot(n, ms, **style)
             bottom.plot(n, mib, **style)
