@@ -9,7 +9,7 @@ every array is its own cudaMalloc, so a read or write past an array's end is out
 an allocation and memcheck sees it. For the paged kernels the unused slots of the
 cache are left *uninitialised* (never written), so initcheck reports any read past
 ``seq_len``. Exit status 0 when every result matches, 1 otherwise, 2 without a device.
-``--emulator`` runs the same drivers on CPU threads (NumPy arrays), a dry run of this script.
+``--emulator`` runs the same drivers on the CPU (NumPy arrays), a dry run of this script.
 """
 from __future__ import annotations
 
@@ -209,7 +209,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("kernel", nargs="?", choices=KERNELS + ("all",))
     parser.add_argument("--list", action="store_true", help="print the kernels that have a driver, one per line")
-    parser.add_argument("--emulator", action="store_true", help="run on CPU threads instead of a GPU")
+    parser.add_argument("--emulator", action="store_true", help="run on the CPU instead of a GPU")
     args = parser.parse_args(argv)
     if args.list:
         print("\n".join(KERNELS))

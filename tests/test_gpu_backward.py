@@ -1,6 +1,6 @@
 """The backward kernels (lessons/gpu/kernels/flash_attention_backward.cu) against NumPy.
 
-Each numerical test runs on the CPU emulator (the same CUDA C on CPU threads, with guard
+Each numerical test runs on the CPU emulator (the same CUDA C on the CPU, with guard
 zones around every buffer) and, where there is one, on a CUDA device. References:
 
 * :func:`lessons.attention_backward` in float64 on the very values the kernel stores (the
@@ -23,7 +23,7 @@ import lessons.gpu as gpu
 from lessons.gpu import source
 from lessons.gpu.backward import GpuBackwardTrace, flash_attention_backward_gpu
 
-NO_DEVICE = "no CUDA device: the same cases run on CPU threads under the 'emulator' backend"
+NO_DEVICE = "no CUDA device: the same cases run on the CPU under the 'emulator' backend"
 BACKENDS = [
     pytest.param("emulator", marks=pytest.mark.skipif(not gpu.emulator_available(),
                                                       reason="no C++ compiler (g++) for the CPU emulation")),

@@ -1,6 +1,6 @@
 """The tensor-core backward (lessons/gpu/kernels/flash_attention_backward_mma.cu) against NumPy.
 
-Each numerical test runs on the CPU emulator (the same CUDA C on CPU threads, mma.sync rebuilt
+Each numerical test runs on the CPU emulator (the same CUDA C on the CPU, mma.sync rebuilt
 from its fragment layout) and, where there is one, on a CUDA device. The rule is
 FlashAttention's own (tests/kernel_tolerance.py): the kernel's largest error against the float64
 textbook gradient (:func:`lessons.attention_backward` on the very values the kernel stores) must
@@ -25,7 +25,7 @@ from lessons.gpu import source
 from lessons.gpu.backward import flash_attention_backward_gpu, flash_attention_backward_mma_gpu
 from test_gpu_backward import _benchmark_module, assert_agrees_with_torch
 
-NO_DEVICE = "no CUDA device: the same cases run on CPU threads under the 'emulator' backend"
+NO_DEVICE = "no CUDA device: the same cases run on the CPU under the 'emulator' backend"
 BACKENDS = [
     pytest.param("emulator", marks=pytest.mark.skipif(not gpu.emulator_available(),
                                                       reason="no C++ compiler (g++) for the CPU emulation")),

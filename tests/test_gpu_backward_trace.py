@@ -5,7 +5,7 @@ float32 values the kernels read, is the truth; the same NumPy schedule in float3
 FlashAttention's rule (``tests/kernel_tolerance.py``: the kernel's largest error at most twice the
 float32 baseline's, plus float32's floor for sums of that many terms), applied to each running
 gradient over the whole trace.
-Every numerical test runs on the CPU emulator (the same CUDA C on CPU threads) and, where there is
+Every numerical test runs on the CPU emulator (the same CUDA C on the CPU) and, where there is
 one, on a CUDA device.
 """
 import dataclasses
@@ -30,7 +30,7 @@ else:
     VIEWS_MISSING = None
 needs_views = pytest.mark.skipif(VIEWS_MISSING is not None, reason=f"the views cannot be imported: {VIEWS_MISSING}")
 
-NO_DEVICE = "no CUDA device: the same cases run on CPU threads under the emulator"
+NO_DEVICE = "no CUDA device: the same cases run on the CPU under the emulator"
 BACKENDS = [
     pytest.param("emulator", marks=pytest.mark.skipif(not gpu.emulator_available(),
                                                       reason="no C++ compiler (g++) for the CPU emulation")),

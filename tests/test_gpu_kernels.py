@@ -4,7 +4,7 @@ Each test runs on two backends:
 
 * ``cupy`` - the kernel on a CUDA device. Without one these cases are skipped, and the
   skip says so; ``scripts/gpu_check.sh`` runs them on a GPU machine.
-* ``emulator`` - the very same CUDA C on CPU threads (:mod:`lessons.gpu.emulator`), with
+* ``emulator`` - the very same CUDA C on the CPU (:mod:`lessons.gpu.emulator`), with
   guard zones around every buffer and blocks run last-first. It checks the kernels'
   indexing, bounds, barriers and -inf handling on any machine with g++.
 
@@ -27,7 +27,7 @@ from lessons.core.state import State, correction_factor, merge
 from kernel_tolerance import assert_within_baseline, baseline_attention, round_to
 
 NO_DEVICE = ("no CUDA device: the kernels are compiled by tests/test_gpu_compile.py but cannot run here; "
-             "the same cases run on CPU threads under the 'emulator' backend")
+             "the same cases run on the CPU under the 'emulator' backend")
 BACKENDS = [
     pytest.param("emulator", marks=pytest.mark.skipif(not gpu.emulator_available(),
                                                       reason="no C++ compiler (g++) for the CPU emulation")),

@@ -246,7 +246,7 @@ def test_online_softmax_emulator_equals_the_textbook_softmax(results):
         assert c.lse[i] == pytest.approx(m + np.log(np.exp(row - m).sum()), rel=2e-6)
     assert (c.output[2] == 0).all() and np.isneginf(c.lse[2])     # a row that sees nothing
     assert (c.output[1, :300] == 0).all() and np.isfinite(c.output).all()
-    assert c.agrees and r.ok and "emulator (the same CUDA C on CPU threads, not the GPU)" in text(r)
+    assert c.agrees and r.ok and "emulator (the same CUDA C on the CPU, not the GPU)" in text(r)
 
 
 @needs_emulator

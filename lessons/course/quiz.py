@@ -233,7 +233,7 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           1,
           "Nsight Compute found the L1/shared pipe 94% busy: each FMA of Q K^T waited for its own 4-byte "
           "shared load. Saving HBM bytes only helps a kernel whose limit is HBM. Reread 'The "
-          "register-tiled rung, run on CPU threads'."),
+          "register-tiled rung, run on the CPU'."),
         Q("What does the register-tiled rung change, and what should it buy?",
           ("Each thread owns a small block of S and O, so one shared load feeds several FMAs",
            "It stores P in HBM to save registers",
@@ -242,7 +242,7 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           0,
           "Same fold, same bytes from HBM; what changes is the ratio of shared loads to FMAs (1/8 at "
           "d = 64 instead of 1). Reread the register-tiled row of 'The rungs' (its predicted effect) and "
-          "'The register-tiled rung, run on CPU threads'."),
+          "'The register-tiled rung, run on the CPU'."),
         Q("On the recorded H200 run, what became of the ladder's targets for our own kernels?",
           ("All were met once the FA-2 recipe was in",
            "The 2-4x claim over naive attention holds (about 20x and 12x), but the 3x (register tiling), "

@@ -18,7 +18,7 @@ Each has a trace build (``-DFA_TRACE``) that records ``(m, alpha, l)`` per tile 
 rows; :func:`first_divergence` compares such a trace with NumPy's. Without a GPU the
 kernels still compile (:func:`compile_report` gives registers and shared memory per
 kernel for sm_80 and sm_90, :func:`gpu_status` says what happened), and
-``backend="emulator"`` runs the same CUDA C on CPU threads. With a device, resources are
+``backend="emulator"`` runs the same CUDA C on the CPU. With a device, resources are
 read from the loaded kernel itself (:func:`kernel_resources`). Each notebook's "On the
 GPU" section is a short spec in :mod:`lessons.gpu.lesson` run by one flow,
 :mod:`lessons.gpu.harness`. Importing this package needs neither CuPy nor a GPU.

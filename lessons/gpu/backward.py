@@ -133,7 +133,7 @@ def flash_attention_backward_gpu(q, k, v, o, lse, do, *, scale=None, causal: boo
     trace_block : optional key block index j; the trace build then records the running
         ``dK_j`` and ``dV_j`` after every query block, and every row's running ``dQ_i`` after
         every key block (see :class:`GpuBackwardTrace`).
-    backend : ``"cupy"`` (GPU) or ``"emulator"`` (CPU threads).
+    backend : ``"cupy"`` (GPU) or ``"emulator"`` (the CPU).
 
     Returns ``(dq, dk, dv)`` shaped and typed like ``q``, ``k``, ``v`` (accumulated in float32,
     rounded once to the storage dtype), plus a :class:`GpuBackwardTrace` when ``trace_block`` is given.
@@ -236,7 +236,7 @@ def flash_attention_backward_mma_gpu(q, k, v, o, lse, do, *, scale=None, causal:
     do : dL/dO, shape and dtype of q.
     scale : float, default ``1/sqrt(d)``; must be the forward's.
     causal : bool, bottom-right aligned: query i sees key j iff ``j <= i + Nk - Nq``.
-    backend : ``"cupy"`` (a GPU of compute capability 8.0 or newer) or ``"emulator"`` (CPU threads).
+    backend : ``"cupy"`` (a GPU of compute capability 8.0 or newer) or ``"emulator"`` (the CPU).
 
     Returns ``(dq, dk, dv)`` shaped and typed like ``q``, ``k``, ``v`` (accumulated in float32, rounded
     once to the storage dtype). A row with no visible key gets ``dq = 0`` and adds nothing to ``dk``,
@@ -537,7 +537,7 @@ def backward_on_gpu(*, n_q: int = 64, n_k: int = 64, d: int = 16, block_q: int =
     use_device, emulate : as :func:`lessons.gpu.lesson.online_softmax_on_gpu` (None: a GPU when there is
         one, else the CPU emulator, labelled as such).
 
-    At each place that runs (a GPU, or the emulator: the same CUDA C on CPU threads), the trace build runs
+    At each place that runs (a GPU, or the emulator: the same CUDA C on the CPU), the trace build runs
     once per key block (:func:`kernel_backward_trace`); its ``dq``, ``dk``, ``dv`` are checked against
     :func:`lessons.attention_backward` in float64 on the same float32 inputs (tolerance
     :data:`lessons.gpu.harness.TOLERANCE`); on a GPU the plain build is checked and timed as well. Returns

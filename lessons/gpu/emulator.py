@@ -1,13 +1,15 @@
-"""Run the CUDA kernels on CPU threads: a test harness for machines without a GPU.
+"""Run the CUDA kernels on the CPU: a test harness for machines without a GPU.
 
 The same ``.cu`` source is compiled by the host C++ compiler with
-``kernels/cpu_emulation.h`` forced in front of it: every CUDA thread becomes a
-``std::thread``, ``__syncthreads()`` a barrier over the block, ``__shfl_xor_sync`` an
-exchange between two warp barriers, ``__shared__`` one copy per running block. Blocks
-run one after another (the last first). It is slow, and it is not a GPU (no warps in lock-step, no
+``kernels/cpu_emulation.h`` forced in front of it: every CUDA thread becomes a fiber (its own
+stack, switched by ``swapcontext`` on the calling CPU thread), ``__syncthreads()`` a barrier over
+the block at which each fiber hands over to the next, ``__shfl_xor_sync`` an exchange between two
+warp barriers, ``__shared__`` one copy per running block. Blocks run one after another (the last
+first), and a launch uses one core. It is slow, and it is not a GPU (no warps in lock-step, no
 memory coalescing, different ``expf`` rounding), but it executes exactly the kernels'
 index arithmetic, bounds checks, barriers and -inf handling, so the tests can check
-them against NumPy on every machine.
+them against NumPy on every machine. A barrier that some thread of the block never reaches
+fails the launch at once (:class:`EmulatorError`).
 
 Every pointer argument is copied into a buffer with guard zones of 0xFF bytes on
 both sides, each as large as the buffer itself and at least 256 KiB (NaN as

@@ -31,7 +31,7 @@ __all__ = ["GPU", "EMULATOR", "TOLERANCE", "WIDTH", "KernelCheck", "GpuLesson", 
 TOLERANCE = MappingProxyType({"atol": 2e-5, "rtol": 2e-5})
 #: the two places a kernel can run; a check is always labelled with one of them
 GPU, EMULATOR = "GPU", "emulator"
-EMULATOR_LABEL = "emulator (the same CUDA C on CPU threads, not the GPU)"
+EMULATOR_LABEL = "emulator (the same CUDA C on the CPU, not the GPU)"
 #: columns the summary's prose is wrapped at (tables are kept whole)
 WIDTH = 100
 

@@ -8,7 +8,7 @@ two backends:
   for the GPU at hand and launched there. CuPy inputs give CuPy outputs; NumPy inputs
   are copied to the device and the results copied back. Without a CUDA device this
   raises RuntimeError saying so.
-* ``backend="emulator"``: the same CUDA C runs on CPU threads
+* ``backend="emulator"``: the same CUDA C runs on the CPU
   (:mod:`lessons.gpu.emulator`), slowly, with NumPy in and out: for tests and for
   stepping through the kernel on a laptop.
 
@@ -157,7 +157,7 @@ class Runner:
     """Where a kernel runs: moves arrays there, launches, and (on a device) times.
 
     ``backend``: ``"cupy"`` (the current CUDA device; RuntimeError saying why when there is
-    none) or ``"emulator"`` (CPU threads). ``kind``: ``"numpy"`` or ``"cupy"``, the kind of
+    none) or ``"emulator"`` (the CPU). ``kind``: ``"numpy"`` or ``"cupy"``, the kind of
     the caller's arrays: results come back as NumPy for NumPy inputs or the emulator.
     ``name`` says where in words (e.g. ``'NVIDIA H200 (sm_90)'``). Used by every launcher
     and by the notebooks' "On the GPU" sections (:mod:`lessons.gpu.harness`).
@@ -263,7 +263,7 @@ def online_softmax_gpu(x, *, tile: int = 256, bfloat16: bool = False, trace_rows
     tile : columns per tile = threads per block, a multiple of 32 up to 1024.
     trace_rows : optional sequence of row indices; the trace build then records
         ``(m, alpha, l)`` after each tile for those rows.
-    backend : ``"cupy"`` (GPU) or ``"emulator"`` (CPU threads).
+    backend : ``"cupy"`` (GPU) or ``"emulator"`` (the CPU).
 
     Returns ``(y, lse)`` or ``(y, lse, trace)``: ``y`` like ``x``; ``lse`` float32 of shape
     ``x.shape[:-1]`` (-inf for a row with nothing visible, whose y is 0); ``trace`` a

@@ -1,10 +1,14 @@
-// cpu_emulation.h - run the series' CUDA kernels, unchanged, on CPU threads.
+// cpu_emulation.h - run the series' CUDA kernels, unchanged, on the CPU.
 //
 // Not a CUDA implementation: just enough of one for these kernels, so that their
 // indexing, bounds, barriers and -inf handling can be tested on a machine without a
 // GPU (lessons/gpu/emulator.py compiles a kernel file with `g++ -include` this header).
 //
-//   * one block runs at a time; each of its threads is a POSIX thread;
+//   * one block runs at a time; each of its threads is a fiber (a ucontext with its own stack)
+//     on the one CPU thread that launched the kernel, so an emulated launch uses one core;
+//   * a fiber runs until it reaches a barrier, then the next fiber runs; the sweep over the
+//     fibers goes up through the threads, then down, in turn, so a read of shared memory that
+//     lacks its barrier sees the value written by the wrong thread sooner or later;
 //   * __shared__ becomes `static`: one copy, shared by the threads of the running block;
 //   * __syncthreads() is a barrier over the block, __syncwarp() over the 32 lanes of a warp;
 //   * __shfl_xor_sync and __shfl_sync exchange values through a per-thread slot between two
@@ -12,14 +16,16 @@
 //   * mma.sync (the tensor-core product) is rebuilt from the warp's registers by its documented
 //     fragment layout, between two warp barriers (emu::mma_m16n8k16);
 //   * a barrier that some thread never reaches (a divergent __syncthreads, a bug on a GPU
-//     too) times out and the launch reports failure instead of hanging.
-// It is slow (thread switches at every barrier) and meant for small tests.
+//     too) leaves every fiber waiting: the launch stops at once and reports failure.
+// It is slow (a context switch per thread at every barrier) and meant for small tests.
 // Only C headers, so that g++ builds a kernel in a second or two.
 #pragma once
 #include <math.h>
-#include <pthread.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
 #include <string.h>
-#include <time.h>
 
 #define FA_CPU_EMULATION 1
 #define __global__
@@ -38,8 +44,9 @@ inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return
 struct dim3 {
     unsigned x = 1, y = 1, z = 1;
 };
-inline thread_local dim3 threadIdx;
-inline thread_local dim3 blockIdx;
+// Globals, not thread-locals: the scheduler sets threadIdx before it resumes a fiber; blockIdx is
+// the running block's (every thread reaches the block barrier between two blocks).
+inline dim3 threadIdx, blockIdx;
 inline dim3 blockDim, gridDim;
 
 inline int min(int a, int b) { return a < b ? a : b; }
@@ -50,56 +57,20 @@ inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return
 
 namespace emu {
 
-struct Divergence {};                      // thrown by a barrier that timed out
-
-inline volatile bool poisoned = false;     // set when a barrier timed out: every waiter gives up
-inline double barrier_timeout_s = 20.0;
-
-inline double now_s() {
-    timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + 1e-9 * ts.tv_nsec;
-}
-
 struct Barrier {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
     int n = 0, count = 0;
+    long generation = 0;                   // how many times every thread has arrived
+};
+
+enum State { RUNNING, WAITING, DONE };
+
+struct Fiber {
+    ucontext_t context;
+    void* stack = nullptr;
+    State state = RUNNING;
+    const Barrier* barrier = nullptr;      // the barrier it waits at, and that barrier's generation then
     long generation = 0;
-
-    void init(int threads) {
-        pthread_mutex_init(&mu, nullptr);
-        pthread_cond_init(&cv, nullptr);
-        n = threads; count = 0; generation = 0;
-    }
-    void destroy() { pthread_mutex_destroy(&mu); pthread_cond_destroy(&cv); }
-
-    void wait() {
-        pthread_mutex_lock(&mu);
-        const long my_generation = generation;
-        if (++count == n) {                // the last one in releases the others
-            count = 0;
-            ++generation;
-            pthread_cond_broadcast(&cv);
-            pthread_mutex_unlock(&mu);
-            return;
-        }
-        const double start = now_s();
-        while (generation == my_generation) {
-            timespec until;
-            clock_gettime(CLOCK_REALTIME, &until);
-            until.tv_nsec += 50 * 1000 * 1000;
-            if (until.tv_nsec >= 1000000000) { until.tv_sec += 1; until.tv_nsec -= 1000000000; }
-            pthread_cond_timedwait(&cv, &mu, &until);
-            if (generation != my_generation) break;
-            if (poisoned || now_s() - start > barrier_timeout_s) {
-                poisoned = true;
-                pthread_mutex_unlock(&mu);
-                throw Divergence();
-            }
-        }
-        pthread_mutex_unlock(&mu);
-    }
+    int status = 0;                        // 2: the kernel threw
 };
 
 inline Barrier block_barrier;
@@ -107,45 +78,91 @@ inline Barrier warp_barrier[32];
 inline float shuffle_slot[1024];
 inline int vote_slot[1024];
 
-template <class Fn>
-struct Job {
-    Fn* fn;
-    dim3 grid;
-    unsigned thread;
-    int status;
-};
+inline Fiber* fibers = nullptr;
+inline unsigned running = 0;               // the fiber that runs now (= threadIdx.x)
+inline ucontext_t scheduler;
+inline void (*body)(void*) = nullptr;      // runs the kernel with the launch's arguments
+inline void* body_data = nullptr;
 
-// One CPU thread plays CUDA thread `job->thread` of every block in turn. A block
-// barrier between blocks keeps the next block from touching the (static) shared
-// memory while a slow thread still works on the previous one.
-// Blocks run in *reverse* order (a GPU promises no order at all): then a block that
-// wrote past its own rows into the next head's would do so after that head's block
-// has written, and the damage would stay visible to the tests.
-template <class Fn>
-void* run_job(void* p) {
-    Job<Fn>* job = static_cast<Job<Fn>*>(p);
-    threadIdx = dim3{job->thread, 0, 0};
-    try {
-        for (unsigned z = job->grid.z; z-- > 0;)
-            for (unsigned y = job->grid.y; y-- > 0;)
-                for (unsigned x = job->grid.x; x-- > 0;) {
-                    blockIdx = dim3{x, y, z};
-                    (*job->fn)();
-                    block_barrier.wait();
-                }
-    } catch (const Divergence&) {
-        job->status = 1;
-    } catch (...) {
-        poisoned = true;
-        job->status = 2;
+// The calling fiber arrives at `b`: the last to arrive releases the others and runs on; the
+// others go back to the scheduler until the barrier's generation moves on.
+inline void wait(Barrier& b) {
+    if (++b.count == b.n) {
+        b.count = 0;
+        ++b.generation;
+        return;
     }
-    return nullptr;
+    Fiber& f = fibers[running];
+    f.state = WAITING;
+    f.barrier = &b;
+    f.generation = b.generation;
+    swapcontext(&f.context, &scheduler);
+}
+
+// Every fiber plays one CUDA thread of every block in turn, with a block barrier between two
+// blocks, so that no thread starts the next block while another still works in this one's shared
+// memory. Blocks run in *reverse* order (a GPU promises no order at all): then a block that wrote
+// past its own rows into the next head's would do so after that head's block has written, and the
+// damage would stay visible to the tests.
+inline void fiber_main() {
+    Fiber& self = fibers[running];
+    try {
+        for (unsigned z = gridDim.z; z-- > 0;)
+            for (unsigned y = gridDim.y; y-- > 0;)
+                for (unsigned x = gridDim.x; x-- > 0;) {
+                    blockIdx = dim3{x, y, z};
+                    body(body_data);
+                    wait(block_barrier);
+                }
+    } catch (...) {
+        self.status = 2;
+    }
+    fibers[running].state = DONE;          // uc_link returns to the scheduler
+}
+
+// Resume fibers until all are done (0) or all that are left wait at barriers that can never
+// open (1, a divergent barrier); 2 if a kernel threw, 4 if a fiber could not be made.
+inline int run_fibers(unsigned n) {
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE), stack_bytes = 512 * 1024;
+    int status = 0;
+    unsigned made = 0;
+    for (; made < n; ++made) {             // each stack has a PROT_NONE page below it: an overflow faults
+        void* mem = mmap(nullptr, stack_bytes + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (mem == MAP_FAILED) { status = 4; break; }
+        mprotect(mem, page, PROT_NONE);
+        Fiber& f = fibers[made];
+        f.stack = mem;
+        getcontext(&f.context);
+        f.context.uc_stack.ss_sp = (char*)mem + page;
+        f.context.uc_stack.ss_size = stack_bytes;
+        f.context.uc_link = &scheduler;
+        makecontext(&f.context, fiber_main, 0);
+    }
+    for (bool up = true; status == 0; up = !up) {
+        unsigned done = 0, resumed = 0;
+        for (unsigned k = 0; k < n; ++k) {
+            const unsigned i = up ? k : n - 1 - k;
+            Fiber& f = fibers[i];
+            if (f.state == DONE) { ++done; continue; }
+            if (f.state == WAITING && f.barrier->generation == f.generation) continue;
+            f.state = RUNNING;
+            running = i;
+            threadIdx = dim3{i, 0, 0};
+            swapcontext(&scheduler, &f.context);
+            ++resumed;
+            if (f.status) status = f.status;
+        }
+        if (done == n) break;
+        if (resumed == 0) status = 1;
+    }
+    for (unsigned i = 0; i < made; ++i) munmap(fibers[i].stack, stack_bytes + page);
+    return status;
 }
 
 }  // namespace emu
 
-inline void __syncthreads() { emu::block_barrier.wait(); }
-inline void __syncwarp(unsigned = 0xffffffffu) { emu::warp_barrier[threadIdx.x / 32].wait(); }
+inline void __syncthreads() { emu::wait(emu::block_barrier); }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu::wait(emu::warp_barrier[threadIdx.x / 32]); }
 
 // __syncthreads_or: a barrier that also returns, to every thread, whether any thread's
 // predicate was non-zero (each publishes it, then all read all of them between two barriers).
@@ -224,35 +241,21 @@ inline void mma_m16n8k16(float c[4], const unsigned a[4], const unsigned b[2], T
 }  // namespace emu
 
 // Run kernel<<<grid, block>>>(args...) block by block (last block first). Returns 0; 1 if a barrier was not
-// reached by every thread of a block; 2 on another exception; 3 for an unsupported block.
+// reached by every thread of a block; 2 on an exception; 3 for an unsupported block; 4 if no stack could be made.
 template <typename... Params, typename... Args>
 int emulate_launch(void (*kernel)(Params...), dim3 grid, dim3 block, Args... args) {
     const int n = (int)block.x;
     if (n <= 0 || n > 1024 || n % 32 || block.y != 1 || block.z != 1) return 3;
     blockDim = block;
     gridDim = grid;
-    emu::poisoned = false;
-    emu::block_barrier.init(n);
-    for (int w = 0; w < n / 32; ++w) emu::warp_barrier[w].init(32);
-
-    auto body = [&]() { kernel(args...); };
-    using Fn = decltype(body);
-    emu::Job<Fn>* jobs = new emu::Job<Fn>[n];
-    pthread_t* threads = new pthread_t[n];
-    int started = 0, status = 0;
-    for (; started < n; ++started) {
-        jobs[started] = emu::Job<Fn>{&body, grid, (unsigned)started, 0};
-        if (pthread_create(&threads[started], nullptr, emu::run_job<Fn>, &jobs[started])) {
-            emu::poisoned = true;          // the threads already started give up at their next barrier
-            status = 2;
-            break;
-        }
-    }
-    for (int t = 0; t < started; ++t) pthread_join(threads[t], nullptr);
-    for (int t = 0; t < started; ++t) status = status > jobs[t].status ? status : jobs[t].status;
-    delete[] jobs;
-    delete[] threads;
-    emu::block_barrier.destroy();
-    for (int w = 0; w < n / 32; ++w) emu::warp_barrier[w].destroy();
+    emu::block_barrier = emu::Barrier{n};
+    for (int w = 0; w < n / 32; ++w) emu::warp_barrier[w] = emu::Barrier{32};
+    auto run = [&]() { kernel(args...); };
+    emu::body = [](void* data) { (*static_cast<decltype(run)*>(data))(); };
+    emu::body_data = &run;
+    emu::fibers = new emu::Fiber[n];
+    const int status = emu::run_fibers((unsigned)n);
+    delete[] emu::fibers;
+    emu::fibers = nullptr;
     return status;
 }

@@ -96,7 +96,7 @@ __device__ __forceinline__ uint4 finite_part(uint4 w) {
 //   c[0], c[1] = C[g][2t, 2t+1]   c[2], c[3] = C[g+8][2t, 2t+1]   (float32)
 __device__ __forceinline__ void mma_16x8x16(float c[4], const unsigned a[4], const unsigned b[2]) {
 #ifdef FA_CPU_EMULATION
-    emu::mma_m16n8k16(c, a, b, to_float);          // the same layout, computed on CPU threads
+    emu::mma_m16n8k16(c, a, b, to_float);          // the same layout, computed on the CPU
 #else
 #if FA_DTYPE == 1
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "

@@ -1,0 +1,118 @@
+"""The CPU emulation header itself (lessons/gpu/kernels/cpu_emulation.h) on tiny kernels written here:
+barriers order the threads of a block, a barrier that some thread never reaches fails the launch at
+once, and a read of shared memory that lacks its barrier gives a visibly wrong answer."""
+from __future__ import annotations
+
+import ctypes
+import subprocess
+
+import numpy as np
+import pytest
+
+from lessons.gpu.emulator import _compiler, emulator_available
+from lessons.gpu.source import KERNEL_DIR
+
+pytestmark = pytest.mark.skipif(not emulator_available(), reason="no C++ compiler (g++) for the CPU emulation")
+
+SOURCE = r"""
+__global__ void neighbour(float* out, int with_barrier) {
+    __shared__ float s[1024];
+    const int t = threadIdx.x, n = blockDim.x;
+    s[t] = (float)(blockIdx.x * 1000 + t);
+    if (with_barrier) __syncthreads();
+    out[blockIdx.x * n + t] = s[(t + 1) % n];            // the next thread's value
+}
+
+__global__ void block_sum(float* out) {                   // tree reduction over the block
+    __shared__ float s[1024];
+    const int t = threadIdx.x;
+    s[t] = (float)(t + 1);
+    __syncthreads();
+    for (int half = blockDim.x / 2; half > 0; half /= 2) {
+        if (t < half) s[t] += s[t + half];
+        __syncthreads();
+    }
+    if (t == 0) out[blockIdx.x] = s[0];
+}
+
+__global__ void warp_sum(float* out) {                    // butterfly over each warp's lanes
+    float x = (float)threadIdx.x;
+    for (int mask = 16; mask > 0; mask /= 2) x += __shfl_xor_sync(0xffffffffu, x, mask);
+    out[threadIdx.x] = x;
+}
+
+__global__ void divergent(float* out) {                   // thread 0 skips a barrier the others wait at
+    if (threadIdx.x != 0) { __syncthreads(); __syncthreads(); }
+    out[threadIdx.x] = 1.f;
+}
+
+extern "C" int run_neighbour(unsigned blocks, unsigned threads, float* out, int with_barrier) {
+    return emulate_launch(neighbour, dim3{blocks, 1, 1}, dim3{threads, 1, 1}, out, with_barrier);
+}
+extern "C" int run_block_sum(unsigned blocks, unsigned threads, float* out) {
+    return emulate_launch(block_sum, dim3{blocks, 1, 1}, dim3{threads, 1, 1}, out);
+}
+extern "C" int run_warp_sum(unsigned threads, float* out) {
+    return emulate_launch(warp_sum, dim3{1, 1, 1}, dim3{threads, 1, 1}, out);
+}
+extern "C" int run_divergent(unsigned threads, float* out) {
+    return emulate_launch(divergent, dim3{1, 1, 1}, dim3{threads, 1, 1}, out);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def lib(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("emulation")
+    (folder / "tiny.cpp").write_text(SOURCE)
+    subprocess.run([_compiler(), "-std=c++20", "-O1", "-shared", "-fPIC", "-w", "-include",
+                    str(KERNEL_DIR / "cpu_emulation.h"), str(folder / "tiny.cpp"), "-o", str(folder / "tiny.so")],
+                   check=True, capture_output=True, timeout=300)
+    return ctypes.CDLL(str(folder / "tiny.so"))
+
+
+def _ptr(a: np.ndarray):
+    return a.ctypes.data_as(ctypes.c_void_p)
+
+
+@pytest.mark.parametrize("blocks,threads", [(1, 32), (3, 128), (2, 1024)])
+def test_a_tree_reduction_over_shared_memory_sums_the_block(lib, blocks, threads):
+    out = np.zeros(blocks, np.float32)
+    assert lib.run_block_sum(blocks, threads, _ptr(out)) == 0
+    np.testing.assert_array_equal(out, threads * (threads + 1) / 2)      # 1 + 2 + ... + threads
+
+
+def test_shuffles_exchange_within_each_warp_only(lib):
+    out = np.zeros(96, np.float32)
+    assert lib.run_warp_sum(96, _ptr(out)) == 0
+    lanes = np.arange(96).reshape(3, 32)
+    np.testing.assert_array_equal(out.reshape(3, 32), np.repeat(lanes.sum(axis=1, keepdims=True), 32, axis=1))
+
+
+def test_with_its_barrier_every_thread_reads_its_neighbours_value(lib):
+    blocks, threads = 3, 64
+    out = np.zeros(blocks * threads, np.float32)
+    assert lib.run_neighbour(blocks, threads, _ptr(out), 1) == 0
+    t = np.arange(threads)
+    np.testing.assert_array_equal(out.reshape(blocks, threads), np.arange(blocks)[:, None] * 1000 + (t + 1) % threads)
+
+
+def test_without_its_barrier_the_read_sees_a_value_not_yet_written(lib):
+    blocks, threads = 3, 64
+    out = np.zeros(blocks * threads, np.float32)
+    assert lib.run_neighbour(blocks, threads, _ptr(out), 0) == 0
+    right = np.arange(blocks)[:, None] * 1000 + (np.arange(threads) + 1) % threads
+    wrong = out.reshape(blocks, threads) != right
+    assert wrong.any(axis=1).all() and wrong.sum() > blocks * threads // 2   # threads ran before their neighbours
+
+
+def test_a_barrier_that_one_thread_never_reaches_fails_the_launch_at_once(lib):
+    out = np.zeros(64, np.float32)
+    assert lib.run_divergent(64, _ptr(out)) == 1
+    assert lib.run_block_sum(1, 64, _ptr(out)) == 0          # and the next launch runs normally
+    assert out[0] == 64 * 65 / 2
+
+
+def test_a_block_that_is_not_whole_warps_is_refused(lib):
+    out = np.zeros(64, np.float32)
+    assert lib.run_block_sum(1, 48, _ptr(out)) == 3
