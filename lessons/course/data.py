@@ -29,7 +29,7 @@ import numpy as np
 from lessons.core.checks import check_int, check_positive_int
 
 __all__ = ["Sample", "load_sample", "random_case", "late_max_case", "late_max_keys", "make_case", "CASE_KINDS",
-           "softmax_demo_rows", "paged_case", "gqa_batch_case"]
+           "softmax_demo_rows", "paged_case", "decode_query_case", "gqa_batch_case"]
 
 CASE_KINDS = ("real", "random", "late-max")
 _NPZ = "minilm_sample.npz"
@@ -340,6 +340,15 @@ def paged_case():
     block_table, k_cache, v_cache = write_paged_cache(k_all[:seq_len], v_all[:seq_len], block_size,
                                                       num_blocks=16, seed=3)
     return q_all[seq_len - 1], block_table, k_cache, v_cache, seq_len, block_size
+
+
+def decode_query_case():
+    """Notebook 08's decode step: the last query of layer 0, head 0 of the real sample against its 128 keys.
+
+    Returns float64 ``(q, k, v)``: ``q`` (32,), ``k``, ``v`` (128, 32).
+    """
+    q, k, v = load_sample().qkv(0, 0, dtype=np.float64)
+    return q[-1], k, v
 
 
 def gqa_batch_case():

@@ -6,6 +6,10 @@ builds with NVRTC for sm_80 and sm_90 (while g++ builds the emulator's library),
 device, checked against NumPy and timed with CUDA events, or says plainly why not; runs it on the CPU
 emulator, labelled as such and never timed; and reports, as a :class:`GpuLesson`. A failed run is a
 note, not an exception: the notebook goes on.
+
+Every section takes ``use_device`` (None = a CUDA device when there is one, False = never) and
+``emulate`` (None = the emulator only when the GPU did not run; True/False = always/never); anything
+but None, True or False is a TypeError naming the argument.
 """
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ import html
 import re
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Callable
 
@@ -45,13 +49,11 @@ def format_seconds(seconds: float) -> str:
 
 @dataclass(frozen=True)
 class KernelCheck:
-    """One run of a kernel, compared with the NumPy reference (:func:`compare`).
-
-    ``where``: ``"GPU"`` or ``"emulator"``; ``case``: what was run, in words; ``output``,
-    ``reference``, ``lse``, ``reference_lse``: float64 arrays (lse None when not checked);
-    ``max_error``: max |output - reference| (inf where the kernel wrote NaN/inf); ``lse_error``:
-    the same over rows NumPy sees keys for (inf if the -inf rows differ); ``agrees``: within
-    ``atol + rtol * |reference|``; ``median_seconds``: GPU time of one launch (CUDA events) or None.
+    """One run of a kernel against the NumPy reference (:func:`compare`): ``where`` (``"GPU"`` or
+    ``"emulator"``), ``case`` (in words), float64 ``output``, ``reference``, ``lse``, ``reference_lse``
+    (lse None when not checked); ``max_error`` max |output - reference| (inf where the kernel wrote
+    NaN/inf); ``lse_error`` the same over rows NumPy sees keys for (inf if the -inf rows differ);
+    ``agrees`` within ``atol + rtol * |reference|``; ``median_seconds`` of one launch (CUDA events) or None.
     """
 
     where: str
@@ -80,8 +82,7 @@ class KernelCheck:
 
 def compare(where, case, output, reference, lse=None, reference_lse=None, *, seconds=None,
             atol=TOLERANCE["atol"], rtol=TOLERANCE["rtol"]) -> KernelCheck:
-    """Compare a kernel's output (and lse) with NumPy's; see :class:`KernelCheck`.
-    Raises ValueError when the shapes differ."""
+    """A :class:`KernelCheck` of ``output`` (and ``lse``) against NumPy's. ValueError when the shapes differ."""
     out, ref = np.asarray(output, dtype=np.float64), np.asarray(reference, dtype=np.float64)
     if out.shape != ref.shape:
         raise ValueError(f"kernel output has shape {out.shape}, the reference {ref.shape}")
@@ -104,12 +105,9 @@ def compare(where, case, output, reference, lse=None, reference_lse=None, *, sec
 
 
 def resources_text(resources) -> str:
-    """A plain-text table of :class:`~lessons.gpu.compile.KernelResources` rows (``""`` for none).
-
-    Columns: entry point, architecture, storage dtype, compile-time constants, threads per block,
-    registers per thread, static shared memory per block (bytes), spilled bytes per thread (stores
-    + loads); "not reported" where neither the device nor ptxas gave the number.
-    """
+    """A text table of :class:`~lessons.gpu.compile.KernelResources` (``""`` for none): entry point, arch,
+    dtype, constants, threads per block, registers per thread, static shared memory per block (bytes),
+    spilled bytes per thread; "not reported" where neither the device nor ptxas gave the number."""
     head = ("kernel", "arch", "dtype", "config", "threads", "registers", "smem bytes", "spills")
     body = [(r.entry, r.arch, r.dtype, r.config, str(r.threads_per_block), _number(r.registers),
              _number(r.smem_bytes, "{:,}"), _number(r.spill_bytes)) for r in resources]
@@ -121,8 +119,7 @@ def resources_text(resources) -> str:
 
 
 class Table(str):
-    """A table in a summary: kept as it is (never wrapped) under its ``title`` line; in HTML the
-    title is the summary of a ``<details>`` element, so the table folds away."""
+    """A table in a summary, kept whole under its ``title`` line (in HTML: a folding ``<details>``)."""
 
     title: str = ""
 
@@ -152,15 +149,12 @@ def _text(block) -> str:
 
 @dataclass(frozen=True)
 class GpuLesson:
-    """What one notebook's "On the GPU" section found.
-
-    ``notebook``, ``title`` (the kernel in words), ``builds`` (the
-    :class:`~lessons.gpu.source.KernelBuild` s compiled), ``compiled`` (by NVRTC), ``status`` (one
-    sentence: compiled, run or not, where), ``resources`` (:class:`~lessons.gpu.compile.KernelResources`
-    per entry point and architecture), ``checks`` (:class:`KernelCheck` s), ``notes`` (what was
-    skipped and why), ``details`` (the section's numbers, read-only), ``summary`` (the text printed,
-    also ``str(result)``, prose wrapped at 100 columns) and ``blocks`` (the same as paragraphs and
-    :class:`Table` s, which ``_repr_html_`` folds away).
+    """What one "On the GPU" section found: ``notebook``, ``title`` (the kernel in words), ``builds``
+    compiled, ``compiled`` (by NVRTC), ``status`` (one sentence: compiled, run or not, where),
+    ``resources`` (:class:`~lessons.gpu.compile.KernelResources` per entry point and arch), ``checks``
+    (:class:`KernelCheck` s), ``notes`` (what was skipped and why), ``details`` (the section's numbers),
+    ``summary`` (the text printed, ``str(result)``, prose wrapped at 100 columns) and ``blocks`` (the
+    same as paragraphs and :class:`Table` s, which ``_repr_html_`` folds away).
     """
 
     notebook: str
@@ -205,10 +199,7 @@ class GpuLesson:
 
 
 def open_device(use_device):
-    """(a :class:`~lessons.gpu.launch.Runner` on the CUDA device, or None; why not, or None).
-
-    ``use_device``: None = use a device when there is one, False = never. TypeError for anything
-    but None, True or False."""
+    """(a :class:`~lessons.gpu.launch.Runner` on the CUDA device, or None; why not, or None)."""
     if check_flag(use_device, "use_device", none=True) is False:
         return None, "the GPU was not used (use_device=False)"
     if not device_available():
@@ -225,9 +216,9 @@ def open_device(use_device):
 
 @dataclass
 class Place:
-    """Where a section's spec runs: a :class:`~lessons.gpu.launch.Runner` (its ``put``, ``host``,
-    ``kernel``, ``name`` and ``xp`` are the place's) and the label its checks get, ``where``
-    (:data:`GPU` or :data:`EMULATOR`). Only a GPU place is timed."""
+    """Where a spec runs: a :class:`~lessons.gpu.launch.Runner` (``put``, ``host``, ``kernel``, ``name``,
+    ``xp`` are the place's) and the label of its checks, ``where`` (:data:`GPU` or :data:`EMULATOR`).
+    Only a GPU place is timed."""
 
     runner: Runner
     where: str
@@ -246,37 +237,33 @@ class Place:
         return self.runner.median_seconds(fn, **kwargs) if self.timed else None
 
     def launch(self, launcher, args, *, timed=False, **kwargs):
-        """(``launcher(*args, **kwargs)`` here, its NumPy arrays moved here first; its median seconds
-        at a GPU place when ``timed``: True, or the keyword arguments to time it with; else None)."""
+        """(``launcher(*args, **kwargs)`` here, NumPy arrays moved here first; its median seconds at a GPU
+        place when ``timed`` is True or the keyword arguments to time it with, else None)."""
         fn, args = self.kernel(launcher), [self.put(x) if isinstance(x, np.ndarray) else x for x in args]
         seconds = self.seconds(lambda: fn(*args, **(kwargs if timed is True else timed))) if timed else None
         return fn(*args, **kwargs), seconds
 
     def check(self, case, result, reference, **kwargs) -> KernelCheck:
-        """:func:`compare` of a kernel's ``result`` here, ``(out, lse)`` or ``(out,)`` (moved to the host),
-        with NumPy's ``reference``, ``(out, lse)`` or ``(out,)``; ``kwargs``: seconds, atol, rtol."""
+        """:func:`compare` of a kernel's ``result`` here, ``(out, lse)`` or ``(out,)``, with NumPy's
+        ``reference`` of the same form; ``kwargs``: seconds, atol, rtol."""
         lse = self.host(result[1]) if len(result) > 1 else None
         return compare(self.where, case, self.host(result[0]), reference[0], lse,
                        reference[1] if len(reference) > 1 else None, **kwargs)
 
     def verify(self, case, launcher, args, reference, *, timed=False, tolerance=TOLERANCE, **kwargs) -> KernelCheck:
-        """:meth:`check` (within ``tolerance``, atol and rtol) of :meth:`launch` ``(launcher, args,
-        timed=timed, **kwargs)``, its median seconds with it."""
+        """:meth:`check` (within ``tolerance``) of :meth:`launch`, its median seconds with it."""
         result, seconds = self.launch(launcher, args, timed=timed, **kwargs)
         return self.check(case, result, reference, seconds=seconds, **tolerance)
 
 
 @dataclass
 class Section:
-    """One notebook's "On the GPU" section as a spec for :func:`run_section`.
-
-    ``notebook``, ``title``: as in :class:`GpuLesson`; ``builds``: what NVRTC compiles and reports;
-    ``run(place) -> (checks, details)``: inputs, launch and reference at one place (None: nothing
-    to run); ``report(result) -> blocks``, or the blocks: the lines after the checks (str lines, ""
+    """One notebook's "On the GPU" section, for :func:`run_section`: ``notebook``, ``title`` (as in
+    :class:`GpuLesson`); ``builds`` NVRTC compiles and reports; ``run(place) -> (checks, details)`` (None:
+    nothing runs); ``report(result) -> blocks`` or the blocks: the lines after the checks (str lines, ""
     between paragraphs, :class:`Table` s; it may add to ``result.details``); ``timings(place) -> (rows,
-    blocks)``: what only a GPU measures; ``emulator_builds``: the emulator's libraries (default
-    ``builds``); ``entries``: the entry points reported (default all); ``once_per_arch``: entries
-    reported once per architecture; ``details``: numbers known beforehand.
+    blocks)``: what only a GPU measures; ``emulator_builds`` (default ``builds``); ``entries`` reported
+    (default all); ``once_per_arch``: entries reported once per arch; ``details`` known beforehand.
     """
 
     notebook: str
@@ -292,11 +279,9 @@ class Section:
 
 
 def _compile(section: Section, device) -> tuple:
-    """(resources, status, compiled) for the section's builds on sm_80 and sm_90; a compiled status
-    is left open for run_section to say where it ran."""
+    """(resources, status, compiled) of the builds on sm_80 and sm_90; run_section ends the status."""
     entries = section.entries or tuple(dict.fromkeys(e for b in section.builds for e in b.entries))
-    kernel = f"CUDA kernel ({', '.join(entries)}) was" if len(entries) == 1 else \
-        f"CUDA kernels ({', '.join(entries)}) were"
+    kernel = f"CUDA kernel{'s' * (len(entries) != 1)} ({', '.join(entries)}) {'was' if len(entries) == 1 else 'were'}"
     try:
         version = ".".join(map(str, nvrtc_version()))
     except ImportError:
@@ -316,22 +301,18 @@ def _compile(section: Section, device) -> tuple:
 
 
 def _guarded(fn, notes: list, where: str):
-    """Run ``fn()``; on any error add a sentence to ``notes`` and return None."""
+    """``fn()``, or None with a sentence in ``notes`` when it raised (a failed launch must not stop the notebook)."""
     try:
         return fn()
-    except Exception as err:  # a launch failure must not stop the notebook
+    except Exception as err:
         notes.append(f"The {where} run failed: {type(err).__name__}: {str(err).splitlines()[0]}")
         return None
 
 
 def run_section(section: Section, use_device=None, emulate=None) -> GpuLesson:
-    """Compile, run on the device or say why not, run on the emulator, compare, report.
-
-    ``use_device``: None = use a CUDA device when there is one; False = never. ``emulate``: None =
-    run the CPU emulator only when the GPU did not run; True/False = always/never. Returns a
-    :class:`GpuLesson`; never raises for a failed compile or launch (it is reported). Raises TypeError
-    for a ``use_device`` or ``emulate`` that is not None, True or False.
-    """
+    """Compile, run on the device or say why not, run on the emulator, compare, report: a
+    :class:`GpuLesson`. A failed compile or launch is reported, never raised; TypeError for a
+    ``use_device`` or ``emulate`` (see the module docstring) that is not None, True or False."""
     emulate = check_flag(emulate, "emulate", none=True)
     device, why_not = open_device(use_device)
     emulate = ((device is None) if emulate is None else emulate) and section.run is not None
@@ -369,15 +350,14 @@ def run_section(section: Section, use_device=None, emulate=None) -> GpuLesson:
     # the report sees a draft whose details it may add to (numbers computed from the checks)
     draft = GpuLesson(section.notebook, section.title, tuple(section.builds), compiled, status, resources,
                       tuple(checks), tuple(notes), details, "")
-    report = section.report(draft) if callable(section.report) else section.report
-    extra = list(report or []) + extra
+    extra = list((section.report(draft) if callable(section.report) else section.report) or []) + extra
     notes += [f"Nothing was timed: {why_not}; the GPU run and its timing are skipped."] if device is None else []
     notes += [emulator_note] if emulator_note else []
     notes += sorted({f"Resources of {r.entry} ({r.arch}) not reported: {r.reason}." for r in resources
                      if not r.reported})
     blocks = _blocks(section.title, status, resources, device, checks, extra, notes)
-    return GpuLesson(**{**draft.__dict__, "details": MappingProxyType(details), "blocks": tuple(blocks),
-                        "summary": "\n\n".join(_text(b) for b in blocks)})
+    return replace(draft, details=MappingProxyType(details), blocks=tuple(blocks),
+                   summary="\n\n".join(_text(b) for b in blocks))
 
 
 def _blocks(title, status, resources, device, checks, extra, notes) -> list:
@@ -387,15 +367,14 @@ def _blocks(title, status, resources, device, checks, extra, notes) -> list:
         who = "the device and ptxas report" if any(r.source == "device" for r in resources) else "ptxas reports"
         blocks.append(Table(textwrap.indent(resources_text(resources), "  "), f"What {who} (registers per "
                             f"thread, static shared memory bytes per block, spilled bytes):"))
-    for where, label in ((GPU, f"On the GPU ({device.name if device else ''})"), (EMULATOR, f"On the {EMULATOR_LABEL}")):
+    for where, label in ((GPU, f"On the GPU ({device.name if device else ''})"),
+                         (EMULATOR, f"On the {EMULATOR_LABEL}")):
         lines = [f"  {c.case}: {c.line()}" for c in checks if c.where == where]
-        if lines:
-            blocks.append("\n".join([f"{label}, against NumPy:", *lines]))
+        blocks += ["\n".join([f"{label}, against NumPy:", *lines])] if lines else []
     paragraph = []
     for item in extra + [""]:            # str lines join into paragraphs ("" ends one); tables stand alone
         if isinstance(item, Table) or item == "":
-            blocks += ["\n".join(paragraph)] if paragraph else []
-            blocks += [item] if isinstance(item, Table) else []
+            blocks += (["\n".join(paragraph)] if paragraph else []) + ([item] if isinstance(item, Table) else [])
             paragraph = []
         else:
             paragraph.append(item)

@@ -1,29 +1,25 @@
 """The "On the GPU" section of every notebook: the notebook's algorithm as a CUDA kernel.
 
-One function per notebook, each a short :class:`lessons.gpu.harness.Section` spec (the builds of
-:mod:`lessons.gpu.source`, inputs, a launch at one place, the NumPy reference, what it prints) run by
+Each section is a short :class:`lessons.gpu.harness.Section` spec (builds of :mod:`lessons.gpu.source`,
+inputs, a launch at one place, the NumPy reference, what it prints) run by
 :func:`lessons.gpu.harness.run_section`: compiled for sm_80 and sm_90, run and timed on a CUDA device
-when there is one, else run on the CPU emulator and labelled so, never as the GPU.
+when there is one, else run on the CPU emulator and labelled so, never as the GPU. Each returns a
+:class:`GpuLesson` (numbers as attributes, ``str(result)`` the text printed) and takes ``use_device``
+and ``emulate`` as the harness's module docstring says. Nothing here needs a GPU or CuPy. Kernels
+compute in float32 (float16 on tensor cores), checked against float64 NumPy on the same rounded inputs.
 
-==================================  =========================================================
-notebook                            function
-==================================  =========================================================
-``01_online_softmax``               :func:`online_softmax_on_gpu`
-``02_flash_attention_tile_by_tile`` :func:`flash_attention_on_gpu` (with the kernel's trace)
-``03_query_blocks_and_causal``      :func:`causal_on_gpu`
-``04_backward_pass``                :func:`lessons.gpu.backward.backward_on_gpu` (with the kernels' trace)
-``05_io_awareness``                 :func:`io_on_gpu` (compile report; naive vs kernel timing),
-                                    :func:`tensor_cores_on_gpu`
-``07_paged_attention``              :func:`paged_decode_on_gpu`
-``08_flash_decoding_and_ring``      :func:`flash_decoding_on_gpu`
-``09_paged_gqa_decode``             :func:`paged_gqa_on_gpu`
-==================================  =========================================================
-
-Each returns a :class:`GpuLesson` (numbers as attributes, ``str(result)`` the text printed) and takes
-``use_device`` (None = a CUDA device when there is one, False = never) and ``emulate`` (None = the
-emulator only when the GPU did not run; True/False = always/never). Nothing here needs a GPU or CuPy.
-Kernels compute in float32 (float16 on tensor cores), so every comparison is against the float64
-NumPy reference fed the same rounded inputs.
+======================  ================================================================================
+notebook                function
+======================  ================================================================================
+01 online softmax       :func:`online_softmax_on_gpu`
+02 flash attention      :func:`flash_attention_on_gpu` (with the kernel's trace; :func:`kernel_row_trace`)
+03 query blocks/causal  :func:`causal_on_gpu`
+04 backward pass        :func:`lessons.gpu.backward.backward_on_gpu` (with the kernels' trace)
+05 io awareness         :func:`io_on_gpu` (compile report; naive vs kernel), :func:`tensor_cores_on_gpu`
+07 paged attention      :func:`paged_decode_on_gpu`
+08 flash-decoding       :func:`flash_decoding_on_gpu`
+09 paged GQA decode     :func:`paged_gqa_on_gpu`
+======================  ================================================================================
 """
 from __future__ import annotations
 
@@ -33,7 +29,7 @@ import numpy as np
 
 from lessons.core.checks import as_float_array, check_flag, check_int, check_positive_int
 from lessons.core.reference import attention
-from lessons.course.data import gqa_batch_case, load_sample, paged_case, softmax_demo_rows
+from lessons.course.data import decode_query_case, gqa_batch_case, load_sample, paged_case, softmax_demo_rows
 from lessons.gpu.compile import NOT_REPORTED, _config
 from lessons.gpu.emulator import emulator_available
 from lessons.gpu.harness import (TOLERANCE, GpuLesson, KernelCheck, Section, Table, format_seconds, open_device,
@@ -44,7 +40,7 @@ from lessons.gpu.measure import attention_flops, naive_attention
 from lessons.gpu.source import (MMA_BLOCK_Q, STATIC_SMEM_LIMIT, default_builds, flash_attention_build,
                                 flash_attention_config, flash_attention_mma_build, flash_attention_mma_config,
                                 online_softmax_build, paged_decode_build)
-from lessons.gpu.trace_compare import first_divergence, relative_difference, trace_table
+from lessons.gpu.trace_compare import compare_rows, comparison_lines, trace_table
 from lessons.schedules.causal import count_tiles
 from lessons.schedules.flash import flash_attention
 from lessons.schedules.gqa_decode import paged_decode, write_paged_batch
@@ -59,8 +55,7 @@ __all__ = ["GpuLesson", "KernelCheck", "online_softmax_on_gpu", "flash_attention
 
 #: the tensor-core kernel (P rounded to float16 before P V) against float64 NumPy on float16 inputs
 MMA_TOLERANCE = MappingProxyType({"atol": 3e-3, "rtol": 5e-3})
-#: (Nq, Nk) of notebook 03's GPU check: fewer queries than keys (a chunk against a longer
-#: cache), and more queries than keys (the first Nq - Nk rows see nothing)
+#: (Nq, Nk) of notebook 03: fewer queries than keys, and more (the first Nq - Nk rows see nothing)
 CAUSAL_CASES = ((40, 128), (128, 96))
 #: how the paged launchers are timed: the block tables were checked by the untimed launch
 TIMED_PAGED = MappingProxyType({"check_tables": False})
@@ -76,10 +71,9 @@ def _f64(*arrays):
 
 def _data(names: str, values, default) -> tuple:
     """``values`` when every one is given, ``default()`` when none is; ValueError for some."""
-    given = [x is not None for x in values]
-    if any(given) and not all(given):
+    if any(x is not None for x in values) and any(x is None for x in values):
         raise ValueError(f"pass all of {names}, or none of them")
-    return tuple(values) if all(given) else default()
+    return default() if values[0] is None else tuple(values)
 
 
 def _run(notebook, title, builds, run=None, report=None, *, use_device, emulate, **spec) -> GpuLesson:
@@ -87,8 +81,7 @@ def _run(notebook, title, builds, run=None, report=None, *, use_device, emulate,
 
 
 def _ints(values, name: str, count: int | None = None) -> tuple:
-    """``values``: a non-empty sequence of ints >= 1 (``count`` of them when given); TypeError/ValueError
-    naming ``name`` otherwise (bools, floats and strings are not sizes)."""
+    """A non-empty sequence of ints >= 1 (``count`` of them when given); TypeError/ValueError naming ``name``."""
     if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
         raise TypeError(f"{name} must be a sequence of ints, got {type(values).__name__} {values!r}")
     values = tuple(values)
@@ -98,17 +91,8 @@ def _ints(values, name: str, count: int | None = None) -> tuple:
 
 
 def _table(title: str, lines) -> Table:
-    """A :class:`~lessons.gpu.harness.Table` of text lines, indented 2."""
     return Table("\n".join("  " + r for r in lines), title)
 
-
-def _sample_decode_query():
-    """Notebook 08's data: the last query of layer 0, head 0 of the real sample, and its 128 keys."""
-    q, k, v = load_sample().qkv(0, 0, dtype=np.float64)
-    return q[-1], k, v
-
-
-# -- 01 online softmax ---------------------------------------------------------------------------------------
 
 def _softmax_reference(x):
     x64 = np.asarray(x, dtype=np.float64)
@@ -119,14 +103,13 @@ def online_softmax_on_gpu(x=None, *, tile: int = 256, timing_shape=(2048, 8192),
                           emulate=None) -> GpuLesson:
     """Notebook 01: the online-softmax kernel (one thread block per row) against NumPy.
 
-    ``x``: float (n_cols,) or (n_rows, n_cols), cast to float32; default
-    :func:`lessons.course.data.softmax_demo_rows` (3 x 700: 3 tiles, a masked first tile, an all-masked
-    row). ``tile``: columns per tile = threads per block (a multiple of 32 up to 1024). ``timing_shape``:
-    (rows, cols) of the random float32 scores timed on a GPU. References:
-    :func:`lessons.schedules.softmax.safe_softmax` and ``numpy.logaddexp.reduce`` (lse) in float64.
-    Raises (before compiling anything) TypeError for an ``x`` without a float dtype (ints, bools, strings,
-    complex), a non-int ``tile`` or ``timing_shape``; ValueError for an ``x`` that is not 1-D or 2-D or is
-    empty, a ``tile`` the kernel cannot take, a ``timing_shape`` that is not two ints >= 1.
+    ``x``: float (n_cols,) or (n_rows, n_cols), cast to float32 (default
+    :func:`lessons.course.data.softmax_demo_rows`: 3 x 700, a masked first tile, an all-masked row);
+    ``tile``: columns per tile = threads per block (a multiple of 32 up to 1024); ``timing_shape``:
+    (rows, cols) of random float32 scores timed on a GPU. References: :func:`lessons.safe_softmax`,
+    ``numpy.logaddexp.reduce`` (lse), float64. Raises, before compiling, TypeError for an ``x`` without a
+    float dtype, a non-int ``tile`` or ``timing_shape``; ValueError for an empty ``x`` or one not 1-D/2-D,
+    a ``tile`` the kernel cannot take, a ``timing_shape`` not two ints >= 1.
     Source: Milakov & Gimelshein 2018, Alg. 3.
     """
     if x is not None:
@@ -152,45 +135,31 @@ def online_softmax_on_gpu(x=None, *, tile: int = 256, timing_shape=(2048, 8192),
                 f"row 1's masked first tile left no NaN: {bool(np.isfinite(c.output[1]).all())}"]
 
     return _run("01_online_softmax", "online softmax kernel (lessons/gpu/kernels/online_softmax.cu)",
-                [online_softmax_build(tile, "float32")], run, report, details={"x": x},
-                use_device=use_device, emulate=emulate)
+                [online_softmax_build(tile, "float32")], run, report, details={"x": x}, use_device=use_device,
+                emulate=emulate)
 
 
-# -- 02 flash attention forward, with the trace --------------------------------------------------------------
-
-def _trace_details(place, gpu_trace, q, k, v, row, block_q, block_k) -> dict:
+def _trace_report(place, gpu_trace, q, k, v, row, block_q, block_k) -> dict:
     """The kernel's trace of ``row`` beside NumPy's and beside a fold that forgets alpha on l."""
     _, np_trace = flash_attention(*_f64(q, k, v), tile=block_k, block_q=block_q, return_trace=True)
-    np_row, g_row = np_trace.row(row), gpu_trace.row(row)
     broken = run_variant("no_alpha_on_l", *_f64(q[row:row + 1], k, v), block_k)
-    broken_row = SimpleNamespace(m=broken.m[:, 0], alpha=broken.alpha[:, 0], l=broken.l[:, 0])
-    return {"gpu_row": g_row, "numpy_row": np_row, "divergence": first_divergence(g_row, np_row, rtol=1e-4, atol=1e-6),
-            "broken_divergence": first_divergence(g_row, broken_row, rtol=1e-4, atol=1e-6),
-            "max_relative_difference": float(relative_difference(g_row, np_row).max(initial=0.0)),
-            "trace_from": place.where}
+    return compare_rows(gpu_trace.row(row), np_trace.row(row), SimpleNamespace(
+        m=broken.m[:, 0], alpha=broken.alpha[:, 0], l=broken.l[:, 0]), place.where)
 
 
 def _trace_lines(details, row, block_q, block_k) -> list:
     if "gpu_row" not in details:
         return []
-    where, found, b = details["trace_from"], details["divergence"], details["broken_divergence"]
-    lines = [_table(f"Row {row}, tile by tile: the {where}'s trace (trace build, -DFA_TRACE) beside NumPy's "
-                    f"(lessons.flash_attention, block_q={block_q}, tile={block_k}):",
-                    trace_table(details["gpu_row"], details["numpy_row"], where).split("\n")),
-             f"  first_divergence: {found}" if found is not None else
-             f"  first_divergence: none - every tile agrees within rounding (rtol 1e-4, atol 1e-6); "
-             f"largest relative difference {details['max_relative_difference']:.1e}."]
-    if b is not None:
-        lines.append(f"  What a real difference looks like: against a fold that forgets alpha on l "
-                     f"(lessons.schedules.variants 'no_alpha_on_l'), first_divergence names tile {b.tile + 1}: "
-                     f"{b.quantity} = {b.gpu:.6g} in the {where}'s trace, {b.numpy:.6g} in the broken fold.")
-    return lines
+    where = details["trace_from"]
+    return [_table(f"Row {row}, tile by tile: the {where}'s trace (trace build, -DFA_TRACE) beside NumPy's "
+                   f"(lessons.flash_attention, block_q={block_q}, tile={block_k}):",
+                   trace_table(details["gpu_row"], details["numpy_row"], where).split("\n")),
+            *comparison_lines(details, "a fold that forgets alpha on l (lessons.schedules.variants 'no_alpha_on_l')")]
 
 
 def _forward_checks(place, case, qkv, reference, heads=None, **options) -> list:
-    """Timed checks of the forward kernel: at a GPU place first every head in one launch (``heads`` =
-    (case, q, k, v) of shape (L, H, N, d), or None) against :func:`lessons.attention` per head, then
-    the one head ``qkv`` against ``reference`` = (out, lse); at the emulator the one head, untimed."""
+    """Timed checks of the forward kernel: on a GPU first every head in one launch (``heads``: (case, q, k, v),
+    each (L, H, N, d), or None) against :func:`lessons.attention` per head; then ``qkv`` against ``reference``."""
     runs = [(case, qkv, reference)]
     if heads is not None and place.timed:
         q, k, v = heads[1:]
@@ -203,24 +172,20 @@ def _forward_checks(place, case, qkv, reference, heads=None, **options) -> list:
 
 def flash_attention_on_gpu(*, layer: int = 0, head: int = 0, row: int = 93, block_k: int = 16,
                            all_heads: bool = True, use_device=None, emulate=None) -> GpuLesson:
-    """Notebook 02: the FlashAttention-2 forward kernel on the real sample, and its trace.
+    """Notebook 02: the FlashAttention-2 forward kernel on one head of the real sample, and its trace.
 
-    ``layer``, ``head``: the sample head checked and traced; ``row``: the query row whose trace is
-    replayed beside NumPy's (93, the token "and"); ``block_k``: keys per tile (``block_q`` is the
-    kernel's default for d = 32); ``all_heads``: on a GPU, also all 6 x 12 heads in one launch.
-    The output is checked against :func:`lessons.attention`; the trace build's ``(m, alpha, l)``
-    per tile against :func:`lessons.flash_attention`'s by :func:`lessons.gpu.first_divergence`.
-    ``details``: ``gpu_row``, ``numpy_row``, ``divergence`` (None when every tile agrees),
-    ``broken_divergence``, ``model_error`` (vs the model's own output).
-    Raises TypeError for a non-int ``layer``, ``head``, ``row``, ``block_k`` (bools included) or a non-bool
-    ``all_heads``; ValueError for one outside the sample (``row`` in 0..127) or a ``block_k`` the kernel
-    cannot take.
-    Source: Dao 2023 (FlashAttention-2), Alg. 1.
+    ``layer``, ``head``: the head checked and traced; ``row``: the query row whose trace is replayed
+    beside :func:`lessons.flash_attention`'s (93, the token "and"; :func:`lessons.gpu.first_divergence`);
+    ``block_k``: keys per tile (``block_q``: the kernel's default for d = 32); ``all_heads``: on a GPU,
+    also all 6 x 12 heads in one launch. Output checked against :func:`lessons.attention`. ``details``:
+    ``gpu_row``, ``numpy_row``, ``divergence`` (None: every tile agrees), ``broken_divergence``,
+    ``model_error`` (vs the model's own output). TypeError for a non-int ``layer``, ``head``, ``row``,
+    ``block_k`` or a non-bool ``all_heads``; ValueError for one outside the sample (``row`` in 0..127)
+    or a ``block_k`` the kernel cannot take. Source: Dao 2023 (FlashAttention-2), Alg. 1.
     """
     sample = load_sample()
     q, k, v = _f32(*sample.qkv(layer, head, dtype=np.float32))
-    row = check_int(row, "row", min=0, max=q.shape[0] - 1)
-    all_heads = check_flag(all_heads, "all_heads")
+    row, all_heads = check_int(row, "row", min=0, max=q.shape[0] - 1), check_flag(all_heads, "all_heads")
     d = q.shape[1]
     block_q, block_k = flash_attention_config(d, None, block_k)
     trace_build = flash_attention_build(d, "float32", True, block_q, block_k)
@@ -235,7 +200,7 @@ def flash_attention_on_gpu(*, layer: int = 0, head: int = 0, row: int = 93, bloc
         (out, lse, trace), _ = place.launch(flash_attention_gpu, (q, k, v), block_q=block_q, block_k=block_k,
                                             trace_rows=[row])
         checks.append(place.check(case + ", trace build", (out, lse), ref))
-        return checks, _trace_details(place, trace, q, k, v, row, block_q, block_k)
+        return checks, _trace_report(place, trace, q, k, v, row, block_q, block_k)
 
     def report(r):
         lines = _trace_lines(r.details, row, block_q, block_k)
@@ -257,21 +222,16 @@ def flash_attention_on_gpu(*, layer: int = 0, head: int = 0, row: int = 93, bloc
 def kernel_row_trace(q, k, v, tile, row, *, causal=False, block_q=64, scale=None, use_device=None):
     """The forward kernel's own trace of one query row, for ``TileStepper(kernel=kernel_row_trace)``.
 
-    ``q`` (Nq, d), ``k``, ``v`` (Nk, d): float arrays (computed in float32); ``tile``: keys per tile,
-    the kernel's ``block_k``; ``row``: the query row traced; ``causal``, ``block_q``, ``scale``: as
-    :func:`lessons.flash_attention`. The kernel uses ``block_q`` when its tile rules allow it with
-    ``block_k = tile``; without causal masking the row's trace does not depend on ``block_q``, so
-    another is tried. With causal masking give the stepper's block size (with lesson 3's
-    ``schedule=block_schedule(16)``: ``functools.partial(kernel_row_trace, block_q=16)``).
-
-    Runs the trace build (``-DFA_TRACE``) of :func:`lessons.gpu.flash_attention_gpu` on the GPU when
-    there is one (and ``use_device`` is not False), else on the CPU emulator. Returns ``(where,
-    gpu_row)``: ``"GPU (<name>)"`` or ``"emulator"``, and a :class:`lessons.gpu.GpuRowTrace` of ``(m,
-    alpha, l)`` per absorbed tile. Raises ValueError for q, k, v that are not 2-D, a ``row`` outside
-    ``[0, Nq)``, a ``tile`` below 1, or when no ``block_q`` lets the kernel take ``block_k = tile``
-    (e.g. an odd tile needs block_q 128, whose tiles may not fit shared memory); TypeError for a
-    ``tile`` or ``row`` that is not an int or a q, k, v that is not float; RuntimeError when neither a
-    GPU nor a C++ compiler for the emulator is there. Source: Dao 2023 (FlashAttention-2), Alg. 1.
+    ``q`` (Nq, d), ``k``, ``v`` (Nk, d): float (computed in float32); ``tile``: keys per tile (the kernel's
+    ``block_k``); ``row``: the row traced; ``causal``, ``block_q``, ``scale``: as :func:`lessons.flash_attention`.
+    Without causal masking the trace does not depend on ``block_q``, so when the kernel cannot take it
+    with ``block_k = tile`` another is tried; with it, give the stepper's (lesson 3's
+    ``block_schedule(16)``: ``functools.partial(kernel_row_trace, block_q=16)``). Runs the trace build on
+    the GPU when there is one (and ``use_device`` is not False), else on the emulator. Returns ``(where,
+    gpu_row)``: ``"GPU (<name>)"`` or ``"emulator"``, and a :class:`lessons.gpu.GpuRowTrace`. ValueError
+    for q, k, v not 2-D, a ``row`` outside ``[0, Nq)``, a ``tile`` below 1 or one no ``block_q`` takes;
+    TypeError for a non-int ``tile`` or ``row`` or non-float q, k, v; RuntimeError when neither a GPU nor
+    a C++ compiler for the emulator is there. Source: Dao 2023 (FlashAttention-2), Alg. 1.
     """
     q, k, v = _f32(*(as_float_array(x, name, (2,)) for x, name in ((q, "q"), (k, "k"), (v, "v"))))
     tile, row = check_positive_int(tile, "tile"), check_int(row, "row", min=0, max=q.shape[0] - 1)
@@ -294,20 +254,16 @@ def kernel_row_trace(q, k, v, tile, row, *, causal=False, block_q=64, scale=None
     return (f"GPU ({device.name})" if device is not None else "emulator"), out[2].row(row)
 
 
-# -- 03 causal, Nq != Nk -------------------------------------------------------------------------------------
-
 def causal_on_gpu(*, layer: int = 0, head: int = 0, cases=CAUSAL_CASES, all_heads: bool = True,
                   use_device=None, emulate=None) -> GpuLesson:
     """Notebook 03: the forward kernel with ``causal=True`` and Nq != Nk, on the real sample.
 
-    Each case ``(Nq, Nk)`` takes the last Nq queries and the first Nk keys of one head (all 72
-    heads at once on a GPU with ``all_heads``). The mask is aligned bottom-right (query i sees key
-    j iff ``j <= i + Nk - Nq``); rows that see no key must give out = 0, lse = -inf (no NaN).
-    Checked against :func:`lessons.attention` ``(causal=True)``; ``details["empty_rows"]`` maps each
-    case to the number of such rows, ``details["tiles"]`` to
-    :func:`lessons.schedules.causal.count_tiles` for the kernel's tile sizes.
-    Raises TypeError for ``cases`` that are not (Nq, Nk) pairs of ints (bools, floats and strings are
-    not sizes) or a non-bool ``all_heads``; ValueError for no cases, or a case with Nq or Nk outside 1..128.
+    Each case ``(Nq, Nk)`` takes the last Nq queries and first Nk keys of one head (all 72 heads at once
+    on a GPU with ``all_heads``). Mask aligned bottom-right (query i sees key j iff ``j <= i + Nk - Nq``);
+    rows that see no key must give out = 0, lse = -inf (no NaN). Checked against :func:`lessons.attention`
+    ``(causal=True)``; ``details["empty_rows"]``: such rows per case; ``details["tiles"]``:
+    :func:`lessons.count_tiles` per case. TypeError for ``cases`` that are not (Nq, Nk) pairs of ints or
+    a non-bool ``all_heads``; ValueError for no cases or an Nq or Nk outside 1..128.
     Source: Dao 2023 (FlashAttention-2), Alg. 1 and Sec. 3.1.
     """
     sample = load_sample()
@@ -363,25 +319,20 @@ def causal_on_gpu(*, layer: int = 0, head: int = 0, cases=CAUSAL_CASES, all_head
                 use_device=use_device, emulate=emulate)
 
 
-# -- 05 IO: compile report, naive vs kernel timing; the same fold on tensor cores ----------------------------
-
 def io_on_gpu(*, ns=(1024, 2048, 4096), d: int = 64, heads: int = 8, repeats: int = 5,
               use_device=None) -> GpuLesson:
     """Notebook 05: what the kernels cost on chip, and (with a GPU) naive CuPy vs the kernel.
 
-    Compiles every kernel of the series (:func:`lessons.gpu.compile_report`, head dim 128, float16)
-    plus the forward kernel for head dim ``d``, and reports registers/thread and static shared
-    memory/block for sm_80 and sm_90. ``details["smem_formula"]`` holds, per forward build, the
-    bytes the tile formula of :mod:`lessons.gpu.source` gives (``4 * (block_q (d+1) + 2 block_k
-    (d+1) + block_q (block_k+1))``) and what was reported (None where nobody reported it).
-    With a device, for each N in ``ns`` (``heads`` heads, float16): the median time (CUDA events,
-    ``repeats`` runs after 2 warm-ups) of naive attention in CuPy (the full score matrix in
-    float32, :func:`lessons.gpu.measure.naive_attention`) and of :func:`lessons.gpu.flash_attention_gpu`,
-    and the largest difference between their outputs; without one, a sentence.
-    Raises (before compiling anything) TypeError for ``ns`` that is not a sequence of ints or a non-int
-    ``d``, ``heads``, ``repeats`` (bools included); ValueError for no ``ns``, any of them below 1, or a
-    ``d`` the kernel cannot take.
-    Source: Dao et al. 2022, Sec. 2-3 (IO-awareness); Dao 2023, Alg. 1.
+    Compiles every kernel of the series (:func:`lessons.gpu.compile_report`, head dim 128, float16) and
+    the forward kernel for head dim ``d``: registers/thread and static shared memory/block on sm_80 and
+    sm_90. ``details["smem_formula"]``: per forward build, the bytes of the tile formula of
+    :mod:`lessons.gpu.source` (``4 * (block_q (d+1) + 2 block_k (d+1) + block_q (block_k+1))``) and those
+    reported (None where nobody did). With a device, for each N in ``ns`` (``heads`` heads, float16): the
+    median seconds (CUDA events, ``repeats`` runs after 2 warm-ups) of naive attention in CuPy
+    (:func:`lessons.gpu.measure.naive_attention`, float32 scores) and of :func:`lessons.gpu.flash_attention_gpu`,
+    and the largest difference of their outputs (``details["timings"]``). TypeError for ``ns`` not a
+    sequence of ints or a non-int ``d``, ``heads``, ``repeats``; ValueError for no ``ns`` or any value
+    below 1. Source: Dao et al. 2022, Sec. 2-3 (IO-awareness); Dao 2023, Alg. 1.
     """
     ns = _ints(ns, "ns")
     heads, repeats = check_positive_int(heads, "heads"), check_positive_int(repeats, "repeats")
@@ -429,17 +380,15 @@ def tensor_cores_on_gpu(*, layer: int = 0, head: int = 0, row: int = 93, n: int 
                         heads: int = 8, repeats: int = 5, use_device=None, emulate=None) -> GpuLesson:
     """Notebook 05: the forward pass on tensor cores (``mma.sync.m16n8k16``), checked and timed.
 
-    Compiles :func:`lessons.gpu.flash_attention_mma_gpu` for the sample's head dim (32, with the
-    trace build) and for ``d``. Then, on a GPU or else on the emulator: one tensor-core
-    instruction alone (:func:`lessons.gpu.mma_probe_gpu`, 16x16 @ 16x8) against NumPy; the kernel
-    on the sample head ``layer``/``head`` (float16) against :func:`lessons.attention`; the trace of
-    ``row`` beside :func:`lessons.flash_attention`'s (block_q 64, tile = block_k). With a GPU it
-    also times, for ``heads`` heads of N = ``n``, d = ``d`` float16 inputs, naive CuPy, the
-    CUDA-core and the tensor-core kernels (median of ``repeats`` CUDA-event runs after 2 warm-ups,
-    seconds, and TFLOP/s at 4 N^2 d flops per head): ``details["timings"]`` (empty without one).
-    Raises (before running anything) TypeError for a ``row``, ``n``, ``heads`` or ``repeats`` that is
-    not an int, ValueError for a ``row`` outside the sample's 128 rows, ``n``, ``heads`` or ``repeats``
-    below 1, or a ``d`` the kernel cannot take.
+    Compiles :func:`lessons.gpu.flash_attention_mma_gpu` for the sample's head dim (32, with the trace
+    build) and for ``d``. On a GPU, else the emulator: one tensor-core instruction alone
+    (:func:`lessons.gpu.mma_probe_gpu`, 16x16 @ 16x8) against NumPy; the kernel on head ``layer``/``head``
+    (float16) against :func:`lessons.attention`; the trace of ``row`` beside :func:`lessons.flash_attention`'s.
+    With a GPU it also times, for ``heads`` heads of N = ``n``, d = ``d`` (float16), naive CuPy, the CUDA-core
+    and the tensor-core kernels (median of ``repeats`` CUDA-event runs after 2 warm-ups; seconds, TFLOP/s at
+    4 N^2 d flops per head): ``details["timings"]`` (empty without one). TypeError for a non-int ``row``,
+    ``n``, ``heads``, ``repeats``; ValueError for a ``row`` outside the sample's 128, ``n``, ``heads`` or
+    ``repeats`` below 1, or a ``d`` the kernel cannot take.
     Source: Dao 2023 (FlashAttention-2), Alg. 1 and Sec. 3.3; PTX ISA, mma.m16n8k16.
     """
     sample = load_sample()
@@ -460,7 +409,7 @@ def tensor_cores_on_gpu(*, layer: int = 0, head: int = 0, row: int = 93, n: int 
                             [_f64(a)[0] @ _f64(b)[0]], atol=1e-4, rtol=1e-4)
         (out, lse, trace), _ = place.launch(flash_attention_mma_gpu, (q, k, v), trace_rows=[row])
         return [probe, place.check(f"layer {layer}, head {head} (128 x {d_sample}, float16)", (out, lse), ref,
-                                   **MMA_TOLERANCE)], _trace_details(place, trace, q, k, v, row, MMA_BLOCK_Q, block_k)
+                                   **MMA_TOLERANCE)], _trace_report(place, trace, q, k, v, row, MMA_BLOCK_Q, block_k)
 
     def timings(place):
         x = [place.put(rng.standard_normal((heads, n, d)).astype(np.float16)) for _ in range(3)]
@@ -484,21 +433,18 @@ def tensor_cores_on_gpu(*, layer: int = 0, head: int = 0, row: int = 93, n: int 
                 emulate=emulate)
 
 
-# -- 07 paged decode, one sequence, one head group -----------------------------------------------------------
-
 def paged_decode_on_gpu(q=None, block_table=None, k_cache=None, v_cache=None, seq_len=None, block_size=None,
                         *, use_device=None, emulate=None) -> GpuLesson:
     """Notebook 07: the paged decode kernel on one sequence and one head group.
 
     Notebook 07's data (all None: :func:`lessons.course.data.paged_case`, the query of token 99 of the
-    real sample, 100 tokens in 16 shuffled pages of 16 slots, NaN in every unused slot): ``q`` (d,)
-    one decode query, ``block_table`` int (num_blocks_per_seq,), ``k_cache``, ``v_cache``
-    (num_blocks, block_size, d), ``seq_len``, ``block_size`` ints. The kernel (vLLM layout
-    ``(num_blocks, block_size, num_kv_heads, d)``, one KV head for one query head) is checked against
-    :func:`lessons.paged_flash_attention`; then the unused slots are refilled with ``+inf`` and
-    ``1e30`` and the output must not change by a bit (``details["garbage_identical"]``: it never
-    reads past ``seq_len``). Raises ValueError when only some of the data arguments are given, or for a
-    ``q`` that is not one (d,) vector; otherwise what :func:`lessons.paged_flash_attention` raises.
+    sample, 100 tokens in 16 shuffled pages of 16 slots, NaN in every unused slot): ``q`` (d,) one decode
+    query, ``block_table`` int (num_blocks_per_seq,), ``k_cache``, ``v_cache`` (num_blocks, block_size, d),
+    ``seq_len``, ``block_size`` ints. The kernel (vLLM layout ``(num_blocks, block_size, num_kv_heads, d)``,
+    one KV head) is checked against :func:`lessons.paged_flash_attention`; then the unused slots are refilled
+    with ``+inf`` and ``1e30`` and the output must not change by a bit (``details["garbage_identical"]``:
+    nothing past ``seq_len`` is read). ValueError when only some data arguments are given or ``q`` is not
+    one (d,) vector; else what :func:`lessons.paged_flash_attention` raises.
     Source: Kwon et al. 2023 (PagedAttention), Sec. 4.
     """
     q, block_table, k_cache, v_cache, seq_len, block_size = _data(
@@ -538,30 +484,25 @@ def paged_decode_on_gpu(q=None, block_table=None, k_cache=None, v_cache=None, se
                 use_device=use_device, emulate=emulate)
 
 
-# -- 08 flash-decoding: split-KV + merge ---------------------------------------------------------------------
-
 def flash_decoding_on_gpu(q=None, k=None, v=None, num_splits: int = 6, *, block_size: int = 16,
                           use_device=None, emulate=None) -> GpuLesson:
     """Notebook 08: the split-KV flash-decoding kernel and its merge kernel.
 
-    ``q`` (d,) one decode query, ``k``, ``v`` (Nk, d) (all None: notebook 08's data, the last
-    query of layer 0, head 0 of the real sample against its 128 keys); ``num_splits``: workers
-    (thread blocks) per (sequence, head); ``block_size``: the page size of the shuffled cache.
-    The kernel splits by pages (:func:`lessons.schedules.split_kv.split_ranges` of the pages); each
-    split's partial state ``(m, l, o)`` is checked against :func:`lessons.attention` over its keys
-    (``o / l`` and ``m + log l``; an empty split must have ``l = 0``), the merged output against
-    :func:`lessons.attention` and :func:`lessons.flash_decoding`. ``details["splits"]``: per split,
-    pages, keys, kernel and NumPy lse. Raises ValueError when only some of q, k, v are given, for a ``q``
-    that is not 1-D, ``k`` or ``v`` not 2-D, a ``q`` whose d is not k's, or a ``v`` of another shape than
-    ``k``; TypeError for a non-float array or a non-int ``num_splits``/``block_size`` (bools included).
-    Source: Dao, Haziza, Massa, Sizov 2023 (Flash-Decoding).
+    ``q`` (d,) one decode query, ``k``, ``v`` (Nk, d) (all None: :func:`lessons.course.data.decode_query_case`);
+    ``num_splits``: workers (thread blocks) per (sequence, head); ``block_size``: the page size of the
+    shuffled cache. The kernel splits by pages (:func:`lessons.schedules.split_kv.split_ranges`); each
+    split's partial state ``(m, l, o)`` is checked against :func:`lessons.attention` over its keys (``o / l``,
+    ``m + log l``; an empty split must have ``l = 0``), the merged output against :func:`lessons.attention`
+    and :func:`lessons.flash_decoding`. ``details["splits"]``: per split, pages, keys, kernel and NumPy lse.
+    ValueError when only some of q, k, v are given, for ``q`` not 1-D, ``k`` or ``v`` not 2-D, a d that is
+    not k's, or a ``v`` shaped unlike ``k``; TypeError for a non-float array or a non-int ``num_splits``/
+    ``block_size``. Source: Dao, Haziza, Massa, Sizov 2023 (Flash-Decoding).
     """
-    given = _data("q, k, v", (q, k, v), lambda: (None, None, None))
-    if given[0] is not None:
+    if _data("q, k, v", (q, k, v), lambda: (None,))[0] is not None:
         q, k, v = as_float_array(q, "q", (1,)), as_float_array(k, "k", (2,)), as_float_array(v, "v", (2,))
         if q.shape[0] != k.shape[1] or v.shape != k.shape:
             raise ValueError(f"q (d,), k (Nk, d) and v (Nk, d) must agree, got shapes {q.shape}, {k.shape}, {v.shape}")
-    q, k, v = _f32(*(_sample_decode_query() if given[0] is None else (q, k, v)))
+    q, k, v = _f32(*(decode_query_case() if q is None else (q, k, v)))
     num_splits, block_size = check_positive_int(num_splits, "num_splits"), check_positive_int(block_size, "block_size")
     nk, d = k.shape
     k_cache, v_cache, tables, lens = write_paged_batch([k[:, None, :]], [v[:, None, :]], block_size, seed=0)
@@ -615,19 +556,17 @@ def flash_decoding_on_gpu(q=None, k=None, v=None, num_splits: int = 6, *, block_
                 use_device=use_device, emulate=emulate)
 
 
-# -- 09 paged decode with GQA --------------------------------------------------------------------------------
-
 def paged_gqa_on_gpu(q=None, k_cache=None, v_cache=None, block_tables=None, seq_lens=None, *,
                      use_device=None, emulate=None) -> GpuLesson:
     """Notebook 09: the paged decode kernel with grouped-query heads, on a batch.
 
-    Notebook 09's data (all None: :func:`lessons.course.data.gqa_batch_case`, 4 sequences of 1, 15,
-    16 and 37 tokens, 8 query heads on 2 KV heads, d = 64, pages of 16, NaN in the unused slots):
-    ``q`` (num_seqs, num_heads, d); ``k_cache``, ``v_cache`` (num_blocks, block_size, num_kv_heads,
-    d); ``block_tables`` int (num_seqs, max_blocks_per_seq), -1 = padding; ``seq_lens`` int
-    (num_seqs,). Checked against :func:`lessons.paged_decode`. ``details["heads_per_block"]``: how
-    many query heads of one group a thread block serves (each page it loads is used that many
-    times). Raises ValueError when only some of the data arguments are given.
+    Notebook 09's data (all None: :func:`lessons.course.data.gqa_batch_case`, 4 sequences of 1, 15, 16 and
+    37 tokens, 8 query heads on 2 KV heads, d = 64, pages of 16, NaN in the unused slots): ``q`` (num_seqs,
+    num_heads, d); ``k_cache``, ``v_cache`` (num_blocks, block_size, num_kv_heads, d); ``block_tables`` int
+    (num_seqs, max_blocks_per_seq), -1 = padding; ``seq_lens`` int (num_seqs,). Checked against
+    :func:`lessons.paged_decode`. ``details["heads_per_block"]``: the query heads of one group a thread
+    block serves (each page it loads is used that many times). ValueError when only some data arguments
+    are given; else what :func:`lessons.paged_decode` raises.
     Source: Kwon et al. 2023, Sec. 4; Ainslie et al. 2023 (GQA), Sec. 2; Dao 2023, Alg. 1.
     """
     q, k_cache, v_cache, block_tables, seq_lens = _data("q, k_cache, v_cache, block_tables, seq_lens",

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["GpuTrace", "GpuRowTrace", "TraceDivergence", "first_divergence", "relative_difference", "trace_table",
-           "FIELDS"]
+           "compare_rows", "comparison_lines", "FIELDS"]
 
 #: the quantities a trace record holds, in buffer order
 FIELDS = ("m", "alpha", "l")
@@ -182,3 +182,29 @@ def trace_table(gpu_row, numpy_row, where: str) -> str:
             for i, rel in enumerate(relative_difference(gpu_row, numpy_row))]
     widths = [max(len(r[j]) for r in [head, *body]) for j in range(len(head))]
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in [head, *body])
+
+
+def compare_rows(gpu_row, numpy_row, broken_row, where: str) -> dict:
+    """One row's kernel trace beside NumPy's and beside a fold known to be wrong, as a dict: ``gpu_row``,
+    ``numpy_row``, ``divergence`` and ``broken_divergence`` (:func:`first_divergence`, rtol 1e-4, atol
+    1e-6; None where every tile agrees), ``max_relative_difference`` (:func:`relative_difference`) and
+    ``trace_from`` = ``where`` ("GPU" or "emulator"). The rows as in :func:`first_divergence`."""
+    return {"gpu_row": gpu_row, "numpy_row": numpy_row,
+            "divergence": first_divergence(gpu_row, numpy_row, rtol=1e-4, atol=1e-6),
+            "broken_divergence": first_divergence(gpu_row, broken_row, rtol=1e-4, atol=1e-6),
+            "max_relative_difference": float(relative_difference(gpu_row, numpy_row).max(initial=0.0)),
+            "trace_from": where}
+
+
+def comparison_lines(found: dict, broken: str) -> list:
+    """The sentences under a row's :func:`trace_table`, from a :func:`compare_rows` dict ``found``: where the
+    kernel's trace first parts from NumPy's (or that it never does) and from the fold ``broken`` (in words)."""
+    where, first, b = found["trace_from"], found["divergence"], found["broken_divergence"]
+    lines = [f"  first_divergence: {first}" if first is not None else
+             f"  first_divergence: none - every tile agrees within rounding (rtol 1e-4, atol 1e-6); "
+             f"largest relative difference {found['max_relative_difference']:.1e}."]
+    if b is not None:
+        lines.append(f"  What a real difference looks like: against {broken}, first_divergence names tile "
+                     f"{b.tile + 1}: {b.quantity} = {b.gpu:.6g} in the {where}'s trace, {b.numpy:.6g} in the "
+                     f"broken fold.")
+    return lines
