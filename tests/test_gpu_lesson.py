@@ -19,11 +19,11 @@ import pytest
 
 import lessons
 import lessons.gpu as gpu
-from lessons.course.data import softmax_demo_rows
+from lessons.course.data import decode_query_case, softmax_demo_rows
 from lessons.schedules.causal import causal_mask
 from lessons.gpu import harness, lesson, source
 from lessons.gpu.launch import Runner
-from lessons.gpu.trace_compare import relative_difference, trace_table
+from lessons.gpu.trace_compare import GpuRowTrace, comparison_lines, compare_rows, relative_difference, trace_table
 
 needs_nvrtc = pytest.mark.skipif(not gpu.nvrtc_available() and not os.environ.get("CI"),
                                  reason="CuPy/NVRTC not installed: pip install cupy-cuda12x nvidia-cuda-nvrtc-cu12")
@@ -287,6 +287,23 @@ def test_flash_attention_trace_matches_numpy_tile_by_tile(results):
     assert "first_divergence: none" in text(r) and f"names tile {first_rescale + 1}" in text(r)
 
 
+
+def test_comparison_lines_name_the_first_tile_that_differs_by_hand():
+    m, alpha, l = np.array([1.0, 2.0, 2.0]), np.array([1.0, np.exp(-1.0), 1.0]), np.array([1.0, 1.5, 2.5])
+    kernel = GpuRowTrace((0,), np.arange(3), m, alpha, l)
+    same = compare_rows(kernel, GpuRowTrace((0,), np.arange(3), m, alpha, l * (1 + 1e-7)),
+                        GpuRowTrace((0,), np.arange(3), m, alpha, np.array([1.0, 1.5, 3.0])), "emulator")
+    assert same["divergence"] is None and same["max_relative_difference"] == pytest.approx(1e-7, rel=1e-3)
+    assert (same["broken_divergence"].tile, same["broken_divergence"].quantity) == (2, "l")
+    lines = comparison_lines(same, "a made-up fold")
+    assert lines == ["  first_divergence: none - every tile agrees within rounding (rtol 1e-4, atol 1e-6); "
+                     "largest relative difference 1.0e-07.",
+                     "  What a real difference looks like: against a made-up fold, first_divergence names tile 3: "
+                     "l = 2.5 in the emulator's trace, 3 in the broken fold."]
+    off = compare_rows(kernel, GpuRowTrace((0,), np.arange(3), m + [0, 0, 1], alpha, l), kernel, "GPU")
+    assert off["broken_divergence"] is None and off["divergence"].tile == 2 and off["divergence"].quantity == "m"
+    assert comparison_lines(off, "x") == [f"  first_divergence: {off['divergence']}"]
+
 @needs_emulator
 def test_causal_emulator_equals_attention_and_empty_rows_are_zero(results):
     r = results["03"]
@@ -533,7 +550,7 @@ def test_the_tensor_core_section_and_kernel_row_trace_check_their_arguments_firs
 
 
 def _flash_decoding_data():
-    return lesson._sample_decode_query()
+    return decode_query_case()
 
 
 @pytest.mark.parametrize("call, error, match", [

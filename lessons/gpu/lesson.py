@@ -352,8 +352,9 @@ def io_on_gpu(*, ns=(1024, 2048, 4096), d: int = 64, heads: int = 8, repeats: in
                              f"lessons.gpu.measure; CUDA events, {repeats} runs):",
                              [f"{'N':>6} {'naive CuPy':>12} {'kernel':>12} {'naive/kernel':>13} {'max |diff|':>11}",
                               *(f"{r['n']:>6} {format_seconds(r['naive_seconds']):>12} "
-                              f"{format_seconds(r['kernel_seconds']):>12} {r['naive_seconds'] / r['kernel_seconds']:>12.2f}x"
-                              f" {r['max_difference']:>11.1e}" for r in rows)])]
+                                f"{format_seconds(r['kernel_seconds']):>12} "
+                                f"{r['naive_seconds'] / r['kernel_seconds']:>12.2f}x {r['max_difference']:>11.1e}"
+                                for r in rows)])]
 
     def report(r):
         formula = r.details["smem_formula"] = {
@@ -498,7 +499,7 @@ def flash_decoding_on_gpu(q=None, k=None, v=None, num_splits: int = 6, *, block_
     not k's, or a ``v`` shaped unlike ``k``; TypeError for a non-float array or a non-int ``num_splits``/
     ``block_size``. Source: Dao, Haziza, Massa, Sizov 2023 (Flash-Decoding).
     """
-    if _data("q, k, v", (q, k, v), lambda: (None,))[0] is not None:
+    if _data("q, k, v", (q, k, v), lambda: None) is not None:
         q, k, v = as_float_array(q, "q", (1,)), as_float_array(k, "k", (2,)), as_float_array(v, "v", (2,))
         if q.shape[0] != k.shape[1] or v.shape != k.shape:
             raise ValueError(f"q (d,), k (Nk, d) and v (Nk, d) must agree, got shapes {q.shape}, {k.shape}, {v.shape}")
