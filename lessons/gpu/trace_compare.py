@@ -188,7 +188,7 @@ def compare_rows(gpu_row, numpy_row, broken_row, where: str) -> dict:
     """One row's kernel trace beside NumPy's and beside a fold known to be wrong, as a dict: ``gpu_row``,
     ``numpy_row``, ``divergence`` and ``broken_divergence`` (:func:`first_divergence`, rtol 1e-4, atol
     1e-6; None where every tile agrees), ``max_relative_difference`` (:func:`relative_difference`) and
-    ``trace_from`` = ``where`` ("GPU" or "emulator"). The rows as in :func:`first_divergence`."""
+    ``trace_from`` = ``where`` ("GPU" or "emulator"). Rows and errors as in :func:`first_divergence`."""
     return {"gpu_row": gpu_row, "numpy_row": numpy_row,
             "divergence": first_divergence(gpu_row, numpy_row, rtol=1e-4, atol=1e-6),
             "broken_divergence": first_divergence(gpu_row, broken_row, rtol=1e-4, atol=1e-6),
