@@ -63,16 +63,26 @@ def add_static_quizzes(nb) -> int:
     return added
 
 
-def build_page(path: Path, out_dir: Path, timeout: float = 600) -> tuple[Path, object, float]:
+def build_page(path: Path, out_dir: Path, timeout: float = 600, executed=None) -> tuple[Path, object, float]:
     """Execute notebook PATH and write OUT_DIR/<stem>.html.
 
+    ``executed``: PATH already run top to bottom elsewhere (an nbformat dict or node, e.g. as
+    JupyterLab saved it after Run All): converted as it is, not run again.
     Returns (html path, executed notebook node, seconds). Raises
-    nbconvert's CellExecutionError when a cell fails.
+    nbconvert's CellExecutionError when a cell fails, ValueError for an ``executed`` notebook
+    that holds an error output.
     """
     t0 = time.perf_counter()
-    nb = nbformat.read(path, as_version=4)
-    ExecutePreprocessor(timeout=timeout, kernel_name="python3").preprocess(
-        nb, {"metadata": {"path": str(path.parent)}})
+    if executed is not None:
+        nb = nbformat.from_dict(executed)
+        errors = [o.get("ename") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+                  if o.get("output_type") == "error"]
+        if errors:
+            raise ValueError(f"the executed copy of {path.name} holds error outputs: {errors}")
+    else:
+        nb = nbformat.read(path, as_version=4)
+        ExecutePreprocessor(timeout=timeout, kernel_name="python3").preprocess(
+            nb, {"metadata": {"path": str(path.parent)}})
     add_static_quizzes(nb)
     body, _ = HTMLExporter(template_name="lab").from_notebook_node(
         nb, resources={"metadata": {"name": notebook_title(nb, path.stem)}})
@@ -92,9 +102,11 @@ def write_index(pages: list[tuple[Path, str]], out_dir: Path) -> Path:
     return index
 
 
-def build(out_dir: Path = DEFAULT_OUT, notebooks=None, log=print) -> dict:
+def build(out_dir: Path = DEFAULT_OUT, notebooks=None, log=print, executed=None) -> dict:
     """Build every notebook (or the given paths) into OUT_DIR.
 
+    ``executed``: {notebook file name: that notebook already run top to bottom} for those that
+    need not run again (see :func:`build_page`); the others are executed here.
     Returns {notebook path: (html path, executed notebook, seconds)}; raises
     CellExecutionError on the first failing notebook.
     """
@@ -105,7 +117,7 @@ def build(out_dir: Path = DEFAULT_OUT, notebooks=None, log=print) -> dict:
         raise FileNotFoundError(f"no notebooks found under {NOTEBOOKS}")
     built = {}
     for path in paths:
-        page, nb, seconds = build_page(path, out_dir)
+        page, nb, seconds = build_page(path, out_dir, executed=(executed or {}).get(path.name))
         built[path] = (page, nb, seconds)
         log(f"{path.name}: {seconds:.1f} s -> {os.path.relpath(page)}")
     write_index([(page, notebook_title(nb, p.stem)) for p, (page, nb, _) in built.items()], out_dir)

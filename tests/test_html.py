@@ -1,7 +1,10 @@
 """`make html`: every notebook executed into one static page that carries its own figures.
 
-The series is built once per test session (it runs every notebook) into a
-temporary folder with ``scripts/build_html.py``, the script behind `make html`.
+The series is built once per test session into a temporary folder with
+``scripts/build_html.py``, the script behind `make html`. A notebook that the browser tests
+already ran top to bottom in this process (JupyterLab's saved copy after Run All, in
+``jlab.EXECUTED``) is converted, not run a second time; every other notebook, and always
+the first, is executed here as `make html` does.
 """
 from __future__ import annotations
 
@@ -9,8 +12,10 @@ import base64
 import importlib.util
 import re
 import struct
+import sys
 from pathlib import Path
 
+import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +34,9 @@ _DATA_PNG = re.compile(r'<img\b[^>]*\bsrc="data:image/png;base64,([^"]+)"')
 def site(tmp_path_factory):
     """(output folder, {notebook name: (html text, executed notebook)}) of one build."""
     out = tmp_path_factory.mktemp("html")
-    built = build_html.build(out, log=lambda *args: None)
+    executed = dict(getattr(sys.modules.get("jlab"), "EXECUTED", {}))
+    executed.pop(NOTEBOOKS[0], None)                 # make html's own execution, checked every run
+    built = build_html.build(out, log=lambda *args: None, executed=executed)
     return out, {path.name: (page.read_text(encoding="utf-8"), nb) for path, (page, nb, _) in built.items()}
 
 
@@ -96,3 +103,28 @@ def test_page_has_a_static_copy_of_its_quiz(site, name):
     assert page.count("<summary>Show the answer</summary>") == len(questions)
     for q in questions:
         assert html_lib.escape(q.question) in page
+
+
+def _ran_notebook(outputs):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# A lesson"),
+                                         nbformat.v4.new_code_cell("x = 1", outputs=outputs, execution_count=1)])
+    return nbformat.writes(nb)
+
+
+def test_an_executed_notebook_is_converted_not_run_again(tmp_path):
+    source = tmp_path / "01_x.ipynb"
+    source.write_text(_ran_notebook([]))                  # the file on disk has no output at all
+    shown = nbformat.v4.new_output("stream", name="stdout", text="printed in JupyterLab\n")
+    executed = nbformat.reads(_ran_notebook([shown]), as_version=4)
+    page, nb, _ = build_html.build_page(source, tmp_path, executed=executed)
+    assert "printed in JupyterLab" in page.read_text(encoding="utf-8")
+    assert nb.cells[1].outputs[0].text == "printed in JupyterLab\n"
+
+
+def test_an_executed_notebook_with_an_error_is_refused(tmp_path):
+    source = tmp_path / "01_x.ipynb"
+    source.write_text(_ran_notebook([]))
+    failed = nbformat.v4.new_output("error", ename="ZeroDivisionError", evalue="division by zero", traceback=[])
+    with pytest.raises(ValueError, match="ZeroDivisionError"):
+        build_html.build_page(source, tmp_path, executed=nbformat.reads(_ran_notebook([failed]), as_version=4))
+    assert not (tmp_path / "01_x.html").exists()

@@ -35,6 +35,12 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 VIEWPORT = {"width": 1280, "height": 1000}
 
+#: {notebook name: the notebook as JupyterLab saved it after a Run All that passed every check}, filled
+#: in this process by :func:`run_all_and_check` and the stepper tests: the HTML build test converts
+#: these instead of running them a second time (conftest.py keeps both in one worker)
+EXECUTED: dict[str, dict] = {}
+
+
 def notebook_names() -> list[str]:
     """The series' notebooks (file names), in order."""
     return sorted(p.name for p in NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
@@ -853,6 +859,7 @@ def run_all_and_check(page, server: LabServer, name: str, timings=None) -> None:
 
     problems = problems_at_the_end(page, server, name, log_mark)
     assert not problems, "\n---\n".join(problems)
+    EXECUTED[name] = server.saved_notebook(name)
     if timings is not None:
         timings(f"{name}: Run All (kernel busy to idle)", run_s)
         timings(f"{name}: open + Run All + checks + stepping + screenshots", time.perf_counter() - t0)

@@ -43,6 +43,8 @@ def stepper(lab, browser, timings):
         problems = jlab.problems_after_run_all(page, NOTEBOOK)
         assert not problems, "\n---\n".join(problems)
         jlab.screenshot_notebook(page, f"{NOTEBOOK.removesuffix('.ipynb')}-run-all")
+        jlab.save(page)                                 # as Run All left it, for the HTML build test
+        jlab.EXECUTED[NOTEBOOK] = lab.saved_notebook(NOTEBOOK)
         cells = jlab.stepper_cells(page)
         assert cells.count() >= 1, f"{NOTEBOOK} shows no tile stepper after Run All"
         view = jlab.StepperView(page, cells.first, "s0", server=lab)
