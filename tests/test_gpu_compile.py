@@ -645,7 +645,7 @@ def test_processes_compiling_and_emulating_the_same_kernels_at_once_all_succeed(
             assert "not reported" in res["summary"]
     assert len(list((tmp_path / "emulator").glob("*.so"))) == 1         # one library, built and renamed whole
     assert not [p for p in (tmp_path / "emulator").iterdir() if p.is_dir()]   # no build folder left behind
-    kept = sorted(p.name for p in (tmp_path / "nvrtc").iterdir())
+    kept = sorted(p.name for p in _entries(tmp_path / "nvrtc"))
     assert kept and not [n for n in kept if n.endswith(".part")]        # NVRTC's results kept whole, no pieces
 
 
@@ -660,25 +660,30 @@ def test_nvrtc_results_kept_on_disk_are_the_bytes_nvrtc_gives(tmp_path, monkeypa
     monkeypatch.setenv("LESSONS_NVRTC_CACHE", str(folder))
     compile_mod.compile_kernel.cache_clear()
     first = gpu.compile_kernel(build, "sm_80")
-    files = sorted(folder.iterdir())
+    files = sorted(_entries(folder))
     assert len(files) == 1 and "-cubin-" in files[0].name
     compile_mod.compile_kernel.cache_clear()
     again = gpu.compile_kernel(build, "sm_80")                           # read back from disk
     assert first.cubin == again.cubin == fresh.cubin and first.log == again.log    # (the log holds ptxas's own timing)
     assert again.resources == first.resources == fresh.resources
     assert compile_mod.compile_ptx(build, "sm_80") == compile_mod.compile_ptx(build, "sm_80") == fresh_ptx
-    assert len(list(folder.iterdir())) == 2                             # the cubin and the PTX
+    assert len(_entries(folder)) == 2                             # the cubin and the PTX
     files[0].write_bytes(files[0].read_bytes()[:20])                    # a file cut short is compiled again
     compile_mod.compile_kernel.cache_clear()
     assert gpu.compile_kernel(build, "sm_80").cubin == fresh.cubin
     assert files[0].stat().st_size > 20
     other = source.online_softmax_build(128, "float32")                  # another source, another file
     gpu.compile_kernel(other, "sm_80")
-    assert len(list(folder.iterdir())) == 3
+    assert len(_entries(folder)) == 3
+
+
+def _entries(folder):
+    """The cache's entries: every file but the ``.lock`` files of lessons.gpu.cache_lock."""
+    return [p for p in folder.iterdir() if not p.name.endswith(".lock")]
 
 
 def _kept_cubin(folder):
-    (path,) = [p for p in folder.iterdir() if "-cubin-" in p.name]
+    (path,) = [p for p in _entries(folder) if "-cubin-" in p.name]
     return path
 
 
@@ -717,7 +722,7 @@ def test_a_whole_kept_file_under_another_keys_name_is_not_served(tmp_path, monke
     want_small = gpu.compile_kernel(small, "sm_80")
     small_file = _kept_cubin(tmp_path / "kept")
     want_large = gpu.compile_kernel(large, "sm_80")
-    (large_file,) = [p for p in (tmp_path / "kept").iterdir() if "-cubin-" in p.name and p != small_file]
+    (large_file,) = [p for p in _entries(tmp_path / "kept") if "-cubin-" in p.name and p != small_file]
     assert want_small.cubin != want_large.cubin
     large_file.write_bytes(small_file.read_bytes())        # a whole, well-formed file, but the other kernel's
     compile_mod.compile_kernel.cache_clear()
@@ -740,7 +745,7 @@ def test_a_cubin_whose_log_misses_an_entry_is_not_kept(tmp_path, monkeypatch, fr
     monkeypatch.setattr(compile_mod, "_nvrtc", lambda: PartialReportNvrtc(real))
     monkeypatch.setenv("LESSONS_NVRTC_CACHE", str(tmp_path / "kept"))
     gpu.compile_kernel(build, "sm_90")
-    assert not [p for p in (tmp_path / "kept").iterdir() if "-cubin-" in p.name]
+    assert not [p for p in _entries(tmp_path / "kept") if "-cubin-" in p.name]
 
 
 @pytest.mark.skipif(not gpu.nvrtc_available(), reason="CuPy/NVRTC not installed")
@@ -752,7 +757,7 @@ def test_a_write_that_fails_leaves_no_piece_behind(tmp_path, monkeypatch, fresh_
     monkeypatch.setenv("LESSONS_NVRTC_CACHE", str(tmp_path / "kept"))
     compiled = gpu.compile_kernel(source.online_softmax_build(64, "float32"), "sm_80")
     assert compiled.cubin[:4] == b"\x7fELF"
-    assert list((tmp_path / "kept").iterdir()) == []
+    assert _entries(tmp_path / "kept") == []
 
 
 @pytest.mark.skipif(not gpu.nvrtc_available(), reason="CuPy/NVRTC not installed")
@@ -770,21 +775,21 @@ def test_the_kept_name_changes_with_the_source_and_the_nvrtc_build(tmp_path, mon
     build = source.online_softmax_build(64, "float32")
     monkeypatch.setenv("LESSONS_NVRTC_CACHE", str(tmp_path / "kept"))
     first = gpu.compile_kernel(build, "sm_80")
-    names = {p.name for p in (tmp_path / "kept").iterdir()}
+    names = {p.name for p in _entries(tmp_path / "kept")}
     # an edit anywhere in the source the compiler sees (the inlined header included) is a new file
     real_source = compile_mod.kernel_source
     monkeypatch.setattr(compile_mod, "kernel_source",
                         lambda kernel: real_source(kernel).replace("#define", "// edited\n#define", 1))
     compile_mod.compile_kernel.cache_clear()
     gpu.compile_kernel(build, "sm_80")
-    names_after_edit = {p.name for p in (tmp_path / "kept").iterdir()}
+    names_after_edit = {p.name for p in _entries(tmp_path / "kept")}
     assert len(names_after_edit) == 2 and names < names_after_edit
     monkeypatch.setattr(compile_mod, "kernel_source", real_source)
     # another build of the same NVRTC version (a newer wheel, 12.9.41 -> 12.9.86) is a new file too
     monkeypatch.setattr(compile_mod, "_nvrtc_identity", lambda: "12.9|nvidia-cuda-nvrtc-cu12==0.0.1")
     compile_mod.compile_kernel.cache_clear()
     assert gpu.compile_kernel(build, "sm_80").cubin == first.cubin
-    assert len(list((tmp_path / "kept").iterdir())) == 3
+    assert len(_entries(tmp_path / "kept")) == 3
 
 
 @pytest.mark.skipif(not gpu.nvrtc_available(), reason="CuPy/NVRTC not installed")

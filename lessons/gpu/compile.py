@@ -50,6 +50,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 
+from lessons.gpu.cache_lock import one_at_a_time
 from lessons.gpu.source import KernelBuild, default_builds, kernel_source
 
 __all__ = [
@@ -314,13 +315,18 @@ def _compile(build: KernelBuild, arch_option: str, extra: tuple, what: str) -> t
     options = (arch_option, "--std=c++17", "-ftz=true") + build.options + _cache_options() + extra
     source = kernel_source(build.kernel)
     folder = _disk_cache()
-    kept = None
-    if folder is not None:
-        key = hashlib.sha256("\0".join([what, _nvrtc_identity(), source, *options]).encode())
-        kept = folder / f"{build.kernel}-{what}-{key.hexdigest()[:24]}"
+    if folder is None:
+        return _nvrtc_compile(nvrtc, build, arch_option, options, source, what, None)
+    key = hashlib.sha256("\0".join([what, _nvrtc_identity(), source, *options]).encode())
+    kept = folder / f"{build.kernel}-{what}-{key.hexdigest()[:24]}"
+    with one_at_a_time(kept):          # a process compiling the same source now: wait, then read its result
         hit = _read_kept(kept)
         if hit is not None:
             return options, hit[0], hit[1]
+        return _nvrtc_compile(nvrtc, build, arch_option, options, source, what, kept)
+
+
+def _nvrtc_compile(nvrtc, build, arch_option, options, source, what, kept) -> tuple:
     prog = nvrtc.createProgram(source, f"{build.kernel}.cu", [], [])
     try:
         try:

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lessons.gpu.cache_lock import one_at_a_time
 from lessons.gpu.source import KERNEL_DIR, KernelBuild, kernel_signature, kernel_source
 
 __all__ = ["EmulatorError", "EmulatorMemoryError", "emulator_available", "EmulatedModule", "GUARD_BYTES"]
@@ -111,17 +112,18 @@ def _library(build: KernelBuild) -> ctypes.CDLL:
     header = (KERNEL_DIR / "cpu_emulation.h").read_text()
     key = hashlib.sha256("\0".join([cxx, source, header, *flags]).encode()).hexdigest()[:20]
     lib = _cache_dir() / f"{build.kernel}-{key}.so"
-    if not lib.exists():
-        with tempfile.TemporaryDirectory(dir=_cache_dir()) as tmp:
-            src = Path(tmp) / f"{build.kernel}.cpp"
-            src.write_text(source)
-            out = Path(tmp) / "kernel.so"
-            proc = subprocess.run([cxx, *flags, str(src), "-o", str(out)], capture_output=True, text=True,
-                                  timeout=600)
-            if proc.returncode:
-                raise EmulatorError(f"{cxx} could not compile {build.describe()} for the CPU emulation:\n"
-                                    f"{proc.stderr[-4000:]}")
-            os.replace(out, lib)            # atomic: concurrent builds of the same library never see half a file
+    with one_at_a_time(lib):            # a process building the same library now: wait for it
+        if not lib.exists():
+            with tempfile.TemporaryDirectory(dir=_cache_dir()) as tmp:
+                src = Path(tmp) / f"{build.kernel}.cpp"
+                src.write_text(source)
+                out = Path(tmp) / "kernel.so"
+                proc = subprocess.run([cxx, *flags, str(src), "-o", str(out)], capture_output=True, text=True,
+                                      timeout=600)
+                if proc.returncode:
+                    raise EmulatorError(f"{cxx} could not compile {build.describe()} for the CPU emulation:\n"
+                                        f"{proc.stderr[-4000:]}")
+                os.replace(out, lib)        # atomic: a process that does not lock never sees half a file
     return ctypes.CDLL(str(lib))
 
 
