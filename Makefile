@@ -30,7 +30,9 @@ lab: $(LAB_STAMP)  ## JupyterLab on your copies of the notebooks (my_notebooks/,
 	$(PY) scripts/lab.py $(LAB_ARGS)
 
 test: $(TEST_STAMP)  ## every test, notebooks included, on all cores
-	$(PY) -m pytest -n $(JOBS) $(PYTEST_ARGS)
+	# bytecode is written (__pycache__, ignored by git) even where the environment turns it off: every
+	# worker, notebook kernel and MPI rank would otherwise compile the package and the tests anew
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -n $(JOBS) $(PYTEST_ARGS)
 
 bench: $(TEST_STAMP)  ## CPU benchmarks (tables and plots under benchmarks/results/)
 	$(PY) benchmarks/memory_time.py
