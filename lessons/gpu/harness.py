@@ -281,7 +281,8 @@ class Section:
 def _compile(section: Section, device) -> tuple:
     """(resources, status, compiled) of the builds on sm_80 and sm_90; run_section ends the status."""
     entries = section.entries or tuple(dict.fromkeys(e for b in section.builds for e in b.entries))
-    kernel = f"CUDA kernel{'s' * (len(entries) != 1)} ({', '.join(entries)}) {'was' if len(entries) == 1 else 'were'}"
+    kernel = f"CUDA kernel ({', '.join(entries)}) was" if len(entries) == 1 else \
+        f"CUDA kernels ({', '.join(entries)}) were"
     try:
         version = ".".join(map(str, nvrtc_version()))
     except ImportError:
@@ -350,7 +351,8 @@ def run_section(section: Section, use_device=None, emulate=None) -> GpuLesson:
     # the report sees a draft whose details it may add to (numbers computed from the checks)
     draft = GpuLesson(section.notebook, section.title, tuple(section.builds), compiled, status, resources,
                       tuple(checks), tuple(notes), details, "")
-    extra = list((section.report(draft) if callable(section.report) else section.report) or []) + extra
+    report = section.report(draft) if callable(section.report) else section.report
+    extra = list(report or []) + extra
     notes += [f"Nothing was timed: {why_not}; the GPU run and its timing are skipped."] if device is None else []
     notes += [emulator_note] if emulator_note else []
     notes += sorted({f"Resources of {r.entry} ({r.arch}) not reported: {r.reason}." for r in resources
@@ -370,11 +372,13 @@ def _blocks(title, status, resources, device, checks, extra, notes) -> list:
     for where, label in ((GPU, f"On the GPU ({device.name if device else ''})"),
                          (EMULATOR, f"On the {EMULATOR_LABEL}")):
         lines = [f"  {c.case}: {c.line()}" for c in checks if c.where == where]
-        blocks += ["\n".join([f"{label}, against NumPy:", *lines])] if lines else []
+        if lines:
+            blocks.append("\n".join([f"{label}, against NumPy:", *lines]))
     paragraph = []
     for item in extra + [""]:            # str lines join into paragraphs ("" ends one); tables stand alone
         if isinstance(item, Table) or item == "":
-            blocks += (["\n".join(paragraph)] if paragraph else []) + ([item] if isinstance(item, Table) else [])
+            blocks += ["\n".join(paragraph)] if paragraph else []
+            blocks += [item] if isinstance(item, Table) else []
             paragraph = []
         else:
             paragraph.append(item)
