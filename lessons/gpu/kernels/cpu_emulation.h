@@ -117,7 +117,7 @@ inline void fiber_main() {
     } catch (...) {
         self.status = 2;
     }
-    fibers[running].state = DONE;          // uc_link returns to the scheduler
+    self.state = DONE;                     // uc_link returns to the scheduler
 }
 
 // Resume fibers until all are done (0) or all that are left wait at barriers that can never
