@@ -310,7 +310,7 @@ def test_bad_arrays_are_refused_by_name(change, error, words):
     (dict(block_q=128, block_k=128), ValueError, "block_q \\* block_k must be in"),
     (dict(trace_block=1), ValueError, "trace_block must be in \\[0, 1\\)"),
     (dict(trace_block=True), TypeError, "trace_block must be an int"),
-    (dict(causal=1), TypeError, "causal must be a bool"),
+    (dict(causal=1), TypeError, "causal must be True or False"),
     (dict(backend="gpu"), ValueError, "backend must be one of"),
 ])
 def test_bad_options_are_refused_by_name(kwargs, error, words):

@@ -259,7 +259,7 @@ def test_head_dims_other_than_64_and_128_are_refused(d):
 
 
 @pytest.mark.parametrize("kwargs, error, words", [
-    (dict(causal=1), TypeError, "causal must be a bool"),
+    (dict(causal=1), TypeError, "causal must be True or False"),
     (dict(backend="gpu"), ValueError, "backend must be one of"),
     (dict(scale="0.1"), TypeError, "scale"),
 ])

@@ -254,7 +254,7 @@ def test_summary_table_and_figure_reject_what_the_run_lacks():
 
 @pytest.mark.parametrize("kwargs, match", [(dict(sizes=(0,)), "sizes"), (dict(head_dims=(64.5,)), "head_dims"),
                                            (dict(heads=0), "heads"), (dict(repeats=0), "repeats"),
-                                           (dict(sizes=()), "must not be empty")])
+                                           (dict(sizes=()), "sizes must hold at least one int")])
 def test_measure_rejects_bad_sizes_before_looking_for_a_device(kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):
         measure_backward(**kwargs)

@@ -334,9 +334,11 @@ class StandInDevice(gpu.Runner):
 @needs_emulator
 @needs_views
 def test_the_gpu_branch_checks_times_and_labels_with_a_stand_in_device(monkeypatch):
-    from lessons.gpu import harness
-    monkeypatch.setattr(harness, "open_device", lambda use_device: (None, "the GPU was not used (use_device=False)")
-                        if use_device is False else (StandInDevice(), None))
+    from lessons.gpu import harness, launch
+    for module in (harness, launch):     # the section, and the stepper's trace
+        monkeypatch.setattr(module, "open_device", lambda use_device: (None, "the GPU was not used (use_device="
+                                                                       "False)") if use_device is False else
+                            (StandInDevice(), None))
     r = backward_on_gpu(n_q=32, n_k=48, d=16)
     assert r.ok and len(r.checks_on("GPU")) == 6 and not r.checks_on("emulator")      # plain and trace builds
     assert r.details["where"] == "GPU (a stand-in device)" and r.details["divergence"] is None

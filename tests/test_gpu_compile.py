@@ -384,7 +384,7 @@ def f32(*shape):
      TypeError, "pass bfloat16=True"),
     (f32(4, 8), f32(5, 8), f32(5, 8), dict(bfloat16=True), TypeError, "bfloat16 bits as uint16"),
     (f32(16, 8)[::2], f32(5, 8), f32(5, 8), {}, ValueError, "q must be C-contiguous"),
-    (f32(4, 8), f32(5, 8), f32(5, 8), dict(causal=1), TypeError, "causal must be a bool"),
+    (f32(4, 8), f32(5, 8), f32(5, 8), dict(causal=1), TypeError, "causal must be True or False"),
     (f32(4, 8), f32(5, 8), f32(5, 8), dict(scale=float("nan")), ValueError, "scale must be finite"),
     (f32(4, 8), f32(5, 8), f32(5, 8), dict(block_q=24), ValueError, "block_q must be one of"),
     (f32(4, 8), f32(5, 8), f32(5, 8), dict(trace_rows=[4]), ValueError, r"trace_rows must be in \[0, 4\)"),

@@ -531,7 +531,7 @@ def test_our_rungs_sit_below_their_roofs():
     (lambda: ladder.recorded("mma", 8192.0), TypeError, "n must be an int, got float"),
     (lambda: ladder.recorded(5), TypeError, "rung must be a Rung or a rung's name, got int"),
     (lambda: ladder.speedup_claim(True), TypeError, "n must be an int, got bool"),
-    (lambda: ladder.ladder_points(8192, 64), TypeError, "ds must be a sequence of head dims, got int"),
+    (lambda: ladder.ladder_points(8192, 64), TypeError, "ds must be a sequence of ints, got int"),
     (lambda: ladder.ladder_table(rows=5), TypeError, "rows must be a list of row dicts"),
     (lambda: ladder.attention_flops(-8192, 64), ValueError, "n must be at least 1"),
     (lambda: ladder.attention_flops(8192, 64, causal="no"), TypeError, "causal must be True or False"),

@@ -21,7 +21,8 @@ import lessons
 import lessons.gpu as gpu
 from lessons.course.data import decode_query_case, softmax_demo_rows
 from lessons.schedules.causal import causal_mask
-from lessons.gpu import harness, lesson, source
+from lessons.gpu import harness, launch, lesson, source
+from lessons.gpu.compile import resources_text
 from lessons.gpu.launch import Runner
 from lessons.gpu.trace_compare import GpuRowTrace, comparison_lines, compare_rows, relative_difference, trace_table
 
@@ -148,12 +149,12 @@ def test_resources_text_has_one_line_per_row():
     if not gpu.nvrtc_available():
         pytest.skip("CuPy/NVRTC not installed")
     rows = gpu.compile_report(("sm_90",), builds=[source.online_softmax_build(128, "float32")])
-    text = lesson.resources_text(rows)
+    text = resources_text(rows)
     lines = text.splitlines()
     assert len(lines) == 2 and lines[0].split()[:4] == ["kernel", "arch", "dtype", "config"]
     assert lines[1].split() == ["online_softmax", "sm_90", "float32", "TILE=128", "128", str(rows[0].registers),
                                 "16", str(rows[0].spill_store_bytes + rows[0].spill_load_bytes)]
-    assert lesson.resources_text([]) == ""
+    assert resources_text([]) == ""
 
 
 # ---------------------------------------------------------------------------
@@ -437,7 +438,7 @@ class StandInDevice(Runner):
 
 
 def use_device_runner(monkeypatch, runner):
-    for module in (harness, lesson):
+    for module in (harness, launch):     # the sections, and kernel_row_trace
         monkeypatch.setattr(module, "open_device", lambda use_device: (runner, None))
 
 

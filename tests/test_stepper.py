@@ -304,7 +304,7 @@ def test_a_kernel_that_cannot_run_is_reported_and_the_stepper_still_works():
 
 @pytest.mark.skipif(not emulator_available(), reason="no C++ compiler (g++) for the CPU emulation")
 def test_the_forward_kernels_trace_agrees_with_numpy_tile_by_tile():
-    from lessons.gpu.lesson import kernel_row_trace
+    from lessons.gpu import kernel_row_trace
 
     stepper = TileStepper(kind="real", row=93, tile=16, kernel=kernel_row_trace)
     assert stepper.divergence is None, stepper.divergence

@@ -7,7 +7,8 @@ import numpy as np
 
 from lessons.core.causal_rule import causal_visible  # re-exported: the rule lives in causal_rule
 
-__all__ = ["as_float_array", "check_qkv", "check_scale", "check_int", "check_positive_int", "check_block_k",
+__all__ = ["as_float_array", "check_qkv", "check_scale", "check_int", "check_int_sequence", "check_positive_int",
+           "check_block_k",
            "check_flag", "check_mask", "causal_visible"]
 
 
@@ -78,6 +79,19 @@ def check_int(value, name: str, *, min: int | None = None, max: int | None = Non
     if max is not None and value > max:
         raise ValueError(f"{name} must be at most {max}, got {value}")
     return int(value)
+
+
+def check_int_sequence(values, name: str, *, min: int | None = None, count: int | None = None) -> tuple:
+    """A non-empty sequence of ints (``count`` of them when given), each checked by :func:`check_int`
+    with ``min``; returned as a tuple. A str, a bare number or anything not iterable is a TypeError,
+    no value or the wrong number of them a ValueError, both naming ``name``."""
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+        raise TypeError(f"{name} must be a sequence of ints, got {type(values).__name__} {values!r}")
+    values = tuple(values)
+    if not values or (count is not None and len(values) != count):
+        wanted = f"{count} int{'s' * (count != 1)}" if count is not None else "at least one int"
+        raise ValueError(f"{name} must hold {wanted}, got {values!r}")
+    return tuple(check_int(x, name, min=min) for x in values)
 
 
 def check_positive_int(value, name: str) -> int:

@@ -15,7 +15,8 @@ Kernels (CUDA C in ``lessons/gpu/kernels/``, one launcher each):
 * :func:`flash_attention_backward_mma_gpu` - the same on tensor cores, fp16/bf16, d = 64 or 128 (no trace build).
 
 Each has a trace build (``-DFA_TRACE``) that records ``(m, alpha, l)`` per tile for chosen
-rows; :func:`first_divergence` compares such a trace with NumPy's. Without a GPU the
+rows; :func:`first_divergence` compares such a trace with NumPy's, and :func:`kernel_row_trace`
+hands one row of it to the notebooks' stepper. Without a GPU the
 kernels still compile (:func:`compile_report` gives registers and shared memory per
 kernel for sm_80 and sm_90, :func:`gpu_status` says what happened), and
 ``backend="emulator"`` runs the same CUDA C on the CPU. With a device, resources are
@@ -40,7 +41,7 @@ from lessons.gpu.source import flash_attention_mma_async_build, flash_attention_
 from lessons.gpu.source import flash_attention_regtile_build, flash_attention_regtile_config
 from lessons.gpu.launch import flash_attention_mma_fa2_gpu
 from lessons.gpu.source import flash_attention_mma_fa2_build, flash_attention_mma_fa2_config
-from lessons.gpu.launch import paged_decode_split_gpu
+from lessons.gpu.launch import kernel_row_trace, paged_decode_split_gpu
 from lessons.gpu.source import decode_splits, paged_decode_split_build
 from lessons.gpu.backward import flash_attention_backward_mma_gpu
 from lessons.gpu.source import flash_attention_backward_mma_build, flash_attention_backward_mma_config
@@ -54,7 +55,7 @@ __all__ = [
     "CompiledKernel", "KernelCompileError", "KERNELS", "KernelBuild", "default_builds", "kernel_source",
     "flash_attention_config", "flash_attention_build", "flash_attention_mma_config", "flash_attention_mma_build",
     "paged_decode_config", "paged_decode_build",
-    "online_softmax_build", "GpuTrace", "GpuRowTrace", "TraceDivergence", "first_divergence",
+    "online_softmax_build", "GpuTrace", "GpuRowTrace", "TraceDivergence", "first_divergence", "kernel_row_trace",
     "to_bfloat16_bits", "from_bfloat16_bits", "emulator_available", "EmulatorError", "EmulatorMemoryError",
     "flash_attention_backward_gpu", "GpuBackwardTrace", "flash_attention_backward_config", "flash_attention_backward_build",
     "flash_attention_regtile_gpu", "flash_attention_regtile_config", "flash_attention_regtile_build",

@@ -350,8 +350,7 @@ def kernel_backward_trace(q, k, v, o, lse, do, *, scale=None, causal: bool = Fal
     Source: Dao 2023 (FlashAttention-2), Alg. 2.
     """
     from lessons.gpu.emulator import emulator_available
-    from lessons.gpu.harness import open_device
-    from lessons.gpu.launch import Runner
+    from lessons.gpu.launch import Runner, open_device
     q, k, v, o, lse, do = _one_head(q, k, v, o, lse, do)
     device, _ = open_device(use_device)
     if device is None and not emulator_available():

@@ -575,6 +575,20 @@ def compile_report_table(rows=None):
     return table
 
 
+def resources_text(resources) -> str:
+    """A text table of :class:`~lessons.gpu.compile.KernelResources` (``""`` for none): entry point, arch,
+    dtype, constants, threads per block, registers per thread, static shared memory per block (bytes),
+    spilled bytes per thread; "not reported" where neither the device nor ptxas gave the number."""
+    head = ("kernel", "arch", "dtype", "config", "threads", "registers", "smem bytes", "spills")
+    body = [(r.entry, r.arch, r.dtype, r.config, str(r.threads_per_block), _number(r.registers),
+             _number(r.smem_bytes, "{:,}"), _number(r.spill_bytes)) for r in resources]
+    if not body:
+        return ""
+    widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
+    return "\n".join("  ".join(c.rjust(w) if i >= 4 else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+                     .rstrip() for cells in [head, *body])
+
+
 @lru_cache(maxsize=1)
 def gpu_status() -> str:
     """One plain sentence on what happened to the CUDA kernels on this machine.

@@ -24,12 +24,12 @@ from typing import Callable
 import numpy as np
 
 from lessons.core.checks import check_flag
-from lessons.gpu.compile import ARCHS, KernelCompileError, _number, compile_report, device_available, nvrtc_version
+from lessons.gpu.compile import ARCHS, KernelCompileError, compile_report, nvrtc_version, resources_text
 from lessons.gpu.emulator import EmulatedModule, EmulatorError, emulator_available
-from lessons.gpu.launch import Runner
+from lessons.gpu.launch import Runner, open_device
 
 __all__ = ["GPU", "EMULATOR", "TOLERANCE", "WIDTH", "KernelCheck", "GpuLesson", "Place", "Section", "Table",
-           "run_section", "open_device", "compare", "resources_text", "format_seconds"]
+           "run_section", "compare", "format_seconds"]
 
 #: float32 kernels against the float64 reference on the same float32 inputs (outputs of order 1)
 TOLERANCE = MappingProxyType({"atol": 2e-5, "rtol": 2e-5})
@@ -103,19 +103,6 @@ def compare(where, case, output, reference, lse=None, reference_lse=None, *, sec
         agrees &= bool(lse_error <= atol + rtol * float(np.max(np.abs(ref_lse[~empty]), initial=0.0)))
     return KernelCheck(where, case, out, ref, lse, ref_lse, max_error, lse_error, atol, rtol, agrees, seconds)
 
-
-def resources_text(resources) -> str:
-    """A text table of :class:`~lessons.gpu.compile.KernelResources` (``""`` for none): entry point, arch,
-    dtype, constants, threads per block, registers per thread, static shared memory per block (bytes),
-    spilled bytes per thread; "not reported" where neither the device nor ptxas gave the number."""
-    head = ("kernel", "arch", "dtype", "config", "threads", "registers", "smem bytes", "spills")
-    body = [(r.entry, r.arch, r.dtype, r.config, str(r.threads_per_block), _number(r.registers),
-             _number(r.smem_bytes, "{:,}"), _number(r.spill_bytes)) for r in resources]
-    if not body:
-        return ""
-    widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
-    return "\n".join("  ".join(c.rjust(w) if i >= 4 else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-                     .rstrip() for cells in [head, *body])
 
 
 class Table(str):
@@ -197,21 +184,6 @@ class GpuLesson:
             raise ValueError(f"where must be 'GPU' or 'emulator', got {where!r}")
         return tuple(c for c in self.checks if c.where == where)
 
-
-def open_device(use_device):
-    """(a :class:`~lessons.gpu.launch.Runner` on the CUDA device, or None; why not, or None)."""
-    if check_flag(use_device, "use_device", none=True) is False:
-        return None, "the GPU was not used (use_device=False)"
-    if not device_available():
-        try:
-            import cupy  # noqa: F401
-        except ImportError:
-            return None, "CuPy is not installed (pip install cupy-cuda12x), so no CUDA device can be used"
-        return None, "no CUDA device"
-    try:
-        return Runner("cupy"), None
-    except Exception as err:  # a broken driver or CuPy install
-        return None, f"the CUDA device could not be opened ({type(err).__name__}: {err})"
 
 
 @dataclass

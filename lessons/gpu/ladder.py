@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from lessons.core.checks import check_int
+from lessons.core.checks import check_int, check_int_sequence
 from lessons.cost.traffic import H200, flash_io, textbook_io
 from lessons.gpu.measure import attention_flops  # 4 N^2 d per head, half when causal
 from lessons.gpu.recorded import RECORDED_DIR, _shipped, typed_csv_rows  # RECORDED_DIR: the H200 run (forward/, backward/, decode/)
@@ -343,8 +343,7 @@ def ladder_points(n: int = 8192, ds=(64, 128), rows=None) -> list[dict]:
     (FLOPs per HBM byte, :func:`rung_intensity`), tflops (measured, None when not) and figure.
     A head dim the run lacks is drawn as not measured; TypeError for ``ds`` that is not a sequence of
     ints, ValueError when the run has no rows at ``n`` with any of ``ds``."""
-    if isinstance(ds, (str, bytes)) or not hasattr(ds, "__iter__"):
-        raise TypeError(f"ds must be a sequence of head dims, got {type(ds).__name__} {ds!r}")
+    ds = check_int_sequence(ds, "ds", min=1)
     rows = _rows(rows)
     n, ds = _check_shape(rows, n, list(ds))
     out = []

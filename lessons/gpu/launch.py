@@ -24,8 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lessons.core.checks import check_int, check_scale
+from lessons.core.checks import as_float_array, check_flag, check_int, check_positive_int, check_scale
 from lessons.gpu.compile import device_available, device_module, device_name
+from lessons.gpu.emulator import emulator_available
 from lessons.gpu.source import (MAX_HEAD_DIM, MMA_BLOCK_Q, MMA_DTYPES, flash_attention_build, flash_attention_config,
                      flash_attention_mma_build, flash_attention_mma_config, kernel_signature,
                      online_softmax_build, paged_decode_build)
@@ -38,7 +39,7 @@ __all__ = ["flash_attention_gpu", "flash_attention_mma_gpu", "mma_probe_gpu", "o
            "flash_decoding_gpu",
            "SplitTraces", "BACKENDS", "MAX_TRACE_ROWS", "Runner"]
 __all__ += ["flash_attention_regtile_gpu", "flash_attention_mma_async_gpu", "paged_decode_split_gpu"]
-__all__ += ["flash_attention_mma_fa2_gpu"]
+__all__ += ["flash_attention_mma_fa2_gpu", "open_device", "kernel_row_trace"]
 
 BACKENDS = ("cupy", "emulator")
 #: most rows one launch may trace (each traced row is looked up by every thread)
@@ -72,8 +73,7 @@ def _check_arrays(arrays: dict) -> str:
 
 def _storage_dtype(arrays: dict, bfloat16: bool) -> str:
     """'float32', 'float16' or 'bfloat16' for float arrays that share one dtype."""
-    if not isinstance(bfloat16, (bool, np.bool_)):
-        raise TypeError(f"bfloat16 must be a bool, got {type(bfloat16).__name__}")
+    check_flag(bfloat16, "bfloat16")
     dtypes = {name: np.dtype(x.dtype) for name, x in arrays.items()}
     if bfloat16:
         bad = {n: str(d) for n, d in dtypes.items() if d != np.uint16}
@@ -108,12 +108,6 @@ def _kernel_scale(scale, d: int) -> float:
         raise ValueError(f"scale must fit in float32 (|scale| <= {float(np.finfo(np.float32).max):.4g}), "
                          f"got {scale}")
     return scale
-
-
-def _check_bool(value, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
-    return bool(value)
 
 
 def _check_backend(backend) -> str:
@@ -173,8 +167,8 @@ class Runner:
                 cupy = None
             if cupy is None or not device_available():
                 why = "no CUDA device" if cupy else "CuPy is not installed (pip install cupy-cuda12x nvidia-cuda-nvrtc-cu12)"
-                raise RuntimeError(f"cannot run the CUDA kernel: {why}. To run the same kernel on CPU "
-                                   f"threads, pass backend='emulator'.")
+                raise RuntimeError(f"cannot run the CUDA kernel: {why}. To run the same kernel on the "
+                                   f"CPU, pass backend='emulator'.")
             self.xp = cupy
         else:
             self.xp = np
@@ -336,7 +330,7 @@ def _check_flash(q, k, v, scale, causal, bfloat16) -> _FlashInputs:
     if not 1 <= d <= MAX_HEAD_DIM:
         raise ValueError(f"head dim d must be in 1..{MAX_HEAD_DIM}, got q shape {q.shape}")
     scale = _kernel_scale(scale, d)
-    causal = _check_bool(causal, "causal")
+    causal = check_flag(causal, "causal")
     batch_heads = math.prod(lead)
     if batch_heads > _GRID_YZ_LIMIT:
         raise ValueError(f"batch * heads must be at most {_GRID_YZ_LIMIT}, got {batch_heads}")
@@ -673,7 +667,7 @@ def paged_decode_gpu(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None,
     """
     backend = _check_backend(backend)
     kind, dtype, num_seqs, num_heads, d, block_size, num_kv_heads, max_blocks = _check_paged(
-        q, k_cache, v_cache, block_tables, seq_lens, bfloat16, _check_bool(check_tables, "check_tables"))
+        q, k_cache, v_cache, block_tables, seq_lens, bfloat16, check_flag(check_tables, "check_tables"))
     scale = _kernel_scale(scale, d)
     tracing = trace_rows is not None
     rows = _check_pairs(trace_rows, num_seqs, num_heads) if tracing else []
@@ -713,12 +707,12 @@ def flash_decoding_gpu(q, k_cache, v_cache, block_tables, seq_lens, num_splits: 
     """
     backend = _check_backend(backend)
     kind, dtype, num_seqs, num_heads, d, block_size, num_kv_heads, max_blocks = _check_paged(
-        q, k_cache, v_cache, block_tables, seq_lens, bfloat16, _check_bool(check_tables, "check_tables"))
+        q, k_cache, v_cache, block_tables, seq_lens, bfloat16, check_flag(check_tables, "check_tables"))
     num_splits = check_int(num_splits, "num_splits")
     if not 1 <= num_splits <= _GRID_YZ_LIMIT:
         raise ValueError(f"num_splits must be in 1..{_GRID_YZ_LIMIT}, got {num_splits}")
     scale = _kernel_scale(scale, d)
-    return_partials = _check_bool(return_partials, "return_partials")
+    return_partials = check_flag(return_partials, "return_partials")
     tracing = trace_rows is not None
     rows = _check_pairs(trace_rows, num_seqs, num_heads) if tracing else []
     build = paged_decode_build(d, block_size, num_heads, num_kv_heads, dtype, tracing)
@@ -793,13 +787,13 @@ def paged_decode_split_gpu(q, k_cache, v_cache, block_tables, seq_lens, num_spli
 
     backend = _check_backend(backend)
     kind, dtype, num_seqs, num_heads, d, block_size, num_kv_heads, max_blocks = _check_paged(
-        q, k_cache, v_cache, block_tables, seq_lens, bfloat16, _check_bool(check_tables, "check_tables"))
+        q, k_cache, v_cache, block_tables, seq_lens, bfloat16, check_flag(check_tables, "check_tables"))
     if num_splits is not None:
         num_splits = check_int(num_splits, "num_splits")
         if not 1 <= num_splits <= _GRID_YZ_LIMIT:
             raise ValueError(f"num_splits must be in 1..{_GRID_YZ_LIMIT} or None (auto), got {num_splits}")
     scale = _kernel_scale(scale, d)
-    return_partials = _check_bool(return_partials, "return_partials")
+    return_partials = check_flag(return_partials, "return_partials")
     build = paged_decode_split_build(d, block_size, num_heads, num_kv_heads, dtype)
     hpb = dict(build.defines)["HEADS_PER_BLOCK"]
 
@@ -827,3 +821,57 @@ def paged_decode_split_gpu(q, k_cache, v_cache, block_tables, seq_lens, num_spli
     if return_partials:
         result += ({"m": run.get(part_m), "l": run.get(part_l), "o": run.get(part_o)},)
     return result
+
+
+def open_device(use_device):
+    """(a :class:`Runner` on the CUDA device, or None; why not in words, or None): how the notebooks'
+    "On the GPU" sections (:mod:`lessons.gpu.harness`) find the device. ``use_device``: None (use one when
+    there is one) or False (never); True is the same as None; anything else is a TypeError."""
+    if check_flag(use_device, "use_device", none=True) is False:
+        return None, "the GPU was not used (use_device=False)"
+    if not device_available():
+        try:
+            import cupy  # noqa: F401
+        except ImportError:
+            return None, "CuPy is not installed (pip install cupy-cuda12x), so no CUDA device can be used"
+        return None, "no CUDA device"
+    try:
+        return Runner("cupy"), None
+    except Exception as err:  # a broken driver or CuPy install
+        return None, f"the CUDA device could not be opened ({type(err).__name__}: {err})"
+
+
+def kernel_row_trace(q, k, v, tile, row, *, causal=False, block_q=64, scale=None, use_device=None):
+    """The forward kernel's own trace of one query row, for ``TileStepper(kernel=kernel_row_trace)``.
+
+    ``q`` (Nq, d), ``k``, ``v`` (Nk, d): float (computed in float32); ``tile``: keys per tile (the kernel's
+    ``block_k``); ``row``: the row traced; ``causal``, ``block_q``, ``scale``: as :func:`lessons.flash_attention`.
+    Without causal masking the trace does not depend on ``block_q``, so when the kernel cannot take it
+    with ``block_k = tile`` another is tried; with it, give the stepper's (lesson 3's
+    ``block_schedule(16)``: ``functools.partial(kernel_row_trace, block_q=16)``). Runs the trace build on
+    the GPU when there is one (and ``use_device`` is not False), else on the emulator. Returns ``(where,
+    gpu_row)``: ``"GPU (<name>)"`` or ``"emulator"``, and a :class:`lessons.gpu.GpuRowTrace`. ValueError
+    for q, k, v not 2-D, a ``row`` outside ``[0, Nq)``, a ``tile`` below 1 or one no ``block_q`` takes;
+    TypeError for a non-int ``tile`` or ``row`` or non-float q, k, v; RuntimeError when neither a GPU nor
+    a C++ compiler for the emulator is there. Source: Dao 2023 (FlashAttention-2), Alg. 1.
+    """
+    q, k, v = (np.ascontiguousarray(as_float_array(x, name, (2,)), dtype=np.float32)
+               for x, name in ((q, "q"), (k, "k"), (v, "v")))
+    tile, row = check_positive_int(tile, "tile"), check_int(row, "row", min=0, max=q.shape[0] - 1)
+    config, why = None, None
+    for bq in [block_q] + ([] if causal else [b for b in (128, 64, 32, 16, 8, 4) if b != block_q]):
+        try:
+            config = flash_attention_config(q.shape[1], bq, tile)
+            break
+        except ValueError as err:
+            why = why or err
+    if config is None:
+        raise ValueError(f"the kernel cannot take tile={tile} keys with d={q.shape[1]}"
+                         f"{' and block_q=' + str(block_q) if causal else ''}: {why}")
+    device, _ = open_device(use_device)
+    if device is None and not emulator_available():
+        raise RuntimeError("no CUDA device and no C++ compiler (g++) for the emulator")
+    runner = device or Runner("emulator")
+    out = runner.kernel(flash_attention_gpu)(*(runner.put(x) for x in (q, k, v)), scale=scale, causal=causal,
+                                             block_q=config[0], block_k=config[1], trace_rows=[row])
+    return (f"GPU ({device.name})" if device is not None else "emulator"), out[2].row(row)

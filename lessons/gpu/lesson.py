@@ -12,7 +12,7 @@ compute in float32 (float16 on tensor cores), checked against float64 NumPy on t
 notebook                function
 ======================  ================================================================================
 01 online softmax       :func:`online_softmax_on_gpu`
-02 flash attention      :func:`flash_attention_on_gpu` (with the kernel's trace; :func:`kernel_row_trace`)
+02 flash attention      :func:`flash_attention_on_gpu` (with the kernel's trace)
 03 query blocks/causal  :func:`causal_on_gpu`
 04 backward pass        :func:`lessons.gpu.backward.backward_on_gpu` (with the kernels' trace)
 05 io awareness         :func:`io_on_gpu` (compile report; naive vs kernel), :func:`tensor_cores_on_gpu`
@@ -27,15 +27,14 @@ from types import MappingProxyType, SimpleNamespace
 
 import numpy as np
 
-from lessons.core.checks import as_float_array, check_flag, check_int, check_positive_int
+from lessons.core.checks import as_float_array, check_flag, check_int, check_int_sequence, check_positive_int
 from lessons.core.reference import attention
 from lessons.course.data import decode_query_case, gqa_batch_case, load_sample, paged_case, softmax_demo_rows
 from lessons.gpu.compile import NOT_REPORTED, _config
-from lessons.gpu.emulator import emulator_available
-from lessons.gpu.harness import (TOLERANCE, GpuLesson, KernelCheck, Section, Table, format_seconds, open_device,
-                                 resources_text, run_section)
-from lessons.gpu.launch import (Runner, flash_attention_gpu, flash_attention_mma_gpu, flash_decoding_gpu, mma_probe_gpu,
-                                online_softmax_gpu, paged_decode_gpu)
+from lessons.gpu.harness import TOLERANCE, GpuLesson, KernelCheck, Section, Table, format_seconds, run_section
+# kernel_row_trace (the stepper's hook) lives in launch; notebooks saved earlier import it from here
+from lessons.gpu.launch import (flash_attention_gpu, flash_attention_mma_gpu, flash_decoding_gpu, kernel_row_trace,
+                                mma_probe_gpu, online_softmax_gpu, paged_decode_gpu)
 from lessons.gpu.measure import attention_flops, naive_attention
 from lessons.gpu.source import (MMA_BLOCK_Q, STATIC_SMEM_LIMIT, default_builds, flash_attention_build,
                                 flash_attention_config, flash_attention_mma_build, flash_attention_mma_config,
@@ -51,7 +50,7 @@ from lessons.schedules.variants import run_variant
 
 __all__ = ["GpuLesson", "KernelCheck", "online_softmax_on_gpu", "flash_attention_on_gpu", "causal_on_gpu", "io_on_gpu",
            "tensor_cores_on_gpu", "kernel_row_trace", "paged_decode_on_gpu", "flash_decoding_on_gpu",
-           "paged_gqa_on_gpu", "resources_text", "CAUSAL_CASES", "TOLERANCE", "MMA_TOLERANCE"]
+           "paged_gqa_on_gpu", "CAUSAL_CASES", "TOLERANCE", "MMA_TOLERANCE"]
 
 #: the tensor-core kernel (P rounded to float16 before P V) against float64 NumPy on float16 inputs
 MMA_TOLERANCE = MappingProxyType({"atol": 3e-3, "rtol": 5e-3})
@@ -79,15 +78,6 @@ def _data(names: str, values, default) -> tuple:
 def _run(notebook, title, builds, run=None, report=None, *, use_device, emulate, **spec) -> GpuLesson:
     return run_section(Section(notebook, title, list(builds), run, report, **spec), use_device, emulate)
 
-
-def _ints(values, name: str, count: int | None = None) -> tuple:
-    """A non-empty sequence of ints >= 1 (``count`` of them when given); TypeError/ValueError naming ``name``."""
-    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
-        raise TypeError(f"{name} must be a sequence of ints, got {type(values).__name__} {values!r}")
-    values = tuple(values)
-    if not values or (count is not None and len(values) != count):
-        raise ValueError(f"{name} must hold {count or 'at least one'} int{'s' if count != 1 else ''}, got {values!r}")
-    return tuple(check_int(x, name, min=1) for x in values)
 
 
 def _table(title: str, lines) -> Table:
@@ -117,7 +107,7 @@ def online_softmax_on_gpu(x=None, *, tile: int = 256, timing_shape=(2048, 8192),
         if x.size == 0:
             raise ValueError(f"x must hold at least one score, got shape {x.shape}")
     x = softmax_demo_rows() if x is None else x
-    timing_shape = _ints(timing_shape, "timing_shape", 2)
+    timing_shape = check_int_sequence(timing_shape, "timing_shape", min=1, count=2)
 
     def run(place):
         runs = [(f"{' x '.join(map(str, x.shape))} scores, tiles of {tile}", x, False)]
@@ -219,40 +209,6 @@ def flash_attention_on_gpu(*, layer: int = 0, head: int = 0, row: int = 93, bloc
                 details=dict(block_q=block_q, block_k=block_k, row=row, token=sample.tokens[row]))
 
 
-def kernel_row_trace(q, k, v, tile, row, *, causal=False, block_q=64, scale=None, use_device=None):
-    """The forward kernel's own trace of one query row, for ``TileStepper(kernel=kernel_row_trace)``.
-
-    ``q`` (Nq, d), ``k``, ``v`` (Nk, d): float (computed in float32); ``tile``: keys per tile (the kernel's
-    ``block_k``); ``row``: the row traced; ``causal``, ``block_q``, ``scale``: as :func:`lessons.flash_attention`.
-    Without causal masking the trace does not depend on ``block_q``, so when the kernel cannot take it
-    with ``block_k = tile`` another is tried; with it, give the stepper's (lesson 3's
-    ``block_schedule(16)``: ``functools.partial(kernel_row_trace, block_q=16)``). Runs the trace build on
-    the GPU when there is one (and ``use_device`` is not False), else on the emulator. Returns ``(where,
-    gpu_row)``: ``"GPU (<name>)"`` or ``"emulator"``, and a :class:`lessons.gpu.GpuRowTrace`. ValueError
-    for q, k, v not 2-D, a ``row`` outside ``[0, Nq)``, a ``tile`` below 1 or one no ``block_q`` takes;
-    TypeError for a non-int ``tile`` or ``row`` or non-float q, k, v; RuntimeError when neither a GPU nor
-    a C++ compiler for the emulator is there. Source: Dao 2023 (FlashAttention-2), Alg. 1.
-    """
-    q, k, v = _f32(*(as_float_array(x, name, (2,)) for x, name in ((q, "q"), (k, "k"), (v, "v"))))
-    tile, row = check_positive_int(tile, "tile"), check_int(row, "row", min=0, max=q.shape[0] - 1)
-    config, why = None, None
-    for bq in [block_q] + ([] if causal else [b for b in (128, 64, 32, 16, 8, 4) if b != block_q]):
-        try:
-            config = flash_attention_config(q.shape[1], bq, tile)
-            break
-        except ValueError as err:
-            why = why or err
-    if config is None:
-        raise ValueError(f"the kernel cannot take tile={tile} keys with d={q.shape[1]}"
-                         f"{' and block_q=' + str(block_q) if causal else ''}: {why}")
-    device, _ = open_device(use_device)
-    if device is None and not emulator_available():
-        raise RuntimeError("no CUDA device and no C++ compiler (g++) for the emulator")
-    runner = device or Runner("emulator")
-    out = runner.kernel(flash_attention_gpu)(*(runner.put(x) for x in (q, k, v)), scale=scale, causal=causal,
-                                             block_q=config[0], block_k=config[1], trace_rows=[row])
-    return (f"GPU ({device.name})" if device is not None else "emulator"), out[2].row(row)
-
 
 def causal_on_gpu(*, layer: int = 0, head: int = 0, cases=CAUSAL_CASES, all_heads: bool = True,
                   use_device=None, emulate=None) -> GpuLesson:
@@ -334,7 +290,7 @@ def io_on_gpu(*, ns=(1024, 2048, 4096), d: int = 64, heads: int = 8, repeats: in
     sequence of ints or a non-int ``d``, ``heads``, ``repeats``; ValueError for no ``ns`` or any value
     below 1. Source: Dao et al. 2022, Sec. 2-3 (IO-awareness); Dao 2023, Alg. 1.
     """
-    ns = _ints(ns, "ns")
+    ns = check_int_sequence(ns, "ns", min=1)
     heads, repeats = check_positive_int(heads, "heads"), check_positive_int(repeats, "repeats")
     builds = list(default_builds(128, "float16")) + [flash_attention_build(d, "float16")]
     forward = [b for b in builds if b.kernel == "flash_attention"]

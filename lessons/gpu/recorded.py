@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from lessons.core.checks import check_int
+from lessons.core.checks import check_int, check_int_sequence
 
 __all__ = ["RECORDED_DIR", "BACKWARD_CSV", "csv_lines", "typed_csv_rows", "IMPLS", "IMPL_TITLES", "TORCH_GOAL", "BackwardRun", "BackwardSummary",
            "recorded_label", "read_backward_csv", "recorded_backward", "measure_backward", "backward_results",
@@ -303,18 +303,10 @@ def measure_backward(sizes=(1024, 2048), head_dims=(64, 128), *, heads: int = 8,
     return BackwardRun(tuple(rows), f"measured live on {gpu.device_name()}, {when}", live=True)
 
 
-def _ints(values, name, lo):
-    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
-        raise TypeError(f"{name} must be a sequence of ints, got {type(values).__name__} {values!r}")
-    return [check_int(v, name, min=lo) for v in values]
-
-
 def _check_measure(sizes, head_dims, heads, warmup, repeats, seed):
-    sizes, head_dims = _ints(sizes, "sizes", 1), _ints(head_dims, "head_dims", 1)
+    sizes, head_dims = check_int_sequence(sizes, "sizes", min=1), check_int_sequence(head_dims, "head_dims", min=1)
     heads, repeats = check_int(heads, "heads", min=1), check_int(repeats, "repeats", min=1)
     warmup, seed = check_int(warmup, "warmup", min=0), check_int(seed, "seed", min=0)
-    if not sizes or not head_dims:
-        raise ValueError(f"sizes and head_dims must not be empty, got {sizes} and {head_dims}")
     return sizes, head_dims, heads, warmup, repeats, seed
 
 
@@ -404,7 +396,8 @@ def backward_table(run, n=None, head_dims=(64, 128), dtype: str = "float16") -> 
     Raises TypeError/ValueError as :func:`backward_summary` (ValueError too when no head dim is there).
     """
     run = _check_run(run)
-    ds = [d for d in _ints(head_dims, "head_dims", 1) if any(r["d"] == d and r["dtype"] == dtype for r in run.rows)]
+    ds = [d for d in check_int_sequence(head_dims, "head_dims", min=1)
+          if any(r["d"] == d and r["dtype"] == dtype for r in run.rows)]
     if not ds:
         raise ValueError(f"head_dims {list(head_dims)}: the run has none of them in {dtype!r}")
     if n is None:

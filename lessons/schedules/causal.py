@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lessons.core.causal_rule import DIAGONAL, FULL, SKIPPED, TILE_KINDS, causal_visible, tile_kind
-from lessons.core.checks import check_mask, check_positive_int, check_qkv
+from lessons.core.checks import check_flag, check_mask, check_positive_int, check_qkv
 from lessons.schedules.variants import run_variant
 from lessons.schedules.flash import flash_attention
 from lessons.core.reference import attention
@@ -35,12 +35,6 @@ __all__ = ["FULL", "DIAGONAL", "SKIPPED", "TILE_KINDS", "TileVisit", "TileCounts
            "tile_schedule", "count_tiles", "causal_mask", "MaskedRowsReport", "masked_rows_report",
            "padded_causal_case", "block_schedule"]
 
-
-
-def _check_bool(value, name):
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
-    return bool(value)
 
 
 def causal_mask(nq, nk):
@@ -97,7 +91,7 @@ def tile_schedule(nq, nk, block_q, block_k, causal=True):
     """
     nq, nk = check_positive_int(nq, "nq"), check_positive_int(nk, "nk")
     block_q, block_k = check_positive_int(block_q, "block_q"), check_positive_int(block_k, "block_k")
-    causal = _check_bool(causal, "causal")
+    causal = check_flag(causal, "causal")
     visits, step = [], 0
     for qb, r0 in enumerate(range(0, nq, block_q)):
         r1 = min(r0 + block_q, nq)

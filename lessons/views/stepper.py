@@ -150,11 +150,11 @@ class TileStepper(StepperShell):
     interval : int, milliseconds per tile when Play runs.
     kernel : optional callable ``(q, k, v, tile, row, **options) -> (where, gpu_row)`` giving a
         CUDA kernel's own trace of the row (``where`` a label such as ``"GPU"``, ``gpu_row`` a
-        :class:`lessons.gpu.GpuRowTrace`), e.g. :func:`lessons.gpu.lesson.kernel_row_trace`.
+        :class:`lessons.gpu.GpuRowTrace`), e.g. :func:`lessons.gpu.kernel_row_trace`.
         The table then shows the kernel's m, α, l beside NumPy's, and the ``kernel`` readout
         names the first tile where they differ beyond rounding (:func:`lessons.gpu.first_divergence`,
         rtol 1e-4, atol 1e-6), or why the kernel could not run. With causal masking the kernel
-        must use the schedule's query block size (see :func:`lessons.gpu.lesson.kernel_row_trace`).
+        must use the schedule's query block size (see :func:`lessons.gpu.kernel_row_trace`).
 
     Attributes (stable names, for notebooks and tests)
     --------------------------------------------------

@@ -21,7 +21,7 @@ NAME = "zz_stepper_layout.ipynb"
 CELLS = [
     "from lessons.views.stepper import TileStepper\n"
     "from lessons.schedules.paged import paged_schedule\n"
-    "from lessons.gpu.lesson import kernel_row_trace",
+    "from lessons.gpu import kernel_row_trace",
     'TileStepper(kind="real", row=93, tile=16, kernel=kernel_row_trace)',
     'TileStepper(kind="real", row=93, tile=16)',
     'TileStepper(kind="real", row=93, tile=16, schedule=paged_schedule)',
