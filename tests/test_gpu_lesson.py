@@ -251,6 +251,32 @@ def test_online_softmax_emulator_equals_the_textbook_softmax(results):
 
 
 @needs_emulator
+@needs_nvrtc
+def test_online_softmax_reports_the_demo_rows_only_for_the_demo_rows(results):
+    assert "row 2 sees nothing: y = [0.0], lse = -inf" in text(results["01"])
+    x = np.random.default_rng(3).standard_normal((4, 64))
+    r = lesson.online_softmax_on_gpu(x, tile=32, use_device=False)
+    np.testing.assert_allclose(emulator_check(r).output, lessons.safe_softmax(x.astype(np.float32).astype(float)),
+                               **TOL)
+    assert r.ok and "sees nothing" not in text(r) and "masked first tile" not in text(r)
+
+
+@needs_emulator
+@needs_nvrtc
+def test_a_run_that_raises_is_a_failure_not_a_pass():
+    def run(place):
+        raise ZeroDivisionError("division by zero")
+
+    r = harness.run_section(harness.Section("01_online_softmax", "t", [source.online_softmax_build(256, "float32")],
+                                            run=run), use_device=False)
+    assert r.failed == ("emulator",) and not r.checks and not r.ok
+    assert "The emulator run failed: ZeroDivisionError: division by zero" in text(r)
+    quiet = harness.run_section(harness.Section("01_online_softmax", "t", [source.online_softmax_build(256, "float32")],
+                                                run=run), use_device=False, emulate=False)
+    assert quiet.failed == () and quiet.ok          # nothing ran: nothing failed
+
+
+@needs_emulator
 def test_flash_attention_emulator_equals_attention_on_the_real_sample(results):
     c = emulator_check(results["02"])
     q, k, v = lessons.load_sample().qkv(0, 0)

@@ -83,9 +83,11 @@ def check_int(value, name: str, *, min: int | None = None, max: int | None = Non
 
 def check_int_sequence(values, name: str, *, min: int | None = None, count: int | None = None) -> tuple:
     """A non-empty sequence of ints (``count`` of them when given), each checked by :func:`check_int`
-    with ``min``; returned as a tuple. A str, a bare number or anything not iterable is a TypeError,
-    no value or the wrong number of them a ValueError, both naming ``name``."""
-    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+    with ``min``; returned as a tuple. A str, bytes, a dict or set (no order), a bare number, an array
+    that is not 1-D or anything not iterable is a TypeError, no value or the wrong number of them a
+    ValueError, both naming ``name``."""
+    if (isinstance(values, (str, bytes, bytearray, dict, set, frozenset)) or not hasattr(values, "__iter__")
+            or (isinstance(values, np.ndarray) and values.ndim != 1)):
         raise TypeError(f"{name} must be a sequence of ints, got {type(values).__name__} {values!r}")
     values = tuple(values)
     if not values or (count is not None and len(values) != count):

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lessons.core.causal_rule import tile_kind
-from lessons.core.checks import check_int
+from lessons.core.checks import as_float_array, check_int
 from lessons.gpu.launch import Runner, _check_arrays, _check_backend, _check_flash, _storage_dtype
 from lessons.gpu.source import flash_attention_backward_build, flash_attention_backward_config
 from lessons.gpu.source import BACKWARD_MMA_HELD, flash_attention_backward_mma_build
@@ -285,12 +285,14 @@ EMULATED = "emulated on the CPU"
 
 
 def _one_head(q, k, v, o, lse, do):
+    """One head's float arrays as float32: TypeError for a non-float one, ValueError for a wrong rank."""
     for name, x in (("q", q), ("k", k), ("v", v), ("o", o), ("do", do)):
         if np.ndim(x) != 2:
             raise ValueError(f"{name} must be 2-D (N, d): one head, as the stepper holds it; got shape {np.shape(x)}")
     if np.ndim(lse) != 1:
         raise ValueError(f"lse must be 1-D (Nq,): one head; got shape {np.shape(lse)}")
-    return tuple(np.ascontiguousarray(x, dtype=np.float32) for x in (q, k, v, o, lse, do))
+    named = zip((q, k, v, o, lse, do), ("q", "k", "v", "o", "lse", "do"))
+    return tuple(np.ascontiguousarray(as_float_array(x, name, (np.ndim(x),)), dtype=np.float32) for x, name in named)
 
 
 def _traced_run(runner, q, k, v, o, lse, do, *, scale, causal, block_q, block_k):
@@ -345,8 +347,8 @@ def kernel_backward_trace(q, k, v, o, lse, do, *, scale=None, causal: bool = Fal
     replay it. The dQ pass runs its own loop (query blocks outside), but ``dQ_i`` after key block j is
     the same partial sum in either order. ``p`` and ``ds`` of each step are None: the kernels keep them in
     shared memory only. A tile only one pass absorbed has NaN for the other pass's values.
-    Raises ValueError for inputs that are not one head or tile sizes the kernels cannot take,
-    RuntimeError when neither a CUDA device nor a C++ compiler for the emulator is there.
+    Raises TypeError for non-float inputs; ValueError for inputs that are not one head or tile sizes the
+    kernels cannot take; RuntimeError when neither a CUDA device nor a C++ compiler for the emulator is there.
     Source: Dao 2023 (FlashAttention-2), Alg. 2.
     """
     from lessons.gpu.emulator import emulator_available

@@ -140,8 +140,9 @@ class GpuLesson:
     compiled, ``compiled`` (by NVRTC), ``status`` (one sentence: compiled, run or not, where),
     ``resources`` (:class:`~lessons.gpu.compile.KernelResources` per entry point and arch), ``checks``
     (:class:`KernelCheck` s), ``notes`` (what was skipped and why), ``details`` (the section's numbers),
-    ``summary`` (the text printed, ``str(result)``, prose wrapped at 100 columns) and ``blocks`` (the
-    same as paragraphs and :class:`Table` s, which ``_repr_html_`` folds away).
+    ``summary`` (the text printed, ``str(result)``, prose wrapped at 100 columns), ``blocks`` (the
+    same as paragraphs and :class:`Table` s, which ``_repr_html_`` folds away) and ``failed`` (the places,
+    ``"GPU"`` or ``"emulator"``, whose run raised: the notes say how).
     """
 
     notebook: str
@@ -155,6 +156,7 @@ class GpuLesson:
     details: MappingProxyType = field(repr=False)
     summary: str = field(repr=False)
     blocks: tuple = field(default=(), repr=False)
+    failed: tuple = ()
 
     def __str__(self) -> str:
         return self.summary
@@ -175,8 +177,9 @@ class GpuLesson:
 
     @property
     def ok(self) -> bool:
-        """True when every check that ran agreed with NumPy (also when none could run)."""
-        return all(c.agrees for c in self.checks)
+        """True when no run raised and every check that ran agreed with NumPy (also when nothing could
+        run: no compiler, no device)."""
+        return not self.failed and all(c.agrees for c in self.checks)
 
     def checks_on(self, where: str) -> tuple:
         """The checks that ran on ``"GPU"`` or ``"emulator"``; ValueError for anything else."""
@@ -273,12 +276,14 @@ def _compile(section: Section, device) -> tuple:
     return rows, f"The {kernel} compiled for {' and '.join(ARCHS)} with NVRTC {version}", True
 
 
-def _guarded(fn, notes: list, where: str):
-    """``fn()``, or None with a sentence in ``notes`` when it raised (a failed launch must not stop the notebook)."""
+def _guarded(fn, notes: list, failed: list, where: str):
+    """``fn()``, or None with a sentence in ``notes`` and ``where`` in ``failed`` when it raised (a failed
+    launch must not stop the notebook)."""
     try:
         return fn()
     except Exception as err:
         notes.append(f"The {where} run failed: {type(err).__name__}: {str(err).splitlines()[0]}")
+        failed.append(where)
         return None
 
 
@@ -302,15 +307,15 @@ def run_section(section: Section, use_device=None, emulate=None) -> GpuLesson:
         building and building.result()
     except EmulatorError as err:
         emulate, emulator_note = False, f"The emulator could not build the kernel: {str(err).splitlines()[0]}"
-    checks, notes, details, timings, extra = [], [], dict(section.details), (), []
+    checks, notes, failed, details, timings, extra = [], [], [], dict(section.details), (), []
     places = [Place(device, GPU)] if device is not None and section.run is not None else []
     for place in places + ([Place(Runner("emulator"), EMULATOR)] if emulate else []):
-        got = _guarded(lambda: section.run(place), notes, place.where)
+        got = _guarded(lambda: section.run(place), notes, failed, place.where)
         for key, value in (got[1] if got else {}).items():    # the first place that ran (the GPU) gives them
             details.setdefault(key, value)
         checks += got[0] if got else []
     if device is not None and section.timings is not None:
-        got = _guarded(lambda: section.timings(Place(device, GPU)), notes, GPU)
+        got = _guarded(lambda: section.timings(Place(device, GPU)), notes, failed, GPU)
         if got is not None and got[0]:
             timings, extra = tuple(got[0]), list(got[1])
     if section.timings is not None:
@@ -330,7 +335,7 @@ def run_section(section: Section, use_device=None, emulate=None) -> GpuLesson:
     notes += sorted({f"Resources of {r.entry} ({r.arch}) not reported: {r.reason}." for r in resources
                      if not r.reported})
     blocks = _blocks(section.title, status, resources, device, checks, extra, notes)
-    return replace(draft, details=MappingProxyType(details), blocks=tuple(blocks),
+    return replace(draft, details=MappingProxyType(details), blocks=tuple(blocks), failed=tuple(failed),
                    summary="\n\n".join(_text(b) for b in blocks))
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from lessons.core.checks import check_int, check_int_sequence
+from lessons.core.checks import check_flag, check_int, check_int_sequence
 from lessons.cost.traffic import H200, flash_io, textbook_io
 from lessons.gpu.measure import attention_flops  # 4 N^2 d per head, half when causal
 from lessons.gpu.recorded import RECORDED_DIR, _shipped, typed_csv_rows  # RECORDED_DIR: the H200 run (forward/, backward/, decode/)
@@ -245,8 +245,9 @@ def _table(n, d, rows) -> list[dict]:
 def rung_intensity(r: Rung | str, n: int = 8192, d: int = 64) -> float:
     """Arithmetic intensity (FLOPs per HBM byte, one head) of rung ``r`` by the IO model of
     :mod:`lessons.cost.traffic`: textbook for the naive rung (S in HBM), FA-2 loop order with
-    the rung's own tiles for ours, 128-row query blocks and 64-key tiles for SDPA (Dao 2023)."""
-    r = rung(r) if isinstance(r, str) else r
+    the rung's own tiles for ours, 128-row query blocks and 64-key tiles for SDPA (Dao 2023).
+    TypeError for an ``r`` that is neither a Rung nor a name; ValueError for a ``d`` the rung's kernel cannot take."""
+    r = _rung(r)
     es = 4 if r.dtype == "float32" else 2
     if r.name == "naive":
         return textbook_io(n, d, element_size=es).intensity
@@ -272,10 +273,11 @@ def rung_intensity(r: Rung | str, n: int = 8192, d: int = 64) -> float:
 
 def rung_build(r: Rung | str, d: int = 64):
     """The :class:`lessons.gpu.source.KernelBuild` of a rung with a kernel of ours at head dim
-    ``d``; ValueError for the rungs without one (naive, sdpa)."""
+    ``d``; ValueError for the rungs without one (naive, sdpa); TypeError for an ``r`` that is neither a
+    Rung nor a name."""
     from lessons.gpu import source
 
-    r = rung(r) if isinstance(r, str) else r
+    r = _rung(r)
     if r.kernel is None:
         raise ValueError(f"rung {r.name!r} has no kernel of ours to build")
     return {"scalar": lambda: source.flash_attention_build(d, r.dtype),
@@ -341,17 +343,22 @@ def ladder_points(n: int = 8192, ds=(64, 128), rows=None) -> list[dict]:
     """What the ladder's roofline draws: one dict per (rung, d) with name, title, d, precision
     (``"fp32"`` or ``"bf16"``, the roof its dtype runs under; fp16 shares bf16's), intensity
     (FLOPs per HBM byte, :func:`rung_intensity`), tflops (measured, None when not) and figure.
-    A head dim the run lacks is drawn as not measured; TypeError for ``ds`` that is not a sequence of
-    ints, ValueError when the run has no rows at ``n`` with any of ``ds``."""
-    ds = check_int_sequence(ds, "ds", min=1)
+    A head dim the run lacks is drawn as not measured; a repeated one once. TypeError for ``ds`` that is
+    not a sequence of ints; ValueError when the run has no rows at ``n`` with any of ``ds``, or for a head
+    dim some rung's kernel cannot take."""
+    ds = tuple(dict.fromkeys(check_int_sequence(ds, "ds", min=1)))
     rows = _rows(rows)
     n, ds = _check_shape(rows, n, list(ds))
     out = []
     for d in ds:
         for entry in _table(n, d, rows):
             r = rung(entry["name"])
+            try:
+                intensity = rung_intensity(r, n, d)
+            except ValueError as err:
+                raise ValueError(f"ds: the {r.name} rung cannot run at d = {d} ({err})") from None
             out.append(dict(name=r.name, title=r.title, d=d, precision="fp32" if r.dtype == "float32" else "bf16",
-                            intensity=rung_intensity(r, n, d), tflops=entry["tflops"], figure=entry["figure"]))
+                            intensity=intensity, tflops=entry["tflops"], figure=entry["figure"]))
     return out
 
 
@@ -388,8 +395,7 @@ def sdpa_backends(n: int = 8192, causal: bool = False, path: Path | None = None)
     kernel (mma.sync, like our rungs). Raises FileNotFoundError when the file is missing and ValueError
     when it has no row for ``n`` and ``causal`` or a row it cannot read (the message names the line)."""
     n = check_int(n, "n", min=1)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be True or False, got {causal!r}")
+    causal = check_flag(causal, "causal")
     path = _shipped(PROFILED_DIR / "sdpa_backends.txt") if path is None else Path(path)
     out: dict = {}
     for number, line in enumerate(path.read_text().splitlines(), start=1):
@@ -536,7 +542,9 @@ def _decode_best(r: Rung, rows) -> dict:
 def decode_recorded(r: Rung | str, rows=None) -> dict | None:
     """``{(num_seqs, seq_len): % of the copy rate}`` recorded for decode rung ``r`` (the best split
     count where several were run), or None when the rung was never measured on a GPU.
-    ``rows``: default :func:`decode_recorded_rows`."""
+    ``rows``: default :func:`decode_recorded_rows`. TypeError for an ``r`` that is neither a Rung nor a name."""
+    if not isinstance(r, (Rung, str)):
+        raise TypeError(f"r must be a decode Rung or its name, got {type(r).__name__} {r!r}")
     r = decode_rung(r) if isinstance(r, str) else r
     rows = decode_recorded_rows() if rows is None else rows
     return {key: row["pct"] for key, row in _decode_best(r, rows).items()} or None

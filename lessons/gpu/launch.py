@@ -135,11 +135,15 @@ def _check_rows(rows, name: str, limit: int) -> list:
 def _check_pairs(pairs, num_seqs: int, num_heads: int) -> list:
     """trace_rows of the decode kernels: (seq, head) pairs -> flat rows seq * num_heads + head."""
     arr = np.asarray(pairs)
+    if arr.size == 0:
+        raise ValueError(f"trace_rows must name 1..{MAX_TRACE_ROWS} (seq, head) pairs, got none")
     if arr.ndim != 2 or arr.shape[1] != 2 or not np.issubdtype(arr.dtype, np.integer):
         raise TypeError(f"trace_rows must be a sequence of (seq, head) int pairs, got {pairs!r}")
     for s, h in arr:
         if not (0 <= s < num_seqs and 0 <= h < num_heads):
             raise ValueError(f"trace_rows entry ({s}, {h}) is outside num_seqs={num_seqs}, num_heads={num_heads}")
+    if len({(int(s), int(h)) for s, h in arr}) != len(arr):
+        raise ValueError(f"trace_rows must not repeat a (seq, head) pair, got {arr.tolist()}")
     return _check_rows(arr[:, 0] * num_heads + arr[:, 1], "trace_rows", num_seqs * num_heads)
 
 
@@ -159,6 +163,8 @@ class Runner:
 
     def __init__(self, backend: str = "cupy", kind: str = "numpy"):
         self.backend = _check_backend(backend)
+        if kind not in ("numpy", "cupy"):
+            raise ValueError(f"kind must be 'numpy' or 'cupy' (the caller's arrays), got {kind!r}")
         self.return_numpy = backend == "emulator" or kind == "numpy"
         if backend == "cupy":
             try:
@@ -616,6 +622,9 @@ def _check_paged(q, k_cache, v_cache, block_tables, seq_lens, bfloat16, check_ta
     num_blocks, block_size, num_kv_heads, d_cache = k_cache.shape
     if d_cache != d:
         raise ValueError(f"q and k_cache must share the head dim d: q {q.shape}, k_cache {k_cache.shape}")
+    if block_size < 1 or num_kv_heads < 1:
+        raise ValueError(f"k_cache must hold at least one slot per page (block_size) and one KV head, got shape "
+                         f"{k_cache.shape} = (num_blocks, block_size, num_kv_heads, d)")
     if not 1 <= d <= MAX_HEAD_DIM:
         raise ValueError(f"head dim d must be in 1..{MAX_HEAD_DIM}, got q shape {q.shape}")
     _check_index_array(block_tables, "block_tables", 2)
@@ -851,13 +860,17 @@ def kernel_row_trace(q, k, v, tile, row, *, causal=False, block_q=64, scale=None
     ``block_schedule(16)``: ``functools.partial(kernel_row_trace, block_q=16)``). Runs the trace build on
     the GPU when there is one (and ``use_device`` is not False), else on the emulator. Returns ``(where,
     gpu_row)``: ``"GPU (<name>)"`` or ``"emulator"``, and a :class:`lessons.gpu.GpuRowTrace`. ValueError
-    for q, k, v not 2-D, a ``row`` outside ``[0, Nq)``, a ``tile`` below 1 or one no ``block_q`` takes;
-    TypeError for a non-int ``tile`` or ``row`` or non-float q, k, v; RuntimeError when neither a GPU nor
+    for q, k, v not 2-D, a q without rows, a ``row`` outside ``[0, Nq)``, a ``tile`` or ``block_q`` below 1
+    or a ``tile`` no ``block_q`` takes; TypeError for a non-int ``tile``, ``row`` or ``block_q`` or
+    non-float q, k, v; RuntimeError when neither a GPU nor
     a C++ compiler for the emulator is there. Source: Dao 2023 (FlashAttention-2), Alg. 1.
     """
     q, k, v = (np.ascontiguousarray(as_float_array(x, name, (2,)), dtype=np.float32)
                for x, name in ((q, "q"), (k, "k"), (v, "v")))
+    if q.shape[0] == 0:
+        raise ValueError(f"q must hold at least one query row to trace, got shape {q.shape}")
     tile, row = check_positive_int(tile, "tile"), check_int(row, "row", min=0, max=q.shape[0] - 1)
+    block_q = check_positive_int(block_q, "block_q")
     config, why = None, None
     for bq in [block_q] + ([] if causal else [b for b in (128, 64, 32, 16, 8, 4) if b != block_q]):
         try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from lessons.core.checks import check_int
+from lessons.core.checks import check_flag, check_int
 
 __all__ = ["naive_probabilities", "naive_attention", "median_cuda_seconds", "attention_flops", "naive_backward",
            "backward_flops",
@@ -73,8 +73,7 @@ def attention_flops(n: int, d: int, heads: int = 1, causal: bool = False) -> flo
     TypeError for a non-int ``n``/``d``/``heads`` (bools included) or a non-bool ``causal``; ValueError
     below 1."""
     n, d, heads = check_int(n, "n", min=1), check_int(d, "d", min=1), check_int(heads, "heads", min=1)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be True or False, got {type(causal).__name__} {causal!r}")
+    causal = check_flag(causal, "causal")
     return 4.0 * n * n * d * heads * (0.5 if causal else 1.0)
 
 

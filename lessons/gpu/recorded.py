@@ -30,7 +30,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from lessons.core.checks import check_int, check_int_sequence
+from lessons.core.checks import check_flag, check_int, check_int_sequence
 
 __all__ = ["RECORDED_DIR", "BACKWARD_CSV", "csv_lines", "typed_csv_rows", "IMPLS", "IMPL_TITLES", "TORCH_GOAL", "BackwardRun", "BackwardSummary",
            "recorded_label", "read_backward_csv", "recorded_backward", "measure_backward", "backward_results",
@@ -317,8 +317,7 @@ def backward_results(live=None, **measure) -> BackwardRun:
     Raises RuntimeError for ``live=True`` without a device, TypeError for a ``live`` that is not a bool or
     None or an argument :func:`measure_backward` does not take, TypeError/ValueError as
     :func:`measure_backward` for bad values."""
-    if live is not None and not isinstance(live, bool):
-        raise TypeError(f"live must be True, False or None, got {live!r}")
+    live = check_flag(live, "live", none=True)
     try:
         bound = inspect.signature(measure_backward).bind(**measure)
     except TypeError as err:
@@ -396,10 +395,10 @@ def backward_table(run, n=None, head_dims=(64, 128), dtype: str = "float16") -> 
     Raises TypeError/ValueError as :func:`backward_summary` (ValueError too when no head dim is there).
     """
     run = _check_run(run)
-    ds = [d for d in check_int_sequence(head_dims, "head_dims", min=1)
-          if any(r["d"] == d and r["dtype"] == dtype for r in run.rows)]
+    wanted = tuple(dict.fromkeys(check_int_sequence(head_dims, "head_dims", min=1)))     # each once
+    ds = [d for d in wanted if any(r["d"] == d and r["dtype"] == dtype for r in run.rows)]
     if not ds:
-        raise ValueError(f"head_dims {list(head_dims)}: the run has none of them in {dtype!r}")
+        raise ValueError(f"head_dims {list(wanted)}: the run has none of them in {dtype!r}")
     if n is None:
         n = min(_pick_n(run, None, d, dtype) for d in ds)
     lines = [f"Attention backward, N = {n}, batch 1, {run.rows[0]['heads']} heads, {dtype} (TFLOP/s: 10 N^2 d FLOPs "

@@ -121,8 +121,12 @@ def first_divergence(gpu_row, numpy_row, *, rtol: float = 1e-4, atol: float = 1e
     Returns None when every step matches and both absorbed the same number of tiles,
     else a :class:`TraceDivergence` naming the step, tile, quantity and both values.
     Checked in order per step: tile index, m, alpha, l. Raises ValueError for a negative
-    tolerance or arrays of mismatched lengths within one trace.
+    tolerance or arrays of mismatched lengths within one trace, TypeError for a row without
+    ``m``, ``alpha`` and ``l``.
     """
+    for label, row in (("gpu_row", gpu_row), ("numpy_row", numpy_row)):
+        if not all(hasattr(row, f) for f in FIELDS):
+            raise TypeError(f"{label} must be a trace row with arrays m, alpha and l, got {type(row).__name__}")
     for name, tol in (("rtol", rtol), ("atol", atol)):
         if isinstance(tol, bool) or not isinstance(tol, numbers.Real) or not tol >= 0:
             raise ValueError(f"{name} must be a non-negative number, got {tol!r}")

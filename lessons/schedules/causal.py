@@ -213,11 +213,12 @@ def masked_rows_report(q, k, v, tile, *, scale=None, causal=False, mask=None):
     score equal to -1e30) for a row that sees none.
 
     Raises the errors of :func:`lessons.flash_attention` for bad input, and
-    ValueError for a 1-D ``q``.
+    ValueError for a 1-D ``q`` or one without rows.
     """
     q2, k2, v2, single, _ = check_qkv(q, k, v)
-    if single:
-        raise ValueError(f"q must be 2-D (Nq, d) here, got shape {np.shape(q)}")
+    tile = check_positive_int(tile, "tile")
+    if single or q2.shape[0] == 0:
+        raise ValueError(f"q must be 2-D (Nq, d) with Nq >= 1 here, got shape {np.shape(q)}")
     kwargs = dict(scale=scale, causal=causal, mask=mask)
     ref = attention(q2, k2, v2, **kwargs)
     guarded, lse = flash_attention(q2, k2, v2, tile, block_q=q2.shape[0], return_lse=True, **kwargs)

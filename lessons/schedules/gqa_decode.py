@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lessons.core.checks import as_float_array, check_int, check_scale
+from lessons.core.checks import as_float_array, check_flag, check_int, check_scale
 from lessons.schedules.paged import _check_caches, _check_index_array, sequence_pages
 from lessons.cost.sizes import element_size
 from lessons.core.state import State, absorb, finalize
@@ -75,13 +75,15 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, ret
     output, bitwise. NaN in a sequence's keys or values makes that sequence's query
     heads of that KV head NaN, and nothing else.
 
-    Raises TypeError for non-float q or caches or non-integer tables/lengths;
+    Raises TypeError for non-float q or caches, non-integer tables/lengths or a ``return_lse``
+    that is not True/False;
     ValueError for wrong ranks, mismatched d, num_seqs or cache shapes, ``num_heads``
     not a multiple of ``num_kv_heads``, a negative length, a block table row too short
     for its length, or a used entry outside ``[0, num_blocks)``.
 
     Source: Kwon et al. 2023, Sec. 4; Ainslie et al. 2023, Sec. 2; Dao 2023, Alg. 1.
     """
+    return_lse = check_flag(return_lse, "return_lse")
     q = as_float_array(q, "q", (3,))
     k_cache, v_cache = _check_caches(k_cache, v_cache, kv_axis=True)
     num_seqs, num_heads, d = q.shape

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lessons.core.checks import as_float_array, check_int, check_positive_int, check_scale
+from lessons.core.checks import as_float_array, check_flag, check_int, check_positive_int, check_scale
 from lessons.core.result import pack_result
 from lessons.core.state import State, absorb, finalize
 from lessons.core.trace import TileStep, Trace, record_step
@@ -166,12 +166,13 @@ def paged_flash_attention(q, block_table, k_cache, v_cache, seq_len, block_size,
     in a query row, makes the rows that see it NaN.
 
     Raises TypeError for non-float q or caches, a non-integer table or a non-int
-    ``seq_len``/``block_size``; ValueError for wrong ranks, mismatched d or cache shapes,
+    ``seq_len``/``block_size``, ``return_lse``/``return_trace`` not True/False; ValueError for wrong ranks, mismatched d or cache shapes,
     ``block_size != k_cache.shape[1]``, a negative ``seq_len``, a table too short for
     ``seq_len``, or a used entry outside ``[0, num_blocks)``.
 
     Source: Kwon et al. 2023 (PagedAttention), Sec. 4.1; Dao 2023, Alg. 1.
     """
+    return_lse, return_trace = check_flag(return_lse, "return_lse"), check_flag(return_trace, "return_trace")
     q = as_float_array(q, "q", (1, 2))
     k_cache, v_cache = _check_caches(k_cache, v_cache, kv_axis=False)
     block_size = check_positive_int(block_size, "block_size")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lessons.core.checks import as_float_array, check_positive_int
+from lessons.core.checks import as_float_array, check_flag, check_positive_int
 from lessons.core.state import State, absorb, correction_factor, finalize, safe_max
 
 __all__ = ["safe_softmax", "online_softmax", "fused_softmax_matmul", "OnlineSoftmaxTrace",
@@ -170,15 +170,15 @@ def online_softmax(x, tile, *, return_trace=False):
     :func:`safe_softmax` up to float rounding. An all ``-inf`` row gives zeros;
     a row holding a NaN or a ``+inf`` gives NaN.
 
-    Raises TypeError for a non-float ``x`` or a non-int ``tile``, ValueError for
-    0-D or 3-D input or ``tile < 1``.
+    Raises TypeError for a non-float ``x``, a non-int ``tile`` or a ``return_trace``
+    that is not True/False; ValueError for 0-D or 3-D input or ``tile < 1``.
 
     Source: Milakov & Gimelshein 2018, Alg. 3 (online normaliser calculation):
     ``m_j = max(m_{j-1}, x_j)``, ``d_j = d_{j-1} * exp(m_{j-1} - m_j) + exp(x_j - m_j)``.
     """
     x2, one, dtype = _check_x(x)
     tile = check_positive_int(tile, "tile")
-    record = [] if return_trace else None
+    record = [] if check_flag(return_trace, "return_trace") else None
     mem = _Memory(x2, counting=False)
     _online_passes(mem, tile, record)
     y = mem.y.astype(dtype, copy=False)

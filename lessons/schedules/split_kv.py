@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from lessons.core.checks import as_float_array, check_block_k, check_int, check_positive_int, check_qkv, check_scale
+from lessons.core.checks import (as_float_array, check_block_k, check_flag, check_int, check_positive_int, check_qkv,
+                                 check_scale)
 from lessons.core.result import output_dtype, pack_result, shape_result
 from lessons.schedules.flash import flash_attention
 from lessons.core.state import State, finalize, merge, safe_max
@@ -208,8 +209,8 @@ def flash_decoding(q, k, v, num_splits, *, block_k=None, scale=None, order="left
     NaN in that row (:func:`merge_states`).
 
     Raises TypeError / ValueError naming the argument for non-float input, wrong
-    ranks, mismatched d or Nk, ``num_splits`` or ``block_k`` (``tile``) < 1, or an
-    unknown ``order``.
+    ranks, mismatched d or Nk, ``num_splits`` or ``block_k`` (``tile``) < 1, an
+    unknown ``order``, or a ``return_lse``/``return_partials`` that is not True/False.
 
     Source: Dao, Haziza, Massa, Sizov 2023 (Flash-Decoding); Dao 2023, Alg. 1.
     """
@@ -217,6 +218,7 @@ def flash_decoding(q, k, v, num_splits, *, block_k=None, scale=None, order="left
     q2, k, v, single, dtype = check_qkv(q, k, v)
     num_splits = check_positive_int(num_splits, "num_splits")
     block_k = check_block_k(block_k, tile)
+    return_lse, return_partials = check_flag(return_lse, "return_lse"), check_flag(return_partials, "return_partials")
     if order not in REDUCE_ORDERS:
         raise ValueError(f"order must be one of {REDUCE_ORDERS}, got {order!r}")
     nq = q2.shape[0]

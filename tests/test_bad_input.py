@@ -1,0 +1,114 @@
+"""Bad input to the public API gets a TypeError/ValueError that names the argument, raised before
+any work: flags that are not True/False, sequences that are not sequences of ints, sizes of 0,
+non-float arrays that would otherwise be cast silently, and objects of the wrong kind.
+Nothing here needs a GPU, NVRTC or the emulator: every call fails in its checks."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import lessons
+from lessons.core.checks import check_int_sequence
+from lessons.course.data import gqa_batch_case
+from lessons.gpu import ladder, lesson
+from lessons.gpu.backward import kernel_backward_trace
+from lessons.gpu.launch import Runner, flash_decoding_gpu, kernel_row_trace, paged_decode_gpu, paged_decode_split_gpu
+from lessons.gpu.trace_compare import GpuRowTrace, first_divergence
+from lessons.schedules.causal import masked_rows_report
+from lessons.schedules.gqa_decode import paged_decode
+from lessons.schedules.paged import paged_flash_attention
+from lessons.schedules.softmax import online_softmax
+from lessons.schedules.split_kv import flash_decoding
+
+RNG = np.random.default_rng(0)
+Q, K, V = RNG.standard_normal((4, 8)), RNG.standard_normal((6, 8)), RNG.standard_normal((6, 8))
+PAGED = dict(q=np.ones(8), block_table=np.array([0]), k_cache=np.ones((1, 4, 8)), v_cache=np.ones((1, 4, 8)),
+             seq_len=3, block_size=4)
+GQA_Q, GQA_K, GQA_V, GQA_TABLES, GQA_LENS = gqa_batch_case()
+
+
+def _paged_batch(block_size: int):
+    """A batch of 2 sequences, 4 heads on 2 KV heads, d = 16, in pages of ``block_size`` slots."""
+    cache = np.zeros((6, block_size, 2, 16), np.float32)
+    return np.zeros((2, 4, 16), np.float32), cache, cache, np.zeros((2, 2), np.int32), np.zeros(2, np.int32)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    # every return_* flag is True or False, never "any truthy value"
+    (lambda: flash_decoding(Q, K, V, 2, return_lse="no"), TypeError, "return_lse must be True or False"),
+    (lambda: flash_decoding(Q, K, V, 2, return_partials=1), TypeError, "return_partials must be True or False"),
+    (lambda: paged_decode(GQA_Q, GQA_K, GQA_V, GQA_TABLES, GQA_LENS, return_lse="no"), TypeError,
+     "return_lse must be True or False"),
+    (lambda: paged_flash_attention(**PAGED, return_lse="yes"), TypeError, "return_lse must be True or False"),
+    (lambda: paged_flash_attention(**PAGED, return_trace=1), TypeError, "return_trace must be True or False"),
+    (lambda: online_softmax(np.ones(3), 2, return_trace="no"), TypeError, "return_trace must be True or False"),
+    (lambda: ladder.sdpa_backends(8192, causal="no"), TypeError, "causal must be True or False"),
+    # a page of no slots or a cache of no KV heads, before any launch
+    (lambda: paged_decode_gpu(*_paged_batch(0), backend="emulator"), ValueError, "at least one slot per page"),
+    (lambda: flash_decoding_gpu(*_paged_batch(0), 2, backend="emulator"), ValueError, "at least one slot per page"),
+    (lambda: paged_decode_split_gpu(*_paged_batch(0), backend="emulator"), ValueError, "at least one slot per page"),
+    (lambda: paged_decode_gpu(*_paged_batch(4), backend="emulator", trace_rows=[]), ValueError,
+     "trace_rows must name 1..64"),
+    (lambda: paged_decode_gpu(*_paged_batch(4), backend="emulator", trace_rows=[(0, 1), (0, 1)]), ValueError,
+     r"must not repeat a \(seq, head\) pair, got \[\[0, 1\], \[0, 1\]\]"),
+    # non-float data is refused, never cast
+    (lambda: kernel_backward_trace(*[np.ones((4, 16), int)] * 4, np.zeros(4), np.ones((4, 16)), use_device=False),
+     TypeError, "q must have a float dtype"),
+    (lambda: lesson.paged_gqa_on_gpu(GQA_Q.astype(complex), GQA_K, GQA_V, GQA_TABLES, GQA_LENS, use_device=False,
+                                     emulate=False), TypeError, "q must have a float dtype"),
+    (lambda: lesson.paged_decode_on_gpu(**{**PAGED, "k_cache": np.ones((1, 4, 8), int)}, use_device=False,
+                                        emulate=False), TypeError, "k_cache must have a float dtype"),
+    # objects of the wrong kind
+    (lambda: ladder.rung_intensity(5), TypeError, "rung must be a Rung or a rung's name, got int"),
+    (lambda: ladder.rung_build(5), TypeError, "rung must be a Rung or a rung's name, got int"),
+    (lambda: ladder.decode_recorded(5), TypeError, "must be a decode Rung or its name, got int"),
+    (lambda: ladder.ladder_points(ds=[64, 32]), ValueError, "ds: the mma_fa2 rung cannot run at d = 32"),
+    (lambda: Runner("emulator", kind="torch"), ValueError, "kind must be 'numpy' or 'cupy'"),
+    (lambda: first_divergence(GpuRowTrace((0,), np.zeros(1, int), *np.zeros((3, 1))), None), TypeError,
+     "numpy_row must be a trace row with arrays m, alpha and l, got NoneType"),
+    # sizes that name the argument the caller gave
+    (lambda: kernel_row_trace(np.zeros((0, 16)), np.zeros((8, 16)), np.zeros((8, 16)), 8, 0), ValueError,
+     "q must hold at least one query row"),
+    (lambda: kernel_row_trace(*[np.zeros((8, 16))] * 3, 8, 0, block_q=-5), ValueError, "block_q must be at least 1"),
+    (lambda: masked_rows_report(Q, K, V, 0), ValueError, "tile must be at least 1"),
+    (lambda: masked_rows_report(np.zeros((0, 8)), K, V, 2), ValueError, r"with Nq >= 1 here, got shape \(0, 8\)"),
+    (lambda: lesson.io_on_gpu(ns=np.array(1024), use_device=False), TypeError, "ns must be a sequence of ints"),
+])
+def test_bad_input_is_refused_with_a_message_naming_it(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+@pytest.mark.parametrize("values", [np.array(3), np.array([[1, 2]]), "12", b"\x01", bytearray(b"\x01"), {1: 2},
+                                    {1, 2}, frozenset({1}), 3, None])
+def test_check_int_sequence_refuses_what_is_not_an_ordered_sequence(values):
+    with pytest.raises(TypeError, match="sizes must be a sequence of ints"):
+        check_int_sequence(values, "sizes")
+
+
+def test_check_int_sequence_takes_lists_tuples_ranges_1d_arrays_and_generators():
+    assert check_int_sequence([3, np.int64(4)], "ns") == (3, 4)
+    assert check_int_sequence(np.array([5, 6]), "ns", min=5, count=2) == (5, 6)
+    assert check_int_sequence(range(2), "ns") == (0, 1)
+    assert check_int_sequence((x for x in (7,)), "ns", count=1) == (7,)
+    with pytest.raises(ValueError, match=r"ns must hold at least one int, got \(\)"):
+        check_int_sequence([], "ns")
+    with pytest.raises(ValueError, match=r"shape must hold 2 ints, got \(1,\)"):
+        check_int_sequence([1], "shape", count=2)
+    with pytest.raises(ValueError, match="ns must be at least 1, got 0"):
+        check_int_sequence([1, 0], "ns", min=1)
+    with pytest.raises(TypeError, match="ns must be an int, got bool True"):
+        check_int_sequence([True], "ns")
+
+
+def test_repeated_head_dims_are_listed_once():
+    once = ladder.ladder_points(ds=[64])
+    assert ladder.ladder_points(ds=[64, 64]) == once and {p["d"] for p in once} == {64}
+    assert len({(p["name"], p["d"]) for p in once}) == len(once) == len(ladder.RUNGS)
+
+
+def test_flags_accept_numpy_bools():
+    out, lse = flash_decoding(Q, K, V, 2, return_lse=np.True_)
+    ref_out, ref_lse = lessons.attention(Q, K, V, return_lse=True)
+    np.testing.assert_allclose(out, ref_out, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(lse, ref_lse, rtol=1e-12, atol=1e-12)
