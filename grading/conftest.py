@@ -96,6 +96,9 @@ class Answer:
     def __init__(self, module, name: str, path: Path):
         self._module, self._name, self._path = module, name, path
 
+    def __repr__(self) -> str:                 # what a failing check's details show for `answer`
+        return f"<your {self._name} in {self._path}>"
+
     def __getattr__(self, attr):
         try:
             obj = getattr(self._module, attr)

@@ -11,6 +11,9 @@ question, choices, and the answer behind a collapsible ``<details>``.
     python scripts/build_html.py                 # -> _build/html/
     python scripts/build_html.py --out DIR NB... # only some notebooks
 
+The exercise cells grade the untouched stubs (``--answers grading/stubs``, the default), so a page
+shows what a new learner sees, never the answers in the builder's ``exercises/``.
+
 Exit status 1 (and the failing cell's traceback) when a notebook raises.
 """
 from __future__ import annotations
@@ -128,7 +131,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output folder (default: _build/html)")
     parser.add_argument("notebooks", nargs="*", type=Path, help="notebooks to build (default: all)")
+    parser.add_argument("--answers", default="grading/stubs",
+                        help="folder of exercise answers the notebooks' check() cells grade (default: the "
+                             "untouched stubs, as a new learner sees them; 'exercises' for yours)")
     args = parser.parse_args(argv)
+    if not (ROOT / args.answers).is_dir():
+        parser.error(f"argument --answers: no folder {args.answers!r} in the repository")
+    os.environ["LESSONS_ANSWERS"] = args.answers      # the notebooks' kernels inherit it
     try:
         build(args.out, args.notebooks)
     except CellExecutionError as exc:

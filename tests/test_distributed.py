@@ -282,9 +282,11 @@ def test_mpi_status_says_how_to_install(monkeypatch):
 def test_without_mpi_the_lesson_shows_the_recorded_run(monkeypatch, capsys):
     import lessons.distributed.launch as launch
     monkeypatch.setattr(launch, "mpi_status", lambda: (False, "mpi4py is not installed"))
+    monkeypatch.setattr(launch, "_TOLD", set())
     run = launch.lesson_run("q_zigzag")
     said = capsys.readouterr().out
     assert "not available" in said and "recorded" in said
+    assert launch.lesson_run("kv_contiguous").recorded and capsys.readouterr().out == ""    # said once
     assert run.recorded and run.label().startswith("RECORDED run")
     assert run.meta["schedule"] == "q" and run.meta["split"] == "zigzag"
     with pytest.raises(ValueError, match="name"):

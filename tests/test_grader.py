@@ -348,7 +348,7 @@ def test_score_card_has_one_line_per_exercise():
     card = format_score_card(results, answers="exercises/")
     assert "alpha missing on o" in card and "not attempted" in card and "1 check passed" in card
     assert "FAILED" not in card and "1 of 1 check failed" in card
-    assert "exercises: 1 passed, 1 failed, 1 not attempted" in card
+    assert "3 exercises graded: 1 passed, 1 failed, 1 not attempted" in card
 
 
 @pytest.fixture()
@@ -463,3 +463,13 @@ def test_check_reports_each_state_in_one_line(workspace):
     broken = check("absorb", file=workspace / "absorb.py")
     assert broken.status == "failed" and "could not import" in str(broken)
     assert sorted(p.name for p in workspace.iterdir()) == sorted(f"{n}.py" for n in NAMES)
+
+
+def test_check_grades_the_folder_lessons_answers_names(monkeypatch):
+    """make html sets LESSONS_ANSWERS=grading/stubs: a page says "not attempted" whatever the builder's
+    exercises/ holds; another folder (here the reference solutions) is graded as it is."""
+    monkeypatch.setenv("LESSONS_ANSWERS", "grading/stubs")
+    assert check("absorb").status == "not attempted"
+    monkeypatch.setenv("LESSONS_ANSWERS", "solutions")
+    done = check("absorb")
+    assert done.status == "passed" and str(done).startswith("absorb: all ") and done.result.failed == 0

@@ -287,6 +287,7 @@ def test_the_kernel_trace_is_shown_beside_numpy_and_the_first_divergence_named()
     # agreeing within rounding: no divergence, nothing marked
     stepper = TileStepper(kind="real", row=93, tile=16, kernel=_perturbed_kernel(2, 1 + 1e-7))
     assert stepper.divergence is None and "first divergence: none" in stepper.readouts["kernel"].value
+    assert stepper.kernel_where == "stand-in"
 
 
 def test_a_kernel_that_cannot_run_is_reported_and_the_stepper_still_works():
@@ -295,7 +296,7 @@ def test_a_kernel_that_cannot_run_is_reported_and_the_stepper_still_works():
 
     stepper = TileStepper(kind="real", row=93, tile=16, kernel=broken)
     assert "not run (ValueError: block_k must be a multiple of 2)" in stepper.readouts["kernel"].value
-    assert stepper.kernel_row is None and "m kernel" not in stepper.table.value
+    assert stepper.kernel_row is None and stepper.kernel_where is None and "m kernel" not in stepper.table.value
     stepper.slider.value = 3
     assert stepper.readouts["tile"].value.endswith("3 of 8")
     with pytest.raises(TypeError, match="kernel must be a callable"):
@@ -308,6 +309,7 @@ def test_the_forward_kernels_trace_agrees_with_numpy_tile_by_tile():
 
     stepper = TileStepper(kind="real", row=93, tile=16, kernel=kernel_row_trace)
     assert stepper.divergence is None, stepper.divergence
+    assert stepper.kernel_where == "emulator"
     rt, kr = stepper.row_trace, stepper.kernel_row
     assert len(kr) == len(rt) == 8
     np.testing.assert_allclose(kr.l, rt.l, rtol=1e-5)

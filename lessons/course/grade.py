@@ -249,7 +249,9 @@ def format_score_card(results, *, answers: str = "exercises", width: int = 100) 
     buf = io.StringIO()
     console = Console(file=buf, width=width, color_system=None, force_terminal=False, soft_wrap=False)
     console.print(table)
-    console.print("exercises: " + (", ".join(f"{tally[s]} {s}" for s in STATUSES if tally[s]) or "none graded"))
+    counts = ", ".join(f"{tally[s]} {s}" for s in STATUSES if tally[s])
+    console.print(f"{len(results)} exercise{'s' * (len(results) != 1)} graded: {counts}" if results
+                  else "no exercise graded")
     return buf.getvalue()
 
 
@@ -379,13 +381,17 @@ def check(name: str, *, file=None, timeout: float = 600.0) -> CheckResult:
     """Grade one exercise now and return a one-line :class:`CheckResult` (for a notebook cell).
 
     ``name``: an exercise name (see :data:`EXERCISES`); ``file``: grade this file instead of
-    ``exercises/<name>.py``. An untouched stub (the same bytes as ``grading/stubs/<name>.py``)
+    ``exercises/<name>.py``; without it, the environment variable ``LESSONS_ANSWERS`` may name another
+    folder of answers (relative to the repository; ``make html`` sets ``grading/stubs``, so a static
+    page shows what a new learner sees, not the answers of whoever built it). An untouched stub (the same bytes as ``grading/stubs/<name>.py``)
     answers "not attempted" at once; otherwise runs the grader in a subprocess, so the file
     on disk is graded as it is now (save it first). Never raises for the learner's code: a stub gives
     ``not attempted``, a broken module or a grader crash gives ``failed`` or ``error``.
     Raises ValueError only for an unknown ``name``.
     """
     get_exercise(name)
+    if file is None and os.environ.get("LESSONS_ANSWERS"):
+        file = repo_root() / os.environ["LESSONS_ANSWERS"] / f"{name}.py"
     if is_untouched_stub(name, file):
         return CheckResult(name, "not attempted")
     with tempfile.TemporaryDirectory() as tmp:

@@ -300,13 +300,17 @@ def compare_with_simulation(run: RingRun, q=None, k=None, v=None) -> dict:
                 steps_compared=compared, trace=trace)
 
 
+#: why MPI was not available, for each reason lesson_run already printed
+_TOLD: set = set()
+
+
 def lesson_run(name: str, workdir=None, *, timeout: float = 180.0) -> RingRun:
     """One of the lesson's runs (:data:`LESSON_RUNS`): live when MPI is installed, else the recorded one.
 
     Live: runs :func:`run_ring` with :data:`LESSON_SETTINGS` into a new folder inside
     ``workdir`` (default: a fresh temporary folder; an existing folder is never written
     over) with the time limit ``timeout`` seconds. Without MPI: prints why and how to
-    install it, and returns the run recorded on the course's machine (``recorded=True``,
+    install it (once per session), and returns the run recorded on the course's machine (``recorded=True``,
     labelled as such by :meth:`RingRun.label` and the figures).
     Raises ValueError for an unknown name, RingRunError when the live job fails.
     """
@@ -315,7 +319,9 @@ def lesson_run(name: str, workdir=None, *, timeout: float = 180.0) -> RingRun:
         raise ValueError(f"name must be one of {', '.join(LESSON_RUNS)}, got {name!r}")
     ok, why = mpi_status()
     if not ok:
-        print(f"MPI is not available here ({why}).\nShowing the run recorded on the course's machine instead.")
+        if why not in _TOLD:                         # once per session, not once per run
+            _TOLD.add(why)
+            print(f"MPI is not available here ({why}).\nShowing the runs recorded on the course's machine instead.")
         return load_run(RECORDED_DIR / name, recorded=True)
     base = Path(tempfile.mkdtemp(prefix="ring_", dir=workdir))
     settings = dict(LESSON_SETTINGS)

@@ -170,8 +170,9 @@ class TileStepper(StepperShell):
     table : HTML table of the tiles absorbed so far (tile number from 1, keys, m, alpha, l).
     image : widgets.Image holding the PNG of the current step (see lessons.views.flash).
     caption : HTML line saying what happened at this step.
-    kernel_row, divergence : with ``kernel``, the kernel's trace of the current row (None if it
-        could not run) and the first :class:`lessons.gpu.TraceDivergence` (None: none).
+    kernel_row, divergence, kernel_where : with ``kernel``, the kernel's trace of the current row
+        (None if it could not run), the first :class:`lessons.gpu.TraceDivergence` (None: none) and
+        where it ran, in words (``"emulator"`` or ``"GPU (<name>)"``).
     trace, row_trace, exact : the current Trace, RowTrace and exact output row (dv,).
     widget : the whole VBox (the object itself displays as that box).
 
@@ -190,7 +191,7 @@ class TileStepper(StepperShell):
         if kernel is not None and not callable(kernel):
             raise TypeError(f"kernel must be a callable (q, k, v, tile, row, **options) -> (where, gpu_row), "
                             f"got {type(kernel).__name__}")
-        self.kernel_row = self.divergence = None
+        self.kernel_row = self.divergence = self.kernel_where = None
         self._kernel_note = ""
         self._seed = seed
         self._default_rows = dict(DEFAULT_ROWS if default_rows is None else default_rows)
@@ -357,7 +358,7 @@ class TileStepper(StepperShell):
         """The kernel's trace of the current row, and where it first parts from NumPy's."""
         from lessons.gpu.trace_compare import first_divergence
 
-        self.kernel_row = self.divergence = None
+        self.kernel_row = self.divergence = self.kernel_where = None
         try:
             where, self.kernel_row = self._kernel(self.q, self.k, self.v, self.tile_size.value, self.row.value,
                                                   **self._options)
@@ -365,6 +366,7 @@ class TileStepper(StepperShell):
             self._kernel_note = (f"kernel trace: not run ({html.escape(type(err).__name__)}: "
                                  f"{html.escape(str(err).splitlines()[0])})")
             return
+        self.kernel_where = where
         self.divergence = first_divergence(self.kernel_row, self.row_trace, rtol=1e-4, atol=1e-6)
         found = ("none: every tile agrees with NumPy within rounding (rtol 1e-4, atol 1e-6)"
                  if self.divergence is None else html.escape(str(self.divergence)))
