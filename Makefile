@@ -49,7 +49,7 @@ BENCH_OUT ?= benchmarks/results/local
 bench: $(TEST_STAMP)  ## CPU benchmarks: tables and plots under benchmarks/results/local/ (BENCH_OUT=...)
 	$(PY) benchmarks/memory_time.py --out $(BENCH_OUT)
 
-html: $(TEST_STAMP)  ## static, executed HTML of the series under _build/html/
+html: $(LAB_STAMP)  ## static, executed HTML of the series under _build/html/
 	$(PY) scripts/build_html.py --out _build/html
 
 ANSWERS ?= exercises
