@@ -104,7 +104,6 @@ def compare(where, case, output, reference, lse=None, reference_lse=None, *, sec
     return KernelCheck(where, case, out, ref, lse, ref_lse, max_error, lse_error, atol, rtol, agrees, seconds)
 
 
-
 class Table(str):
     """A table in a summary, kept whole under its ``title`` line (in HTML: a folding ``<details>``)."""
 
@@ -186,7 +185,6 @@ class GpuLesson:
         if where not in (GPU, EMULATOR):
             raise ValueError(f"where must be 'GPU' or 'emulator', got {where!r}")
         return tuple(c for c in self.checks if c.where == where)
-
 
 
 @dataclass

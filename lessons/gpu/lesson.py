@@ -84,7 +84,6 @@ def _run(notebook, title, builds, run=None, report=None, *, use_device, emulate,
     return run_section(Section(notebook, title, list(builds), run, report, **spec), use_device, emulate)
 
 
-
 def _table(title: str, lines) -> Table:
     return Table("\n".join("  " + r for r in lines), title)
 
@@ -213,7 +212,6 @@ def flash_attention_on_gpu(*, layer: int = 0, head: int = 0, row: int = 93, bloc
                 [flash_attention_build(d, "float32", False, block_q, block_k), trace_build], run, report,
                 emulator_builds=[trace_build], use_device=use_device, emulate=emulate,
                 details=dict(block_q=block_q, block_k=block_k, row=row, token=sample.tokens[row]))
-
 
 
 def causal_on_gpu(*, layer: int = 0, head: int = 0, cases=CAUSAL_CASES, all_heads: bool = True,
