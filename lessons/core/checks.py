@@ -8,12 +8,11 @@ import numpy as np
 from lessons.core.causal_rule import causal_visible  # re-exported: the rule lives in causal_rule
 
 __all__ = ["as_float_array", "check_qkv", "check_scale", "check_int", "check_int_sequence", "check_positive_int",
-           "check_block_k",
-           "check_flag", "check_mask", "causal_visible"]
+           "check_block_k", "check_flag", "check_mask", "causal_visible"]
 
 
-def as_float_array(x, name: str, ndims: tuple[int, ...]) -> np.ndarray:
-    """Return ``x`` as a float ndarray with one of the allowed ranks, or raise.
+def as_float_array(x, name: str, ndims: tuple[int, ...] | None = None) -> np.ndarray:
+    """Return ``x`` as a float ndarray with one of the allowed ranks (``ndims``; None: any), or raise.
 
     Raises TypeError for non-array-like or non-float input, ValueError for a wrong rank.
     """
@@ -25,7 +24,7 @@ def as_float_array(x, name: str, ndims: tuple[int, ...]) -> np.ndarray:
             f"{name} must have a float dtype (float16/32/64), got dtype {arr.dtype}; "
             f"convert with {name}.astype(np.float64)"
         )
-    if arr.ndim not in ndims:
+    if ndims is not None and arr.ndim not in ndims:
         if len(ndims) > 3 and tuple(ndims) == tuple(range(min(ndims), max(ndims) + 1)):
             want = f"at least {min(ndims)}-D"       # "1-D or 2-D or ... or 32-D" says nothing more
         else:

@@ -383,8 +383,8 @@ def check(name: str, *, file=None, timeout: float = 600.0) -> CheckResult:
     ``name``: an exercise name (see :data:`EXERCISES`); ``file``: grade this file instead of
     ``exercises/<name>.py``; without it, the environment variable ``LESSONS_ANSWERS`` may name another
     folder of answers (relative to the repository; ``make html`` sets ``grading/stubs``, so a static
-    page shows what a new learner sees, not the answers of whoever built it). An untouched stub (the same bytes as ``grading/stubs/<name>.py``)
-    answers "not attempted" at once; otherwise runs the grader in a subprocess, so the file
+    page shows what a new learner sees, not the answers of whoever built it). An untouched stub (the
+    same bytes as ``grading/stubs/<name>.py``) answers "not attempted" at once; otherwise runs the grader in a subprocess, so the file
     on disk is graded as it is now (save it first). Never raises for the learner's code: a stub gives
     ``not attempted``, a broken module or a grader crash gives ``failed`` or ``error``.
     Raises ValueError only for an unknown ``name``.

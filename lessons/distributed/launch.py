@@ -310,8 +310,8 @@ def lesson_run(name: str, workdir=None, *, timeout: float = 180.0) -> RingRun:
     Live: runs :func:`run_ring` with :data:`LESSON_SETTINGS` into a new folder inside
     ``workdir`` (default: a fresh temporary folder; an existing folder is never written
     over) with the time limit ``timeout`` seconds. Without MPI: prints why and how to
-    install it (once per session), and returns the run recorded on the course's machine (``recorded=True``,
-    labelled as such by :meth:`RingRun.label` and the figures).
+    install it (once per session), and returns the run recorded on the course's machine
+    (``recorded=True``, labelled as such by :meth:`RingRun.label` and the figures).
     Raises ValueError for an unknown name, RingRunError when the live job fails.
     """
     import tempfile

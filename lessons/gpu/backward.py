@@ -292,7 +292,7 @@ def _one_head(q, k, v, o, lse, do):
     if np.ndim(lse) != 1:
         raise ValueError(f"lse must be 1-D (Nq,): one head; got shape {np.shape(lse)}")
     named = zip((q, k, v, o, lse, do), ("q", "k", "v", "o", "lse", "do"))
-    return tuple(np.ascontiguousarray(as_float_array(x, name, (np.ndim(x),)), dtype=np.float32) for x, name in named)
+    return tuple(np.ascontiguousarray(as_float_array(x, name), dtype=np.float32) for x, name in named)
 
 
 def _traced_run(runner, q, k, v, o, lse, do, *, scale, causal, block_q, block_k):

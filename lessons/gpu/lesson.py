@@ -68,11 +68,6 @@ def _f64(*arrays):
     return tuple(np.asarray(a, dtype=np.float64) for a in arrays)
 
 
-def _floats(**arrays) -> tuple:
-    """The arrays, each a float array as given (TypeError naming it otherwise): never cast silently."""
-    return tuple(as_float_array(x, name, (np.ndim(x),)) for name, x in arrays.items())
-
-
 def _data(names: str, values, default) -> tuple:
     """``values`` when every one is given, ``default()`` when none is; ValueError for some."""
     if any(x is not None for x in values) and any(x is None for x in values):
@@ -411,8 +406,8 @@ def paged_decode_on_gpu(q=None, block_table=None, k_cache=None, v_cache=None, se
     q, block_table, k_cache, v_cache, seq_len, block_size = _data(
         "q, block_table, k_cache, v_cache, seq_len, block_size", (q, block_table, k_cache, v_cache, seq_len,
                                                                    block_size), paged_case)
-    q, k_cache, v_cache = _floats(q=q, k_cache=k_cache, v_cache=v_cache)
-    as_float_array(q, "q", (1,))                         # one decode query: (1, d) is not silently reshaped
+    q = as_float_array(q, "q", (1,))                     # one decode query: (1, d) is not silently reshaped
+    k_cache, v_cache = as_float_array(k_cache, "k_cache"), as_float_array(v_cache, "v_cache")   # never cast
     ref = paged_flash_attention(*_f64(q), block_table, *_f64(k_cache, v_cache), seq_len, block_size, return_lse=True)
     d = np.shape(q)[-1]
     qk = np.ascontiguousarray(np.asarray(q, dtype=np.float32).reshape(1, 1, d))
@@ -533,7 +528,8 @@ def paged_gqa_on_gpu(q=None, k_cache=None, v_cache=None, block_tables=None, seq_
     """
     q, k_cache, v_cache, block_tables, seq_lens = _data("q, k_cache, v_cache, block_tables, seq_lens",
                                                         (q, k_cache, v_cache, block_tables, seq_lens), gqa_batch_case)
-    q32, kc, vc = _f32(*_floats(q=q, k_cache=k_cache, v_cache=v_cache))
+    named = ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache"))
+    q32, kc, vc = _f32(*(as_float_array(x, name) for x, name in named))        # never cast silently
     tables, lens = (np.ascontiguousarray(np.asarray(x), dtype=np.int32) for x in (block_tables, seq_lens))
     ref = paged_decode(*_f64(q32, kc, vc), block_tables, seq_lens, return_lse=True)
     (num_seqs, num_heads, d), (block_size, num_kv_heads) = q32.shape, kc.shape[1:3]

@@ -165,9 +165,9 @@ def paged_flash_attention(q, block_table, k_cache, v_cache, seq_len, block_size,
     without changing the result, bitwise. NaN in a key or value of the sequence, or
     in a query row, makes the rows that see it NaN.
 
-    Raises TypeError for non-float q or caches, a non-integer table or a non-int
-    ``seq_len``/``block_size``, ``return_lse``/``return_trace`` not True/False; ValueError for wrong ranks, mismatched d or cache shapes,
-    ``block_size != k_cache.shape[1]``, a negative ``seq_len``, a table too short for
+    Raises TypeError for non-float q or caches, a non-integer table, a non-int
+    ``seq_len``/``block_size`` or a ``return_lse``/``return_trace`` that is not True/False;
+    ValueError for wrong ranks, mismatched d or cache shapes, ``block_size != k_cache.shape[1]``, a negative ``seq_len``, a table too short for
     ``seq_len``, or a used entry outside ``[0, num_blocks)``.
 
     Source: Kwon et al. 2023 (PagedAttention), Sec. 4.1; Dao 2023, Alg. 1.
