@@ -8,6 +8,7 @@ Kernels (CUDA C in ``lessons/gpu/kernels/``, one launcher each):
 * :func:`flash_attention_regtile_gpu` - the CUDA-core forward register-tiled (16-byte shared loads), fp32;
 * :func:`flash_attention_mma_async_gpu` - the tensor-core forward with ``cp.async`` double buffering and ``ldmatrix``;
 * :func:`flash_attention_mma_fa2_gpu` - the tensor-core forward along FlashAttention-2's recipe (big blocks, ldmatrix.x4, swizzle, exp2);
+* :func:`flash_attention_wgmma_gpu` - the Hopper rung: TMA, mbarriers and ``wgmma``, a producer and two consumers (sm_90a);
 * :func:`paged_decode_gpu` - decoding over a paged KV cache (vLLM layout) with GQA;
 * :func:`flash_decoding_gpu` - the same split over the keys, partial states merged;
 * :func:`paged_decode_split_gpu` - decode at memory speed: one block per GQA group and split, 16-byte loads;
@@ -41,6 +42,8 @@ from lessons.gpu.source import flash_attention_mma_async_build, flash_attention_
 from lessons.gpu.source import flash_attention_regtile_build, flash_attention_regtile_config
 from lessons.gpu.launch import flash_attention_mma_fa2_gpu
 from lessons.gpu.source import flash_attention_mma_fa2_build, flash_attention_mma_fa2_config
+from lessons.gpu.launch import flash_attention_wgmma_gpu
+from lessons.gpu.source import flash_attention_wgmma_build, flash_attention_wgmma_config
 from lessons.gpu.launch import kernel_row_trace, paged_decode_split_gpu
 from lessons.gpu.source import decode_splits, paged_decode_split_build
 from lessons.gpu.backward import flash_attention_backward_mma_gpu
@@ -61,6 +64,7 @@ __all__ = [
     "flash_attention_regtile_gpu", "flash_attention_regtile_config", "flash_attention_regtile_build",
     "flash_attention_mma_async_gpu", "flash_attention_mma_async_config", "flash_attention_mma_async_build",
     "flash_attention_mma_fa2_gpu", "flash_attention_mma_fa2_config", "flash_attention_mma_fa2_build",
+    "flash_attention_wgmma_gpu", "flash_attention_wgmma_config", "flash_attention_wgmma_build",
     "paged_decode_split_gpu", "decode_splits", "paged_decode_split_build",
     "flash_attention_backward_mma_gpu", "flash_attention_backward_mma_config", "flash_attention_backward_mma_build",
 ]

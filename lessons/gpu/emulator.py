@@ -77,13 +77,14 @@ def _cache_dir() -> Path:
 
 def _wrapper(build: KernelBuild) -> str:
     """C wrappers ``emulate_<entry>(gx, gy, gz, bx, params...)`` around each entry point."""
-    c_type = {"pointer": "void*", "int": "int", "float": "float"}
+    c_type = {"pointer": "void*", "int": "int", "float": "float", "tensormap": "const void*"}
     lines = []
     for entry in build.entries:
         params = kernel_signature(build.kernel, entry)
         decl = ", ".join(f"{c_type[k]} {n}" for k, n in params)
         # pass each void* to the kernel's own pointer type through the function pointer's type
-        args = ", ".join(n for _, n in params)
+        # (a tensor map arrives as the address of its 128 bytes and is passed on by value)
+        args = ", ".join(f"*(const TmaDescriptor*){n}" if k == "tensormap" else n for k, n in params)
         lines.append(
             f'extern "C" int emulate_{entry}(unsigned gx, unsigned gy, unsigned gz, unsigned bx, {decl}) {{\n'
             f"    return emulate_launch_void(({entry}), dim3{{gx, gy, gz}}, dim3{{bx, 1, 1}}, {args});\n"
@@ -132,7 +133,8 @@ class EmulatedModule:
 
     ``launch(entry, grid, block, args)`` runs ``entry<<<grid, block>>>(*args)``: ``grid`` a
     1-3 tuple, ``block`` a 1-tuple (a multiple of 32 threads), ``args`` NumPy arrays for
-    pointers (C-contiguous; outputs are written in place) and Python numbers for scalars.
+    pointers (C-contiguous; outputs are written in place), Python numbers for scalars, and for
+    a tensor map the 16 uint64 words of :func:`lessons.gpu.hopper.emulated_tensor_map`.
     """
 
     def __init__(self, build: KernelBuild):
@@ -159,6 +161,10 @@ class EmulatedModule:
                 raw[guard:guard + value.nbytes] = value.reshape(-1).view(np.uint8)
                 guarded.append((name, value, raw, guard))
                 c_args.append(ctypes.c_void_p(raw.ctypes.data + guard))
+            elif kind == "tensormap":
+                if not (isinstance(value, np.ndarray) and value.dtype == np.uint64 and value.shape == (16,)):
+                    raise TypeError(f"{entry}: argument {name} must be an emulated tensor map (16 uint64 words)")
+                c_args.append(ctypes.c_void_p(value.ctypes.data))
             elif kind == "int":
                 c_args.append(ctypes.c_int(int(value)))
             else:
@@ -168,7 +174,8 @@ class EmulatedModule:
             status = fn(ctypes.c_uint(grid[0]), ctypes.c_uint(grid[1]), ctypes.c_uint(grid[2]),
                         ctypes.c_uint(block[0]), *c_args)
         if status:
-            reason = {1: "a barrier (__syncthreads/__syncwarp/shuffle) was not reached by every thread",
+            reason = {1: "a barrier (__syncthreads/__syncwarp/shuffle) was not reached by every thread, "
+                         "or threads waited on mbarriers that could never complete",
                       3: f"block {block} is not a multiple of 32 threads up to 1024"}.get(status, "an exception")
             raise EmulatorError(f"emulated launch of {entry} failed: {reason}")
         for name, value, raw, guard in guarded:

@@ -33,13 +33,14 @@ from lessons.gpu.source import (MAX_HEAD_DIM, MMA_BLOCK_Q, MMA_DTYPES, flash_att
 from lessons.gpu.source import flash_attention_regtile_build, flash_attention_regtile_config
 from lessons.gpu.source import flash_attention_mma_async_build, flash_attention_mma_async_config
 from lessons.gpu.source import flash_attention_mma_fa2_build, flash_attention_mma_fa2_config
+from lessons.gpu.source import flash_attention_wgmma_build, flash_attention_wgmma_config
 from lessons.gpu.trace_compare import GpuTrace
 
 __all__ = ["flash_attention_gpu", "flash_attention_mma_gpu", "mma_probe_gpu", "online_softmax_gpu", "paged_decode_gpu",
            "flash_decoding_gpu",
            "SplitTraces", "BACKENDS", "MAX_TRACE_ROWS", "Runner"]
 __all__ += ["flash_attention_regtile_gpu", "flash_attention_mma_async_gpu", "paged_decode_split_gpu"]
-__all__ += ["flash_attention_mma_fa2_gpu", "open_device", "kernel_row_trace"]
+__all__ += ["flash_attention_mma_fa2_gpu", "open_device", "kernel_row_trace", "flash_attention_wgmma_gpu"]
 
 BACKENDS = ("cupy", "emulator")
 #: most rows one launch may trace (each traced row is looked up by every thread)
@@ -234,9 +235,15 @@ class Runner:
             return
         typed = []
         for (kind, _), value in zip(params, args):
-            typed.append(value if kind == "pointer" else (np.int32(value) if kind == "int" else np.float32(value)))
+            if kind == "tensormap":
+                value = value.arg                    # (a DeviceTensorMap: its bytes, passed by value)
+            typed.append(value if kind in ("pointer", "tensormap")
+                         else (np.int32(value) if kind == "int" else np.float32(value)))
         fn = device_module(build).get_function(entry)
-        fn(grid, (build.threads_per_block,), tuple(typed))
+        dynamic = build.dynamic_smem_bytes
+        if dynamic:
+            fn.max_dynamic_shared_size_bytes = dynamic
+        fn(grid, (build.threads_per_block,), tuple(typed), shared_mem=dynamic)
 
 
 def _trace_buffer(runner, shape, tracing: bool):
@@ -551,6 +558,75 @@ def flash_attention_mma_fa2_gpu(q, k, v, *, scale=None, causal: bool = False, bf
     _require_tensor_cores(run)
     return _launch_forward(run, build, "flash_attention_mma_fa2", f,
                            [_aligned(run, run.put(x)) for x in (q, k, v)], block_q, block_k, rows)
+
+
+def flash_attention_wgmma_gpu(q, k, v, *, scale=None, causal: bool = False, bfloat16: bool = False,
+                              trace_rows=None, backend: str = "cupy"):
+    """The Hopper rung (``kernels/flash_attention_wgmma.cu``), or its CPU emulation.
+
+    One producer warpgroup copies Q once and each K and V tile by TMA (``cp.async.bulk.tensor``,
+    a tensor map per input, :mod:`lessons.gpu.hopper`) into a 2-stage pipeline handed over by
+    mbarriers; two consumer warpgroups of 64 query rows each compute ``S = Q K^T`` and
+    ``O += P V`` with ``wgmma`` (operands read from 128-byte swizzled shared memory, P from
+    registers), and fold each tile as :func:`flash_attention_mma_fa2_gpu` does.
+
+    Parameters
+    ----------
+    q, k, v : float16 (or bfloat16 bits with ``bfloat16=True``), shaped as for
+        :func:`flash_attention_gpu`; head dim d = 64 or 128; any Nq, Nk >= 0.
+    scale, causal, bfloat16, trace_rows, backend : as :func:`flash_attention_gpu`.
+
+    Returns ``(out, lse)`` or ``(out, lse, trace)`` as :func:`flash_attention_gpu`: out like q,
+    lse float32 (natural log). Tiles are fixed per d
+    (:func:`lessons.gpu.source.flash_attention_wgmma_config`: 128 query rows, 128-key tiles at
+    d = 64, 64-key tiles at d = 128); the trace compares with
+    ``lessons.flash_attention(q, k, v, tile=block_k, block_q=128, return_trace=True)``.
+    Raises TypeError for float32 input, ValueError naming the argument for bad shapes or a head
+    dim other than 64 and 128; RuntimeError with backend "cupy" and no CUDA device, or a GPU
+    that is not compute capability 9.0 (the kernel is compiled for sm_90a).
+    Source: Shah et al. 2024 (FlashAttention-3), Sec. 3.1; Dao 2023 (FlashAttention-2), Alg. 1;
+    PTX ISA 8.x, wgmma.mma_async, cp.async.bulk.tensor, mbarrier.
+    """
+    from lessons.gpu.hopper import device_tensor_map, emulated_tensor_map
+
+    backend = _check_backend(backend)
+    dtype = getattr(q, "dtype", None)
+    if dtype is not None and not bfloat16 and np.dtype(dtype) != np.float16:
+        raise TypeError(f"the tensor-core kernel takes float16 q, k, v (or bfloat16 bits with bfloat16=True), "
+                        f"got {np.dtype(dtype)}; use flash_attention_gpu or flash_attention_regtile_gpu for float32")
+    if len(getattr(q, "shape", ())) >= 2:
+        flash_attention_wgmma_config(int(q.shape[-1]))            # the head dims it takes
+    f = _check_flash(q, k, v, scale, causal, bfloat16)
+    block_q, block_k = flash_attention_wgmma_config(f.d)
+    tracing = trace_rows is not None
+    rows = _check_rows(trace_rows, "trace_rows", f.n_q) if tracing else []
+    build = flash_attention_wgmma_build(f.d, f.dtype, tracing)
+    run = Runner(backend, f.kind)
+    if run.backend == "cupy":
+        cc = int(run.xp.cuda.Device().compute_capability)
+        if cc != 90:
+            raise RuntimeError(f"the Hopper kernel runs only on compute capability 9.0 (H100, H200): wgmma and TMA "
+                               f"are compiled for sm_90a; this GPU is {cc // 10}.{cc % 10}. Use "
+                               f"flash_attention_mma_fa2_gpu instead.")
+    q3, k3, v3 = (run.xp.ascontiguousarray(run.put(x)).reshape(f.batch_heads, -1, f.d) for x in (q, k, v))
+    if run.backend == "cupy":
+        maps = [device_tensor_map(x, rows_, f.dtype) for x, rows_ in ((q3, block_q), (k3, block_k), (v3, block_k))]
+    else:
+        maps = [emulated_tensor_map(x, rows_) for x, rows_ in ((q3, block_q), (k3, block_k), (v3, block_k))]
+    out = run.xp.empty(q3.shape, dtype=q3.dtype)
+    lse = run.xp.empty(q3.shape[:-1], dtype=np.float32)
+    n_tiles = -(-f.n_k // block_k)
+    trace = _trace_buffer(run, (f.batch_heads, len(rows), n_tiles, 3), build.trace)
+    run.launch(build, "flash_attention_wgmma", (-(-f.n_q // block_q), f.batch_heads),
+               [*maps, v3, out, lse, f.n_q, f.n_k, f.scale, int(f.causal), _rows_buffer(run, rows), len(rows),
+                n_tiles, trace])
+    shape = (*f.lead, f.n_q, f.d)
+    result = (run.get(out.reshape(shape)), run.get(lse.reshape(shape[:-1])))
+    if build.trace:
+        labels = tuple((*idx, r) for idx in np.ndindex(*f.lead) for r in rows)
+        records = run.host(trace).reshape(f.batch_heads * len(rows), n_tiles, 3)
+        result += (GpuTrace(labels, records),)
+    return result
 
 
 def _require_tensor_cores(run) -> None:

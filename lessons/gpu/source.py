@@ -33,6 +33,8 @@ __all__ = [
     "flash_attention_backward_mma_build",
     "FA2_CONFIGS", "flash_attention_mma_fa2_config", "flash_attention_mma_fa2_smem_bytes",
     "flash_attention_mma_fa2_build", "fa2_swizzle",
+    "WGMMA_CONFIGS", "WGMMA_ARCH", "flash_attention_wgmma_config", "flash_attention_wgmma_smem_bytes",
+    "flash_attention_wgmma_build", "wgmma_swizzle",
     "MAX_SPLIT_HEADS_PER_BLOCK", "paged_decode_split_layout", "paged_decode_split_smem_bytes",
     "paged_decode_split_config", "paged_decode_split_build", "decode_splits", "H200_NUM_SMS",
 ]
@@ -47,6 +49,7 @@ KERNELS = {
     "flash_attention_regtile": ("flash_attention_regtile",),
     "flash_attention_mma_async": ("flash_attention_mma_async",),
     "flash_attention_mma_fa2": ("flash_attention_mma_fa2",),
+    "flash_attention_wgmma": ("flash_attention_wgmma",),
     "paged_decode": ("paged_decode", "paged_decode_split", "merge_splits"),
     "paged_decode_split": ("paged_decode_gqa_split", "merge_split_states"),
     "flash_attention_backward": ("flash_attention_backward_preprocess", "flash_attention_backward_dkdv",
@@ -343,6 +346,63 @@ def flash_attention_mma_fa2_build(head_dim: int, dtype: str = "float16", trace: 
     bq, bk, min_blocks = flash_attention_mma_fa2_config(head_dim)
     return KernelBuild.make("flash_attention_mma_fa2", dtype, trace, HEAD_DIM=head_dim, BLOCK_Q=bq, BLOCK_K=bk,
                             MIN_BLOCKS=min_blocks)
+
+
+# ---------------------------------------------------------------------------
+# the Hopper rung: TMA, mbarriers, wgmma (sm_90a)
+# ---------------------------------------------------------------------------
+
+#: the one architecture the Hopper rung compiles for: wgmma and its descriptors exist only on sm_90a
+WGMMA_ARCH = "sm_90a"
+#: head dim -> (block_q, block_k): 128 query rows (2 consumer warpgroups of 64) and the key tile;
+#: the key tile is the N of the S product (64 x block_k x 16), chosen so that the accumulators of S
+#: (block_k / 2 floats a thread), O (d / 2) and P (block_k / 4 registers) fit the 168 registers a
+#: thread of a 384-thread block may have
+WGMMA_CONFIGS = {64: (128, 128), 128: (128, 64)}
+#: threads of a block: one producer warpgroup and two consumer warpgroups
+WGMMA_THREADS = 384
+#: K/V stages in flight
+WGMMA_STAGES = 2
+
+
+def flash_attention_wgmma_config(head_dim: int) -> tuple[int, int]:
+    """``(block_q, block_k)`` of the Hopper rung (:data:`WGMMA_CONFIGS`). ``head_dim`` must be
+    64 or 128: TypeError for a non-integer, ValueError naming ``head_dim`` otherwise.
+    Source: Shah et al. 2024 (FlashAttention-3), Sec. 3.1 (block sizes)."""
+    d = check_int(head_dim, "head_dim")
+    if d not in WGMMA_CONFIGS:
+        raise ValueError(f"head_dim must be one of {sorted(WGMMA_CONFIGS)} for the Hopper (wgmma) kernel, got {d}")
+    return WGMMA_CONFIGS[d]
+
+
+def flash_attention_wgmma_smem_bytes(head_dim: int, block_k: int) -> int:
+    """Dynamic shared memory of ``flash_attention_wgmma`` in bytes: the 128-row Q tile, two stages
+    of a K and a V tile of ``block_k`` rows (16-bit values, no padding: swizzled), five 8-byte
+    mbarriers, and 1024 bytes of room to start the tiles on a 1024-byte boundary.
+    ``2 * 128 * d + 2 * 2 * 2 * block_k * d + 40 + 1024``."""
+    return 2 * 128 * head_dim + WGMMA_STAGES * 2 * 2 * block_k * head_dim + 8 * (1 + 2 * WGMMA_STAGES) + 1024
+
+
+def wgmma_swizzle(row: int, col: int, rows: int, head_dim: int) -> int:
+    """Byte offset of element ``(row, col)`` in a tile of ``rows`` x ``head_dim`` 16-bit values as
+    TMA writes it and wgmma reads it (128-byte swizzle, ``kernels/hopper.cuh``): 64-column panels
+    one after the other, rows of 128 bytes, 16-byte chunk ``c`` of row ``r`` at chunk ``c ^ (r % 8)``.
+    ValueError for an element outside the tile or a head dim not a multiple of 64."""
+    if head_dim % 64:
+        raise ValueError(f"head_dim must be a multiple of 64 (128-byte rows), got {head_dim}")
+    if not (0 <= row < rows and 0 <= col < head_dim):
+        raise ValueError(f"(row, col) must lie in the {rows} x {head_dim} tile, got ({row}, {col})")
+    panel, c = divmod(col, 64)
+    return panel * rows * 128 + row * 128 + (((c // 8) ^ (row % 8)) << 4) + 2 * (c % 8)
+
+
+def flash_attention_wgmma_build(head_dim: int, dtype: str = "float16", trace: bool = False) -> "KernelBuild":
+    """The :class:`KernelBuild` of the Hopper rung (float16 or bfloat16; head dim 64 or 128).
+    It compiles for :data:`WGMMA_ARCH` only. ValueError for another dtype or head dim."""
+    if dtype not in MMA_DTYPES:
+        raise ValueError(f"the tensor-core kernel takes dtype float16 or bfloat16, got {dtype!r}")
+    _, bk = flash_attention_wgmma_config(head_dim)
+    return KernelBuild.make("flash_attention_wgmma", dtype, trace, HEAD_DIM=head_dim, BLOCK_K=bk)
 
 
 # ---------------------------------------------------------------------------
@@ -704,6 +764,8 @@ class KernelBuild:
             return 2 * flash_attention_mma_smem_bytes(d["HEAD_DIM"], d["BLOCK_K"])
         if self.kernel == "flash_attention_mma_fa2":
             return flash_attention_mma_fa2_smem_bytes(d["HEAD_DIM"], d["BLOCK_K"])
+        if self.kernel == "flash_attention_wgmma":
+            return 0                                         # (all of it dynamic: dynamic_smem_bytes)
         if self.kernel == "flash_attention_regtile":
             return flash_attention_regtile_smem_bytes(d["HEAD_DIM"], d["BLOCK_Q"], d["BLOCK_K"])
         if self.kernel == "flash_attention_backward_mma":
@@ -726,7 +788,23 @@ class KernelBuild:
         return self.smem_bytes
 
     @property
+    def dynamic_smem_bytes(self) -> int:
+        """Dynamic shared memory a launch of this build asks for (bytes); 0 for the kernels whose
+        shared memory is all static."""
+        if self.kernel == "flash_attention_wgmma":
+            d = dict(self.defines)
+            return flash_attention_wgmma_smem_bytes(d["HEAD_DIM"], d["BLOCK_K"])
+        return 0
+
+    @property
+    def arch(self) -> str | None:
+        """The one architecture this build compiles for, or None for any of sm_80 and newer."""
+        return WGMMA_ARCH if self.kernel == "flash_attention_wgmma" else None
+
+    @property
     def threads_per_block(self) -> int:
+        if self.kernel == "flash_attention_wgmma":
+            return WGMMA_THREADS
         if self.kernel == "flash_attention_mma_fa2":         # one warp per 16 query rows
             return 32 * (dict(self.defines)["BLOCK_Q"] // 16)
         return dict(self.defines).get("TILE", 256) if self.kernel == "online_softmax" else NUM_THREADS
@@ -797,7 +875,8 @@ _SIGNATURE = r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\
 @lru_cache(maxsize=None)
 def kernel_signature(kernel: str, entry: str) -> tuple:
     """Parameters of an entry point as ``((kind, name), ...)``, kind one of
-    ``'pointer'``, ``'int'``, ``'float'``, parsed from the CUDA source.
+    ``'pointer'``, ``'int'``, ``'float'``, ``'tensormap'`` (a ``TmaDescriptor`` passed by value),
+    parsed from the CUDA source.
 
     Raises ValueError if the entry point is not found or a parameter type is not one of those.
     """
@@ -815,6 +894,8 @@ def kernel_signature(kernel: str, entry: str) -> tuple:
             kind = "int"
         elif words[-2] == "float":
             kind = "float"
+        elif words[-2] == "TmaDescriptor":
+            kind = "tensormap"
         else:
             raise ValueError(f"unsupported parameter {raw.strip()!r} of {entry}")
         params.append((kind, name))

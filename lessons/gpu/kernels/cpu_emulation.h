@@ -15,6 +15,9 @@
 //     warp barriers; __syncthreads_or does the same with block barriers;
 //   * mma.sync (the tensor-core product) is rebuilt from the warp's registers by its documented
 //     fragment layout, between two warp barriers (emu::mma_m16n8k16);
+//   * a thread that waits for an mbarrier phase (kernels/hopper.cuh) yields to the others until
+//     the phase completes; warpgroup barriers (128 threads) and named barriers over part of the
+//     block serve wgmma and bar.red;
 //   * a barrier that some thread never reaches (a divergent __syncthreads, a bug on a GPU
 //     too) leaves every fiber waiting: the launch stops at once and reports failure.
 // It is slow (a context switch per thread at every barrier) and meant for small tests.
@@ -35,6 +38,7 @@
 #define __launch_bounds__(...)
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
+#define __grid_constant__
 
 struct uint4 {
     unsigned x, y, z, w;
@@ -62,7 +66,7 @@ struct Barrier {
     long generation = 0;                   // how many times every thread has arrived
 };
 
-enum State { RUNNING, WAITING, DONE };
+enum State { RUNNING, WAITING, YIELDED, DONE };
 
 struct Fiber {
     ucontext_t context;
@@ -75,6 +79,9 @@ struct Fiber {
 
 inline Barrier block_barrier;
 inline Barrier warp_barrier[32];
+inline Barrier group_barrier[8];           // one per warpgroup (128 threads): wgmma
+inline Barrier named_barrier[16];          // bar.red over part of the block (n set by the first arrival)
+inline unsigned long progress = 0;         // arrivals so far: a sweep that adds none is stuck
 inline float shuffle_slot[1024];
 inline int vote_slot[1024];
 
@@ -87,6 +94,7 @@ inline void* body_data = nullptr;
 // The calling fiber arrives at `b`: the last to arrive releases the others and runs on; the
 // others go back to the scheduler until the barrier's generation moves on.
 inline void wait(Barrier& b) {
+    ++progress;
     if (++b.count == b.n) {
         b.count = 0;
         ++b.generation;
@@ -118,6 +126,14 @@ inline void fiber_main() {
         self.status = 2;
     }
     self.state = DONE;                     // uc_link returns to the scheduler
+    ++progress;
+}
+
+// The calling fiber lets the others run (a spin-wait on an mbarrier); it runs again next sweep.
+inline void yield() {
+    Fiber& f = fibers[running];
+    f.state = YIELDED;
+    swapcontext(&f.context, &scheduler);
 }
 
 // Resume fibers until all are done (0) or all that are left wait at barriers that can never
@@ -140,6 +156,7 @@ inline int run_fibers(unsigned n) {
     }
     for (bool up = true; status == 0; up = !up) {
         unsigned done = 0, resumed = 0;
+        const unsigned long before = progress;
         for (unsigned k = 0; k < n; ++k) {
             const unsigned i = up ? k : n - 1 - k;
             Fiber& f = fibers[i];
@@ -153,7 +170,7 @@ inline int run_fibers(unsigned n) {
             if (f.status) status = f.status;
         }
         if (done == n) break;
-        if (resumed == 0) status = 1;
+        if (resumed == 0 || progress == before) status = 1;   // (only yields: no mbarrier phase can complete)
     }
     for (unsigned i = 0; i < made; ++i) munmap(fibers[i].stack, stack_bytes + page);
     return status;
@@ -174,6 +191,21 @@ inline int __syncthreads_or(int predicate) {
     __syncthreads();                                       // every thread has read before the next vote
     return any;
 }
+
+namespace emu {
+// bar.red.or over the `count` threads first .. first + count - 1: every one publishes its vote,
+// then all read all of them between two barriers (as __syncthreads_or)
+inline int named_barrier_or(int id, unsigned first, unsigned count, int predicate) {
+    Barrier& b = named_barrier[id];
+    if (b.n == 0) b.n = (int)count;
+    vote_slot[threadIdx.x] = predicate != 0;
+    wait(b);
+    int any = 0;
+    for (unsigned i = first; i < first + count; ++i) any |= vote_slot[i];
+    wait(b);
+    return any;
+}
+}  // namespace emu
 
 // __shfl_sync with width 32: lane src_lane's x (a float or a 32-bit int), for every lane of the warp.
 template <class T>
@@ -250,6 +282,8 @@ int emulate_launch(void (*kernel)(Params...), dim3 grid, dim3 block, Args... arg
     gridDim = grid;
     emu::block_barrier = emu::Barrier{n};
     for (int w = 0; w < n / 32; ++w) emu::warp_barrier[w] = emu::Barrier{32};
+    for (int w = 0; w < 8; ++w) emu::group_barrier[w] = emu::Barrier{128};
+    for (int i = 0; i < 16; ++i) emu::named_barrier[i] = emu::Barrier{};
     auto run = [&]() { kernel(args...); };
     emu::body = [](void* data) { (*static_cast<decltype(run)*>(data))(); };
     emu::body_data = &run;

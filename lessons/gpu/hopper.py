@@ -1,0 +1,114 @@
+"""Tensor maps: what a TMA copy needs to know about a tensor (the Hopper rung, ``flash_attention_wgmma``).
+
+A Hopper TMA copy names a tensor map and the coordinates of a box; the map says where the
+tensor lies, its sizes and strides, the box's shape and how to swizzle it into shared memory.
+On a GPU the map is 128 opaque bytes made by the CUDA driver (``cuTensorMapEncodeTiled``) and
+passed to the kernel by value. On the CPU emulator it is 16 words in the emulator's own format,
+which ``kernels/hopper.cuh`` reads (data address, sizes, strides, box, element size, swizzle).
+
+Every map here is the same kind: a (batch*heads, n, d) tensor of 16-bit values, C-contiguous, seen
+as 3-D (d, n, batch*heads) innermost first, a box of 64 columns x ``box_rows`` rows x 1 head, the
+128-byte swizzle. Rows past ``n`` read as zeros, within each head.
+
+Source: CUDA driver API, ``cuTensorMapEncodeTiled``; PTX ISA 8.x, ``cp.async.bulk.tensor``.
+"""
+from __future__ import annotations
+
+import ctypes
+from functools import lru_cache
+
+import numpy as np
+
+__all__ = ["BOX_COLUMNS", "emulated_tensor_map", "device_tensor_map"]
+
+#: columns of every box: 64 16-bit values, the 128 bytes of one swizzled row
+BOX_COLUMNS = 64
+#: CUtensorMapDataType (cuda.h) of the storage dtypes
+_DATA_TYPE = {"float16": 6, "bfloat16": 9}
+_SWIZZLE_128B = 3                   # CU_TENSOR_MAP_SWIZZLE_128B
+_INTERLEAVE_NONE = 0
+_L2_PROMOTION_128B = 2
+_OOB_FILL_ZEROS = 0                 # CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: zeros past the edge
+
+
+def _check(x, name: str, box_rows: int) -> tuple[int, int, int]:
+    shape = getattr(x, "shape", None)
+    if shape is None or len(shape) != 3:
+        raise ValueError(f"{name} must be a 3-D (batch*heads, n, d) array, got shape {shape}")
+    bh, n, d = (int(s) for s in shape)
+    if d % BOX_COLUMNS:
+        raise ValueError(f"{name} must have a head dim that is a multiple of {BOX_COLUMNS}, got {d}")
+    if np.dtype(x.dtype).itemsize != 2:
+        raise TypeError(f"{name} must hold 16-bit values, got {np.dtype(x.dtype)}")
+    if not 1 <= box_rows <= 256:
+        raise ValueError(f"box_rows must be in 1..256 (a TMA box), got {box_rows}")
+    return bh, n, d
+
+
+def emulated_tensor_map(x: np.ndarray, box_rows: int) -> np.ndarray:
+    """The emulator's tensor map of ``x``, a C-contiguous (batch*heads, n, d) NumPy array of 16-bit
+    values (d a multiple of 64), for boxes of 64 x ``box_rows`` x 1 with the 128-byte swizzle.
+
+    Returns 16 uint64 words: the data's address, the sizes (d, n, batch*heads), the strides of
+    dims 1 and 2 in bytes, the box, the element size (2) and the swizzle (128 bytes). ``x`` must
+    outlive the launch that uses the map. ValueError/TypeError naming the argument for bad input."""
+    bh, n, d = _check(x, "x", box_rows)
+    if not (isinstance(x, np.ndarray) and x.flags.c_contiguous):
+        raise ValueError("x must be a C-contiguous NumPy array")
+    words = np.zeros(16, dtype=np.uint64)
+    words[0] = x.ctypes.data
+    words[1:4] = (d, n, bh)
+    words[4:6] = (2 * d, 2 * d * n)
+    words[6] = BOX_COLUMNS | (box_rows << 16) | (1 << 32)
+    words[7] = 2
+    words[8] = 128
+    return words
+
+
+@lru_cache(maxsize=1)
+def _encode():
+    lib = ctypes.CDLL("libcuda.so.1")
+    fn = lib.cuTensorMapEncodeTiled
+    fn.restype = ctypes.c_int
+    u64p, u32p = ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint32)
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p, u64p, u32p, u32p,
+                   ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    return fn
+
+
+class DeviceTensorMap:
+    """A tensor map made by the CUDA driver, ready to pass to a CuPy kernel by value
+    (:attr:`arg`, a ``cupy.cuda.function.CPointer`` to its 128 bytes, which this object keeps)."""
+
+    def __init__(self, raw: np.ndarray, offset: int, keep):
+        self._raw, self._keep = raw, keep        # the bytes (64-byte aligned at offset) and the data
+        from cupy.cuda.function import CPointer
+
+        self.arg = CPointer(raw.ctypes.data + offset)
+
+
+def device_tensor_map(x, box_rows: int, dtype: str) -> DeviceTensorMap:
+    """The driver's tensor map of ``x``, a C-contiguous (batch*heads, n, d) CuPy array of 16-bit
+    values (``dtype`` ``'float16'`` or ``'bfloat16'``), for boxes of 64 x ``box_rows`` x 1 with the
+    128-byte swizzle and zeros past the edge. An empty ``x`` gets a map of one row of zeros (a
+    kernel never reads it). RuntimeError with the driver's error code when the driver refuses."""
+    import cupy
+
+    bh, n, d = _check(x, "x", box_rows)
+    if dtype not in _DATA_TYPE:
+        raise ValueError(f"dtype must be 'float16' or 'bfloat16', got {dtype!r}")
+    if x.size == 0:
+        x = cupy.zeros((1, 1, d), dtype=x.dtype)
+        bh, n = 1, 1
+    raw = np.zeros(128 + 64, dtype=np.uint8)
+    offset = (-raw.ctypes.data) % 64              # the driver writes a 64-byte aligned CUtensorMap
+    dims = (ctypes.c_uint64 * 3)(d, n, bh)
+    strides = (ctypes.c_uint64 * 2)(2 * d, 2 * d * n)
+    box = (ctypes.c_uint32 * 3)(BOX_COLUMNS, box_rows, 1)
+    steps = (ctypes.c_uint32 * 3)(1, 1, 1)
+    err = _encode()(raw.ctypes.data + offset, _DATA_TYPE[dtype], 3, x.data.ptr, dims, strides, box, steps,
+                    _INTERLEAVE_NONE, _SWIZZLE_128B, _L2_PROMOTION_128B, _OOB_FILL_ZEROS)
+    if err:
+        raise RuntimeError(f"cuTensorMapEncodeTiled refused the tensor map of a {tuple(x.shape)} array "
+                           f"(CUresult {err})")
+    return DeviceTensorMap(raw, offset, x)

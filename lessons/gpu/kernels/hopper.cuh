@@ -1,0 +1,317 @@
+// hopper.cuh - the Hopper (sm_90a) instructions of flash_attention_wgmma.cu, with CPU twins.
+//
+// Three things arrive with Hopper, and the Hopper rung of the ladder uses all three:
+//
+//   * TMA (the tensor memory accelerator): one thread names a box of a tensor (a tensor map made
+//     on the host, cuTensorMapEncodeTiled) and the copy engine moves it into shared memory, with
+//     rows past the tensor's edge filled with zeros and the 128-byte swizzle applied on the way.
+//     No registers, no address arithmetic per thread: cp.async.bulk.tensor.
+//   * mbarrier: a barrier object in shared memory that counts arrivals and bytes. The TMA copy
+//     adds its bytes when they land (complete_tx); a thread waits for a phase to complete with
+//     try_wait.parity. This is how a producer and its consumers hand stages to each other.
+//   * wgmma: a warpgroup (4 warps, 128 threads) issues one 64 x N x 16 product whose B operand
+//     (and optionally A) is read straight from shared memory through a 64-bit matrix descriptor;
+//     the product runs asynchronously until wgmma.wait_group.
+//
+// The shared-memory layout the descriptors describe ("128-byte swizzle"): rows of 64 16-bit
+// values (128 bytes); 8 consecutive rows form a 1024-byte atom; inside an atom the 16-byte chunk
+// c of row r sits at chunk c ^ r. A head dim of 128 is two panels of 64 columns, one after the
+// other. TMA writes exactly this layout (CU_TENSOR_MAP_SWIZZLE_128B); the swizzle acts on the
+// shared address bits [4, 7) ^= [7, 10), so every tile starts on a 1024-byte boundary.
+//   K-major operand (K tile for S = Q K^T, Q tile): element (row n, k) at
+//       start + (n / 8) * SBO + (n % 8) * 128 + 2 k,  SBO = 1024; a 16-wide k step moves start by 32 bytes.
+//   MN-major operand (V tile for O += P V, .trans): element (k, column n) at
+//       start + (n / 64) * LBO + (k / 8) * SBO + (k % 8) * 128 + 2 (n % 64),  SBO = 1024, LBO = one panel.
+// Descriptor bits: [0, 14) start >> 4, [16, 30) LBO >> 4, [32, 46) SBO >> 4, [62, 64) swizzle (1 = 128B).
+//
+// Fragments (PTX ISA, "wgmma" register fragments): warp w of the warpgroup owns rows 16w .. 16w + 15
+// of the 64-row product. Its accumulator d[N / 2] holds, for every 8-column block j, the four
+// values (g, 8j + 2t), (g, 8j + 2t + 1), (g + 8, 8j + 2t), (g + 8, 8j + 2t + 1) (g = lane / 4,
+// t = lane % 4), as the C fragment of mma.m16n8k16; an A operand from registers is the A fragment
+// of mma.m16n8k16 for the warp's 16 rows.
+//
+// On the CPU emulator (FA_CPU_EMULATION) every instruction here is done by its definition: TMA
+// copies the box at once (zeros past the edge, the swizzle on the destination address bits) and
+// completes its bytes on the mbarrier; a thread that waits on an mbarrier phase yields to the
+// others until it completes; wgmma gathers the warpgroup's A registers between two warpgroup
+// barriers and reads A and B through the descriptors with the layouts above.
+//
+// Sources: PTX ISA 8.x, "cp.async.bulk.tensor", "mbarrier", "wgmma.mma_async" (matrix descriptors,
+// register fragments); CUDA driver API, cuTensorMapEncodeTiled; Shah et al. 2024 (FlashAttention-3), Sec. 3.1.
+#pragma once
+
+#if FA_DTYPE == 1
+#define WG_AB "f16"
+#else
+#define WG_AB "bf16"
+#endif
+
+// A tensor map: 128 opaque bytes made on the host, passed by value as a __grid_constant__ parameter.
+struct __align__(64) TmaDescriptor {
+    unsigned long long words[16];
+};
+
+#ifdef FA_CPU_EMULATION
+// ---------------------------------------------------------------------------
+// CPU twins
+// ---------------------------------------------------------------------------
+#include <stdint.h>
+
+inline saddr_t sadd_bytes(saddr_t a, int bytes) { return (saddr_t)((unsigned char*)a + bytes); }
+inline unsigned saddr_bits(saddr_t a) { return (unsigned)(uintptr_t)a; }
+
+// the 128-byte swizzle on an address: bits [4, 7) ^= bits [7, 10)
+inline unsigned char* swizzle128(unsigned char* p) {
+    const uintptr_t a = (uintptr_t)p;
+    return (unsigned char*)(a ^ (((a >> 7) & 7u) << 4));
+}
+
+// the emulator's tensor map (made by lessons.gpu.hopper.emulated_tensor_map): words[0] the data's
+// address, [1..3] the sizes (innermost first, elements), [4..5] the strides of dims 1, 2 (bytes),
+// [6] the box (3 x 16 bits), [7] bytes per element, [8] the swizzle in bytes (128 or 0)
+struct EmuMbarrier {
+    unsigned expected : 10, pending : 10, phase : 1;
+    int tx;                                            // bytes still to land in this phase
+};
+static_assert(sizeof(EmuMbarrier) == 8, "an mbarrier is 8 bytes");
+
+inline void mbar_complete_if_done(EmuMbarrier& b) {
+    if (b.pending == 0 && b.tx == 0) {
+        b.phase ^= 1u;
+        b.pending = b.expected;
+    }
+    ++emu::progress;
+}
+inline void mbar_init(saddr_t bar, unsigned count) { *(EmuMbarrier*)bar = EmuMbarrier{count, count, 0, 0}; }
+inline void mbar_fence_init() {}
+inline void mbar_arrive(saddr_t bar) {
+    EmuMbarrier& b = *(EmuMbarrier*)bar;
+    if (b.pending == 0) throw 1;                       // more arrivals than the barrier expects
+    --b.pending;
+    mbar_complete_if_done(b);
+}
+inline void mbar_expect_tx(saddr_t bar, unsigned bytes) {
+    EmuMbarrier& b = *(EmuMbarrier*)bar;
+    b.tx += (int)bytes;
+    mbar_arrive(bar);
+}
+// wait until the phase of parity `parity` has completed (the current phase's parity differs)
+inline void mbar_wait(saddr_t bar, unsigned parity) {
+    while (((EmuMbarrier*)bar)->phase == (parity & 1u)) emu::yield();
+}
+
+inline void tma_load_3d(saddr_t dst, const TmaDescriptor* map, int c0, int c1, int c2, saddr_t bar) {
+    const unsigned long long* w = map->words;
+    const unsigned char* data = (const unsigned char*)(uintptr_t)w[0];
+    const long long size[3] = {(long long)w[1], (long long)w[2], (long long)w[3]};
+    const unsigned box[3] = {(unsigned)(w[6] & 0xffff), (unsigned)((w[6] >> 16) & 0xffff), (unsigned)((w[6] >> 32) & 0xffff)};
+    const unsigned eb = (unsigned)w[7];
+    const bool swizzled = w[8] == 128;
+    unsigned char* out = (unsigned char*)dst;
+    for (unsigned z = 0; z < box[2]; ++z)
+        for (unsigned y = 0; y < box[1]; ++y)
+            for (unsigned x = 0; x < box[0]; ++x) {
+                const long long gx = c0 + (long long)x, gy = c1 + (long long)y, gz = c2 + (long long)z;
+                unsigned char* to = out + ((size_t)(z * box[1] + y) * box[0] + x) * eb;
+                if (swizzled) to = swizzle128(to);
+                const bool inside = gx >= 0 && gx < size[0] && gy >= 0 && gy < size[1] && gz >= 0 && gz < size[2];
+                if (inside)
+                    memcpy(to, data + gz * (long long)w[5] + gy * (long long)w[4] + gx * eb, eb);
+                else
+                    memset(to, 0, eb);
+            }
+    EmuMbarrier& b = *(EmuMbarrier*)bar;
+    b.tx -= (int)(box[0] * box[1] * box[2] * eb);
+    mbar_complete_if_done(b);
+}
+
+inline void fence_proxy_async() {}
+
+struct gmma_desc_t {
+    unsigned char* start;
+    unsigned lbo, sbo;
+};
+inline gmma_desc_t desc_k_major(saddr_t start) { return gmma_desc_t{(unsigned char*)start, 16u, 1024u}; }
+inline gmma_desc_t desc_mn_major(saddr_t start, unsigned panel_bytes) {
+    return gmma_desc_t{(unsigned char*)start, panel_bytes, 1024u};
+}
+
+namespace emu {
+inline unsigned wg_a[1024][4];
+
+inline unsigned short k_major_at(const gmma_desc_t& d, unsigned n, unsigned k) {
+    unsigned short v;
+    memcpy(&v, swizzle128(d.start + (n / 8) * d.sbo + (n % 8) * 128 + 2 * k), 2);
+    return v;
+}
+inline unsigned short mn_major_at(const gmma_desc_t& d, unsigned k, unsigned n) {
+    unsigned short v;
+    memcpy(&v, swizzle128(d.start + (n / 64) * d.lbo + (k / 8) * d.sbo + (k % 8) * 128 + 2 * (n % 64)), 2);
+    return v;
+}
+
+// d (64 x N, this thread's N / 2 values) = (scale_d ? d : 0) + A (64 x 16) B (16 x N) for the calling
+// thread's warpgroup. A: from each thread's registers a_regs, or through a_desc (K-major);
+// B through b (K-major, or MN-major when b_mn_major).
+template <int N, class ToFloat>
+inline void wgmma(float* d, const unsigned* a_regs, const gmma_desc_t* a_desc, const gmma_desc_t& b,
+                  bool b_mn_major, int scale_d, ToFloat to_f) {
+    const unsigned tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
+    const unsigned g = lane / 4, t = lane % 4;
+    if (a_regs)
+        for (int r = 0; r < 4; ++r) wg_a[tid][r] = a_regs[r];
+    wait(group_barrier[wg]);                           // the warpgroup's registers are published
+    float A[2][16], B[16][N];
+    for (unsigned h = 0; h < 2; ++h)
+        for (unsigned k = 0; k < 16; ++k) A[h][k] = 0.f;
+    if (a_regs) {                                      // rows g, g + 8 of the warp's 16: lanes 4g .. 4g + 3
+        for (unsigned src_t = 0; src_t < 4; ++src_t) {
+            const unsigned src = wg * 128 + warp * 32 + 4 * g + src_t;
+            for (unsigned i = 0; i < 8; ++i) {
+                const unsigned short bits = (unsigned short)(wg_a[src][i / 2] >> (16 * (i % 2)));
+                A[(i / 2) % 2][2 * src_t + i % 2 + 8 * (i >= 4)] = to_f(bits);
+            }
+        }
+    } else {
+        for (unsigned h = 0; h < 2; ++h)
+            for (unsigned k = 0; k < 16; ++k) A[h][k] = to_f(k_major_at(*a_desc, 16 * warp + g + 8 * h, k));
+    }
+    for (unsigned k = 0; k < 16; ++k)
+        for (unsigned n = 0; n < (unsigned)N; ++n)
+            B[k][n] = to_f(b_mn_major ? mn_major_at(b, k, n) : k_major_at(b, n, k));
+    wait(group_barrier[wg]);                           // every thread has read before the next product
+    for (unsigned j = 0; j < (unsigned)N / 8; ++j)
+        for (unsigned i = 0; i < 4; ++i) {
+            const unsigned h = i / 2, col = 8 * j + 2 * t + i % 2;
+            float acc = 0.f;
+            for (unsigned k = 0; k < 16; ++k) acc += A[h][k] * B[k][col];
+            d[4 * j + i] = (scale_d ? d[4 * j + i] : 0.f) + acc;
+        }
+}
+}  // namespace emu
+
+template <int N> inline void wgmma_ss(float* d, gmma_desc_t a, gmma_desc_t b, int scale_d) {
+    emu::wgmma<N>(d, nullptr, &a, b, false, scale_d, [](unsigned short x) { return to_float(x); });
+}
+template <int N> inline void wgmma_rs_tb(float* d, const unsigned* a, gmma_desc_t b, int scale_d) {
+    emu::wgmma<N>(d, a, nullptr, b, true, scale_d, [](unsigned short x) { return to_float(x); });
+}
+inline void wgmma_fence() {}
+inline void wgmma_commit() {}
+template <int N> inline void wgmma_wait() {}
+inline void fence_operand(float&) {}
+
+// bar.red.or over the `count` threads first .. first + count - 1 (named barrier `id`)
+inline int named_barrier_or(int id, unsigned first, unsigned count, int predicate) {
+    return emu::named_barrier_or(id, first, count, predicate);
+}
+
+#else
+// ---------------------------------------------------------------------------
+// the GPU (sm_90a)
+// ---------------------------------------------------------------------------
+typedef unsigned long long gmma_desc_t;
+
+__device__ __forceinline__ saddr_t sadd_bytes(saddr_t a, int bytes) { return a + (unsigned)bytes; }
+__device__ __forceinline__ unsigned saddr_bits(saddr_t a) { return a; }
+
+__device__ __forceinline__ void mbar_init(saddr_t bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(bar), "r"(count) : "memory");
+}
+// make the initialised barriers visible to the async proxy (TMA) before first use
+__device__ __forceinline__ void mbar_fence_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+__device__ __forceinline__ void mbar_arrive(saddr_t bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(bar) : "memory");
+}
+// arrive, and add `bytes` to the bytes this phase waits for (the TMA copies about to be issued)
+__device__ __forceinline__ void mbar_expect_tx(saddr_t bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(saddr_t bar, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
+                     : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+    } while (!done);
+}
+
+// one TMA copy of a box at coordinates (c0, c1, c2) (innermost first) into shared memory at dst;
+// its bytes complete on the mbarrier bar
+__device__ __forceinline__ void tma_load_3d(saddr_t dst, const TmaDescriptor* map, int c0, int c1, int c2,
+                                            saddr_t bar) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, {%2, %3, %4}], [%5];"
+                 :: "r"(dst), "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+                 : "memory");
+}
+
+// order this thread's ordinary shared-memory writes before later async-proxy reads (wgmma, TMA)
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+__device__ __forceinline__ gmma_desc_t desc_k_major(saddr_t start) {
+    return (unsigned long long)((start & 0x3ffffu) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) |
+           (1ull << 62);
+}
+__device__ __forceinline__ gmma_desc_t desc_mn_major(saddr_t start, unsigned panel_bytes) {
+    return (unsigned long long)((start & 0x3ffffu) >> 4) | ((unsigned long long)((panel_bytes >> 4) & 0x3fffu) << 16) |
+           ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory");
+}
+// keep the compiler from moving reads of an accumulator across wgmma.wait_group
+__device__ __forceinline__ void fence_operand(float& x) { asm volatile("" : "+f"(x) :: "memory"); }
+
+__device__ __forceinline__ int named_barrier_or(int id, unsigned, unsigned count, int predicate) {
+    int any;
+    asm volatile("{\n.reg .pred p, q;\nsetp.ne.b32 p, %1, 0;\nbar.red.or.pred q, %2, %3, p;\nselp.s32 %0, 1, 0, q;\n}"
+                 : "=r"(any) : "r"(predicate), "r"(id), "r"(count) : "memory");
+    return any;
+}
+
+// d (64 x N) = (scale_d ? d : 0) + A B; wgmma_ss: A and B from shared memory (both K-major);
+// wgmma_rs_tb: A from registers, B MN-major (.trans, imm-trans-b = 1). One instruction each.
+__device__ __forceinline__ void wgmma_ss_n64(float* d, gmma_desc_t a, gmma_desc_t b, int scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." WG_AB "." WG_AB " "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(a), "l"(b), "r"(scale_d));
+}
+
+__device__ __forceinline__ void wgmma_rs_n64_tb(float* d, const unsigned* a, gmma_desc_t b, int scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." WG_AB "." WG_AB " "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+}
+
+__device__ __forceinline__ void wgmma_ss_n128(float* d, gmma_desc_t a, gmma_desc_t b, int scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." WG_AB "." WG_AB " "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(a), "l"(b), "r"(scale_d));
+}
+
+__device__ __forceinline__ void wgmma_rs_n128_tb(float* d, const unsigned* a, gmma_desc_t b, int scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32." WG_AB "." WG_AB " "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(scale_d));
+}
+
+template <int N> __device__ __forceinline__ void wgmma_ss(float* d, gmma_desc_t a, gmma_desc_t b, int scale_d) {
+    if constexpr (N == 64) wgmma_ss_n64(d, a, b, scale_d);
+    else wgmma_ss_n128(d, a, b, scale_d);
+}
+template <int N> __device__ __forceinline__ void wgmma_rs_tb(float* d, const unsigned* a, gmma_desc_t b, int scale_d) {
+    if constexpr (N == 64) wgmma_rs_n64_tb(d, a, b, scale_d);
+    else wgmma_rs_n128_tb(d, a, b, scale_d);
+}
+#endif
