@@ -466,11 +466,30 @@ def device_arch() -> str | None:
 @lru_cache(maxsize=64)
 def device_module(build: KernelBuild):
     """``build`` as a ``cupy.RawModule``, compiled by CuPy for the current device and cached
-    (CuPy keeps its own cache of cubins per device). Raises ImportError without CuPy; CuPy's
-    errors without a device."""
+    (CuPy keeps its own cache of cubins per device). A build for one architecture only
+    (``build.arch``, e.g. the Hopper rung's ``sm_90a``, which CuPy cannot ask NVRTC for) is
+    compiled by :func:`compile_kernel` and its cubin loaded. Raises ImportError without CuPy;
+    CuPy's errors without a device."""
     import cupy
 
+    if build.arch is not None:
+        return _arch_module(build)
     return cupy.RawModule(code=kernel_source(build.kernel), options=("--std=c++17", "-lineinfo") + build.options)
+
+
+@lru_cache(maxsize=32)
+def _arch_module(build: KernelBuild):
+    import cupy
+
+    cubin = compile_kernel(build, build.arch).cubin
+    folder = Path(tempfile.gettempdir()) / f"lessons-cubins-{os.getuid() if hasattr(os, 'getuid') else 0}"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{build.kernel}-{hashlib.sha256(cubin).hexdigest()[:20]}.cubin"
+    if not path.exists():
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(cubin)
+        os.replace(tmp, path)                         # atomic: another process never reads half a file
+    return cupy.RawModule(path=str(path))
 
 
 def device_resources(build: KernelBuild, entry: str) -> dict:

@@ -608,7 +608,8 @@ def flash_attention_wgmma_gpu(q, k, v, *, scale=None, causal: bool = False, bflo
             raise RuntimeError(f"the Hopper kernel runs only on compute capability 9.0 (H100, H200): wgmma and TMA "
                                f"are compiled for sm_90a; this GPU is {cc // 10}.{cc % 10}. Use "
                                f"flash_attention_mma_fa2_gpu instead.")
-    q3, k3, v3 = (run.xp.ascontiguousarray(run.put(x)).reshape(f.batch_heads, -1, f.d) for x in (q, k, v))
+    q3, k3, v3 = (_aligned(run, run.xp.ascontiguousarray(run.put(x))).reshape(f.batch_heads, -1, f.d)
+                  for x in (q, k, v))            # (TMA reads from 16-byte aligned addresses only)
     if run.backend == "cupy":
         maps = [device_tensor_map(x, rows_, f.dtype) for x, rows_ in ((q3, block_q), (k3, block_k), (v3, block_k))]
     else:

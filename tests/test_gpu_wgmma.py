@@ -1,0 +1,271 @@
+"""The Hopper rung (flash_attention_wgmma.cu: TMA, mbarriers, wgmma, one producer and two consumer
+warpgroups): against NumPy on edge shapes (the emulator everywhere, an sm_90 GPU where one is
+present), its NaN rule, its trace, bitwise repeatable output; what its compiled code holds
+(wgmma, cp.async.bulk.tensor, mbarrier waits; no ldmatrix, mma.sync or cp.async; no spills);
+the 128-byte swizzle that TMA writes and wgmma reads; and the emulator's tensor maps."""
+import numpy as np
+import pytest
+
+import lessons
+import lessons.gpu as gpu
+from lessons.gpu.hopper import emulated_tensor_map
+from lessons.gpu.source import (WGMMA_CONFIGS, flash_attention_wgmma_config, flash_attention_wgmma_smem_bytes,
+                                wgmma_swizzle)
+from kernel_tolerance import assert_within_baseline, baseline_attention
+from test_gpu_kernels import POISONS, assert_attention_close, forward_poison_check, padded, stored, values
+
+on_hopper = gpu.device_available() and gpu.device_arch() == "sm_90"
+BACKENDS = [
+    pytest.param("emulator", marks=pytest.mark.skipif(not gpu.emulator_available(), reason="no C++ compiler")),
+    pytest.param("cupy", marks=pytest.mark.skipif(not on_hopper, reason="no CUDA device of compute capability 9.0")),
+]
+needs_nvrtc = pytest.mark.skipif(not gpu.nvrtc_available(), reason="CuPy/NVRTC not installed")
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request):
+    return request.param
+
+
+def reference(q, k, v, causal):
+    out, lse = np.zeros(q.shape), np.zeros(q.shape[:-1])
+    for idx in np.ndindex(*q.shape[:-2]):
+        out[idx], lse[idx] = lessons.attention(q[idx], k[idx], v[idx], causal=causal, return_lse=True)
+    return out, lse
+
+
+CASES = [
+    # d = 64: 128-key tiles; d = 128: 64-key tiles; 128 query rows a block (2 consumers x 64)
+    pytest.param((), 150, 130, 64, False, "float16", id="d64-two-query-blocks-N-not-a-multiple"),
+    pytest.param((), 40, 300, 64, False, "float16", id="d64-three-key-tiles-a-stage-reused"),
+    pytest.param((2,), 70, 45, 64, True, "float16", id="d64-causal-Nq>Nk-empty-rows"),
+    pytest.param((1, 2), 20, 90, 64, True, "bfloat16", id="d64-bf16-causal-Nq<Nk"),
+    pytest.param((), 33, 200, 128, True, "float16", id="d128-causal-four-key-tiles"),
+    pytest.param((2,), 140, 50, 128, False, "bfloat16", id="d128-bf16-two-query-blocks"),
+    pytest.param((), 5, 3, 64, False, "float16", id="d64-below-one-tile"),
+]
+
+
+@pytest.mark.parametrize("lead, nq, nk, d, causal, dtype", CASES)
+def test_wgmma_kernel_matches_the_reference(backend, lead, nq, nk, d, causal, dtype):
+    rng = np.random.default_rng(nq * 1000 + nk + d)
+    (q, q64), (k, k64), (v, v64) = (stored(rng.standard_normal((*lead, n, d)), dtype) for n in (nq, nk, nk))
+    out, lse = gpu.flash_attention_wgmma_gpu(q, k, v, causal=causal, bfloat16=dtype == "bfloat16", backend=backend)
+    assert out.shape == q.shape and out.dtype == q.dtype and lse.shape == q.shape[:-1] and lse.dtype == np.float32
+    ref, ref_lse = reference(q64, k64, v64, causal)
+    base, base_lse = baseline_attention(q64, k64, v64, dtype, causal=causal)
+    assert_within_baseline(values(out, dtype), ref, base)
+    assert_within_baseline(lse, ref_lse, base_lse, what="lse")
+    empty = np.isneginf(ref_lse)                     # rows that see no key: exactly 0 and -inf
+    assert np.array_equal(np.isneginf(lse), empty)
+    assert not values(out, dtype)[empty].any()
+
+
+def test_wgmma_kernel_agrees_with_the_fa2_rung(backend):
+    # the same fold in the same base-2 arithmetic: the two rungs agree far below fp16's rounding
+    if backend == "cupy":
+        pytest.skip("compared on the emulator; the GPU's products round differently per instruction")
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((2, 96, 64)).astype(np.float16) for _ in range(3))
+    a, la = gpu.flash_attention_wgmma_gpu(q, k, v, causal=True, backend=backend)
+    b, lb = gpu.flash_attention_mma_fa2_gpu(q, k, v, causal=True, backend=backend)
+    np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), atol=2e-3)
+    np.testing.assert_allclose(la, lb, atol=1e-5)
+
+
+def test_wgmma_kernel_with_no_keys_gives_empty_rows(backend):
+    q = np.ones((10, 64), np.float16)
+    kv = np.ones((0, 64), np.float16)
+    out, lse = gpu.flash_attention_wgmma_gpu(q, kv, kv, backend=backend)
+    assert out.shape == q.shape and not out.any() and np.isneginf(lse).all()
+    empty = np.ones((0, 64), np.float16)
+    out, lse = gpu.flash_attention_wgmma_gpu(empty, q, q, backend=backend)
+    assert out.shape == (0, 64) and lse.shape == (0,)
+
+
+def test_wgmma_kernel_is_bitwise_repeatable(backend):
+    rng = np.random.default_rng(9)
+    q, k, v = (rng.standard_normal((2, 140, 64)).astype(np.float16) for _ in range(3))
+    a = gpu.flash_attention_wgmma_gpu(q, k, v, causal=True, backend=backend)
+    b = gpu.flash_attention_wgmma_gpu(q, k, v, causal=True, backend=backend)
+    assert a[0].tobytes() == b[0].tobytes() and a[1].tobytes() == b[1].tobytes()
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_wgmma_kernel_keeps_hidden_nan_out_and_visible_nan_in(backend, bad):
+    rng = np.random.default_rng(10)
+    q, k, v = (rng.standard_normal((20, 64)).astype(np.float16) for _ in range(3))
+    v[19, 3] = bad                  # causal, Nq = Nk: only row 19 sees key 19
+    out, lse = gpu.flash_attention_wgmma_gpu(q, k, v, causal=True, backend=backend)
+    out = out.astype(np.float64)
+    assert np.isfinite(out[:19]).all() and np.isfinite(lse).all()
+    assert out[19, 3] == bad if bad == np.inf else np.isnan(out[19, 3])
+    assert np.isfinite(np.delete(out[19], 3)).all()
+
+
+@pytest.mark.parametrize("poison", POISONS)
+@pytest.mark.parametrize("nq, nk, d, dtype", [
+    (130, 150, 64, "float16"),              # two query blocks, the diagonal inside 128-key tiles
+    (20, 90, 128, "bfloat16"),              # one block, the diagonal across two 64-key tiles
+])
+def test_wgmma_rows_never_see_poison_they_cannot_see(backend, poison, nq, nk, d, dtype):
+    def launch(q, k, v):
+        return gpu.flash_attention_wgmma_gpu(q, k, v, causal=True, bfloat16=dtype == "bfloat16", backend=backend)
+    cut_rows = sorted({nq - nk + 3 if nq > nk else 0, nq // 2 + 1, nq - 2})
+    out, lse, q64, k64, v64 = forward_poison_check(launch, nq, nk, d, dtype, poison, cut_rows)
+    assert_attention_close(out, lse, q64, k64, v64, dtype, causal=True)
+
+
+def test_wgmma_nan_and_inf_in_a_visible_value_reach_exactly_its_column(backend):
+    # keys 5 and 9 are seen by rows >= 5 and >= 9 (causal, Nq = Nk); zero columns pad d to 64
+    rng = np.random.default_rng(26)
+    q, k, v = (padded(rng.standard_normal((40, 16)), 64).astype(np.float16) for _ in range(3))
+    clean_out, clean_lse = gpu.flash_attention_wgmma_gpu(q, k, v, causal=True, backend=backend)
+    v[5, 3], v[9, 7] = np.nan, np.inf
+    out, lse = gpu.flash_attention_wgmma_gpu(q, k, v, causal=True, backend=backend)
+    nan, inf = np.zeros(out.shape, bool), np.zeros(out.shape, bool)
+    nan[5:, 3] = True
+    inf[9:, 7] = True
+    np.testing.assert_array_equal(np.isnan(out), nan)
+    np.testing.assert_array_equal(np.isposinf(out), inf)
+    assert out[~(nan | inf)].tobytes() == clean_out[~(nan | inf)].tobytes()
+    assert lse.tobytes() == clean_lse.tobytes()
+
+
+def test_wgmma_trace_matches_the_numpy_trace(backend):
+    rng = np.random.default_rng(11)
+    q, k, v = (rng.standard_normal((150 if i == 0 else 300, 64)).astype(np.float16) for i in range(3))
+    block_q, block_k = flash_attention_wgmma_config(64)
+    rows = [0, 17, 63, 64, 127, 128, 149]          # both consumers, both query blocks
+    _, _, trace = gpu.flash_attention_wgmma_gpu(q, k, v, trace_rows=rows, backend=backend)
+    _, ref = lessons.flash_attention(*(x.astype(np.float64) for x in (q, k, v)), tile=block_k, block_q=block_q,
+                                     return_trace=True)
+    for row in rows:
+        mine, theirs = trace.row(row), ref.row(row)
+        assert len(mine) == len(theirs) == 3
+        assert gpu.first_divergence(mine, theirs, rtol=2e-3, atol=1e-3) is None, row
+
+
+def test_wgmma_kernel_refuses_what_it_cannot_do():
+    x = np.zeros((8, 64), np.float16)
+    with pytest.raises(TypeError, match="float16"):
+        gpu.flash_attention_wgmma_gpu(*[x.astype(np.float32)] * 3, backend="emulator")
+    for d in (16, 80, 256):
+        y = np.zeros((8, d), np.float16)
+        with pytest.raises(ValueError, match="head_dim must be one of"):
+            gpu.flash_attention_wgmma_gpu(y, y, y, backend="emulator")
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        gpu.flash_attention_wgmma_build(64, "float32")
+    with pytest.raises(TypeError, match="head_dim"):
+        flash_attention_wgmma_config(64.0)
+    with pytest.raises(TypeError, match="causal"):
+        gpu.flash_attention_wgmma_gpu(x, x, x, causal=1, backend="emulator")
+
+
+def test_wgmma_shared_memory_by_hand():
+    # Q (128 rows), two stages of a K and a V tile, 2 bytes a value; 5 mbarriers; 1 KiB to align
+    assert flash_attention_wgmma_smem_bytes(64, 128) == 128 * 64 * 2 + 2 * 2 * 128 * 64 * 2 + 40 + 1024 == 82984
+    assert flash_attention_wgmma_smem_bytes(128, 64) == 128 * 128 * 2 + 2 * 2 * 64 * 128 * 2 + 40 + 1024 == 99368
+    build = gpu.flash_attention_wgmma_build(128)
+    assert build.dynamic_smem_bytes == 99368 and build.smem_bytes == 0 and build.threads_per_block == 384
+    assert build.arch == "sm_90a" and gpu.flash_attention_mma_fa2_build(64).arch is None
+
+
+# ---------------------------------------------------------------------------
+# the 128-byte swizzle and the tensor maps
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("rows, d", [(128, 64), (64, 128)])
+def test_swizzle_is_a_bijection_of_16_byte_chunks_and_conflict_free(rows, d):
+    offsets = np.array([[wgmma_swizzle(r, c, rows, d) for c in range(d)] for r in range(rows)])
+    assert sorted(offsets.ravel()) == list(range(0, 2 * rows * d, 2))      # every byte pair once
+    assert (offsets[:, ::8] % 16 == 0).all() and (np.diff(offsets.reshape(rows, d // 8, 8), axis=2) == 2).all()
+    # 8 consecutive rows at one logical chunk hit 8 different 16-byte bank groups (a wgmma row read)
+    for r0 in range(0, rows, 8):
+        for c in range(0, d, 8):
+            assert len({(offsets[r, c] % 128) // 16 for r in range(r0, r0 + 8)}) == 8
+    # by hand: row 1, column 8 (chunk 1) sits in chunk 1 ^ 1 = 0 of row 1; a second panel starts after `rows` rows
+    assert wgmma_swizzle(1, 8, rows, d) == 128
+    if d == 128:
+        assert wgmma_swizzle(0, 64, rows, d) == rows * 128
+
+
+def test_emulated_tensor_map_holds_the_tensor_it_names():
+    x = np.zeros((3, 50, 128), np.float16)
+    w = emulated_tensor_map(x, 64)
+    assert w.dtype == np.uint64 and w.shape == (16,)
+    assert int(w[0]) == x.ctypes.data and list(w[1:4]) == [128, 50, 3] and list(w[4:6]) == [256, 256 * 50]
+    assert int(w[6]) == 64 | (64 << 16) | (1 << 32) and int(w[7]) == 2 and int(w[8]) == 128
+    with pytest.raises(ValueError, match="multiple of 64"):
+        emulated_tensor_map(np.zeros((1, 4, 48), np.float16), 64)
+    with pytest.raises(TypeError, match="16-bit"):
+        emulated_tensor_map(np.zeros((1, 4, 64), np.float32), 64)
+    with pytest.raises(ValueError, match="box_rows"):
+        emulated_tensor_map(x, 512)
+
+
+# ---------------------------------------------------------------------------
+# the compiled code (sm_90a: the only architecture with wgmma)
+# ---------------------------------------------------------------------------
+
+@needs_nvrtc
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_wgmma_kernel_compiles_for_sm90a_without_spills(d, dtype):
+    build = gpu.flash_attention_wgmma_build(d, dtype)
+    res = gpu.compile_kernel(build, "sm_90a").resources["flash_attention_wgmma"]
+    assert res.spill_store_bytes == 0 and res.spill_load_bytes == 0 and res.stack_bytes == 0
+    assert res.threads_per_block == 384 and res.smem_bytes == 0          # all of it dynamic
+    # one block of 384 threads per SM: 65536 registers / 384 threads = 170, in steps of 8: 168
+    assert res.registers <= 168
+    assert build.dynamic_smem_bytes <= 227 * 1024                          # what one block may have on sm_90
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("d", [64, 128])
+def test_wgmma_ptx_holds_the_instructions_of_the_rung(d):
+    from lessons.gpu.compile import compile_ptx
+
+    ptx = compile_ptx(gpu.flash_attention_wgmma_build(d), "sm_90a")
+    _, bk = WGMMA_CONFIGS[d]
+    # S = Q K^T: d / 16 products of 64 x block_k x 16; O += P V: block_k / 16 of 64 x d x 16
+    assert ptx.count(f"wgmma.mma_async.sync.aligned.m64n{bk}k16.f32.f16.f16") == d // 16 + (bk // 16 if bk == d else 0)
+    assert ptx.count(f"wgmma.mma_async.sync.aligned.m64n{d}k16.f32.f16.f16") == bk // 16 + (d // 16 if bk == d else 0)
+    assert "wgmma.fence.sync.aligned" in ptx and "wgmma.commit_group.sync.aligned" in ptx
+    assert "wgmma.wait_group.sync.aligned 0" in ptx
+    # TMA: one copy per 64-column panel of Q, K and V (the loops unrolled); bytes completed on mbarriers
+    assert ptx.count("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes") == 3 * (d // 64)
+    assert "mbarrier.arrive.expect_tx.shared::cta.b64" in ptx and "mbarrier.try_wait.parity.shared::cta.b64" in ptx
+    assert "fence.proxy.async.shared::cta" in ptx and "bar.red.or.pred" in ptx
+    # what the rung removes: per-thread copies, ldmatrix and mma.sync
+    assert "ldmatrix" not in ptx and "mma.sync" not in ptx and "cp.async.cg" not in ptx
+    assert "ex2.approx.ftz.f32" in ptx and "cvt.rn.f16x2.f32" in ptx
+
+
+@needs_nvrtc
+def test_wgmma_kernel_does_not_compile_for_sm_90_without_a():
+    # wgmma exists only on sm_90a: the plain sm_90 target refuses it (why the build names its arch)
+    with pytest.raises(gpu.KernelCompileError):
+        gpu.compile_kernel(gpu.flash_attention_wgmma_build(64), "sm_90")
+
+
+# ---------------------------------------------------------------------------
+# on an H100/H200
+# ---------------------------------------------------------------------------
+
+@pytest.mark.skipif(not on_hopper, reason="no CUDA device of compute capability 9.0")
+@pytest.mark.parametrize("n, d", [(1000, 128), (2048, 64)])
+def test_wgmma_on_larger_and_misaligned_inputs_on_the_gpu(n, d):
+    import cupy
+
+    rng = np.random.default_rng(25)
+    (q, q64), (k, k64), (v, v64) = (stored(rng.standard_normal((2, m, d)), "float16") for m in (n, n + 500, n + 500))
+    for causal in (False, True):
+        out, lse = gpu.flash_attention_wgmma_gpu(q, k, v, causal=causal)
+        assert_attention_close(out, lse, q64, k64, v64, "float16", causal=causal)
+    flat = cupy.zeros(q.size + 1, dtype=cupy.float16)        # a view 2 bytes into its allocation: copied
+    flat[1:] = cupy.asarray(q).ravel()
+    q_view = flat[1:].reshape(q.shape)
+    out, lse = gpu.flash_attention_wgmma_gpu(q_view, cupy.asarray(k), cupy.asarray(v))
+    assert isinstance(out, cupy.ndarray)
+    assert_attention_close(out.get(), lse.get(), q64, k64, v64, "float16")
