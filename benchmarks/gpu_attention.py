@@ -15,6 +15,9 @@ head dim d (batch 1, ``--heads`` heads):
 * ``mma_fa2`` - :func:`lessons.gpu.flash_attention_mma_fa2_gpu` (the tensor-core kernel along
   FlashAttention-2's recipe: 128-row blocks over 8 warps at d = 64, ldmatrix.x4 from swizzled
   shared memory, exp2; float16 only, d = 64 or 128);
+* ``wgmma`` - :func:`lessons.gpu.flash_attention_wgmma_gpu` (the Hopper rung: TMA copies into a
+  2-stage mbarrier pipeline, wgmma products, a producer and two consumer warpgroups; float16
+  only, d = 64 or 128, compute capability 9.0 only);
 * ``mma``    - :func:`lessons.gpu.flash_attention_mma_gpu` (the same loop on tensor cores,
   ``mma.sync.m16n8k16``; float16 only);
 * ``torch``  - ``torch.nn.functional.scaled_dot_product_attention`` (FlashAttention or
@@ -41,7 +44,7 @@ from benchmarks import _common  # noqa: E402
 from benchmarks._common import format_row, timed_rows, torch_seconds_and_peak  # noqa: E402,F401
 from lessons.gpu.measure import attention_flops  # noqa: E402  (4 N^2 d per head, half when causal)
 
-IMPLS = ("naive", "kernel", "regtile", "mma", "mma_async", "mma_fa2", "torch")
+IMPLS = ("naive", "kernel", "regtile", "mma", "mma_async", "mma_fa2", "wgmma", "torch")
 DTYPES = ("float16", "float32")
 
 
@@ -92,14 +95,19 @@ def run_size(args, cupy, torch, torch_reason, rng, dtype, d, n, t0):
         "regtile": lambda: gpu.flash_attention_regtile_gpu(q, k, v, causal=args.causal),
         "mma_async": lambda: gpu.flash_attention_mma_async_gpu(q, k, v, causal=args.causal),
         "mma_fa2": lambda: gpu.flash_attention_mma_fa2_gpu(q, k, v, causal=args.causal),
+        "wgmma": lambda: gpu.flash_attention_wgmma_gpu(q, k, v, causal=args.causal),
         "torch": lambda: run_torch(torch, q, k, v, args.causal, args.warmup, args.repeats),
     }
 
     def skip(impl):
         if impl == "torch" and torch is None:
             return torch_reason
-        if impl in ("mma", "mma_async", "mma_fa2") and dtype != "float16":
+        if impl in ("mma", "mma_async", "mma_fa2", "wgmma") and dtype != "float16":
             return "tensor cores take float16/bfloat16"
+        if impl == "wgmma" and gpu.device_arch() != "sm_90":
+            return "the Hopper rung (wgmma, TMA) runs on compute capability 9.0 only"
+        if impl in ("mma_fa2", "wgmma") and d not in (64, 128):
+            return "this kernel takes head dims 64 and 128"
         if impl == "regtile" and dtype != "float32":
             return "the register-tiled kernel takes float32"
         return None
@@ -121,6 +129,7 @@ def plot_results(rows, path: Path, meta: dict) -> None:
              "regtile": ("tab:cyan", "v", "RawKernel, CUDA cores, register-tiled"),
              "mma_async": ("tab:olive", "P", "RawKernel, tensor cores + ldmatrix + cp.async"),
              "mma_fa2": ("tab:brown", "X", "RawKernel, tensor cores, FA-2 recipe"),
+             "wgmma": ("tab:pink", "*", "RawKernel, Hopper: TMA + wgmma"),
              "torch": ("tab:green", "^", "torch SDPA")}
     _common.plot_results(rows, path, impls=IMPLS, dtypes=DTYPES, style=style,
                          speed=(lambda r: r["tflops"], "TFLOP/s (higher is better)"),

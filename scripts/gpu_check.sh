@@ -98,6 +98,7 @@ console = Console(width=160)
 console.print(gpu.gpu_status())
 for dtype in ("float16", "float32"):
     console.print(gpu.compile_report_table(gpu.compile_report(dtype=dtype)))
+console.print(gpu.compile_report_table(gpu.compile_report(builds=[gpu.flash_attention_wgmma_build(d) for d in (64, 128)])))
 EOF
 then step "compile report" ok "compile_report.txt"; else step "compile report" FAIL "compile_report.txt"; fi
 

@@ -24,7 +24,7 @@ from lessons.gpu.compile import device_available
 
 KERNELS = ("online_softmax", "flash_attention", "flash_attention_regtile", "flash_attention_mma",
            "flash_attention_mma_async", "paged_decode", "flash_decoding", "flash_backward", "paged_decode_split",
-           "flash_attention_mma_fa2", "flash_backward_mma")
+           "flash_attention_mma_fa2", "flash_backward_mma", "flash_attention_wgmma")
 
 
 def host(x) -> np.ndarray:
@@ -202,6 +202,16 @@ def run_flash_backward_mma(cp, backend) -> bool:
                 ok &= _close(f"backward_mma {name} {lead} {nq}x{nk} d={d} causal={causal} float16",
                              host(got)[idx], r, 2e-2, 1e-2)
     return ok
+
+
+def run_flash_attention_wgmma(cp, backend) -> bool:
+    # the Hopper rung: both head dims, a stage reused (3+ key tiles), causal with empty rows, the trace build
+    if backend == "cupy" and cp.cuda.Device().compute_capability != "90":
+        print("  skipped: the Hopper rung runs on compute capability 9.0 only")
+        return True
+    return _forward(cp, backend, launch.flash_attention_wgmma_gpu, "wgmma", np.random.default_rng(8),
+                    [((2,), 70, 45, 64, True, np.float16), ((), 150, 300, 64, False, np.float16),
+                     ((), 33, 200, 128, True, np.float16), ((), 5, 3, 128, False, np.float16)], {"float16": 3e-3})
 
 
 def main(argv=None) -> int:

@@ -116,3 +116,72 @@ def test_a_barrier_that_one_thread_never_reaches_fails_the_launch_at_once(lib):
 def test_a_block_that_is_not_whole_warps_is_refused(lib):
     out = np.zeros(64, np.float32)
     assert lib.run_block_sum(1, 48, _ptr(out)) == 3
+
+
+# ---------------------------------------------------------------------------
+# mbarriers (kernels/hopper.cuh): a producer hands values to consumers; a wait that can never end
+# ---------------------------------------------------------------------------
+
+HOPPER_SOURCE = r"""
+#include "common.cuh"
+#include "tensor_core.cuh"
+#include "hopper.cuh"
+
+// warp 0's thread 0 writes `rounds` values one after another; the other warps add each one up.
+// full completes when the value is written, empty when every consumer has read it.
+__global__ void handoff(float* out, int rounds, int producer_runs) {
+    __shared__ __align__(8) unsigned long long bars[2];
+    __shared__ float value;
+    const saddr_t full = saddr(&bars[0]), empty = saddr(&bars[1]);
+    if (threadIdx.x == 0) {
+        mbar_init(full, 1);
+        mbar_init(empty, blockDim.x - 32);
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        if (threadIdx.x == 0 && producer_runs)
+            for (int r = 0; r < rounds; ++r) {
+                if (r > 0) mbar_wait(empty, (r - 1) & 1);     // the consumers have read value r - 1
+                value = (float)(r + 1);
+                mbar_arrive(full);
+            }
+        return;
+    }
+    float sum = 0.f;
+    for (int r = 0; r < rounds; ++r) {
+        mbar_wait(full, r & 1);
+        sum += value;
+        mbar_arrive(empty);
+    }
+    out[threadIdx.x] = sum;
+}
+
+extern "C" int run_handoff(unsigned threads, float* out, int rounds, int producer_runs) {
+    return emulate_launch(handoff, dim3{2, 1, 1}, dim3{threads, 1, 1}, out, rounds, producer_runs);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def hopper_lib(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("emulation_hopper")
+    (folder / "handoff.cpp").write_text(HOPPER_SOURCE)
+    subprocess.run([_compiler(), "-std=c++20", "-O1", "-shared", "-fPIC", "-w", "-DFA_DTYPE=1", "-I", str(KERNEL_DIR),
+                    "-include", str(KERNEL_DIR / "cpu_emulation.h"), str(folder / "handoff.cpp"),
+                    "-o", str(folder / "handoff.so")], check=True, capture_output=True, timeout=300)
+    return ctypes.CDLL(str(folder / "handoff.so"))
+
+
+@pytest.mark.parametrize("threads, rounds", [(64, 1), (128, 5), (256, 8)])
+def test_an_mbarrier_hands_each_value_to_every_consumer_in_turn(hopper_lib, threads, rounds):
+    out = np.zeros(threads, np.float32)
+    assert hopper_lib.run_handoff(threads, _ptr(out), rounds, 1) == 0
+    assert (out[32:] == rounds * (rounds + 1) / 2).all()         # 1 + 2 + ... + rounds, each value once
+    assert not out[:32].any()
+
+
+def test_an_mbarrier_wait_that_can_never_end_fails_the_launch(hopper_lib):
+    out = np.zeros(64, np.float32)
+    assert hopper_lib.run_handoff(64, _ptr(out), 3, 0) == 1      # no producer: the consumers would spin forever
+    assert hopper_lib.run_handoff(64, _ptr(out), 3, 1) == 0      # and the next launch runs normally
+    assert (out[32:] == 6).all()

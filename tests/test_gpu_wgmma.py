@@ -269,3 +269,73 @@ def test_wgmma_on_larger_and_misaligned_inputs_on_the_gpu(n, d):
     out, lse = gpu.flash_attention_wgmma_gpu(q_view, cupy.asarray(k), cupy.asarray(v))
     assert isinstance(out, cupy.ndarray)
     assert_attention_close(out.get(), lse.get(), q64, k64, v64, "float16")
+
+
+# ---------------------------------------------------------------------------
+# the pipeline the mbarriers order (notebook 06's picture)
+# ---------------------------------------------------------------------------
+
+def test_pipeline_schedule_by_hand():
+    from lessons.gpu.hopper import pipeline_schedule
+
+    # one stage: copy, work, copy, work ... 6 tiles x (1 + 1)
+    one = pipeline_schedule(6, stages=1)
+    assert max(e.end for e in one) == 12.0
+    # two stages, equal times: every copy after the first hides under the previous tile's work: 1 + 6
+    two = pipeline_schedule(6, stages=2)
+    assert max(e.end for e in two) == 7.0 and max(e.end for e in pipeline_schedule(6, stages=3)) == 7.0
+    # work twice as long as a copy: 1 + 6 x 2; copies twice as long: 6 x 2 + 1
+    assert max(e.end for e in pipeline_schedule(6, 2, 1.0, 2.0)) == 13.0
+    assert max(e.end for e in pipeline_schedule(6, 2, 2.0, 1.0)) == 13.0
+    # the barriers' rules hold in every schedule: a copy into a stage waits for the work on the tile
+    # that stage held, and work on a tile waits for its copy and for the tile before
+    for stages in (1, 2, 3):
+        ev = pipeline_schedule(7, stages, 1.5, 1.0)
+        copy = {e.tile: e for e in ev if e.who == "producer"}
+        work = {e.tile: e for e in ev if e.who == "consumers"}
+        for j in range(7):
+            assert copy[j].stage == work[j].stage == j % stages
+            assert work[j].start >= copy[j].end
+            if j >= stages:
+                assert copy[j].start >= work[j - stages].end
+            if j:
+                assert work[j].start >= work[j - 1].end and copy[j].start >= copy[j - 1].end
+    assert pipeline_schedule(0) == []
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda s: s(-1), ValueError, "n_tiles"),
+    (lambda s: s(3, stages=0), ValueError, "stages"),
+    (lambda s: s(3, 2.5), TypeError, "stages"),
+    (lambda s: s(3, 2, load_time=0), ValueError, "load_time"),
+    (lambda s: s(3, 2, compute_time=float("nan")), ValueError, "compute_time"),
+    (lambda s: s(3, 2, compute_time=True), ValueError, "compute_time"),
+])
+def test_pipeline_schedule_rejects_bad_arguments_by_name(call, error, match):
+    from lessons.gpu.hopper import pipeline_schedule
+
+    with pytest.raises(error, match=match):
+        call(pipeline_schedule)
+
+
+def test_pipeline_figure_draws_every_event():
+    from lessons.gpu.hopper import pipeline_schedule
+    from lessons.views.pipeline import pipeline_figure
+
+    schedules = {"one stage": pipeline_schedule(5, 1), "two stages": pipeline_schedule(5, 2)}
+    fig = pipeline_figure(schedules, unit="time")
+    for ax, (title, events) in zip(fig.axes, schedules.items()):
+        bars = sorted((round(p.get_x(), 6), round(p.get_width(), 6)) for p in ax.patches)
+        assert bars == sorted((e.start, e.end - e.start) for e in events)
+        assert f"all tiles done at {max(e.end for e in events):g}" in ax.get_title(loc="left")
+    with pytest.raises(ValueError):
+        pipeline_figure({})
+    with pytest.raises(ValueError, match="no events"):
+        pipeline_figure({"empty": []})
+
+
+@needs_nvrtc
+def test_the_compile_report_gives_the_hopper_rung_its_own_architecture():
+    rows = gpu.compile_report(("sm_80", "sm_90"), builds=[gpu.flash_attention_wgmma_build(64)], use_device=False)
+    assert [(r.entry, r.arch) for r in rows] == [("flash_attention_wgmma", "sm_90a")]
+    assert rows[0].spill_bytes == 0 and rows[0].threads_per_block == 384

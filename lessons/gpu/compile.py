@@ -551,7 +551,8 @@ def compile_report(archs=ARCHS, *, head_dim: int = 128, dtype: str = "float16",
     archs : architectures, default ``("sm_80", "sm_90")``.
     head_dim, dtype, trace : the configuration of the default builds
         (:func:`lessons.gpu.source.default_builds`); ignored when ``builds`` is given.
-    builds : optional list of :class:`KernelBuild` to report instead.
+    builds : optional list of :class:`KernelBuild` to report instead. A build made for one
+        architecture only (``build.arch``: the Hopper rung, ``sm_90a``) is reported for that one.
     use_device : None = read the device's own architecture from the loaded kernel when there
         is a device; False = ptxas only (see :func:`kernel_resources`).
 
@@ -564,7 +565,7 @@ def compile_report(archs=ARCHS, *, head_dim: int = 128, dtype: str = "float16",
     builds = default_builds(head_dim, dtype, trace) if builds is None else list(builds)
     rows = []
     for build in builds:
-        for arch in archs:
+        for arch in ([build.arch] if build.arch else archs):   # (a build for one architecture: that one only)
             resources = kernel_resources(build, arch, use_device)
             rows.extend(resources[e] for e in build.entries)
     return rows

@@ -1,4 +1,4 @@
-"""Tensor maps: what a TMA copy needs to know about a tensor (the Hopper rung, ``flash_attention_wgmma``).
+"""The Hopper rung's plumbing: tensor maps for its TMA copies, and the pipeline its mbarriers order.
 
 A Hopper TMA copy names a tensor map and the coordinates of a box; the map says where the
 tensor lies, its sizes and strides, the box's shape and how to swizzle it into shared memory.
@@ -15,11 +15,14 @@ Source: CUDA driver API, ``cuTensorMapEncodeTiled``; PTX ISA 8.x, ``cp.async.bul
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 
-__all__ = ["BOX_COLUMNS", "emulated_tensor_map", "device_tensor_map"]
+from lessons.core.checks import check_int
+
+__all__ = ["BOX_COLUMNS", "emulated_tensor_map", "device_tensor_map", "PipelineEvent", "pipeline_schedule"]
 
 #: columns of every box: 64 16-bit values, the 128 bytes of one swizzled row
 BOX_COLUMNS = 64
@@ -112,3 +115,53 @@ def device_tensor_map(x, box_rows: int, dtype: str) -> DeviceTensorMap:
         raise RuntimeError(f"cuTensorMapEncodeTiled refused the tensor map of a {tuple(x.shape)} array "
                            f"(CUresult {err})")
     return DeviceTensorMap(raw, offset, x)
+
+
+# ---------------------------------------------------------------------------
+# the producer/consumer pipeline, as the mbarriers order it
+# ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PipelineEvent:
+    """One bar of the pipeline: ``who`` (``"producer"``: the TMA copy of a tile's K and V;
+    ``"consumers"``: S = Q K^T, the softmax step and O += P V on that tile), ``tile``, the
+    ``stage`` (shared-memory slot) it occupies, ``start`` and ``end`` (model time units)."""
+
+    who: str
+    tile: int
+    stage: int
+    start: float
+    end: float
+
+
+def pipeline_schedule(n_tiles: int, stages: int = 2, load_time: float = 1.0,
+                      compute_time: float = 1.0) -> list[PipelineEvent]:
+    """The order that the ``full`` and ``empty`` mbarriers of ``flash_attention_wgmma.cu`` impose
+    on the copies and the work, in a model where every tile's copy takes ``load_time`` and the
+    consumers' work on a tile ``compute_time`` (any unit, e.g. microseconds), one copy and one
+    tile of work at a time:
+
+    * the copy of tile j waits for the copy of tile j - 1 (one copy engine) and for stage
+      ``j % stages`` to be empty: the consumers have finished tile ``j - stages``;
+    * the work on tile j waits for its copy to land (``full``) and for the work on tile j - 1.
+
+    Returns the ``2 * n_tiles`` events, copies and work of each tile in turn. With one stage
+    nothing overlaps (``n_tiles * (load_time + compute_time)``); with two, each copy hides behind
+    the previous tile's work (``load_time + n_tiles * max(load_time, compute_time)`` when the two
+    times are equal or the work is the longer). TypeError/ValueError naming the argument for a
+    non-int or negative ``n_tiles``, ``stages`` < 1 or a time that is not a positive number.
+    Source: Shah et al. 2024 (FlashAttention-3), Sec. 3.1 (producer-consumer with a circular buffer)."""
+    n_tiles = check_int(n_tiles, "n_tiles", min=0)
+    stages = check_int(stages, "stages", min=1)
+    for name, value in (("load_time", load_time), ("compute_time", compute_time)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
+            raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    load_end, work_end, events = [], [], []
+    for j in range(n_tiles):
+        start = max(load_end[j - 1] if j else 0.0, work_end[j - stages] if j >= stages else 0.0)
+        load_end.append(start + load_time)
+        events.append(PipelineEvent("producer", j, j % stages, start, load_end[j]))
+        begin = max(load_end[j], work_end[j - 1] if j else 0.0)
+        work_end.append(begin + compute_time)
+        events.append(PipelineEvent("consumers", j, j % stages, begin, work_end[j]))
+    return events

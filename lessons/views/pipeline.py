@@ -1,0 +1,53 @@
+"""A picture of the Hopper rung's pipeline: who works on which tile when, one panel per schedule.
+
+The events come from :func:`lessons.gpu.hopper.pipeline_schedule` (the order the mbarriers impose);
+this module only draws them.
+"""
+from __future__ import annotations
+
+from matplotlib.patches import Patch
+
+from lessons.views.plot import new_figure, tidy
+
+__all__ = ["STAGE_COLOURS", "pipeline_figure"]
+
+#: one colour per shared-memory stage (a tile's copy and its work share their stage's colour)
+STAGE_COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52")
+_LANES = (("producer", "TMA copy of K_j, V_j\n(producer warpgroup)"),
+          ("consumers", "Q K_j^T, softmax, P V_j\n(consumer warpgroups)"))
+
+
+def pipeline_figure(schedules: dict, *, unit: str = "time"):
+    """One panel per entry of ``schedules`` (title -> list of
+    :class:`lessons.gpu.hopper.PipelineEvent`), top to bottom on a shared time axis: a lane for the
+    producer's copies and one for the consumers' work, each bar labelled with its tile and
+    coloured by its stage; the panel's title gets the schedule's total time. ``unit`` labels the
+    time axis. Returns a Figure. ValueError for an empty ``schedules`` or an empty schedule."""
+    if not schedules:
+        raise ValueError("schedules must hold at least one schedule")
+    for title, events in schedules.items():
+        if not events:
+            raise ValueError(f"schedule {title!r} has no events")
+    end = max(e.end for events in schedules.values() for e in events)
+    fig = new_figure((10.5, 1.9 * len(schedules) + 0.6))
+    axes = fig.subplots(len(schedules), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, (title, events) in zip(axes, schedules.items()):
+        for row, (who, _) in enumerate(_LANES):
+            for e in (e for e in events if e.who == who):
+                ax.barh(1 - row, e.end - e.start, left=e.start, height=0.62,
+                        color=STAGE_COLOURS[e.stage % len(STAGE_COLOURS)], edgecolor="white")
+                ax.text((e.start + e.end) / 2, 1 - row, f"tile {e.tile}", ha="center", va="center", fontsize=8,
+                        color="white")
+        total = max(e.end for e in events)
+        ax.set_yticks([1, 0], [label for _, label in _LANES])
+        ax.set_title(f"{title}: all tiles done at {total:g}", fontsize=10, loc="left")
+        ax.set_xlim(0, end * 1.02)
+        ax.set_ylim(-0.6, 1.6)
+        tidy(ax)
+    stages = max(e.stage for events in schedules.values() for e in events) + 1
+    handles = [Patch(color=STAGE_COLOURS[s % len(STAGE_COLOURS)], label=f"stage {s}") for s in range(stages)]
+    axes[0].legend(handles=handles, loc="upper right", fontsize=8, ncols=stages, frameon=False,
+                   bbox_to_anchor=(1.0, 1.35))
+    axes[-1].set_xlabel(unit)
+    fig.subplots_adjust(left=0.22, right=0.98, top=0.88, bottom=0.12 + 0.05 / len(schedules), hspace=0.55)
+    return fig
