@@ -19,11 +19,12 @@ notebook             schedule              view              kernel             
                      cost.backward
 05 IO awareness      cost.traffic,         views.traffic,    flash_attention.cu,         peak_memory
                      cost.memory           views.gpu         flash_attention_mma.cu
-06 kernel ladder     gpu.ladder            views.ladder      flash_attention.cu,         (none)
-                                                             flash_attention_regtile.cu,
+06 kernel ladder     gpu.ladder,           views.ladder,     flash_attention.cu,         (none)
+                     gpu.hopper            views.pipeline    flash_attention_regtile.cu,
                                                              flash_attention_mma.cu,
                                                              flash_attention_mma_async.cu,
-                                                             flash_attention_mma_fa2.cu
+                                                             flash_attention_mma_fa2.cu,
+                                                             flash_attention_wgmma.cu
 07 paged attention   schedules.paged       views.paged       paged_decode.cu             paged
 08 flash-decoding,   schedules.split_kv,   views.split_kv,   paged_decode.cu             merge_states,
    ring              schedules.ring        views.ring        (num_splits)                flash_decoding, ring_step
