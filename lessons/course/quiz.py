@@ -250,9 +250,22 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
            "Nothing was faster than naive CuPy",
            "No rung has been timed on a GPU yet"),
           1,
-          "Every rung was timed on 2026-12-01: the FA-2 recipe rung is 20x / 12x naive CuPy, but register "
-          "tiling reached 2.7x / 1.4x (aim 3x), the FA-2 rung 0.43x / 0.30x SDPA (aim 0.5x) and the split "
-          "decode kernel 51-68% of the copy rate (aim 70%). Reread 'The targets, met or not'."),
+          "Every rung up to the FA-2 recipe was timed on 2026-12-01: the FA-2 recipe rung is 20x / 12x naive "
+          "CuPy, but register tiling reached 2.7x / 1.4x (aim 3x), the FA-2 rung 0.43x / 0.30x SDPA (aim 0.5x) "
+          "and the split decode kernel 51-68% of the copy rate (aim 70%); the Hopper rung came later and is "
+          "not yet timed. Reread 'The targets, met or not'."),
+        Q("In the Hopper rung, what tells the producer warpgroup that it may copy the next K and V tile into "
+          "a shared-memory stage?",
+          ("A __syncthreads() of the whole block after every tile",
+           "The stage's empty mbarrier completing a phase: all 256 consumer threads arrived on it when they "
+           "finished the tile it held",
+           "The TMA copy engine waits by itself until nobody reads the stage",
+           "Nothing: the producer copies every tile at once, one stage each"),
+          1,
+          "The consumers arrive on empty[s] when they are done with stage s; the producer waits for that "
+          "phase (try_wait.parity) before it issues the copy, whose bytes then complete full[s], on which the "
+          "consumers wait. A block-wide barrier could not work: the producer's other 127 threads have left. "
+          "Reread 'The Hopper rung: a producer, two consumers, TMA and wgmma'."),
     ),
     "07_paged_attention": (
         Q("What is the one difference between the paged loop and the flash loop?",
