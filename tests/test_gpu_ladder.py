@@ -608,3 +608,21 @@ def test_sdpa_backends_names_a_line_it_cannot_read(tmp_path):
     bad.write_text("\n".join(good[:2] + ["N=8192 d=128 causal=False MATH fwd 2.1 ms fast TF/s"]) + "\n")
     with pytest.raises(ValueError, match="line 3"):
         ladder.sdpa_backends(path=bad)
+
+
+def test_sdpa_kernels_says_what_it_needs_or_names_the_kernels():
+    try:
+        import torch
+        usable = torch.cuda.is_available()
+    except ImportError:
+        torch, usable = None, False
+    with pytest.raises(ValueError, match="heads"):
+        ladder.sdpa_kernels(1024, 64, 0)
+    if not usable:
+        with pytest.raises(RuntimeError, match="torch" if torch is None else "CUDA device"):
+            ladder.sdpa_kernels(1024, 64)
+        return
+    names = ladder.sdpa_kernels(1024, 64, 2)
+    assert names and all(isinstance(n, str) and n for n in names) and len(set(names)) == len(names)
+    # an attention kernel among them (FlashAttention, cuDNN's fused SDPA or the memory-efficient one)
+    assert any(word in n.lower() for n in names for word in ("flash", "sdpa", "fmha", "attention"))

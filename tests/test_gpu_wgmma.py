@@ -224,9 +224,11 @@ def test_wgmma_kernel_compiles_for_sm90a_without_spills(d, dtype):
 @needs_nvrtc
 @pytest.mark.parametrize("d", [64, 128])
 def test_wgmma_ptx_holds_the_instructions_of_the_rung(d):
-    from lessons.gpu.compile import compile_ptx
+    from lessons.gpu.compile import compile_ptx, entry_ptx
 
-    ptx = compile_ptx(gpu.flash_attention_wgmma_build(d), "sm_90a")
+    whole = compile_ptx(gpu.flash_attention_wgmma_build(d), "sm_90a")
+    ptx = entry_ptx(whole, "flash_attention_wgmma")                       # (the file also holds the probe)
+    assert ".entry wgmma_probe" in whole and ".entry wgmma_probe" not in ptx and ptx in whole
     _, bk = WGMMA_CONFIGS[d]
     # S = Q K^T: d / 16 products of 64 x block_k x 16; O += P V: block_k / 16 of 64 x d x 16
     assert ptx.count(f"wgmma.mma_async.sync.aligned.m64n{bk}k16.f32.f16.f16") == d // 16 + (bk // 16 if bk == d else 0)
@@ -337,5 +339,58 @@ def test_pipeline_figure_draws_every_event():
 @needs_nvrtc
 def test_the_compile_report_gives_the_hopper_rung_its_own_architecture():
     rows = gpu.compile_report(("sm_80", "sm_90"), builds=[gpu.flash_attention_wgmma_build(64)], use_device=False)
-    assert [(r.entry, r.arch) for r in rows] == [("flash_attention_wgmma", "sm_90a")]
-    assert rows[0].spill_bytes == 0 and rows[0].threads_per_block == 384
+    assert [(r.entry, r.arch) for r in rows] == [("flash_attention_wgmma", "sm_90a"), ("wgmma_probe", "sm_90a")]
+    assert all(r.spill_bytes == 0 and r.threads_per_block == 384 for r in rows)
+
+
+# ---------------------------------------------------------------------------
+# the two products alone (the probe a GPU run reads first when the kernel disagrees)
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_wgmma_probe_multiplies_by_the_documented_layouts(backend, d):
+    _, bk = WGMMA_CONFIGS[d]
+    rng = np.random.default_rng(d)
+    a, b, v = (rng.standard_normal(shape).astype(np.float16) for shape in ((64, d), (bk, d), (bk, d)))
+    s, o = gpu.wgmma_probe_gpu(a, b, v, backend=backend)
+    assert s.shape == (64, bk) and o.shape == (64, d) and s.dtype == o.dtype == np.float32
+    s_ref = a.astype(np.float64) @ b.astype(np.float64).T
+    np.testing.assert_allclose(s, s_ref, atol=1e-3 * np.sqrt(d))
+    # o = (s rounded to 16 bits) @ v, float32 accumulation
+    o_ref = s.astype(np.float16).astype(np.float64) @ v.astype(np.float64)
+    np.testing.assert_allclose(o, o_ref, atol=1e-3 * np.sqrt(bk))
+
+
+def test_wgmma_probe_by_hand(backend):
+    # a picks one column of b per row: a[i, i % 64] = 1, so s[i, j] = b[j, i % 64]; b[j, c] = j + c / 64
+    # (exact in fp16: multiples of 1/64 below 256); v = identity on its first 64 columns, so o[:, :bk] = s16
+    _, bk = WGMMA_CONFIGS[64]
+    a = np.zeros((64, 64), np.float16)
+    a[np.arange(64), np.arange(64)] = 1
+    b = (np.arange(bk)[:, None] + np.arange(64)[None, :] / 64).astype(np.float16)
+    v = np.zeros((bk, 64), np.float16)
+    v[np.arange(64), np.arange(64)] = 1
+    s, o = gpu.wgmma_probe_gpu(a, b, v, backend=backend)
+    np.testing.assert_array_equal(s, b.T.astype(np.float32))
+    np.testing.assert_array_equal(o, s[:, :64])
+
+
+def test_wgmma_probe_refuses_other_shapes():
+    x = np.zeros((64, 64), np.float16)
+    with pytest.raises(ValueError, match="b must be"):
+        gpu.wgmma_probe_gpu(x, x, np.zeros((128, 64), np.float16), backend="emulator")
+    with pytest.raises(ValueError, match="a must be"):
+        gpu.wgmma_probe_gpu(np.zeros((32, 64), np.float16), x, x, backend="emulator")
+    with pytest.raises(TypeError):
+        gpu.wgmma_probe_gpu(x.astype(np.float32), x, x, backend="emulator")
+
+
+@needs_nvrtc
+def test_entry_ptx_cuts_one_entry_out():
+    from lessons.gpu.compile import compile_ptx, entry_ptx
+
+    whole = compile_ptx(gpu.flash_attention_wgmma_build(64), "sm_90a")
+    kernel, probe = entry_ptx(whole, "flash_attention_wgmma"), entry_ptx(whole, "wgmma_probe")
+    assert kernel.count("wgmma.mma_async") == probe.count("wgmma.mma_async") == 12 == whole.count("wgmma.mma_async") / 2
+    with pytest.raises(ValueError, match="entry must be one of"):
+        entry_ptx(whole, "nope")

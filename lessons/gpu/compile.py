@@ -415,6 +415,17 @@ def compile_ptx(build: KernelBuild, arch: str = "sm_90") -> str:
     return ptx.decode()
 
 
+def entry_ptx(ptx: str, entry: str) -> str:
+    """The part of PTX text ``ptx`` (:func:`compile_ptx`) that is entry point ``entry``: from its
+    ``.entry`` line to the next entry's (or the end), so that instructions can be counted per
+    kernel in a file with several. ValueError naming the entry when the PTX has no such entry."""
+    starts = [(m.start(), m.group(1)) for m in re.finditer(r"^\.(?:visible\s+)?\.entry\s+(\w+)", ptx, re.M)]
+    for i, (start, name) in enumerate(starts):
+        if name == entry:
+            return ptx[start:starts[i + 1][0] if i + 1 < len(starts) else len(ptx)]
+    raise ValueError(f"entry must be one of {[n for _, n in starts]}, got {entry!r}")
+
+
 # ---------------------------------------------------------------------------
 # the device, when there is one
 # ---------------------------------------------------------------------------

@@ -30,7 +30,7 @@ __all__ = ["Rung", "RUNGS", "RECORDED_DIR", "RECORDED_CSV", "RECORDED_LABEL", "P
            "rung_intensity", "rung_build", "measure_ladder", "ladder_points", "speedup_claim", "CLAIM",
            "ladder_markdown", "rung_evidence", "Target", "TARGETS", "target_outcomes", "targets_markdown",
            "DECODE_RUNGS", "DECODE_RECORDED", "decode_rung", "decode_rung_build", "decode_recorded_rows",
-           "decode_recorded", "decode_table", "decode_markdown", "sdpa_backends"]
+           "decode_recorded", "decode_table", "decode_markdown", "sdpa_backends", "sdpa_kernels"]
 
 ROOT = Path(__file__).resolve().parents[2]
 #: its forward table: every rung, naive CuPy and torch SDPA at N = 1024, 4096, 8192, d = 64, 128
@@ -409,6 +409,34 @@ def speedup_claim(n: int = 8192, rows=None) -> dict:
     return out
 
 
+def sdpa_kernels(n: int = 8192, d: int = 64, heads: int = 8) -> list[str]:
+    """The CUDA kernels torch's ``scaled_dot_product_attention`` launches now, on this machine's GPU,
+    for one fp16 forward at ``(n, d)`` with ``heads`` heads, batch 1 (torch profiler, CUDA
+    activity; memory copies and fills left out), in launch order without repeats. This is what
+    :data:`SDPA_KERNEL` recorded on the H200. Raises RuntimeError saying why when torch or a CUDA
+    device is missing, TypeError/ValueError naming the argument for a non-int or ``< 1`` ``n``,
+    ``d``, ``heads``."""
+    n, d, heads = check_int(n, "n", min=1), check_int(d, "d", min=1), check_int(heads, "heads", min=1)
+    try:
+        import torch
+        import torch.nn.functional as F
+        from torch.profiler import ProfilerActivity, profile
+    except ImportError:
+        raise RuntimeError("sdpa_kernels needs torch (pip install torch); without it show SDPA_KERNEL, "
+                           "the recorded one") from None
+    if not torch.cuda.is_available():
+        raise RuntimeError("sdpa_kernels needs a CUDA device torch can use; without one show SDPA_KERNEL")
+    q, k, v = (torch.randn(1, heads, n, d, device="cuda", dtype=torch.float16) for _ in range(3))
+    F.scaled_dot_product_attention(q, k, v)                  # warm-up: backend choice, autotuning
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        F.scaled_dot_product_attention(q, k, v)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")]
+    kernels = [name for name in names if not name.lower().startswith(("memcpy", "memset"))]
+    return list(dict.fromkeys(kernels))
+
+
 def sdpa_backends(n: int = 8192, causal: bool = False, path: Path | None = None) -> dict:
     """torch SDPA's forward speed per backend, as recorded in the 2026-11-30 H200 run
     (``PROFILED_DIR/sdpa_backends.txt``: each backend forced in turn, fp16, 8 heads, CUDA events;
@@ -460,7 +488,7 @@ def rung_evidence(d: int = 64, arch: str = "sm_90") -> list[dict]:
     name, arch, registers per thread, shared memory (static + dynamic, bytes), spilled bytes, and how
     many times the rung's instruction (:attr:`Rung.ptx_grep`) occurs in its PTX. A rung built for one
     architecture only (the Hopper rung: sm_90a) is compiled for that one. Needs CuPy/NVRTC."""
-    from lessons.gpu.compile import compile_kernel, compile_ptx
+    from lessons.gpu.compile import compile_kernel, compile_ptx, entry_ptx
 
     out = []
     for r in RUNGS:
@@ -468,11 +496,12 @@ def rung_evidence(d: int = 64, arch: str = "sm_90") -> list[dict]:
             continue
         build = rung_build(r, d)
         rung_arch = build.arch or arch
-        res = next(iter(compile_kernel(build, rung_arch).resources.values()))
+        entry = build.entries[0]                       # the forward (a file may hold a probe too)
+        res = compile_kernel(build, rung_arch).resources[entry]
         out.append(dict(name=r.name, arch=rung_arch, registers=res.registers,
                         smem_bytes=res.smem_bytes + build.dynamic_smem_bytes,
                         spill_bytes=res.spill_store_bytes + res.spill_load_bytes, instruction=r.ptx_grep,
-                        count=compile_ptx(build, rung_arch).count(r.ptx_grep)))
+                        count=entry_ptx(compile_ptx(build, rung_arch), entry).count(r.ptx_grep)))
     return out
 
 

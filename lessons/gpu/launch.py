@@ -40,7 +40,8 @@ __all__ = ["flash_attention_gpu", "flash_attention_mma_gpu", "mma_probe_gpu", "o
            "flash_decoding_gpu",
            "SplitTraces", "BACKENDS", "MAX_TRACE_ROWS", "Runner"]
 __all__ += ["flash_attention_regtile_gpu", "flash_attention_mma_async_gpu", "paged_decode_split_gpu"]
-__all__ += ["flash_attention_mma_fa2_gpu", "open_device", "kernel_row_trace", "flash_attention_wgmma_gpu"]
+__all__ += ["flash_attention_mma_fa2_gpu", "open_device", "kernel_row_trace", "flash_attention_wgmma_gpu",
+            "wgmma_probe_gpu"]
 
 BACKENDS = ("cupy", "emulator")
 #: most rows one launch may trace (each traced row is looked up by every thread)
@@ -628,6 +629,49 @@ def flash_attention_wgmma_gpu(q, k, v, *, scale=None, causal: bool = False, bflo
         records = run.host(trace).reshape(f.batch_heads * len(rows), n_tiles, 3)
         result += (GpuTrace(labels, records),)
     return result
+
+
+def wgmma_probe_gpu(a, b, v, *, bfloat16: bool = False, backend: str = "cupy"):
+    """The Hopper rung's two products on their own: ``s = a @ b.T`` by ``wgmma`` with both operands
+    read from shared memory (as S = Q K^T), then ``o = round16(s) @ v`` with the left operand in
+    registers and ``v`` read as an MN-major operand (as O += P V). Every input arrives by TMA with
+    the 128-byte swizzle, through the kernel's own descriptors: a check of those layouts on a GPU
+    (s right and o wrong points at the MN-major descriptor; s wrong at TMA or the K-major one).
+
+    a : (64, d) float16 (or bfloat16 bits with ``bfloat16=True``); b, v : (block_k, d), the same
+    dtype, where d is 64 or 128 and block_k the rung's key tile for that d
+    (:func:`lessons.gpu.source.flash_attention_wgmma_config`: 128 at d = 64, 64 at d = 128).
+    Returns ``(s, o)``, float32 arrays of shape (64, block_k) and (64, d). Raises ValueError naming
+    the argument for other shapes, TypeError for other dtypes, RuntimeError as
+    :func:`flash_attention_wgmma_gpu` without a device of compute capability 9.0.
+    Source: PTX ISA 8.x, wgmma.mma_async (matrix descriptors, register fragments), cp.async.bulk.tensor.
+    """
+    from lessons.gpu.hopper import device_tensor_map, emulated_tensor_map
+
+    backend = _check_backend(backend)
+    arrays = {"a": a, "b": b, "v": v}
+    kind = _check_arrays(arrays)
+    dtype = _storage_dtype(arrays, bfloat16)
+    if dtype not in MMA_DTYPES:
+        raise TypeError(f"a, b, v must hold float16 (or bfloat16 bits with bfloat16=True), got {dtype}")
+    if a.ndim != 2 or a.shape[0] != 64:
+        raise ValueError(f"a must be (64, d), got shape {a.shape}")
+    d = int(a.shape[1])
+    _, block_k = flash_attention_wgmma_config(d)
+    for name, x in (("b", b), ("v", v)):
+        if x.shape != (block_k, d):
+            raise ValueError(f"{name} must be ({block_k}, {d}) (the key tile at d = {d}), got shape {x.shape}")
+    build = flash_attention_wgmma_build(d, dtype)
+    run = Runner(backend, kind)
+    if run.backend == "cupy" and int(run.xp.cuda.Device().compute_capability) != 90:
+        raise RuntimeError("the wgmma probe runs only on compute capability 9.0 (H100, H200)")
+    a3, b3, v3 = (_aligned(run, run.xp.ascontiguousarray(run.put(x))).reshape(1, -1, d) for x in (a, b, v))
+    make = (lambda x, rows: device_tensor_map(x, rows, dtype)) if run.backend == "cupy" else emulated_tensor_map
+    maps = [make(a3, 128), make(b3, block_k), make(v3, block_k)]
+    s = run.xp.zeros((64, block_k), dtype=np.float32)
+    o = run.xp.zeros((64, d), dtype=np.float32)
+    run.launch(build, "wgmma_probe", (1,), [*maps, s, o])
+    return run.get(s), run.get(o)
 
 
 def _require_tensor_cores(run) -> None:

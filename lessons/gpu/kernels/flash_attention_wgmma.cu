@@ -346,3 +346,79 @@ flash_attention_wgmma(const __grid_constant__ TmaDescriptor tm_q, const __grid_c
 #undef K_TILE
 #undef V_TILE
 }
+
+// ---- a probe of the two products alone, for checking the layouts on a GPU -------------------
+// One block. The producer's thread 0 copies A (64 rows x HEAD_DIM), B (BLOCK_K rows x HEAD_DIM)
+// and V (BLOCK_K rows x HEAD_DIM) by TMA exactly as the kernel copies Q, K and V; consumer
+// warpgroup 1 (threads 128..255) computes S = A B^T with the kernel's descriptors (wgmma_ss),
+// rounds S to 16 bits as the kernel rounds P, and computes O = S16 V (wgmma_rs_tb). It writes
+// s (64 x BLOCK_K) and o (64 x HEAD_DIM), float32, row-major, through the accumulator layout.
+// If s is right and o wrong, the MN-major (V) descriptor is at fault; if s is wrong, TMA's
+// swizzle or the K-major descriptor.
+extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)
+wgmma_probe(const __grid_constant__ TmaDescriptor tm_a, const __grid_constant__ TmaDescriptor tm_b,
+            const __grid_constant__ TmaDescriptor tm_v, float* __restrict__ s_out, float* __restrict__ o_out) {
+#ifdef FA_CPU_EMULATION
+    __shared__ __align__(1024) unsigned char smem_raw[SMEM_ALLOC];
+#else
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+#endif
+    const saddr_t raw_s = saddr(smem_raw);
+    const int pad = (int)((1024u - (saddr_bits(raw_s) & 1023u)) & 1023u);
+    const saddr_t base = sadd_bytes(raw_s, pad);                     // A as the Q tile (64 of its 128 rows)
+    const saddr_t b_s = sadd_bytes(base, Q_BYTES), v_s = sadd_bytes(base, Q_BYTES + KV_BYTES);
+    const saddr_t bar = sadd_bytes(base, BAR_OFFSET);
+    const int tid = threadIdx.x;
+    if (tid == 0) {
+        mbar_init(bar, 1);
+        mbar_fence_init();
+    }
+    __syncthreads();
+    if (tid == 0) {
+        mbar_expect_tx(bar, Q_BYTES + 2 * KV_BYTES);
+        for (int p = 0; p < PANELS; ++p) {
+            tma_load_3d(sadd_bytes(base, p * BLOCK_Q * 128), &tm_a, 64 * p, 0, 0, bar);   // rows past 64: zeros
+            tma_load_3d(sadd_bytes(b_s, p * BLOCK_K * 128), &tm_b, 64 * p, 0, 0, bar);
+            tma_load_3d(sadd_bytes(v_s, p * BLOCK_K * 128), &tm_v, 64 * p, 0, 0, bar);
+        }
+    }
+    if (tid < 128 || tid >= 256) return;
+    const int warp = (tid - 128) / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    mbar_wait(bar, 0);
+    float sacc[S_TILES * 4], o[O_TILES * 4];
+#pragma unroll
+    for (int i = 0; i < O_TILES * 4; ++i) o[i] = 0.f;
+    wgmma_fence();
+#pragma unroll
+    for (int ds = 0; ds < D_STEPS; ++ds)
+        wgmma_ss<BLOCK_K>(sacc, desc_k_major(sadd_bytes(base, (ds / 4) * BLOCK_Q * 128 + (ds % 4) * 32)),
+                          desc_k_major(sadd_bytes(b_s, (ds / 4) * BLOCK_K * 128 + (ds % 4) * 32)), ds > 0);
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < S_TILES * 4; ++i) fence_operand(sacc[i]);
+    unsigned p16[S_TILES][2];
+#pragma unroll
+    for (int n = 0; n < S_TILES; ++n)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) p16[n][h] = pack_float2(sacc[4 * n + 2 * h], sacc[4 * n + 2 * h + 1]);
+    wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < KEY_STEPS; ++ks) {
+        const unsigned p_frag[4] = {p16[2 * ks][0], p16[2 * ks][1], p16[2 * ks + 1][0], p16[2 * ks + 1][1]};
+        wgmma_rs_tb<HEAD_DIM>(o, p_frag, desc_mn_major(sadd_bytes(v_s, ks * 16 * 128), BLOCK_K * 128), 1);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < O_TILES * 4; ++i) fence_operand(o[i]);
+    const int row = warp * 16 + g;
+#pragma unroll
+    for (int n = 0; n < S_TILES; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s_out[(row + 8 * (i / 2)) * BLOCK_K + 8 * n + 2 * t + i % 2] = sacc[4 * n + i];
+#pragma unroll
+    for (int n = 0; n < O_TILES; ++n)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) o_out[(row + 8 * (i / 2)) * HEAD_DIM + 8 * n + 2 * t + i % 2] = o[4 * n + i];
+}
