@@ -34,6 +34,7 @@ recorded ``results.csv`` (no GPU needed).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -106,6 +107,8 @@ def run_size(args, cupy, torch, torch_reason, rng, dtype, d, n, t0):
             return "tensor cores take float16/bfloat16"
         if impl == "wgmma" and gpu.device_arch() != "sm_90":
             return "the Hopper rung (wgmma, TMA) runs on compute capability 9.0 only"
+        if impl == "wgmma" and os.environ.get("GPU_CHECK_SKIP_WGMMA"):
+            return "the Hopper rung failed its first check on this machine (scripts/hopper_smoke.py)"
         if impl in ("mma_fa2", "wgmma") and d not in (64, 128):
             return "this kernel takes head dims 64 and 128"
         if impl == "regtile" and dtype != "float32":

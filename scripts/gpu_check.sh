@@ -10,6 +10,9 @@
 #
 #   1. environment: nvidia-smi, Python, CuPy, NVRTC versions         -> env.txt
 #   2. compile report: registers and shared memory per kernel/arch   -> compile_report.txt
+#      then the Hopper rung's first contact (scripts/hopper_smoke.py, 120 s at most): when it fails
+#      or hangs, the later steps leave that rung out (GPU_CHECK_SKIP_WGMMA=1), so that one wrong
+#      layout cannot spend the time of every other check                 -> hopper_smoke.txt
 #   3. the benchmarks first, alone on the device, at N in GPU_CHECK_SIZES (default "4096 8192"):
 #      the forward (naive CuPy vs every rung vs torch SDPA), the backward, the decode kernels'
 #      K/V read rate                                                  -> benchmark/, backward/, decode/
@@ -102,6 +105,18 @@ console.print(gpu.compile_report_table(gpu.compile_report(builds=[gpu.flash_atte
 EOF
 then step "compile report" ok "compile_report.txt"; else step "compile report" FAIL "compile_report.txt"; fi
 
+# ---- the Hopper rung's first contact ----------------------------------------------------------
+if [ $DRY -eq 1 ]; then SMOKE=(--emulator); else SMOKE=(); fi
+timeout 120 "$PY" scripts/hopper_smoke.py "${SMOKE[@]}" > "$RESULTS/hopper_smoke.txt" 2>&1
+rc=$?
+case $rc in
+    0) step "hopper smoke (wgmma, TMA)" ok "$(tail -n 1 "$RESULTS/hopper_smoke.txt")" ;;
+    2) step "hopper smoke (wgmma, TMA)" skip "$(tail -n 1 "$RESULTS/hopper_smoke.txt")"
+       export GPU_CHECK_SKIP_WGMMA=1 ;;
+    *) step "hopper smoke (wgmma, TMA)" FAIL "exit $rc$([ $rc -eq 124 ] && echo ', timed out') (hopper_smoke.txt); later steps skip the rung"
+       export GPU_CHECK_SKIP_WGMMA=1 ;;
+esac
+
 # ---- benchmarks, each alone on the device ------------------------------------------------
 read -r -a SIZES <<< "${GPU_CHECK_SIZES:-4096 8192}"
 bench() {  # bench NAME SCRIPT DIR ARGS...
@@ -125,6 +140,7 @@ bench "benchmark decode" benchmarks/gpu_decode.py decode
 SELECT="not emulator"
 PASSES="${GPU_CHECK_PASSES:-8}"
 if [ $DRY -eq 1 ]; then SELECT="emulator and (instruction or keeps_nan)"; PASSES="${GPU_CHECK_PASSES:-2}"; fi
+if [ -n "${GPU_CHECK_SKIP_WGMMA:-}" ]; then SELECT="$SELECT and not wgmma"; fi
 TESTS=(tests/test_gpu_*.py)
 if ! "$PY" -c "import xdist" >/dev/null 2>&1; then
     step "pytest (GPU cases)" FAIL "pytest-xdist is not installed (pip install -e '.[test]')"

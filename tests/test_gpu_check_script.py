@@ -43,10 +43,12 @@ def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
     assert steps.pop("ring on the GPU (MPI)") == "skip"              # needs a device
     decode = steps.pop("benchmark decode")                              # present once its script is in the tree
     assert decode == ("ok" if (ROOT / "benchmarks" / "gpu_decode.py").exists() else "skip")
-    expected = {"compile report", "pytest pass 1 (-n 2)", "benchmark forward", "benchmark backward", "total"}
+    expected = {"compile report", "hopper smoke (wgmma, TMA)", "pytest pass 1 (-n 2)", "benchmark forward",
+                "benchmark backward", "total"}
     expected |= {f"drivers (emulator) {k}" for k in sanitize.KERNELS}      # the script runs every driver
     assert set(steps) == expected and set(steps.values()) == {"ok"}, summary
     assert "passed" in summary and "failed" not in summary
+    assert "the Hopper rung works here" in (tmp_path / "hopper_smoke.txt").read_text()    # (on the emulator)
     for name in ("env.txt", "compile_report.txt", "pytest_1_n2.txt", "pytest_1_n2.xml", "benchmark/log.txt",
                  "backward/log.txt"):
         assert (tmp_path / name).stat().st_size > 0, name

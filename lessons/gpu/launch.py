@@ -609,8 +609,8 @@ def flash_attention_wgmma_gpu(q, k, v, *, scale=None, causal: bool = False, bflo
             raise RuntimeError(f"the Hopper kernel runs only on compute capability 9.0 (H100, H200): wgmma and TMA "
                                f"are compiled for sm_90a; this GPU is {cc // 10}.{cc % 10}. Use "
                                f"flash_attention_mma_fa2_gpu instead.")
-    q3, k3, v3 = (_aligned(run, run.xp.ascontiguousarray(run.put(x))).reshape(f.batch_heads, -1, f.d)
-                  for x in (q, k, v))            # (TMA reads from 16-byte aligned addresses only)
+    q3, k3, v3 = (_aligned(run, run.xp.ascontiguousarray(run.put(x)), 128).reshape(f.batch_heads, -1, f.d)
+                  for x in (q, k, v))            # (a swizzled TMA copy wants 128-byte aligned data)
     if run.backend == "cupy":
         maps = [device_tensor_map(x, rows_, f.dtype) for x, rows_ in ((q3, block_q), (k3, block_k), (v3, block_k))]
     else:
@@ -665,7 +665,7 @@ def wgmma_probe_gpu(a, b, v, *, bfloat16: bool = False, backend: str = "cupy"):
     run = Runner(backend, kind)
     if run.backend == "cupy" and int(run.xp.cuda.Device().compute_capability) != 90:
         raise RuntimeError("the wgmma probe runs only on compute capability 9.0 (H100, H200)")
-    a3, b3, v3 = (_aligned(run, run.xp.ascontiguousarray(run.put(x))).reshape(1, -1, d) for x in (a, b, v))
+    a3, b3, v3 = (_aligned(run, run.xp.ascontiguousarray(run.put(x)), 128).reshape(1, -1, d) for x in (a, b, v))
     make = (lambda x, rows: device_tensor_map(x, rows, dtype)) if run.backend == "cupy" else emulated_tensor_map
     maps = [make(a3, 128), make(b3, block_k), make(v3, block_k)]
     s = run.xp.zeros((64, block_k), dtype=np.float32)
@@ -684,10 +684,23 @@ def _require_tensor_cores(run) -> None:
                            f"H200); this one is {cc // 10}.{cc % 10}. Use flash_attention_gpu instead.")
 
 
-def _aligned(run, x):
-    """x itself if its data starts on a 16-byte boundary (the kernel's vector loads need it), else a copy."""
+def _aligned(run, x, align: int = 16):
+    """x itself if its data starts on an ``align``-byte boundary (16: the kernels' vector loads; 128: a
+    TMA copy with the 128-byte swizzle), else a copy (CuPy and NumPy allocate on 256-byte and wider
+    boundaries: only a view into an allocation can be off)."""
     ptr = x.ctypes.data if isinstance(x, np.ndarray) else x.data.ptr
-    return x if ptr % 16 == 0 else run.xp.array(x, copy=True)
+    if ptr % align == 0:
+        return x
+    copy = run.xp.empty_like(x) if align <= 64 or not isinstance(x, np.ndarray) else _numpy_aligned(x, align)
+    copy[...] = x
+    return copy
+
+
+def _numpy_aligned(x: np.ndarray, align: int) -> np.ndarray:
+    """An uninitialised C-contiguous NumPy array like ``x`` whose data starts on an ``align``-byte boundary."""
+    raw = np.empty(x.nbytes + align, dtype=np.uint8)
+    start = (-raw.ctypes.data) % align
+    return raw[start:start + x.nbytes].view(x.dtype).reshape(x.shape)
 
 
 def mma_probe_gpu(a, b, *, bfloat16: bool = False, backend: str = "cupy"):

@@ -35,8 +35,7 @@
 // Launch: grid = (ceil(n_q / BLOCK_Q), batch * heads), block = 384 threads, dynamic shared memory
 // SMEM_ALLOC bytes. Tensor maps (3-D: HEAD_DIM, rows, batch * heads; boxes of 64 x BLOCK_Q or
 // 64 x BLOCK_K x 1; 128-byte swizzle): made by lessons.gpu.hopper. Defines: HEAD_DIM (64 or 128),
-// BLOCK_K (64 or 128), FA_DTYPE 1 or 2, FA_TRACE. sm_90a only (wgmma and setmaxnreg exist on no
-// other architecture).
+// BLOCK_K (64 or 128), FA_DTYPE 1 or 2, FA_TRACE. sm_90a only (wgmma exists on no other architecture).
 #include "common.cuh"
 // pack2f, non_finite, chunk_non_finite, finite_part, saddr
 #include "tensor_core.cuh"
@@ -279,6 +278,8 @@ flash_attention_wgmma(const __grid_constant__ TmaDescriptor tm_q, const __grid_c
         // 6. o += P V_j: KEY_STEPS products of 64 x HEAD_DIM x 16. A = P from registers (the S
         //    accumulator of 16 keys is the A fragment of one step), B = 16 rows of V_j, MN-major:
         //    16 rows are 2048 bytes on; a second 64-column panel is one panel (BLOCK_K rows) on
+#pragma unroll
+        for (int i = 0; i < O_TILES * 4; ++i) fence_operand(o[i]);   // the rescale stays before the products
         wgmma_fence();                               // o was rescaled and P written by ordinary code
 #pragma unroll
         for (int ks = 0; ks < KEY_STEPS; ++ks) {
@@ -402,6 +403,8 @@ wgmma_probe(const __grid_constant__ TmaDescriptor tm_a, const __grid_constant__ 
     for (int n = 0; n < S_TILES; ++n)
 #pragma unroll
         for (int h = 0; h < 2; ++h) p16[n][h] = pack_float2(sacc[4 * n + 2 * h], sacc[4 * n + 2 * h + 1]);
+#pragma unroll
+    for (int i = 0; i < O_TILES * 4; ++i) fence_operand(o[i]);
     wgmma_fence();
 #pragma unroll
     for (int ks = 0; ks < KEY_STEPS; ++ks) {

@@ -22,7 +22,9 @@
 //       start + (n / 8) * SBO + (n % 8) * 128 + 2 k,  SBO = 1024; a 16-wide k step moves start by 32 bytes.
 //   MN-major operand (V tile for O += P V, .trans): element (k, column n) at
 //       start + (n / 64) * LBO + (k / 8) * SBO + (k % 8) * 128 + 2 (n % 64),  SBO = 1024, LBO = one panel.
-// Descriptor bits: [0, 14) start >> 4, [16, 30) LBO >> 4, [32, 46) SBO >> 4, [62, 64) swizzle (1 = 128B).
+// Descriptor bits: [0, 14) start >> 4, [16, 30) LBO >> 4, [32, 46) SBO >> 4, [49, 52) base offset (0 here:
+// every tile starts on a 1024-byte boundary, so the swizzle's phase is the address's own), [62, 64)
+// swizzle (1 = 128B). A K-major operand with the 128-byte swizzle ignores LBO (set to 1, as is usual).
 //
 // Fragments (PTX ISA, "wgmma" register fragments): warp w of the warpgroup owns rows 16w .. 16w + 15
 // of the 64-row product. Its accumulator d[N / 2] holds, for every 8-column block j, the four
@@ -66,9 +68,8 @@ inline unsigned char* swizzle128(unsigned char* p) {
     return (unsigned char*)(a ^ (((a >> 7) & 7u) << 4));
 }
 
-// the emulator's tensor map (made by lessons.gpu.hopper.emulated_tensor_map): words[0] the data's
-// address, [1..3] the sizes (innermost first, elements), [4..5] the strides of dims 1, 2 (bytes),
-// [6] the box (3 x 16 bits), [7] bytes per element, [8] the swizzle in bytes (128 or 0)
+// an mbarrier: the arrivals it expects per phase, those still pending, the phase's parity, and the
+// bytes still to land (arrive.expect_tx adds them, each TMA copy takes its own off when it completes)
 struct EmuMbarrier {
     unsigned expected : 10, pending : 10, phase : 1;
     int tx;                                            // bytes still to land in this phase
@@ -100,6 +101,10 @@ inline void mbar_wait(saddr_t bar, unsigned parity) {
     while (((EmuMbarrier*)bar)->phase == (parity & 1u)) emu::yield();
 }
 
+// TMA at once: the box at (c0, c1, c2) of the emulator's tensor map (lessons.gpu.hopper.emulated_tensor_map:
+// words[0] the data's address, [1..3] the sizes, innermost first, in elements, [4..5] the strides of dims 1
+// and 2 in bytes, [6] the box (3 x 16 bits), [7] bytes per element, [8] the swizzle in bytes, 128 or 0),
+// zeros outside the tensor, the swizzle on the destination's address bits; then its bytes complete on bar
 inline void tma_load_3d(saddr_t dst, const TmaDescriptor* map, int c0, int c1, int c2, saddr_t bar) {
     const unsigned long long* w = map->words;
     const unsigned char* data = (const unsigned char*)(uintptr_t)w[0];
