@@ -626,3 +626,14 @@ def test_sdpa_kernels_says_what_it_needs_or_names_the_kernels():
     assert names and all(isinstance(n, str) and n for n in names) and len(set(names)) == len(names)
     # an attention kernel among them (FlashAttention, cuDNN's fused SDPA or the memory-efficient one)
     assert any(word in n.lower() for n in names for word in ("flash", "sdpa", "fmha", "attention"))
+
+
+def test_decode_tables_name_a_row_they_cannot_read():
+    with pytest.raises(ValueError, match=r"rows\[0\] lacks \['name', 'num_seqs'"):
+        ladder.decode_markdown(rows=[{}])
+    with pytest.raises(TypeError, match="decode row dicts"):
+        ladder.decode_table(rows=[1, 2])
+    with pytest.raises(ValueError, match=r"rows\[1\] lacks \['pct'\]"):
+        good = ladder.decode_recorded_rows()[0]
+        ladder.decode_recorded("paged_decode", rows=[good, {k: v for k, v in good.items() if k != "pct"}])
+    assert ladder.decode_table(rows=[])[0]["figure"] == ladder.NOT_MEASURED

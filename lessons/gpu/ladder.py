@@ -582,6 +582,25 @@ def decode_recorded_rows(path: Path | None = None) -> list[dict]:
     return rows
 
 
+#: the keys of a decode row (decode_recorded_rows) that the decode tables read
+_DECODE_KEYS = ("name", "num_seqs", "seq_len", "num_splits", "pct")
+
+
+def _decode_rows(rows) -> list:
+    """``rows`` (default: the recorded decode run) as a list of row dicts with the keys the tables read;
+    TypeError for rows that are not dicts, ValueError naming the first row that lacks a key."""
+    if rows is None:
+        return decode_recorded_rows()
+    if not isinstance(rows, (list, tuple)) or not all(isinstance(r, dict) for r in rows):
+        raise TypeError(f"rows must be a list of decode row dicts (decode_recorded_rows()), got {type(rows).__name__}")
+    for i, row in enumerate(rows):
+        missing = [k for k in _DECODE_KEYS if k not in row]
+        if missing:
+            raise ValueError(f"rows[{i}] lacks {missing}: a decode row has {list(_DECODE_KEYS)} "
+                             f"(see decode_recorded_rows)")
+    return list(rows)
+
+
 def _decode_best(r: Rung, rows) -> dict:
     """``{(num_seqs, seq_len): the row of rung r with the highest pct}`` (several split counts were run)."""
     best = {}
@@ -600,8 +619,7 @@ def decode_recorded(r: Rung | str, rows=None) -> dict | None:
     if not isinstance(r, (Rung, str)):
         raise TypeError(f"r must be a decode Rung or its name, got {type(r).__name__} {r!r}")
     r = decode_rung(r) if isinstance(r, str) else r
-    rows = decode_recorded_rows() if rows is None else rows
-    return {key: row["pct"] for key, row in _decode_best(r, rows).items()} or None
+    return {key: row["pct"] for key, row in _decode_best(r, _decode_rows(rows)).items()} or None
 
 
 def _pct(p: float) -> str:
@@ -612,8 +630,9 @@ def _pct(p: float) -> str:
 def decode_table(rows=None) -> list[dict]:
     """One dict per decode rung: name, title, pct (``{(num_seqs, seq_len): % of the copy rate}`` or
     None), splits (``{(num_seqs, seq_len): num_splits}`` of those rows, or None) and figure (text:
-    the recorded percentages with their split counts, or :data:`NOT_MEASURED`)."""
-    rows = decode_recorded_rows() if rows is None else rows
+    the recorded percentages with their split counts, or :data:`NOT_MEASURED`). ``rows``: default the
+    recorded run; TypeError/ValueError as for a row list that is not decode rows."""
+    rows = _decode_rows(rows)
     out = []
     for r in DECODE_RUNGS:
         best = _decode_best(r, rows)
