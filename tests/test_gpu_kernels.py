@@ -292,6 +292,11 @@ def test_tensor_core_kernel_refuses_what_it_cannot_do():
     for launcher in (gpu.flash_attention_mma_gpu, gpu.flash_attention_gpu):
         with pytest.raises(ValueError, match="scale must fit in float32"):
             launcher(f16, f16, f16, scale=1e39, backend="emulator")
+    # nor one that float32 holds but not once log2(e) is folded in (3e38 * 1.4427 > 3.4028e38)
+    x64 = np.zeros((8, 64), np.float16)
+    for launcher in (gpu.flash_attention_mma_fa2_gpu, gpu.flash_attention_wgmma_gpu):
+        with pytest.raises(ValueError, match=r"scale must fit in float32 times log2\(e\)"):
+            launcher(x64, x64, x64, scale=-3e38, backend="emulator")
 
 
 # ---------------------------------------------------------------------------

@@ -103,12 +103,17 @@ def _check_index_array(x, name: str, ndim: int) -> None:
         raise ValueError(f"{name} must be {ndim}-D, got shape {x.shape}")
 
 
+#: the largest |scale| a kernel takes: the base-2 kernels multiply it by log2(e) in float32, which must stay finite
+_MAX_KERNEL_SCALE = float(np.finfo(np.float32).max) / 1.4426950408889634
+
+
 def _kernel_scale(scale, d: int) -> float:
-    """``scale`` (default ``1/sqrt(d)``) as the kernels receive it: a finite float32."""
+    """``scale`` (default ``1/sqrt(d)``) as the kernels receive it: a float32 that stays finite when the
+    base-2 kernels fold log2(e) into it (|scale| <= 2.359e38)."""
     scale = check_scale(scale, d)
-    if abs(scale) > float(np.finfo(np.float32).max):
-        raise ValueError(f"scale must fit in float32 (|scale| <= {float(np.finfo(np.float32).max):.4g}), "
-                         f"got {scale}")
+    if abs(scale) > _MAX_KERNEL_SCALE:
+        raise ValueError(f"scale must fit in float32 times log2(e), which the kernels fold into it "
+                         f"(|scale| <= {_MAX_KERNEL_SCALE:.4g}), got {scale}")
     return scale
 
 
