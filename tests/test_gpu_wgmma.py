@@ -412,3 +412,17 @@ def test_a_view_off_a_128_byte_boundary_is_copied_not_misread():
     a = gpu.flash_attention_wgmma_gpu(view, k, v, backend="emulator")
     b = gpu.flash_attention_wgmma_gpu(q, k, v, backend="emulator")
     assert a[0].tobytes() == b[0].tobytes() and a[1].tobytes() == b[1].tobytes()
+
+
+@needs_nvrtc
+def test_the_rungs_predicted_text_quotes_the_compiler():
+    from lessons.gpu import ladder
+    from lessons.gpu.compile import nvrtc_version
+
+    text = ladder.rung("wgmma").predicted
+    regs = {d: gpu.compile_kernel(gpu.flash_attention_wgmma_build(d), "sm_90a").resources["flash_attention_wgmma"]
+            .registers for d in (64, 128)}
+    smem = {d: flash_attention_wgmma_smem_bytes(d, WGMMA_CONFIGS[d][1]) for d in (64, 128)}
+    assert f"{smem[64]:,} / {smem[128]:,} bytes of dynamic shared memory".replace(",", " ") in text
+    if nvrtc_version()[:2] == (12, 9):                # the version the text names
+        assert f"{regs[64]} registers at d = 64, {regs[128]} at d = 128" in text
