@@ -314,7 +314,7 @@ def test_pipeline_schedule_by_hand():
     (lambda s: s(3, 2.5), TypeError, "stages"),
     (lambda s: s(3, 2, load_time=0), ValueError, "load_time"),
     (lambda s: s(3, 2, compute_time=float("nan")), ValueError, "compute_time"),
-    (lambda s: s(3, 2, compute_time=True), ValueError, "compute_time"),
+    (lambda s: s(3, 2, compute_time=True), TypeError, "compute_time"),
 ])
 def test_pipeline_schedule_rejects_bad_arguments_by_name(call, error, match):
     from lessons.gpu.hopper import pipeline_schedule
@@ -426,3 +426,83 @@ def test_the_rungs_predicted_text_quotes_the_compiler():
     assert f"{smem[64]:,} / {smem[128]:,} bytes of dynamic shared memory".replace(",", " ") in text
     if nvrtc_version()[:2] == (12, 9):                # the version the text names
         assert f"{regs[64]} registers at d = 64, {regs[128]} at d = 128" in text
+
+
+# ---------------------------------------------------------------------------
+# what a tester tried: empty leading dims, odd arguments, read-only inputs
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(0, 20, 64), (2, 0, 20, 64), (3, 0, 64)])
+def test_wgmma_kernel_with_empty_leading_dims_or_rows_gives_empty_results(shape):
+    q = np.zeros(shape, np.float16)
+    out, lse = gpu.flash_attention_wgmma_gpu(q, q, q, backend="emulator")
+    assert out.shape == q.shape and lse.shape == q.shape[:-1]
+
+
+def test_tensor_maps_name_what_is_wrong():
+    x = np.zeros((1, 4, 64), np.float16)
+    for box, error in ((64.0, TypeError), (True, TypeError), (None, TypeError), (0, ValueError), (257, ValueError)):
+        with pytest.raises(error, match="box_rows"):
+            emulated_tensor_map(x, box)
+    with pytest.raises(ValueError, match="positive multiple of 64"):
+        emulated_tensor_map(np.zeros((1, 4, 0), np.float16), 4)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        emulated_tensor_map(np.zeros((1, 4, 128), np.float16)[:, :, ::2], 4)
+    with pytest.raises(TypeError, match="NumPy array"):
+        emulated_tensor_map([[[0.0] * 64]], 4)
+
+
+def test_pipeline_schedule_takes_numpy_numbers_and_refuses_overflow():
+    from lessons.gpu.hopper import pipeline_schedule
+
+    ev = pipeline_schedule(np.int64(3), np.int64(2), np.float32(1.0), np.int64(2))
+    assert max(e.end for e in ev) == 1 + 3 * 2 and all(isinstance(e.end, float) for e in ev)
+    with pytest.raises(TypeError, match="load_time"):
+        pipeline_schedule(3, 2, "1")
+    with pytest.raises(ValueError, match="must be finite"):
+        pipeline_schedule(3, 2, 1e308, 1e308)
+
+
+def test_pipeline_figure_refuses_what_it_cannot_draw():
+    from lessons.gpu.hopper import PipelineEvent, pipeline_schedule
+    from lessons.views.pipeline import pipeline_figure
+
+    with pytest.raises(TypeError, match="dict"):
+        pipeline_figure([pipeline_schedule(2)])
+    with pytest.raises(TypeError, match="PipelineEvent"):
+        pipeline_figure({"x": [("producer", 0, 0, 0.0, 1.0)]})
+    with pytest.raises(ValueError, match="who must be one of"):
+        pipeline_figure({"x": [PipelineEvent("copier", 0, 0, 0.0, 1.0)]})
+    with pytest.raises(ValueError, match="start <= end"):
+        pipeline_figure({"x": [PipelineEvent("producer", 0, 0, 2.0, 1.0)]})
+    # twelve stages: every bar still drawn, the legend names every stage
+    fig = pipeline_figure({"many": pipeline_schedule(12, 12)})
+    assert len(fig.axes[0].patches) == 24 and len(fig.axes[0].get_legend().get_texts()) == 12
+
+
+@needs_nvrtc
+def test_ptx_and_the_compile_report_use_the_builds_own_architecture():
+    from lessons.gpu.compile import compile_ptx, compile_report_table
+
+    build = gpu.flash_attention_wgmma_build(64)
+    assert ".target sm_90a" in compile_ptx(build)
+    with pytest.raises(ValueError, match="compiles for sm_90a only"):
+        compile_ptx(build, "sm_90")
+    rows = gpu.compile_report(builds=[build], use_device=False)
+    assert all(r.smem_bytes == 0 and r.dynamic_smem_bytes == build.dynamic_smem_bytes for r in rows)
+    from rich.console import Console
+
+    console = Console(width=200, record=True)
+    console.print(compile_report_table(rows))
+    assert f"0 + {build.dynamic_smem_bytes:,} dynamic" in console.export_text()
+
+
+def test_read_only_inputs_run_on_the_emulator():
+    rng = np.random.default_rng(32)
+    q, k, v = (rng.standard_normal((30, 64)).astype(np.float16) for _ in range(3))
+    want = gpu.flash_attention_wgmma_gpu(q, k, v, backend="emulator")
+    for x in (q, k, v):
+        x.flags.writeable = False
+    got = gpu.flash_attention_wgmma_gpu(q, k, v, backend="emulator")
+    assert got[0].tobytes() == want[0].tobytes()
+    assert gpu.flash_attention_mma_fa2_gpu(q, k, v, backend="emulator")[0].shape == q.shape

@@ -80,6 +80,8 @@ class KernelResources:
     """Resource use of one kernel entry point compiled for one architecture.
 
     registers: registers per thread; smem_bytes: static shared memory per block (bytes);
+    dynamic_smem_bytes: the dynamic shared memory a launch asks for on top (bytes; only the Hopper
+    rung has any: :attr:`lessons.gpu.source.KernelBuild.dynamic_smem_bytes`);
     stack_bytes: local memory per thread (bytes; the stack frame, which holds any spills);
     spill_store_bytes / spill_load_bytes: registers spilled to local memory (bytes, 0 is
     what we want); threads_per_block: the launch's block size. ``source`` says where the
@@ -102,6 +104,7 @@ class KernelResources:
     threads_per_block: int
     source: str | None = None
     reason: str | None = None
+    dynamic_smem_bytes: int = 0
 
     @property
     def reported(self) -> bool:
@@ -359,7 +362,8 @@ def _row(build: KernelBuild, entry: str, arch: str, numbers: dict | None, source
         registers=numbers.get("registers"), smem_bytes=numbers.get("smem_bytes"),
         stack_bytes=numbers.get("stack_bytes"), spill_store_bytes=numbers.get("spill_store_bytes"),
         spill_load_bytes=numbers.get("spill_load_bytes"), threads_per_block=build.threads_per_block,
-        source=source if numbers else None, reason=None if numbers else reason)
+        source=source if numbers else None, reason=None if numbers else reason,
+        dynamic_smem_bytes=build.dynamic_smem_bytes)
 
 
 @lru_cache(maxsize=64)
@@ -408,9 +412,15 @@ def compile_kernel(build: KernelBuild, arch: str = "sm_90") -> CompiledKernel:
                           resources=resources)
 
 
-def compile_ptx(build: KernelBuild, arch: str = "sm_90") -> str:
-    """PTX text of ``build`` for the virtual architecture of ``arch`` (``compute_90`` for ``sm_90``)."""
+def compile_ptx(build: KernelBuild, arch: str | None = None) -> str:
+    """PTX text of ``build`` for the virtual architecture of ``arch`` (``compute_90`` for ``sm_90``).
+    ``arch`` None: the build's own (``build.arch``, e.g. ``sm_90a`` for the Hopper rung), else sm_90.
+    ValueError for a malformed ``arch``, or one other than the build's own for a build made for one."""
+    if arch is None:
+        arch = build.arch or "sm_90"
     arch = _check_arch(arch)
+    if build.arch is not None and arch != build.arch:
+        raise ValueError(f"arch: {build.kernel} compiles for {build.arch} only, got {arch!r}")
     _, ptx, _ = _compile(build, "-arch=" + arch.replace("sm_", "compute_"), (), "ptx")
     return ptx.decode()
 
@@ -586,6 +596,12 @@ def _number(value, fmt: str = "{}") -> str:
     return NOT_REPORTED if value is None else fmt.format(value)
 
 
+def _smem(r) -> str:
+    """Static shared memory, and the dynamic a launch adds where there is any: ``'0 + 82,984 dynamic'``."""
+    static = _number(r.smem_bytes, "{:,}")
+    return f"{static} + {r.dynamic_smem_bytes:,} dynamic" if r.dynamic_smem_bytes else static
+
+
 def compile_report_table(rows=None):
     """A :class:`rich.table.Table` of a :func:`compile_report` (made if ``rows`` is None).
 
@@ -598,7 +614,7 @@ def compile_report_table(rows=None):
                 "local bytes/thread", "spills (bytes)", "from"):
         table.add_column(col, justify="right" if col[0] in "rsl" else "left")
     for r in rows:
-        table.add_row(r.entry, r.arch, r.dtype, r.config, _number(r.registers), _number(r.smem_bytes, "{:,}"),
+        table.add_row(r.entry, r.arch, r.dtype, r.config, _number(r.registers), _smem(r),
                       _number(r.stack_bytes), _number(r.spill_bytes), r.source or NOT_REPORTED)
     reasons = sorted({f"{r.entry} ({r.arch}): {r.reason}" for r in rows if r.reason})
     if reasons:
@@ -612,7 +628,7 @@ def resources_text(resources) -> str:
     spilled bytes per thread; "not reported" where neither the device nor ptxas gave the number."""
     head = ("kernel", "arch", "dtype", "config", "threads", "registers", "smem bytes", "spills")
     body = [(r.entry, r.arch, r.dtype, r.config, str(r.threads_per_block), _number(r.registers),
-             _number(r.smem_bytes, "{:,}"), _number(r.spill_bytes)) for r in resources]
+             _smem(r), _number(r.spill_bytes)) for r in resources]
     if not body:
         return ""
     widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]

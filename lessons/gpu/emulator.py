@@ -181,4 +181,9 @@ class EmulatedModule:
         for name, value, raw, guard in guarded:
             if not (np.all(raw[:guard] == 0xFF) and np.all(raw[guard + value.nbytes:] == 0xFF)):
                 raise EmulatorMemoryError(f"{entry} wrote outside argument {name} (shape {value.shape})")
-            value.reshape(-1).view(np.uint8)[:] = raw[guard:guard + value.nbytes]
+            inside = raw[guard:guard + value.nbytes]
+            if not value.flags.writeable:            # an input the caller cannot write: it must be unchanged
+                if not np.array_equal(inside, value.reshape(-1).view(np.uint8)):
+                    raise EmulatorMemoryError(f"{entry} wrote into argument {name}, a read-only array")
+                continue
+            value.reshape(-1).view(np.uint8)[:] = inside

@@ -15,6 +15,8 @@ Source: CUDA driver API, ``cuTensorMapEncodeTiled``; PTX ISA 8.x, ``cp.async.bul
 from __future__ import annotations
 
 import ctypes
+import math
+import numbers
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -34,17 +36,18 @@ _L2_PROMOTION_128B = 2
 _OOB_FILL_ZEROS = 0                 # CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE: zeros past the edge
 
 
-def _check(x, name: str, box_rows: int) -> tuple[int, int, int]:
+def _check(x, name: str, box_rows) -> tuple[int, int, int]:
     shape = getattr(x, "shape", None)
     if shape is None or len(shape) != 3:
         raise ValueError(f"{name} must be a 3-D (batch*heads, n, d) array, got shape {shape}")
     bh, n, d = (int(s) for s in shape)
-    if d % BOX_COLUMNS:
-        raise ValueError(f"{name} must have a head dim that is a multiple of {BOX_COLUMNS}, got {d}")
+    if d < BOX_COLUMNS or d % BOX_COLUMNS:
+        raise ValueError(f"{name} must have a head dim that is a positive multiple of {BOX_COLUMNS}, got {d}")
     if np.dtype(x.dtype).itemsize != 2:
         raise TypeError(f"{name} must hold 16-bit values, got {np.dtype(x.dtype)}")
-    if not 1 <= box_rows <= 256:
-        raise ValueError(f"box_rows must be in 1..256 (a TMA box), got {box_rows}")
+    if not x.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous (a tensor map describes one dense layout)")
+    check_int(box_rows, "box_rows", min=1, max=256)
     return bh, n, d
 
 
@@ -55,9 +58,9 @@ def emulated_tensor_map(x: np.ndarray, box_rows: int) -> np.ndarray:
     Returns 16 uint64 words: the data's address, the sizes (d, n, batch*heads), the strides of
     dims 1 and 2 in bytes, the box, the element size (2) and the swizzle (128 bytes). ``x`` must
     outlive the launch that uses the map. ValueError/TypeError naming the argument for bad input."""
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"x must be a NumPy array (the emulator's memory), got {type(x).__name__}")
     bh, n, d = _check(x, "x", box_rows)
-    if not (isinstance(x, np.ndarray) and x.flags.c_contiguous):
-        raise ValueError("x must be a C-contiguous NumPy array")
     words = np.zeros(16, dtype=np.uint64)
     words[0] = x.ctypes.data
     words[1:4] = (d, n, bh)
@@ -154,8 +157,14 @@ def pipeline_schedule(n_tiles: int, stages: int = 2, load_time: float = 1.0,
     n_tiles = check_int(n_tiles, "n_tiles", min=0)
     stages = check_int(stages, "stages", min=1)
     for name, value in (("load_time", load_time), ("compute_time", compute_time)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+        if not (math.isfinite(value) and value > 0):
             raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    load_time, compute_time = float(load_time), float(compute_time)
+    if not math.isfinite(n_tiles * (load_time + compute_time)):
+        raise ValueError(f"n_tiles * (load_time + compute_time) must be finite, got n_tiles={n_tiles}, "
+                         f"load_time={load_time}, compute_time={compute_time}")
     load_end, work_end, events = [], [], []
     for j in range(n_tiles):
         start = max(load_end[j - 1] if j else 0.0, work_end[j - stages] if j >= stages else 0.0)

@@ -614,8 +614,8 @@ def flash_attention_wgmma_gpu(q, k, v, *, scale=None, causal: bool = False, bflo
             raise RuntimeError(f"the Hopper kernel runs only on compute capability 9.0 (H100, H200): wgmma and TMA "
                                f"are compiled for sm_90a; this GPU is {cc // 10}.{cc % 10}. Use "
                                f"flash_attention_mma_fa2_gpu instead.")
-    q3, k3, v3 = (_aligned(run, run.xp.ascontiguousarray(run.put(x)), 128).reshape(f.batch_heads, -1, f.d)
-                  for x in (q, k, v))            # (a swizzled TMA copy wants 128-byte aligned data)
+    q3, k3, v3 = (_aligned(run, run.xp.ascontiguousarray(run.put(x)), 128).reshape(f.batch_heads, n, f.d)
+                  for x, n in ((q, f.n_q), (k, f.n_k), (v, f.n_k)))   # (swizzled TMA copies: 128-byte aligned)
     if run.backend == "cupy":
         maps = [device_tensor_map(x, rows_, f.dtype) for x, rows_ in ((q3, block_q), (k3, block_k), (v3, block_k))]
     else:
@@ -656,9 +656,13 @@ def wgmma_probe_gpu(a, b, v, *, bfloat16: bool = False, backend: str = "cupy"):
     backend = _check_backend(backend)
     arrays = {"a": a, "b": b, "v": v}
     kind = _check_arrays(arrays)
+    bfloat16 = check_flag(bfloat16, "bfloat16")
+    for name, x in arrays.items():
+        want = np.uint16 if bfloat16 else np.float16
+        if np.dtype(x.dtype) != want:
+            raise TypeError(f"{name} must hold float16 (or bfloat16 bits, uint16, with bfloat16=True), "
+                            f"got {np.dtype(x.dtype)}")
     dtype = _storage_dtype(arrays, bfloat16)
-    if dtype not in MMA_DTYPES:
-        raise TypeError(f"a, b, v must hold float16 (or bfloat16 bits with bfloat16=True), got {dtype}")
     if a.ndim != 2 or a.shape[0] != 64:
         raise ValueError(f"a must be (64, d), got shape {a.shape}")
     d = int(a.shape[1])

@@ -5,14 +5,20 @@ this module only draws them.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from matplotlib.patches import Patch
+
+from lessons.gpu.hopper import PipelineEvent
 
 from lessons.views.plot import new_figure, tidy
 
 __all__ = ["STAGE_COLOURS", "pipeline_figure"]
 
-#: one colour per shared-memory stage (a tile's copy and its work share their stage's colour)
-STAGE_COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52")
+#: one colour per shared-memory stage (a tile's copy and its work share their stage's colour; after 10
+#: stages the colours repeat, the tile numbers on the bars still tell them apart)
+STAGE_COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c",
+                 "#ccb974", "#64b5cd")
 _LANES = (("producer", "TMA copy of K_j, V_j\n(producer warpgroup)"),
           ("consumers", "Q K_j^T, softmax, P V_j\n(consumer warpgroups)"))
 
@@ -22,12 +28,24 @@ def pipeline_figure(schedules: dict, *, unit: str = "time"):
     :class:`lessons.gpu.hopper.PipelineEvent`), top to bottom on a shared time axis: a lane for the
     producer's copies and one for the consumers' work, each bar labelled with its tile and
     coloured by its stage; the panel's title gets the schedule's total time. ``unit`` labels the
-    time axis. Returns a Figure. ValueError for an empty ``schedules`` or an empty schedule."""
+    time axis. Returns a Figure. TypeError for ``schedules`` that is not a dict of lists of
+    PipelineEvent; ValueError for an empty ``schedules`` or schedule, an event whose ``who`` is neither
+    "producer" nor "consumers", or one that starts before 0 or ends before it starts."""
+    if not isinstance(schedules, Mapping):
+        raise TypeError(f"schedules must be a dict of title -> events, got {type(schedules).__name__}")
     if not schedules:
         raise ValueError("schedules must hold at least one schedule")
+    roles = [who for who, _ in _LANES]
     for title, events in schedules.items():
+        if not isinstance(events, (list, tuple)) or not all(isinstance(e, PipelineEvent) for e in events):
+            raise TypeError(f"schedule {title!r} must be a list of PipelineEvent (pipeline_schedule)")
         if not events:
             raise ValueError(f"schedule {title!r} has no events")
+        for e in events:
+            if e.who not in roles:
+                raise ValueError(f"schedule {title!r}: an event's who must be one of {roles}, got {e.who!r}")
+            if not (0 <= e.start <= e.end) or e.stage < 0:
+                raise ValueError(f"schedule {title!r}: an event must have 0 <= start <= end and stage >= 0, got {e}")
     end = max(e.end for events in schedules.values() for e in events)
     fig = new_figure((10.5, 1.9 * len(schedules) + 0.6))
     axes = fig.subplots(len(schedules), 1, sharex=True, squeeze=False)[:, 0]
