@@ -506,3 +506,21 @@ def test_read_only_inputs_run_on_the_emulator():
     got = gpu.flash_attention_wgmma_gpu(q, k, v, backend="emulator")
     assert got[0].tobytes() == want[0].tobytes()
     assert gpu.flash_attention_mma_fa2_gpu(q, k, v, backend="emulator")[0].shape == q.shape
+
+
+def test_swizzle_figure_outlines_one_column_without_and_eight_with_the_swizzle():
+    from matplotlib.patches import Rectangle
+
+    from lessons.views.pipeline import swizzle_figure
+
+    fig = swizzle_figure(8, read_chunk=2)
+    plain, swizzled = fig.axes
+    for ax, slots in ((plain, [2] * 8), (swizzled, [2 ^ r for r in range(8)])):
+        outlined = sorted((int(p.get_y()), int(p.get_x())) for p in ax.patches
+                          if isinstance(p, Rectangle) and not p.get_fill())
+        assert outlined == [(r, s) for r, s in enumerate(slots)]
+    assert "1 column of banks" in plain.get_title(loc="left")
+    assert "8 columns of banks" in swizzled.get_title(loc="left")
+    for bad in (dict(rows=12), dict(rows=True), dict(read_chunk=8)):
+        with pytest.raises(ValueError):
+            swizzle_figure(**bad)

@@ -1,7 +1,8 @@
-"""A picture of the Hopper rung's pipeline: who works on which tile when, one panel per schedule.
+"""Pictures of the Hopper rung: its pipeline (who works on which tile when, one panel per schedule)
+and the 128-byte swizzle of its shared-memory tiles.
 
-The events come from :func:`lessons.gpu.hopper.pipeline_schedule` (the order the mbarriers impose);
-this module only draws them.
+The events come from :func:`lessons.gpu.hopper.pipeline_schedule` (the order the mbarriers impose),
+the layout from :func:`lessons.gpu.source.wgmma_swizzle`; this module only draws them.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from lessons.gpu.hopper import PipelineEvent
 
 from lessons.views.plot import new_figure, tidy
 
-__all__ = ["STAGE_COLOURS", "pipeline_figure"]
+__all__ = ["STAGE_COLOURS", "pipeline_figure", "swizzle_figure"]
 
 #: one colour per shared-memory stage (a tile's copy and its work share their stage's colour; after 10
 #: stages the colours repeat, the tile numbers on the bars still tell them apart)
@@ -68,4 +69,47 @@ def pipeline_figure(schedules: dict, *, unit: str = "time"):
                    bbox_to_anchor=(1.0, 1.35))
     axes[-1].set_xlabel(unit)
     fig.subplots_adjust(left=0.22, right=0.98, top=0.88, bottom=0.12 + 0.05 / len(schedules), hspace=0.55)
+    return fig
+
+
+def swizzle_figure(rows: int = 8, *, read_chunk: int = 2):
+    """Where the 16-byte chunks of an 8-row, 128-byte-row tile sit in shared memory, without and with
+    the 128-byte swizzle (chunk ``c`` of row ``r`` stored at chunk ``c ^ (r % 8)``:
+    :func:`lessons.gpu.source.wgmma_swizzle`). Each cell is a physical 16-byte slot (a column of slots is
+    one group of 4 of the 32 banks), labelled with the logical chunk it holds; the slots of logical chunk
+    ``read_chunk`` in every row, which wgmma or ldmatrix read at once, are outlined. Without the swizzle
+    they share one column (an 8-way bank conflict); with it, they fall in 8 different columns.
+    Returns a Figure. ValueError for ``rows`` not a positive multiple of 8 or ``read_chunk`` outside 0..7."""
+    from matplotlib.patches import Rectangle
+
+    from lessons.gpu.source import wgmma_swizzle
+
+    if isinstance(rows, bool) or not isinstance(rows, int) or rows < 8 or rows % 8:
+        raise ValueError(f"rows must be a positive multiple of 8, got {rows!r}")
+    if isinstance(read_chunk, bool) or not isinstance(read_chunk, int) or not 0 <= read_chunk < 8:
+        raise ValueError(f"read_chunk must be in 0..7, got {read_chunk!r}")
+    fig = new_figure((10.5, 0.42 * rows + 1.6))
+    for i, (title, swizzled) in enumerate((("as written row by row (no swizzle)", False),
+                                           ("128-byte swizzle: chunk c of row r at slot c XOR r", True))):
+        ax = fig.add_axes([0.05 + 0.49 * i, 0.08, 0.43, 0.74])
+        for r in range(rows):
+            for c in range(8):
+                slot = (wgmma_swizzle(r, 8 * c, rows, 64) % 128) // 16 if swizzled else c
+                colour = STAGE_COLOURS[c % len(STAGE_COLOURS)]
+                ax.add_patch(Rectangle((slot, r), 1, 1, facecolor=colour, edgecolor="white", alpha=0.85))
+                ax.text(slot + 0.5, r + 0.5, str(c), ha="center", va="center", fontsize=8, color="white")
+                if c == read_chunk:
+                    ax.add_patch(Rectangle((slot + 0.04, r + 0.04), 0.92, 0.92, fill=False, edgecolor="black", lw=2))
+        ax.set_xlim(0, 8)
+        ax.set_ylim(rows, 0)
+        ax.set_xticks([s + 0.5 for s in range(8)], [f"{16 * s}" for s in range(8)], fontsize=8)
+        ax.set_yticks([r + 0.5 for r in range(rows)], [str(r) for r in range(rows)], fontsize=8)
+        ax.set_xlabel("byte offset in the 128-byte row (each column: 4 of the 32 banks)", fontsize=8)
+        ax.set_ylabel("row", fontsize=8)
+        slots = {(wgmma_swizzle(r, 8 * read_chunk, rows, 64) % 128) // 16 if swizzled else read_chunk
+                 for r in range(rows)}
+        ax.set_title(f"{title}\nchunk {read_chunk} of rows 0-{rows - 1}: {len(slots)} column"
+                     f"{'s' if len(slots) > 1 else ''} of banks", fontsize=9, loc="left")
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
     return fig
