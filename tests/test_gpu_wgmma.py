@@ -166,11 +166,11 @@ def test_wgmma_kernel_refuses_what_it_cannot_do():
 
 
 def test_wgmma_shared_memory_by_hand():
-    # Q (128 rows), two stages of a K and a V tile, 2 bytes a value; 5 mbarriers; 1 KiB to align
-    assert flash_attention_wgmma_smem_bytes(64, 128) == 128 * 64 * 2 + 2 * 2 * 128 * 64 * 2 + 40 + 1024 == 82984
-    assert flash_attention_wgmma_smem_bytes(128, 64) == 128 * 128 * 2 + 2 * 2 * 64 * 128 * 2 + 40 + 1024 == 99368
+    # Q (128 rows), two stages of a K and a V tile, 2 bytes a value; 7 mbarriers and 2 flags; 1 KiB to align
+    assert flash_attention_wgmma_smem_bytes(64, 128) == 128 * 64 * 2 + 2 * 2 * 128 * 64 * 2 + 56 + 8 + 1024 == 83008
+    assert flash_attention_wgmma_smem_bytes(128, 64) == 128 * 128 * 2 + 2 * 2 * 64 * 128 * 2 + 56 + 8 + 1024 == 99392
     build = gpu.flash_attention_wgmma_build(128)
-    assert build.dynamic_smem_bytes == 99368 and build.smem_bytes == 0 and build.threads_per_block == 384
+    assert build.dynamic_smem_bytes == 99392 and build.smem_bytes == 0 and build.threads_per_block == 384
     assert build.arch == "sm_90a" and gpu.flash_attention_mma_fa2_build(64).arch is None
 
 
@@ -238,10 +238,12 @@ def test_wgmma_ptx_holds_the_instructions_of_the_rung(d):
     assert ptx.count(f"wgmma.mma_async.sync.aligned.m64n{d}k16.f32.f16.f16") == bk // 16 + (d // 16 if bk == d else 0)
     assert "wgmma.fence.sync.aligned" in ptx and "wgmma.commit_group.sync.aligned" in ptx
     assert "wgmma.wait_group.sync.aligned 0" in ptx
-    # TMA: one copy per 64-column panel of Q, K and V (the loops unrolled); bytes completed on mbarriers
-    assert ptx.count("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes") == 3 * (d // 64)
+    # TMA: one copy per 64-column panel (the loops unrolled) of Q, and of K and V at the two places the
+    # producer starts a tile (the first, then each next one); bytes completed on mbarriers
+    assert ptx.count("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes") == 5 * (d // 64)
     assert "mbarrier.arrive.expect_tx.shared::cta.b64" in ptx and "mbarrier.try_wait.parity.shared::cta.b64" in ptx
-    assert "fence.proxy.async.shared::cta" in ptx and "bar.red.or.pred" in ptx
+    assert "fence.proxy.async.shared::cta" in ptx and "vote.sync.any.pred" in ptx   # the producer warp checks V
+    assert "bar.red" not in ptx                       # and the two consumers never wait for each other
     # what the rung removes: per-thread copies, ldmatrix and mma.sync
     assert "ldmatrix" not in ptx and "mma.sync" not in ptx and "cp.async.cg" not in ptx
     assert "ex2.approx.ftz.f32" in ptx and "cvt.rn.f16x2.f32" in ptx

@@ -263,8 +263,9 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
            "Nothing: the producer copies every tile at once, one stage each"),
           1,
           "The consumers arrive on empty[s] when they are done with stage s; the producer waits for that "
-          "phase (try_wait.parity) before it issues the copy, whose bytes then complete full[s], on which the "
-          "consumers wait. A block-wide barrier could not work: the producer's other 127 threads have left. "
+          "phase (try_wait.parity) before it issues the copy, whose bytes then complete full[s]; once its warp "
+          "has checked V, it arrives on ready[s], on which the consumers wait. A block-wide barrier could not "
+          "work: 96 of the producer's threads have left. "
           "Reread 'The Hopper rung: a producer, two consumers, TMA and wgmma'."),
     ),
     "07_paged_attention": (

@@ -597,7 +597,7 @@ def _number(value, fmt: str = "{}") -> str:
 
 
 def _smem(r) -> str:
-    """Static shared memory, and the dynamic a launch adds where there is any: ``'0 + 82,984 dynamic'``."""
+    """Static shared memory, and the dynamic a launch adds where there is any: ``'0 + 83,008 dynamic'``."""
     static = _number(r.smem_bytes, "{:,}")
     return f"{static} + {r.dynamic_smem_bytes:,} dynamic" if r.dynamic_smem_bytes else static
 

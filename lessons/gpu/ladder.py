@@ -131,9 +131,10 @@ RUNGS = (
          "one instruction per 64-column panel, zeros past n_k, the 128-byte swizzle written by the copy "
          "engine) into 2 stages handed over by mbarriers; two consumer warpgroups of 64 rows multiply with "
          "wgmma (64 x N x 16 per instruction, K and V read from shared memory through descriptors, P from "
-         "registers), so no thread spends instructions on addresses, cp.async or ldmatrix",
-         "compile report (NVRTC 12.9, sm_90a, no spills): 145 registers at d = 64, 149 at d = 128, x 384 "
-         "threads, 82 984 / 99 368 bytes of dynamic shared memory: 1 block (12 warps) per SM; per 16-key step "
+         "registers), so no thread spends instructions on addresses, cp.async or ldmatrix; the producer warp "
+         "also checks each V tile for inf/NaN, so the two consumers never wait for each other",
+         "compile report (NVRTC 12.9, sm_90a, no spills): 128 registers at d = 64, 128 at d = 128, x 384 "
+         "threads, 83 008 / 99 392 bytes of dynamic shared memory: 1 block (12 warps) per SM; per 16-key step "
          "of P V one wgmma of the warpgroup replaces 8-16 mma.sync and 4-8 ldmatrix.x4 per warp; 128-key "
          "tiles at d = 64 halve the barriers per key of the mma_fa2 rung; aim: >= 0.75x SDPA (FlashAttention-3 "
          "reaches it with ping-pong scheduling and softmax overlapped with the next Q K^T, not done here)",

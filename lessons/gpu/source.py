@@ -377,10 +377,11 @@ def flash_attention_wgmma_config(head_dim: int) -> tuple[int, int]:
 
 def flash_attention_wgmma_smem_bytes(head_dim: int, block_k: int) -> int:
     """Dynamic shared memory of ``flash_attention_wgmma`` in bytes: the 128-row Q tile, two stages
-    of a K and a V tile of ``block_k`` rows (16-bit values, no padding: swizzled), five 8-byte
-    mbarriers, and 1024 bytes of room to start the tiles on a 1024-byte boundary.
-    ``2 * 128 * d + 2 * 2 * 2 * block_k * d + 40 + 1024``."""
-    return 2 * 128 * head_dim + WGMMA_STAGES * 2 * 2 * block_k * head_dim + 8 * (1 + 2 * WGMMA_STAGES) + 1024
+    of a K and a V tile of ``block_k`` rows (16-bit values, no padding: swizzled), seven 8-byte
+    mbarriers (Q; full, ready, empty per stage), a 4-byte flag per stage, and 1024 bytes of room to
+    start the tiles on a 1024-byte boundary. ``2 * 128 * d + 2 * 2 * 2 * block_k * d + 56 + 8 + 1024``."""
+    return (2 * 128 * head_dim + WGMMA_STAGES * 2 * 2 * block_k * head_dim + 8 * (1 + 3 * WGMMA_STAGES)
+            + 4 * WGMMA_STAGES + 1024)
 
 
 def wgmma_swizzle(row: int, col: int, rows: int, head_dim: int) -> int:

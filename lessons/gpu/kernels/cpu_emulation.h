@@ -16,8 +16,7 @@
 //   * mma.sync (the tensor-core product) is rebuilt from the warp's registers by its documented
 //     fragment layout, between two warp barriers (emu::mma_m16n8k16);
 //   * a thread that waits for an mbarrier phase (kernels/hopper.cuh) yields to the others until
-//     the phase completes; warpgroup barriers (128 threads) and named barriers over part of the
-//     block serve wgmma and bar.red;
+//     the phase completes; a warpgroup barrier (128 threads) serves wgmma;
 //   * a barrier that some thread never reaches (a divergent __syncthreads, a bug on a GPU
 //     too) leaves every fiber waiting: the launch stops at once and reports failure.
 // It is slow (a context switch per thread at every barrier) and meant for small tests.
@@ -80,7 +79,6 @@ struct Fiber {
 inline Barrier block_barrier;
 inline Barrier warp_barrier[32];
 inline Barrier group_barrier[8];           // one per warpgroup (128 threads): wgmma
-inline Barrier named_barrier[16];          // bar.red over part of the block (n set by the first arrival)
 inline unsigned long progress = 0;         // arrivals so far: a sweep that adds none is stuck
 inline float shuffle_slot[1024];
 inline int vote_slot[1024];
@@ -192,21 +190,6 @@ inline int __syncthreads_or(int predicate) {
     return any;
 }
 
-namespace emu {
-// bar.red.or over the `count` threads first .. first + count - 1: every one publishes its vote,
-// then all read all of them between two barriers (as __syncthreads_or)
-inline int named_barrier_or(int id, unsigned first, unsigned count, int predicate) {
-    Barrier& b = named_barrier[id];
-    if (b.n == 0) b.n = (int)count;
-    vote_slot[threadIdx.x] = predicate != 0;
-    wait(b);
-    int any = 0;
-    for (unsigned i = first; i < first + count; ++i) any |= vote_slot[i];
-    wait(b);
-    return any;
-}
-}  // namespace emu
-
 // __shfl_sync with width 32: lane src_lane's x (a float or a 32-bit int), for every lane of the warp.
 template <class T>
 inline T __shfl_sync(unsigned, T x, int src_lane) {
@@ -218,6 +201,18 @@ inline T __shfl_sync(unsigned, T x, int src_lane) {
     memcpy(&other, &emu::shuffle_slot[(t & ~31u) | ((unsigned)src_lane & 31u)], 4);
     __syncwarp();                                          // every lane has read before the next exchange
     return other;
+}
+
+// __any_sync over the whole warp: whether any lane's predicate is non-zero (votes published, then read,
+// between two warp barriers)
+inline int __any_sync(unsigned, int predicate) {
+    const unsigned t = threadIdx.x;
+    emu::vote_slot[t] = predicate != 0;
+    __syncwarp();                                          // every lane has published its vote
+    int any = 0;
+    for (unsigned i = t & ~31u; i < (t & ~31u) + 32; ++i) any |= emu::vote_slot[i];
+    __syncwarp();                                          // every lane has read before the next vote
+    return any;
 }
 
 inline float __shfl_xor_sync(unsigned, float x, int lane_mask) {
@@ -283,7 +278,6 @@ int emulate_launch(void (*kernel)(Params...), dim3 grid, dim3 block, Args... arg
     emu::block_barrier = emu::Barrier{n};
     for (int w = 0; w < n / 32; ++w) emu::warp_barrier[w] = emu::Barrier{32};
     for (int w = 0; w < 8; ++w) emu::group_barrier[w] = emu::Barrier{128};
-    for (int i = 0; i < 16; ++i) emu::named_barrier[i] = emu::Barrier{};
     auto run = [&]() { kernel(args...); };
     emu::body = [](void* data) { (*static_cast<decltype(run)*>(data))(); };
     emu::body_data = &run;

@@ -4,15 +4,17 @@
 // the same masking, the same NaN rule for V. What changes is who moves the data and who multiplies
 // (FlashAttention-3, Shah et al. 2024, Sec. 3.1; the instructions are in kernels/hopper.cuh):
 //
-//   * Warp specialisation. A block is 3 warpgroups (384 threads). Warpgroup 0 is the producer:
-//     one of its threads issues every copy, the other 127 leave at once. Warpgroups 1 and 2 are
-//     the consumers: each owns 64 of the block's 128 query rows and does all the arithmetic.
+//   * Warp specialisation. A block is 3 warpgroups (384 threads). Warpgroup 0 is the producer: its
+//     first warp issues every copy (one thread) and checks each V tile for inf/NaN as it lands (all
+//     32), the other 96 threads leave at once. Warpgroups 1 and 2 are the consumers: each owns 64
+//     of the block's 128 query rows and does all the arithmetic; they never wait for each other.
 //   * TMA. The producer copies the Q tile once and each K and V tile with cp.async.bulk.tensor:
 //     one instruction per 64-column panel of a tile, no registers, no per-thread addresses; the
 //     copy engine zero-fills rows past n_q or n_k and writes the 128-byte swizzle itself.
 //   * A pipeline of STAGES (2) K/V stages handed over by mbarriers: full[s] completes when the
-//     producer's bytes have landed (expect_tx, complete_tx), empty[s] when all 256 consumer threads
-//     are done with the stage. While the consumers work on tile j, tile j + 1 is already loading.
+//     copy's bytes have landed (expect_tx, complete_tx), ready[s] when the producer warp has checked
+//     that stage's V, empty[s] when all 256 consumer threads are done with the stage. While the
+//     consumers work on tile j, tile j + 1 is loading and then being checked.
 //   * wgmma. S = Q K_j^T is HEAD_DIM / 16 instructions of 64 x BLOCK_K x 16 per warpgroup, both
 //     operands read from shared memory through descriptors (no ldmatrix, no B fragments in
 //     registers). O += P V_j is BLOCK_K / 16 instructions of 64 x HEAD_DIM x 16 with P in
@@ -23,14 +25,17 @@
 //   the producer to the consumers (setmaxnreg).
 //
 // Shared memory (dynamic, from a 1024-byte aligned base): the Q tile (BLOCK_Q x HEAD_DIM),
-// STAGES x [K tile | V tile] (BLOCK_K x HEAD_DIM each), then the mbarriers. Every tile is stored
-// as HEAD_DIM / 64 panels of rows of 64 values, 128-byte swizzled (hopper.cuh).
+// STAGES x [K tile | V tile] (BLOCK_K x HEAD_DIM each), then the mbarriers and one flag per stage
+// (its V held inf or NaN). Every tile is stored as HEAD_DIM / 64 panels of rows of 64 values,
+// 128-byte swizzled (hopper.cuh).
 //
-// NaN rule and empty rows as flash_attention_mma_fa2.cu: each consumer thread tests the 16-byte V
-// chunks of its share of the stage and rewrites a chunk holding inf or NaN with zeros (then
-// fence.proxy.async, since wgmma reads shared memory through the async proxy); the consumers'
-// named barrier (bar.red.or) tells all 256 of them; the terms p * v left out are added from global
-// memory for keys a row gives p > 0. A row that sees nothing gives 0 and lse -inf.
+// NaN rule and empty rows as flash_attention_mma_fa2.cu: the producer warp tests every 16-byte
+// chunk of a stage's V tile when it lands and rewrites a chunk holding inf or NaN with zeros (then
+// fence.proxy.async, since wgmma reads shared memory through the async proxy), and leaves a flag
+// for the consumers; for a flagged tile each consumer adds the terms p * v left out, from global
+// memory, for keys its rows give p > 0. A row that sees nothing gives 0 and lse -inf. (Checking V in
+// the producer, not in the consumers, spares the two consumer warpgroups a barrier per tile: they
+// run out of step, so one's softmax can overlap the other's products.)
 //
 // Launch: grid = (ceil(n_q / BLOCK_Q), batch * heads), block = 384 threads, dynamic shared memory
 // SMEM_ALLOC bytes. Tensor maps (3-D: HEAD_DIM, rows, batch * heads; boxes of 64 x BLOCK_Q or
@@ -39,7 +44,7 @@
 #include "common.cuh"
 // pack2f, non_finite, chunk_non_finite, finite_part, saddr
 #include "tensor_core.cuh"
-// TmaDescriptor, mbar_*, tma_load_3d, fence_proxy_async, desc_k_major / desc_mn_major, wgmma_*, named_barrier_or
+// TmaDescriptor, mbar_*, tma_load_3d, fence_proxy_async, desc_k_major / desc_mn_major, wgmma_*
 #include "hopper.cuh"
 
 #ifndef HEAD_DIM
@@ -61,7 +66,8 @@
 #define KV_BYTES (BLOCK_K * HEAD_DIM * 2)
 #define STAGE_BYTES (2 * KV_BYTES)      // K tile, then V tile
 #define BAR_OFFSET (Q_BYTES + STAGES * STAGE_BYTES)
-#define SMEM_BYTES (BAR_OFFSET + 8 * (1 + 2 * STAGES))
+#define FLAG_OFFSET (BAR_OFFSET + 8 * (1 + 3 * STAGES))   // after q_full, full[], ready[], empty[]
+#define SMEM_BYTES (FLAG_OFFSET + 4 * STAGES)
 #define SMEM_ALLOC (SMEM_BYTES + 1024)  // room to round the base up to 1024 bytes
 
 static_assert(FA_DTYPE == 1 || FA_DTYPE == 2, "tensor cores take float16 or bfloat16 inputs");
@@ -119,7 +125,9 @@ flash_attention_wgmma(const __grid_constant__ TmaDescriptor tm_q, const __grid_c
     const saddr_t base = sadd_bytes(raw_s, pad);
     const saddr_t bar_q = sadd_bytes(base, BAR_OFFSET);              // Q has landed
 #define FULL(s) sadd_bytes(base, BAR_OFFSET + 8 + 8 * (s))           // stage s has landed
-#define EMPTY(s) sadd_bytes(base, BAR_OFFSET + 8 + 8 * STAGES + 8 * (s))   // stage s is free again
+#define READY(s) sadd_bytes(base, BAR_OFFSET + 8 + 8 * STAGES + 8 * (s))   // stage s's V is checked
+#define EMPTY(s) sadd_bytes(base, BAR_OFFSET + 8 + 16 * STAGES + 8 * (s))  // stage s is free again
+    volatile int* v_flags = reinterpret_cast<volatile int*>(smem + FLAG_OFFSET);   // stage s's V held inf/NaN
 #define K_TILE(s) sadd_bytes(base, Q_BYTES + (s) * STAGE_BYTES)
 #define V_TILE(s) sadd_bytes(base, Q_BYTES + (s) * STAGE_BYTES + KV_BYTES)
 
@@ -132,27 +140,58 @@ flash_attention_wgmma(const __grid_constant__ TmaDescriptor tm_q, const __grid_c
         mbar_init(bar_q, 1);
         for (int s = 0; s < STAGES; ++s) {
             mbar_init(FULL(s), 1);                                     // the producer's expect_tx
+            mbar_init(READY(s), 1);                                    // the producer warp's lane 0
             mbar_init(EMPTY(s), CONSUMER_THREADS);                     // every consumer thread
         }
         mbar_fence_init();
     }
     __syncthreads();
 
-    // ---- the producer: one thread issues every TMA copy ---------------------------------------
+    // ---- the producer warp: lane 0 issues every TMA copy; all 32 check each V tile ---------------
     if (tid < 128) {
-        if (tid == 0) {
+        if (tid >= 32) return;
+        const int lane = tid;
+        // start copying tile `tile` into its stage, once the consumers are done with what it held
+        auto load = [&](int tile) {
+            const int s = tile % STAGES;
+            if (tile >= STAGES) mbar_wait(EMPTY(s), ((tile / STAGES) & 1) ^ 1);
+            mbar_expect_tx(FULL(s), STAGE_BYTES);
+            for (int p = 0; p < PANELS; ++p) {
+                tma_load_3d(sadd_bytes(K_TILE(s), p * BLOCK_K * 128), &tm_k, 64 * p, tile * BLOCK_K, bh, FULL(s));
+                tma_load_3d(sadd_bytes(V_TILE(s), p * BLOCK_K * 128), &tm_v, 64 * p, tile * BLOCK_K, bh, FULL(s));
+            }
+        };
+        if (lane == 0) {
             mbar_expect_tx(bar_q, Q_BYTES);
             for (int p = 0; p < PANELS; ++p)
                 tma_load_3d(sadd_bytes(base, p * BLOCK_Q * 128), &tm_q, 64 * p, q_start, bh, bar_q);
-            for (int tile = 0; tile < n_tiles; ++tile) {
-                const int s = tile % STAGES;
-                if (tile >= STAGES) mbar_wait(EMPTY(s), ((tile / STAGES) & 1) ^ 1);   // its last use is over
-                mbar_expect_tx(FULL(s), STAGE_BYTES);
-                for (int p = 0; p < PANELS; ++p) {
-                    tma_load_3d(sadd_bytes(K_TILE(s), p * BLOCK_K * 128), &tm_k, 64 * p, tile * BLOCK_K, bh, FULL(s));
-                    tma_load_3d(sadd_bytes(V_TILE(s), p * BLOCK_K * 128), &tm_v, 64 * p, tile * BLOCK_K, bh, FULL(s));
+            if (n_tiles > 0) load(0);
+        }
+        for (int tile = 0; tile < n_tiles; ++tile) {
+            const int s = tile % STAGES;
+            mbar_wait(FULL(s), (tile / STAGES) & 1);
+            // inf/NaN in V: test every 16-byte chunk of the stage's V tile (where a chunk sits does not
+            // matter), rewrite a bad one with zeros; the consumers add the dropped terms back (step 7)
+            bool bad = false;
+            unsigned char* v_tile = smem + Q_BYTES + s * STAGE_BYTES + KV_BYTES;
+#pragma unroll 4
+            for (int c = lane; c < KV_BYTES / 16; c += 32) {
+                uint4* w = reinterpret_cast<uint4*>(v_tile + 16 * c);
+                const uint4 x = *w;
+                if (chunk_non_finite(x)) {
+                    bad = true;
+                    *w = finite_part(x);
                 }
             }
+            if (bad) fence_proxy_async();            // the rewrite before wgmma reads it
+            const bool any = __any_sync(0xffffffffu, bad);
+            __syncwarp();                            // every lane's rewrite before lane 0's arrive
+            if (lane == 0) {
+                v_flags[s] = any;
+                mbar_arrive(READY(s));               // releases the rewrite and the flag to the consumers
+                if (tile + 1 < n_tiles) load(tile + 1);
+            }
+            __syncwarp();
         }
         return;
     }
@@ -185,24 +224,9 @@ flash_attention_wgmma(const __grid_constant__ TmaDescriptor tm_q, const __grid_c
     for (int tile = 0; tile < n_tiles; ++tile) {
         const int k_start = tile * BLOCK_K;
         const int s = tile % STAGES;
-        mbar_wait(FULL(s), (tile / STAGES) & 1);     // 1. K_j and V_j have landed
-
-        // 2. inf/NaN in V: each consumer thread tests its share of the stage's 16-byte chunks
-        //    (where a chunk sits does not matter) and rewrites a bad one; the terms it drops are
-        //    added back in step 7
-        bool v_had_non_finite = false;
-        unsigned char* v_tile = smem + Q_BYTES + s * STAGE_BYTES + KV_BYTES;
-#pragma unroll
-        for (int i = 0; i < KV_BYTES / 16 / CONSUMER_THREADS; ++i) {
-            uint4* w = reinterpret_cast<uint4*>(v_tile + 16 * (ctid + i * CONSUMER_THREADS));
-            const uint4 x = *w;
-            if (chunk_non_finite(x)) {
-                v_had_non_finite = true;
-                *w = finite_part(x);
-            }
-        }
-        if (v_had_non_finite) fence_proxy_async();   // the rewrite before wgmma reads it
-        const bool tile_has_non_finite_v = named_barrier_or(1, 128, CONSUMER_THREADS, v_had_non_finite) != 0;
+        // 1-2. K_j and V_j have landed, and the producer warp has checked V_j (and zeroed any inf/NaN)
+        mbar_wait(READY(s), (tile / STAGES) & 1);
+        const bool tile_has_non_finite_v = v_flags[s] != 0;
 
         // 3. S = Q K_j^T: D_STEPS products of 64 x BLOCK_K x 16; A = this warpgroup's 64 rows of Q,
         //    B = K_j, both K-major in shared memory; a 16-wide step is 32 bytes into a 64-column panel
@@ -343,6 +367,7 @@ flash_attention_wgmma(const __grid_constant__ TmaDescriptor tm_q, const __grid_c
         if (t == 0) lse[(long long)bh * n_q + (row_g + 8 * h)] = seen ? (m2[h] + log2f(l[h])) * LN2 : NEG_INF;
     }
 #undef FULL
+#undef READY
 #undef EMPTY
 #undef K_TILE
 #undef V_TILE

@@ -206,11 +206,6 @@ inline void wgmma_commit() {}
 template <int N> inline void wgmma_wait() {}
 inline void fence_operand(float&) {}
 
-// bar.red.or over the `count` threads first .. first + count - 1 (named barrier `id`)
-inline int named_barrier_or(int id, unsigned first, unsigned count, int predicate) {
-    return emu::named_barrier_or(id, first, count, predicate);
-}
-
 #else
 // ---------------------------------------------------------------------------
 // the GPU (sm_90a)
@@ -269,13 +264,6 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
 }
 // keep the compiler from moving reads of an accumulator across wgmma.wait_group
 __device__ __forceinline__ void fence_operand(float& x) { asm volatile("" : "+f"(x) :: "memory"); }
-
-__device__ __forceinline__ int named_barrier_or(int id, unsigned, unsigned count, int predicate) {
-    int any;
-    asm volatile("{\n.reg .pred p, q;\nsetp.ne.b32 p, %1, 0;\nbar.red.or.pred q, %2, %3, p;\nselp.s32 %0, 1, 0, q;\n}"
-                 : "=r"(any) : "r"(predicate), "r"(id), "r"(count) : "memory");
-    return any;
-}
 
 // d (64 x N) = (scale_d ? d : 0) + A B; wgmma_ss: A and B from shared memory (both K-major);
 // wgmma_rs_tb: A from registers, B MN-major (.trans, imm-trans-b = 1). One instruction each.
