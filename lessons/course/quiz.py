@@ -246,7 +246,7 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
         Q("On the recorded H200 run, what became of the ladder's targets for our own kernels?",
           ("All were met once the FA-2 recipe was in",
            "The 2-4x claim over naive attention holds (about 20x and 12x), but the 3x (register tiling), "
-           "0.5x SDPA and 70% decode targets were all missed",
+           "0.5x SDPA and 70% decode targets were all missed (the Hopper rung's is not yet measured)",
            "Nothing was faster than naive CuPy",
            "No rung has been timed on a GPU yet"),
           1,
@@ -264,8 +264,9 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           1,
           "The consumers arrive on empty[s] when they are done with stage s; the producer waits for that "
           "phase (try_wait.parity) before it issues the copy, whose bytes then complete full[s]; once its warp "
-          "has checked V, it arrives on ready[s], on which the consumers wait. A block-wide barrier could not "
-          "work: 96 of the producer's threads have left. "
+          "has checked V, it arrives on ready[s], on which the consumers wait. A block-wide barrier would make "
+          "the producer and the consumers meet at the same point of their different loops, so the producer "
+          "could never run a stage ahead; an mbarrier lets one side signal without waiting. "
           "Reread 'The Hopper rung: a producer, two consumers, TMA and wgmma'."),
     ),
     "07_paged_attention": (

@@ -116,7 +116,8 @@ RUNGS = (
          "128 query rows over 8 warps at d = 64 (64 over 4 at d = 128) with registers capped for 2 blocks "
          "per SM; Q loaded once into registers by ldmatrix.x4; K and V by ldmatrix.x4 (.trans for V) out of "
          "XOR-swizzled, unpadded shared memory; exp2 (ex2.approx) with log2(e) folded into the scale; "
-         "masks only in tiles that reach n_k or the diagonal; inf/NaN in V tested, not rewritten",
+         "masks only in tiles that reach n_k or the diagonal; inf/NaN in V tested per chunk, a chunk rewritten "
+         "only where one is found",
          "compile report (NVRTC 12.9, sm_80 and sm_90, no spills): d = 64: 128 registers x 256 threads and "
          "32768 bytes of shared memory, so 2 blocks of 8 warps fit an SM (16 warps, occupancy 25% against "
          "the mma rung's 12.5%); d = 128: 202-208 registers x 128 threads, 32768 bytes, 2 blocks per SM; "
@@ -125,19 +126,20 @@ RUNGS = (
          "aim: >= 0.5x SDPA. Measured (2026-12-01): 1.9x / 2.0x the mma rung at d = 64 / 128, "
          "but 0.43x / 0.30x SDPA: the aim is not met",
          "ex2.approx.ftz.f32", "not profiled yet (the Nsight Compute run of 2026-11-30 predates it)"),
-    Rung("wgmma", "Hopper: TMA + wgmma, a producer and two consumers", None, "flash_attention_wgmma",
+    Rung("wgmma", "Hopper: TMA + wgmma", None, "flash_attention_wgmma",
          "lessons.gpu.flash_attention_wgmma_gpu", "float16",
          "sm_90a only: one producer warpgroup copies Q once and each K/V tile by TMA (cp.async.bulk.tensor, "
          "one instruction per 64-column panel, zeros past n_k, the 128-byte swizzle written by the copy "
          "engine) into 2 stages handed over by mbarriers; two consumer warpgroups of 64 rows multiply with "
          "wgmma (64 x N x 16 per instruction, K and V read from shared memory through descriptors, P from "
-         "registers), so no thread spends instructions on addresses, cp.async or ldmatrix; the producer warp "
-         "also checks each V tile for inf/NaN, so the two consumers never wait for each other",
+         "registers), so the consumers spend no instructions on copies, cp.async or ldmatrix; the producer's "
+         "warp checks each V tile for inf/NaN, so the two consumers never wait for each other",
          "compile report (NVRTC 12.9, sm_90a, no spills): 128 registers at d = 64, 128 at d = 128, x 384 "
          "threads, 83 008 / 99 392 bytes of dynamic shared memory: 1 block (12 warps) per SM; per 16-key step "
          "of P V one wgmma of the warpgroup replaces 8-16 mma.sync and 4-8 ldmatrix.x4 per warp; 128-key "
          "tiles at d = 64 halve the barriers per key of the mma_fa2 rung; aim: >= 0.75x SDPA (FlashAttention-3 "
-         "reaches it with ping-pong scheduling and softmax overlapped with the next Q K^T, not done here)",
+         "reaches it with ping-pong scheduling and softmax overlapped with the next Q K^T, not done here: "
+         "without them expect it below the aim)",
          "wgmma.mma_async.sync.aligned", "not yet run on a GPU: built and checked on the CPU emulator only"),
     Rung("sdpa", "torch SDPA (the reference point)", "torch", None,
          "torch.nn.functional.scaled_dot_product_attention", "float16",

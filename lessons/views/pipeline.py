@@ -20,8 +20,8 @@ __all__ = ["STAGE_COLOURS", "pipeline_figure", "swizzle_figure"]
 #: stages the colours repeat, the tile numbers on the bars still tell them apart)
 STAGE_COLOURS = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3", "#8c8c8c",
                  "#ccb974", "#64b5cd")
-_LANES = (("producer", "TMA copy of K_j, V_j\n(producer warpgroup)"),
-          ("consumers", "Q K_j^T, softmax, P V_j\n(consumer warpgroups)"))
+_LANES = (("producer", "TMA copy of $K_j$, $V_j$\n(producer warpgroup)"),
+          ("consumers", "$Q K_j^\\top$, softmax, $P V_j$\n(consumer warpgroups)"))
 
 
 def pipeline_figure(schedules: dict, *, unit: str = "time"):
@@ -65,8 +65,9 @@ def pipeline_figure(schedules: dict, *, unit: str = "time"):
         tidy(ax)
     stages = max(e.stage for events in schedules.values() for e in events) + 1
     handles = [Patch(color=STAGE_COLOURS[s % len(STAGE_COLOURS)], label=f"stage {s}") for s in range(stages)]
-    axes[0].legend(handles=handles, loc="upper right", fontsize=8, ncols=stages, frameon=False,
-                   bbox_to_anchor=(1.0, 1.35))
+    axes[0].legend(handles=handles, loc="upper right", fontsize=8, ncols=min(stages, 6), frameon=False,
+                   bbox_to_anchor=(1.0, 1.35), title="colour: the shared-memory stage a tile occupies",
+                   title_fontsize=8)
     axes[-1].set_xlabel(unit)
     fig.subplots_adjust(left=0.22, right=0.98, top=0.88, bottom=0.12 + 0.05 / len(schedules), hspace=0.55)
     return fig
@@ -88,28 +89,33 @@ def swizzle_figure(rows: int = 8, *, read_chunk: int = 2):
         raise ValueError(f"rows must be a positive multiple of 8, got {rows!r}")
     if isinstance(read_chunk, bool) or not isinstance(read_chunk, int) or not 0 <= read_chunk < 8:
         raise ValueError(f"read_chunk must be in 0..7, got {read_chunk!r}")
-    fig = new_figure((10.5, 0.42 * rows + 1.6))
+    fig = new_figure((10.5, 0.42 * rows + 1.9))
     for i, (title, swizzled) in enumerate((("as written row by row (no swizzle)", False),
-                                           ("128-byte swizzle: chunk c of row r at slot c XOR r", True))):
-        ax = fig.add_axes([0.05 + 0.49 * i, 0.08, 0.43, 0.74])
+                                           ("128-byte swizzle: chunk c of row r at slot c XOR (r mod 8)", True))):
+        ax = fig.add_axes([0.05 + 0.49 * i, 0.15, 0.43, 0.68])
         for r in range(rows):
             for c in range(8):
                 slot = (wgmma_swizzle(r, 8 * c, rows, 64) % 128) // 16 if swizzled else c
-                colour = STAGE_COLOURS[c % len(STAGE_COLOURS)]
-                ax.add_patch(Rectangle((slot, r), 1, 1, facecolor=colour, edgecolor="white", alpha=0.85))
-                ax.text(slot + 0.5, r + 0.5, str(c), ha="center", va="center", fontsize=8, color="white")
+                read = c == read_chunk
+                ax.add_patch(Rectangle((slot, r), 1, 1, facecolor="#f6c85f" if read else "#e8e8e8",
+                                       edgecolor="white"))
+                ax.text(slot + 0.5, r + 0.5, str(c), ha="center", va="center", fontsize=8, color="#222222")
                 if c == read_chunk:
                     ax.add_patch(Rectangle((slot + 0.04, r + 0.04), 0.92, 0.92, fill=False, edgecolor="black", lw=2))
         ax.set_xlim(0, 8)
         ax.set_ylim(rows, 0)
-        ax.set_xticks([s + 0.5 for s in range(8)], [f"{16 * s}" for s in range(8)], fontsize=8)
+        ax.set_xticks([s + 0.5 for s in range(8)], [f"{16 * s}\n{4 * s}-{4 * s + 3}" for s in range(8)],
+                      fontsize=7)
         ax.set_yticks([r + 0.5 for r in range(rows)], [str(r) for r in range(rows)], fontsize=8)
-        ax.set_xlabel("byte offset in the 128-byte row (each column: 4 of the 32 banks)", fontsize=8)
+        ax.set_xlabel("byte offset in the 128-byte row (above) and the 4 of the 32 banks it uses (below)",
+                      fontsize=8)
         ax.set_ylabel("row", fontsize=8)
         slots = {(wgmma_swizzle(r, 8 * read_chunk, rows, 64) % 128) // 16 if swizzled else read_chunk
                  for r in range(rows)}
+        passes = 8 // len(slots)                  # 8 rows' chunks over that many columns of banks
         ax.set_title(f"{title}\nchunk {read_chunk} of rows 0-{rows - 1}: {len(slots)} column"
-                     f"{'s' if len(slots) > 1 else ''} of banks", fontsize=9, loc="left")
+                     f"{'s' if len(slots) > 1 else ''} of banks, so {passes} pass{'es' if passes > 1 else ''} "
+                     f"per 8 rows", fontsize=9, loc="left")
         for side in ("top", "right"):
             ax.spines[side].set_visible(False)
     return fig
