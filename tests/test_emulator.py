@@ -156,6 +156,26 @@ __global__ void handoff(float* out, int rounds, int producer_runs) {
     out[threadIdx.x] = sum;
 }
 
+// one warpgroup: a 64 x 64 x 16 product of all-ones tiles (so the swizzle does not matter) added to
+// accumulators that hold 7; each thread records its first accumulator before and after the wait
+__global__ void deferred(float* out) {
+    __shared__ __align__(1024) unsigned short tiles[2 * 64 * 64];
+    for (int i = threadIdx.x; i < 2 * 64 * 64; i += blockDim.x) tiles[i] = 0x3c00;   // 1.0 in float16
+    __syncthreads();
+    float d[32];
+    for (int i = 0; i < 32; ++i) d[i] = 7.f;
+    wgmma_fence();
+    wgmma_ss<64>(d, desc_k_major(saddr(tiles)), desc_k_major(saddr(tiles + 64 * 64)), 1);
+    wgmma_commit();
+    out[2 * threadIdx.x] = d[0];                         // not waited for yet: still 7
+    wgmma_wait<0>();
+    out[2 * threadIdx.x + 1] = d[0];                     // 7 + 16 ones
+}
+
+extern "C" int run_deferred(float* out) {
+    return emulate_launch(deferred, dim3{1, 1, 1}, dim3{128, 1, 1}, out);
+}
+
 extern "C" int run_handoff(unsigned threads, float* out, int rounds, int producer_runs) {
     return emulate_launch(handoff, dim3{2, 1, 1}, dim3{threads, 1, 1}, out, rounds, producer_runs);
 }
@@ -185,3 +205,10 @@ def test_an_mbarrier_wait_that_can_never_end_fails_the_launch(hopper_lib):
     assert hopper_lib.run_handoff(64, _ptr(out), 3, 0) == 1      # no producer: the consumers would spin forever
     assert hopper_lib.run_handoff(64, _ptr(out), 3, 1) == 0      # and the next launch runs normally
     assert (out[32:] == 6).all()
+
+
+def test_a_wgmma_result_reaches_the_registers_only_at_its_wait(hopper_lib):
+    out = np.zeros(256, np.float32)
+    assert hopper_lib.run_deferred(_ptr(out)) == 0
+    before, after = out[0::2], out[1::2]
+    assert (before == 7).all() and (after == 7 + 16).all()

@@ -80,6 +80,7 @@ inline Barrier block_barrier;
 inline Barrier warp_barrier[32];
 inline Barrier group_barrier[8];           // one per warpgroup (128 threads): wgmma
 inline unsigned long progress = 0;         // arrivals so far: a sweep that adds none is stuck
+inline void (*on_launch)() = nullptr;      // state a header keeps per thread, cleared before each launch
 inline float shuffle_slot[1024];
 inline int vote_slot[1024];
 
@@ -278,6 +279,7 @@ int emulate_launch(void (*kernel)(Params...), dim3 grid, dim3 block, Args... arg
     emu::block_barrier = emu::Barrier{n};
     for (int w = 0; w < n / 32; ++w) emu::warp_barrier[w] = emu::Barrier{32};
     for (int w = 0; w < 8; ++w) emu::group_barrier[w] = emu::Barrier{128};
+    if (emu::on_launch) emu::on_launch();
     auto run = [&]() { kernel(args...); };
     emu::body = [](void* data) { (*static_cast<decltype(run)*>(data))(); };
     emu::body_data = &run;

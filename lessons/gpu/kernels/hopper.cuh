@@ -36,7 +36,10 @@
 // copies the box at once (zeros past the edge, the swizzle on the destination address bits) and
 // completes its bytes on the mbarrier; a thread that waits on an mbarrier phase yields to the
 // others until it completes; wgmma gathers the warpgroup's A registers between two warpgroup
-// barriers and reads A and B through the descriptors with the layouts above.
+// barriers, decodes the descriptors' bits (the same desc_bits the GPU uses) and reads A and B with the
+// layouts above, and holds its result back until the wgmma.wait_group that covers it. What it cannot
+// check: the driver's tensor-map encoding (it reads its own), and fences (wgmma.fence and
+// fence.proxy.async do nothing here).
 //
 // Sources: PTX ISA 8.x, "cp.async.bulk.tensor", "mbarrier", "wgmma.mma_async" (matrix descriptors,
 // register fragments); CUDA driver API, cuTensorMapEncodeTiled; Shah et al. 2024 (FlashAttention-3), Sec. 3.1.
@@ -47,6 +50,14 @@
 #else
 #define WG_AB "bf16"
 #endif
+
+// The 64 bits of a shared-memory matrix descriptor with the 128-byte swizzle: the start address (its
+// shared-window offset, 18 bits, in 16-byte units), LBO and SBO (bytes, in 16-byte units), layout type 1.
+// The same code on the GPU and the emulator, which decodes these bits again when it multiplies.
+__device__ __forceinline__ unsigned long long desc_bits(unsigned start, unsigned lbo, unsigned sbo) {
+    return (unsigned long long)((start & 0x3ffffu) >> 4) | ((unsigned long long)((lbo >> 4) & 0x3fffu) << 16) |
+           ((unsigned long long)((sbo >> 4) & 0x3fffu) << 32) | (1ull << 62);
+}
 
 // A tensor map: 128 opaque bytes made on the host, passed by value as a __grid_constant__ parameter.
 struct __align__(64) TmaDescriptor {
@@ -132,37 +143,85 @@ inline void tma_load_3d(saddr_t dst, const TmaDescriptor* map, int c0, int c1, i
 
 inline void fence_proxy_async() {}
 
+// the descriptor's bits, as on the GPU, and the address bits above the 18 a descriptor holds (the
+// emulator's shared memory is an ordinary array somewhere in the process)
 struct gmma_desc_t {
-    unsigned char* start;
-    unsigned lbo, sbo;
+    unsigned long long bits;
+    uintptr_t high;
 };
-inline gmma_desc_t desc_k_major(saddr_t start) { return gmma_desc_t{(unsigned char*)start, 16u, 1024u}; }
+inline gmma_desc_t desc_k_major(saddr_t start) {
+    return gmma_desc_t{desc_bits(saddr_bits(start), 16u, 1024u), (uintptr_t)start & ~(uintptr_t)0x3ffff};
+}
 inline gmma_desc_t desc_mn_major(saddr_t start, unsigned panel_bytes) {
-    return gmma_desc_t{(unsigned char*)start, panel_bytes, 1024u};
+    return gmma_desc_t{desc_bits(saddr_bits(start), panel_bytes, 1024u), (uintptr_t)start & ~(uintptr_t)0x3ffff};
 }
 
 namespace emu {
 inline unsigned wg_a[1024][4];
 
-inline unsigned short k_major_at(const gmma_desc_t& d, unsigned n, unsigned k) {
+// a descriptor decoded from its bits: start address, LBO, SBO (bytes); a layout other than the 128-byte
+// swizzle (type 1) is not one this emulator knows: the launch fails
+struct Operand {
+    unsigned char* start;
+    unsigned lbo, sbo;
+};
+inline Operand decode(const gmma_desc_t& d) {
+    if ((d.bits >> 62) != 1 || ((d.bits >> 49) & 7u) != 0) throw 1;
+    return Operand{(unsigned char*)(d.high | (uintptr_t)((d.bits & 0x3fffu) << 4)),
+                   (unsigned)((d.bits >> 16) & 0x3fffu) << 4, (unsigned)((d.bits >> 32) & 0x3fffu) << 4};
+}
+inline unsigned short k_major_at(const Operand& d, unsigned n, unsigned k) {
     unsigned short v;
     memcpy(&v, swizzle128(d.start + (n / 8) * d.sbo + (n % 8) * 128 + 2 * k), 2);
     return v;
 }
-inline unsigned short mn_major_at(const gmma_desc_t& d, unsigned k, unsigned n) {
+inline unsigned short mn_major_at(const Operand& d, unsigned k, unsigned n) {
     unsigned short v;
     memcpy(&v, swizzle128(d.start + (n / 64) * d.lbo + (k / 8) * d.sbo + (k % 8) * 128 + 2 * (n % 64)), 2);
     return v;
+}
+
+// wgmma is asynchronous: its result reaches the accumulator registers only at the wgmma.wait_group that
+// covers it. So here a product's result is held back, per thread, until then; a kernel that read its
+// accumulators before waiting would see the old values, as it might on a GPU.
+struct Pending {
+    float* d;
+    int count;
+    unsigned group;                                    // the commit group it belongs to
+    float value[128];
+};
+inline Pending pending[1024][16];
+inline int n_pending[1024];
+inline unsigned groups_committed[1024];
+
+// (products left pending by a launch that failed must not be written back in the next one)
+inline const bool pending_cleared_per_launch = (on_launch = [] {
+    memset(n_pending, 0, sizeof n_pending);
+    memset(groups_committed, 0, sizeof groups_committed);
+}, true);
+
+inline void flush(unsigned tid, unsigned keep_groups) {     // write back all but the newest keep_groups groups
+    int kept = 0;
+    for (int i = 0; i < n_pending[tid]; ++i) {
+        Pending& p = pending[tid][i];
+        if (groups_committed[tid] - p.group > keep_groups) {
+            for (int j = 0; j < p.count; ++j) p.d[j] = p.value[j];
+        } else {
+            pending[tid][kept++] = p;
+        }
+    }
+    n_pending[tid] = kept;
 }
 
 // d (64 x N, this thread's N / 2 values) = (scale_d ? d : 0) + A (64 x 16) B (16 x N) for the calling
 // thread's warpgroup. A: from each thread's registers a_regs, or through a_desc (K-major);
 // B through b (K-major, or MN-major when b_mn_major).
 template <int N, class ToFloat>
-inline void wgmma(float* d, const unsigned* a_regs, const gmma_desc_t* a_desc, const gmma_desc_t& b,
+inline void wgmma(float* d, const unsigned* a_regs, const gmma_desc_t* a_desc, const gmma_desc_t& b_desc,
                   bool b_mn_major, int scale_d, ToFloat to_f) {
     const unsigned tid = threadIdx.x, wg = tid / 128, warp = (tid % 128) / 32, lane = tid % 32;
     const unsigned g = lane / 4, t = lane % 4;
+    const Operand b = decode(b_desc);
     if (a_regs)
         for (int r = 0; r < 4; ++r) wg_a[tid][r] = a_regs[r];
     wait(group_barrier[wg]);                           // the warpgroup's registers are published
@@ -178,19 +237,30 @@ inline void wgmma(float* d, const unsigned* a_regs, const gmma_desc_t* a_desc, c
             }
         }
     } else {
+        const Operand a = decode(*a_desc);
         for (unsigned h = 0; h < 2; ++h)
-            for (unsigned k = 0; k < 16; ++k) A[h][k] = to_f(k_major_at(*a_desc, 16 * warp + g + 8 * h, k));
+            for (unsigned k = 0; k < 16; ++k) A[h][k] = to_f(k_major_at(a, 16 * warp + g + 8 * h, k));
     }
     for (unsigned k = 0; k < 16; ++k)
         for (unsigned n = 0; n < (unsigned)N; ++n)
             B[k][n] = to_f(b_mn_major ? mn_major_at(b, k, n) : k_major_at(b, n, k));
     wait(group_barrier[wg]);                           // every thread has read before the next product
+    // the accumulator this product adds to: a product still pending on the same registers (products
+    // on one accumulator run in order), else the registers
+    const float* before = d;
+    for (int i = n_pending[tid] - 1; i >= 0; --i)
+        if (pending[tid][i].d == d) { before = pending[tid][i].value; break; }
+    if (n_pending[tid] == 16) throw 1;                 // (more products in flight than this emulator holds)
+    Pending& p = pending[tid][n_pending[tid]++];
+    p.d = d;
+    p.count = N / 2;
+    p.group = groups_committed[tid];
     for (unsigned j = 0; j < (unsigned)N / 8; ++j)
         for (unsigned i = 0; i < 4; ++i) {
             const unsigned h = i / 2, col = 8 * j + 2 * t + i % 2;
             float acc = 0.f;
             for (unsigned k = 0; k < 16; ++k) acc += A[h][k] * B[k][col];
-            d[4 * j + i] = (scale_d ? d[4 * j + i] : 0.f) + acc;
+            p.value[4 * j + i] = (scale_d ? before[4 * j + i] : 0.f) + acc;
         }
 }
 }  // namespace emu
@@ -202,8 +272,8 @@ template <int N> inline void wgmma_rs_tb(float* d, const unsigned* a, gmma_desc_
     emu::wgmma<N>(d, a, nullptr, b, true, scale_d, [](unsigned short x) { return to_float(x); });
 }
 inline void wgmma_fence() {}
-inline void wgmma_commit() {}
-template <int N> inline void wgmma_wait() {}
+inline void wgmma_commit() { ++emu::groups_committed[threadIdx.x]; }
+template <int N> inline void wgmma_wait() { emu::flush(threadIdx.x, N); }
 inline void fence_operand(float&) {}
 
 #else
@@ -248,13 +318,9 @@ __device__ __forceinline__ void tma_load_3d(saddr_t dst, const TmaDescriptor* ma
 // order this thread's ordinary shared-memory writes before later async-proxy reads (wgmma, TMA)
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 
-__device__ __forceinline__ gmma_desc_t desc_k_major(saddr_t start) {
-    return (unsigned long long)((start & 0x3ffffu) >> 4) | (1ull << 16) | ((unsigned long long)(1024 >> 4) << 32) |
-           (1ull << 62);
-}
+__device__ __forceinline__ gmma_desc_t desc_k_major(saddr_t start) { return desc_bits(start, 16u, 1024u); }
 __device__ __forceinline__ gmma_desc_t desc_mn_major(saddr_t start, unsigned panel_bytes) {
-    return (unsigned long long)((start & 0x3ffffu) >> 4) | ((unsigned long long)((panel_bytes >> 4) & 0x3fffu) << 16) |
-           ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
+    return desc_bits(start, panel_bytes, 1024u);
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
