@@ -268,6 +268,17 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           "the producer and the consumers meet at the same point of their different loops, so the producer "
           "could never run a stage ahead; an mbarrier lets one side signal without waiting. "
           "Reread 'The Hopper rung: a producer, two consumers, TMA and wgmma'."),
+        Q("TMA writes each K tile swizzled: chunk c of row r lands in slot c XOR (r mod 8) of its 128-byte row. "
+          "Why?",
+          ("It compresses the tile so that two fit in one stage",
+           "It keeps other blocks from reading the tile",
+           "A product reads the same 16-byte chunk of 8 rows at once; swizzled, those 8 chunks sit in 8 "
+           "different groups of banks, so the read takes one pass instead of eight",
+           "TMA cannot write rows one after another"),
+          2,
+          "Shared memory has 32 banks of 4 bytes; a 128-byte row spans each once. Unswizzled, chunk 2 of rows "
+          "0-7 is always bytes 32-47, the same 4 banks, so 8 reads queue up; with the XOR they spread over all "
+          "32. The FA-2 rung computed the same layout by hand. Reread the swizzle picture in 'The Hopper rung'."),
     ),
     "07_paged_attention": (
         Q("What is the one difference between the paged loop and the flash loop?",
