@@ -524,6 +524,19 @@ def flash_attention_mma_async_gpu(q, k, v, *, scale=None, causal: bool = False, 
                            [_aligned(run, run.put(x)) for x in (q, k, v)], MMA_BLOCK_Q, block_k, rows)
 
 
+def _check_fixed_tile_forward(q, k, v, scale, causal, bfloat16, config) -> _FlashInputs:
+    """The checks of the tensor-core forwards whose tiles are fixed per head dim (the FA-2 recipe, the
+    Hopper rung): float16 q, k, v (or bfloat16 bits), a head dim ``config`` takes (it raises), then
+    :func:`_check_flash`."""
+    dtype = getattr(q, "dtype", None)
+    if dtype is not None and not bfloat16 and np.dtype(dtype) != np.float16:
+        raise TypeError(f"the tensor-core kernel takes float16 q, k, v (or bfloat16 bits with bfloat16=True), "
+                        f"got {np.dtype(dtype)}; use flash_attention_gpu or flash_attention_regtile_gpu for float32")
+    if len(getattr(q, "shape", ())) >= 2:
+        config(int(q.shape[-1]))                                   # the head dims it takes
+    return _check_flash(q, k, v, scale, causal, bfloat16)
+
+
 def flash_attention_mma_fa2_gpu(q, k, v, *, scale=None, causal: bool = False, bfloat16: bool = False,
                                 trace_rows=None, backend: str = "cupy"):
     """The tensor-core forward further along FlashAttention-2's recipe, or its CPU emulation.
@@ -549,13 +562,7 @@ def flash_attention_mma_fa2_gpu(q, k, v, *, scale=None, causal: bool = False, bf
     Source: Dao 2023 (FlashAttention-2), Alg. 1, Sec. 3.1 and 3.3; PTX ISA, mma.m16n8k16, ldmatrix, cp.async, ex2.
     """
     backend = _check_backend(backend)
-    dtype = getattr(q, "dtype", None)
-    if dtype is not None and not bfloat16 and np.dtype(dtype) != np.float16:
-        raise TypeError(f"the tensor-core kernel takes float16 q, k, v (or bfloat16 bits with bfloat16=True), "
-                        f"got {np.dtype(dtype)}; use flash_attention_gpu or flash_attention_regtile_gpu for float32")
-    if len(getattr(q, "shape", ())) >= 2:
-        flash_attention_mma_fa2_config(int(q.shape[-1]))          # the head dims it takes
-    f = _check_flash(q, k, v, scale, causal, bfloat16)
+    f = _check_fixed_tile_forward(q, k, v, scale, causal, bfloat16, flash_attention_mma_fa2_config)
     block_q, block_k, _ = flash_attention_mma_fa2_config(f.d)
     tracing = trace_rows is not None
     rows = _check_rows(trace_rows, "trace_rows", f.n_q) if tracing else []
@@ -596,13 +603,7 @@ def flash_attention_wgmma_gpu(q, k, v, *, scale=None, causal: bool = False, bflo
     from lessons.gpu.hopper import device_tensor_map, emulated_tensor_map
 
     backend = _check_backend(backend)
-    dtype = getattr(q, "dtype", None)
-    if dtype is not None and not bfloat16 and np.dtype(dtype) != np.float16:
-        raise TypeError(f"the tensor-core kernel takes float16 q, k, v (or bfloat16 bits with bfloat16=True), "
-                        f"got {np.dtype(dtype)}; use flash_attention_gpu or flash_attention_regtile_gpu for float32")
-    if len(getattr(q, "shape", ())) >= 2:
-        flash_attention_wgmma_config(int(q.shape[-1]))            # the head dims it takes
-    f = _check_flash(q, k, v, scale, causal, bfloat16)
+    f = _check_fixed_tile_forward(q, k, v, scale, causal, bfloat16, flash_attention_wgmma_config)
     block_q, block_k = flash_attention_wgmma_config(f.d)
     tracing = trace_rows is not None
     rows = _check_rows(trace_rows, "trace_rows", f.n_q) if tracing else []

@@ -46,8 +46,9 @@
 // Defines: HEAD_DIM (64 or 128), BLOCK_Q (64 or 128), BLOCK_K (32 or 64), MIN_BLOCKS (blocks per
 // SM promised to ptxas), FA_DTYPE 1 or 2, FA_TRACE. sm_80+.
 #include "common.cuh"
-// the plumbing of the tensor cores: pack2f, non_finite, chunk_non_finite, finite_part, mma_16x8x16,
-// saddr / sadd (32-bit shared-memory addresses), cp_async16 / cp_async_commit / cp_async_wait, ldmatrix_x4
+// the plumbing of the tensor cores: pack2f, pack_float2, fast_exp2, non_finite, chunk_non_finite, finite_part,
+// mma_16x8x16, saddr / sadd (32-bit shared-memory addresses), cp_async16 / cp_async_commit / cp_async_wait,
+// ldmatrix_x4
 #include "tensor_core.cuh"
 
 #ifndef HEAD_DIM
@@ -83,33 +84,6 @@ static_assert(BLOCK_Q * HEAD_DIM <= STAGE_ELEMS, "the Q tile must fit in one K/V
 // The swizzle: element offset of chunk `chunk` (8 values) of row `row` in a row-major tile of
 // HEAD_DIM values per row. Mirrored by lessons.gpu.source.fa2_swizzle (tested there).
 __device__ __forceinline__ int swz(int row, int chunk) { return row * HEAD_DIM + ((chunk ^ (row & 7)) << 3); }
-
-// Two floats rounded (to nearest even) to 16 bits and packed, lo in the low half: one
-// cvt.rn.{f16x2,bf16x2}.f32 instruction on sm_80+ (the operand order puts hi first).
-__device__ __forceinline__ unsigned pack_float2(float lo, float hi) {
-#ifdef FA_CPU_EMULATION
-    return pack2f(lo, hi);
-#else
-    unsigned r;
-#if FA_DTYPE == 1
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-#else
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-#endif
-    return r;
-#endif
-}
-
-// 2^x: one ex2.approx on the GPU (ex2.approx(-inf) = +0).
-__device__ __forceinline__ float fast_exp2(float x) {
-#ifdef FA_CPU_EMULATION
-    return exp2f(x);
-#else
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-#endif
-}
 
 // Start copying ROWS rows (row0 ..) of a (n_rows, HEAD_DIM) matrix into a swizzled tile;
 // rows at or past n_rows are zero-filled (plain stores). No commit. Thread tid copies chunk

@@ -42,7 +42,7 @@
 // 64 x BLOCK_K x 1; 128-byte swizzle): made by lessons.gpu.hopper. Defines: HEAD_DIM (64 or 128),
 // BLOCK_K (64 or 128), FA_DTYPE 1 or 2, FA_TRACE. sm_90a only (wgmma exists on no other architecture).
 #include "common.cuh"
-// pack2f, non_finite, chunk_non_finite, finite_part, saddr
+// pack_float2, fast_exp2, non_finite, chunk_non_finite, finite_part, saddr
 #include "tensor_core.cuh"
 // TmaDescriptor, mbar_*, tma_load_3d, fence_proxy_async, desc_k_major / desc_mn_major, wgmma_*
 #include "hopper.cuh"
@@ -77,31 +77,15 @@ static_assert(BLOCK_K == 64 || BLOCK_K == 128, "BLOCK_K must be 64 or 128");
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
-// as flash_attention_mma_fa2.cu: two floats rounded to 16 bits and packed (cvt.rn.{f16x2,bf16x2}.f32)
-__device__ __forceinline__ unsigned pack_float2(float lo, float hi) {
+// The block's shared memory: dynamic on the GPU (SMEM_ALLOC bytes asked for at launch), a static array
+// on the emulator; and how many bytes into it the first 1024-byte boundary lies (the 128-byte swizzle
+// repeats every 1024 bytes of address, so every tile starts on such a boundary).
 #ifdef FA_CPU_EMULATION
-    return pack2f(lo, hi);
+#define DECLARE_SMEM __shared__ __align__(1024) unsigned char smem_raw[SMEM_ALLOC]
 #else
-    unsigned r;
-#if FA_DTYPE == 1
-    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-#else
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#define DECLARE_SMEM extern __shared__ __align__(1024) unsigned char smem_raw[]
 #endif
-    return r;
-#endif
-}
-
-// 2^x: one ex2.approx on the GPU (ex2.approx(-inf) = +0)
-__device__ __forceinline__ float fast_exp2(float x) {
-#ifdef FA_CPU_EMULATION
-    return exp2f(x);
-#else
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-#endif
-}
+__device__ __forceinline__ int pad_to_1024(saddr_t a) { return (int)((1024u - (saddr_bits(a) & 1023u)) & 1023u); }
 
 // q, k, v: (batch*heads, n, HEAD_DIM), 16-bit, C-contiguous, read through the tensor maps tm_q,
 // tm_k, tm_v; v also directly (the NaN rule's step 7). out: like q; lse: (batch*heads, n_q) float32.
@@ -113,14 +97,9 @@ flash_attention_wgmma(const __grid_constant__ TmaDescriptor tm_q, const __grid_c
                       scalar_t* __restrict__ out, float* __restrict__ lse, int n_q, int n_k, float scale,
                       int causal, const int* __restrict__ trace_rows, int n_trace_rows, int trace_tiles,
                       float* __restrict__ trace) {
-#ifdef FA_CPU_EMULATION
-    __shared__ __align__(1024) unsigned char smem_raw[SMEM_ALLOC];
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-#endif
-    // the 128-byte swizzle repeats every 1024 bytes of address: every tile starts on such a boundary
+    DECLARE_SMEM;
     const saddr_t raw_s = saddr(smem_raw);
-    const int pad = (int)((1024u - (saddr_bits(raw_s) & 1023u)) & 1023u);
+    const int pad = pad_to_1024(raw_s);
     unsigned char* smem = smem_raw + pad;
     const saddr_t base = sadd_bytes(raw_s, pad);
     const saddr_t bar_q = sadd_bytes(base, BAR_OFFSET);              // Q has landed
@@ -384,13 +363,9 @@ flash_attention_wgmma(const __grid_constant__ TmaDescriptor tm_q, const __grid_c
 extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)
 wgmma_probe(const __grid_constant__ TmaDescriptor tm_a, const __grid_constant__ TmaDescriptor tm_b,
             const __grid_constant__ TmaDescriptor tm_v, float* __restrict__ s_out, float* __restrict__ o_out) {
-#ifdef FA_CPU_EMULATION
-    __shared__ __align__(1024) unsigned char smem_raw[SMEM_ALLOC];
-#else
-    extern __shared__ __align__(1024) unsigned char smem_raw[];
-#endif
+    DECLARE_SMEM;
     const saddr_t raw_s = saddr(smem_raw);
-    const int pad = (int)((1024u - (saddr_bits(raw_s) & 1023u)) & 1023u);
+    const int pad = pad_to_1024(raw_s);
     const saddr_t base = sadd_bytes(raw_s, pad);                     // A as the Q tile (64 of its 128 rows)
     const saddr_t b_s = sadd_bytes(base, Q_BYTES), v_s = sadd_bytes(base, Q_BYTES + KV_BYTES);
     const saddr_t bar = sadd_bytes(base, BAR_OFFSET);

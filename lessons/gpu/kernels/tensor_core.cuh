@@ -1,9 +1,10 @@
 // tensor_core.cuh - the plumbing the tensor-core kernels share.
 //
-// flash_attention_mma.cu, flash_attention_mma_async.cu, flash_attention_mma_fa2.cu and
-// flash_attention_backward_mma.cu include it after common.cuh. It holds only how data gets
-// into and out of the tensor cores: 16-bit packing, the inf/NaN test of a 16-byte chunk,
-// the mma.sync instruction, fragment loads, cp.async and ldmatrix. The fold itself (scores,
+// flash_attention_mma.cu, flash_attention_mma_async.cu, flash_attention_mma_fa2.cu,
+// flash_attention_wgmma.cu and flash_attention_backward_mma.cu include it after common.cuh. It holds
+// only how data gets into and out of the tensor cores: 16-bit packing (two floats in one
+// cvt.rn instruction too), exp2 in one ex2.approx, the inf/NaN test of a 16-byte chunk, the
+// mma.sync instruction, fragment loads, cp.async and ldmatrix. The fold itself (scores,
 // masking, m, l, alpha, o, P V) stays written out in each kernel, next to FA-2 Alg. 1.
 //
 // Every helper is __forceinline__, and each is the code one of those kernels carried as its own
@@ -32,6 +33,33 @@ __device__ __forceinline__ unsigned pack2(scalar_t lo, scalar_t hi) {
 
 // Two float32 values, each rounded to the storage type by from_float (common.cuh), packed as pack2.
 __device__ __forceinline__ unsigned pack2f(float lo, float hi) { return pack2(from_float(lo), from_float(hi)); }
+
+// Two floats rounded (to nearest even) to 16 bits and packed, lo in the low half: one
+// cvt.rn.{f16x2,bf16x2}.f32 instruction on sm_80+ (the operand order puts hi first).
+__device__ __forceinline__ unsigned pack_float2(float lo, float hi) {
+#ifdef FA_CPU_EMULATION
+    return pack2f(lo, hi);
+#else
+    unsigned r;
+#if FA_DTYPE == 1
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+#endif
+}
+
+// 2^x: one ex2.approx on the GPU (ex2.approx(-inf) = +0).
+__device__ __forceinline__ float fast_exp2(float x) {
+#ifdef FA_CPU_EMULATION
+    return exp2f(x);
+#else
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+#endif
+}
 
 // ---------------------------------------------------------------------------
 // inf and NaN in 16-bit data (the guard that keeps a hidden key's NaN/inf V out of P V)
