@@ -23,6 +23,7 @@ BACKENDS = [
     pytest.param("cupy", marks=pytest.mark.skipif(not on_hopper, reason="no CUDA device of compute capability 9.0")),
 ]
 needs_nvrtc = pytest.mark.skipif(not gpu.nvrtc_available(), reason="CuPy/NVRTC not installed")
+needs_emulator = pytest.mark.skipif(not gpu.emulator_available(), reason="no C++ compiler for the emulator")
 
 
 @pytest.fixture(params=BACKENDS)
@@ -401,6 +402,7 @@ def test_entry_ptx_cuts_one_entry_out():
         entry_ptx(whole, "nope")
 
 
+@needs_emulator
 def test_a_view_off_a_128_byte_boundary_is_copied_not_misread():
     from lessons.gpu.launch import Runner, _aligned
 
@@ -499,6 +501,7 @@ def test_ptx_and_the_compile_report_use_the_builds_own_architecture():
     assert f"0 + {build.dynamic_smem_bytes:,} dynamic" in console.export_text()
 
 
+@needs_emulator
 def test_read_only_inputs_run_on_the_emulator():
     rng = np.random.default_rng(32)
     q, k, v = (rng.standard_normal((30, 64)).astype(np.float16) for _ in range(3))
