@@ -14,7 +14,8 @@ from lessons.gpu.hopper import emulated_tensor_map
 from lessons.gpu.source import (WGMMA_CONFIGS, flash_attention_wgmma_config, flash_attention_wgmma_smem_bytes,
                                 wgmma_swizzle)
 from kernel_tolerance import assert_within_baseline, baseline_attention
-from test_gpu_kernels import POISONS, assert_attention_close, forward_poison_check, padded, stored, values
+from test_gpu_kernels import (POISONS, assert_attention_close, flash_reference, forward_poison_check, padded, stored,
+                              values)
 
 # (scripts/gpu_check.sh leaves the rung out when its first check failed: GPU_CHECK_SKIP_WGMMA)
 on_hopper = gpu.device_available() and gpu.device_arch() == "sm_90" and not os.environ.get("GPU_CHECK_SKIP_WGMMA")
@@ -29,13 +30,6 @@ needs_emulator = pytest.mark.skipif(not gpu.emulator_available(), reason="no C++
 @pytest.fixture(params=BACKENDS)
 def backend(request):
     return request.param
-
-
-def reference(q, k, v, causal):
-    out, lse = np.zeros(q.shape), np.zeros(q.shape[:-1])
-    for idx in np.ndindex(*q.shape[:-2]):
-        out[idx], lse[idx] = lessons.attention(q[idx], k[idx], v[idx], causal=causal, return_lse=True)
-    return out, lse
 
 
 CASES = [
@@ -56,7 +50,7 @@ def test_wgmma_kernel_matches_the_reference(backend, lead, nq, nk, d, causal, dt
     (q, q64), (k, k64), (v, v64) = (stored(rng.standard_normal((*lead, n, d)), dtype) for n in (nq, nk, nk))
     out, lse = gpu.flash_attention_wgmma_gpu(q, k, v, causal=causal, bfloat16=dtype == "bfloat16", backend=backend)
     assert out.shape == q.shape and out.dtype == q.dtype and lse.shape == q.shape[:-1] and lse.dtype == np.float32
-    ref, ref_lse = reference(q64, k64, v64, causal)
+    ref, ref_lse = flash_reference(q64, k64, v64, causal)
     base, base_lse = baseline_attention(q64, k64, v64, dtype, causal=causal)
     assert_within_baseline(values(out, dtype), ref, base)
     assert_within_baseline(lse, ref_lse, base_lse, what="lse")

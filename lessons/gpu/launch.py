@@ -600,8 +600,6 @@ def flash_attention_wgmma_gpu(q, k, v, *, scale=None, causal: bool = False, bflo
     Source: Shah et al. 2024 (FlashAttention-3), Sec. 3.1; Dao 2023 (FlashAttention-2), Alg. 1;
     PTX ISA 8.x, wgmma.mma_async, cp.async.bulk.tensor, mbarrier.
     """
-    from lessons.gpu.hopper import device_tensor_map, emulated_tensor_map
-
     backend = _check_backend(backend)
     f = _check_fixed_tile_forward(q, k, v, scale, causal, bfloat16, flash_attention_wgmma_config)
     block_q, block_k = flash_attention_wgmma_config(f.d)
@@ -609,18 +607,10 @@ def flash_attention_wgmma_gpu(q, k, v, *, scale=None, causal: bool = False, bflo
     rows = _check_rows(trace_rows, "trace_rows", f.n_q) if tracing else []
     build = flash_attention_wgmma_build(f.d, f.dtype, tracing)
     run = Runner(backend, f.kind)
-    if run.backend == "cupy":
-        cc = int(run.xp.cuda.Device().compute_capability)
-        if cc != 90:
-            raise RuntimeError(f"the Hopper kernel runs only on compute capability 9.0 (H100, H200): wgmma and TMA "
-                               f"are compiled for sm_90a; this GPU is {cc // 10}.{cc % 10}. Use "
-                               f"flash_attention_mma_fa2_gpu instead.")
-    q3, k3, v3 = (_aligned(run, run.xp.ascontiguousarray(run.put(x)), 128).reshape(f.batch_heads, n, f.d)
-                  for x, n in ((q, f.n_q), (k, f.n_k), (v, f.n_k)))   # (swizzled TMA copies: 128-byte aligned)
-    if run.backend == "cupy":
-        maps = [device_tensor_map(x, rows_, f.dtype) for x, rows_ in ((q3, block_q), (k3, block_k), (v3, block_k))]
-    else:
-        maps = [emulated_tensor_map(x, rows_) for x, rows_ in ((q3, block_q), (k3, block_k), (v3, block_k))]
+    _require_hopper(run)
+    (q3, k3, v3), maps = _tma_operands(run, f.dtype, [(q, f.batch_heads, f.n_q, block_q),
+                                                       (k, f.batch_heads, f.n_k, block_k),
+                                                       (v, f.batch_heads, f.n_k, block_k)])
     out = run.xp.empty(q3.shape, dtype=q3.dtype)
     lse = run.xp.empty(q3.shape[:-1], dtype=np.float32)
     n_tiles = -(-f.n_k // block_k)
@@ -652,8 +642,6 @@ def wgmma_probe_gpu(a, b, v, *, bfloat16: bool = False, backend: str = "cupy"):
     :func:`flash_attention_wgmma_gpu` without a device of compute capability 9.0.
     Source: PTX ISA 8.x, wgmma.mma_async (matrix descriptors, register fragments), cp.async.bulk.tensor.
     """
-    from lessons.gpu.hopper import device_tensor_map, emulated_tensor_map
-
     backend = _check_backend(backend)
     arrays = {"a": a, "b": b, "v": v}
     kind = _check_arrays(arrays)
@@ -673,15 +661,39 @@ def wgmma_probe_gpu(a, b, v, *, bfloat16: bool = False, backend: str = "cupy"):
             raise ValueError(f"{name} must be ({block_k}, {d}) (the key tile at d = {d}), got shape {x.shape}")
     build = flash_attention_wgmma_build(d, dtype)
     run = Runner(backend, kind)
-    if run.backend == "cupy" and int(run.xp.cuda.Device().compute_capability) != 90:
-        raise RuntimeError("the wgmma probe runs only on compute capability 9.0 (H100, H200)")
-    a3, b3, v3 = (_aligned(run, run.xp.ascontiguousarray(run.put(x)), 128).reshape(1, -1, d) for x in (a, b, v))
-    make = (lambda x, rows: device_tensor_map(x, rows, dtype)) if run.backend == "cupy" else emulated_tensor_map
-    maps = [make(a3, 128), make(b3, block_k), make(v3, block_k)]
+    _require_hopper(run)
+    _, maps = _tma_operands(run, dtype, [(a, 1, 64, 128), (b, 1, block_k, block_k), (v, 1, block_k, block_k)])
     s = run.xp.zeros((64, block_k), dtype=np.float32)
     o = run.xp.zeros((64, d), dtype=np.float32)
     run.launch(build, "wgmma_probe", (1,), [*maps, s, o])
     return run.get(s), run.get(o)
+
+
+def _require_hopper(run) -> None:
+    """RuntimeError on a GPU that is not compute capability 9.0: the Hopper rung is compiled for sm_90a."""
+    if run.backend != "cupy":
+        return
+    cc = int(run.xp.cuda.Device().compute_capability)
+    if cc != 90:
+        raise RuntimeError(f"the Hopper kernel runs only on compute capability 9.0 (H100, H200): wgmma and TMA "
+                           f"are compiled for sm_90a; this GPU is {cc // 10}.{cc % 10}. Use "
+                           f"flash_attention_mma_fa2_gpu instead.")
+
+
+def _tma_operands(run, dtype: str, operands) -> tuple[list, list]:
+    """Each ``(x, batch_heads, n, box_rows)`` of ``operands`` where a TMA copy reads it: on ``run``'s
+    device, C-contiguous, 128-byte aligned (a swizzled copy wants it), seen as (batch_heads, n, d);
+    and its tensor map for boxes of ``box_rows`` rows (the driver's on a GPU, the emulator's on the CPU).
+    Returns ``(arrays, maps)``; the arrays must outlive the launch."""
+    from lessons.gpu.hopper import device_tensor_map, emulated_tensor_map
+
+    arrays, maps = [], []
+    for x, batch_heads, n, box_rows in operands:
+        x3 = _aligned(run, run.xp.ascontiguousarray(run.put(x)), 128).reshape(batch_heads, n, x.shape[-1])
+        arrays.append(x3)
+        maps.append(device_tensor_map(x3, box_rows, dtype) if run.backend == "cupy"
+                    else emulated_tensor_map(x3, box_rows))
+    return arrays, maps
 
 
 def _require_tensor_cores(run) -> None:
@@ -696,12 +708,12 @@ def _require_tensor_cores(run) -> None:
 
 def _aligned(run, x, align: int = 16):
     """x itself if its data starts on an ``align``-byte boundary (16: the kernels' vector loads; 128: a
-    TMA copy with the 128-byte swizzle), else a copy (CuPy and NumPy allocate on 256-byte and wider
-    boundaries: only a view into an allocation can be off)."""
+    TMA copy with the 128-byte swizzle), else an aligned copy (CuPy allocates on 256-byte boundaries;
+    a NumPy copy is placed on purpose)."""
     ptr = x.ctypes.data if isinstance(x, np.ndarray) else x.data.ptr
     if ptr % align == 0:
         return x
-    copy = run.xp.empty_like(x) if align <= 64 or not isinstance(x, np.ndarray) else _numpy_aligned(x, align)
+    copy = _numpy_aligned(x, align) if isinstance(x, np.ndarray) else run.xp.empty_like(x)
     copy[...] = x
     return copy
 

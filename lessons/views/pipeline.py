@@ -92,10 +92,13 @@ def swizzle_figure(rows: int = 8, *, read_chunk: int = 2):
     fig = new_figure((10.5, 0.42 * rows + 1.9))
     for i, (title, swizzled) in enumerate((("as written row by row (no swizzle)", False),
                                            ("128-byte swizzle: chunk c of row r at slot c XOR (r mod 8)", True))):
+        def slot_of(r, c):                             # the 16-byte slot of a 128-byte row that holds chunk c
+            return (wgmma_swizzle(r, 8 * c, rows, 64) % 128) // 16 if swizzled else c
+
         ax = fig.add_axes([0.05 + 0.49 * i, 0.15, 0.43, 0.68])
         for r in range(rows):
             for c in range(8):
-                slot = (wgmma_swizzle(r, 8 * c, rows, 64) % 128) // 16 if swizzled else c
+                slot = slot_of(r, c)
                 read = c == read_chunk
                 ax.add_patch(Rectangle((slot, r), 1, 1, facecolor="#f6c85f" if read else "#e8e8e8",
                                        edgecolor="white"))
@@ -110,8 +113,7 @@ def swizzle_figure(rows: int = 8, *, read_chunk: int = 2):
         ax.set_xlabel("byte offset in the 128-byte row (above) and the 4 of the 32 banks it uses (below)",
                       fontsize=8)
         ax.set_ylabel("row", fontsize=8)
-        slots = {(wgmma_swizzle(r, 8 * read_chunk, rows, 64) % 128) // 16 if swizzled else read_chunk
-                 for r in range(rows)}
+        slots = {slot_of(r, read_chunk) for r in range(rows)}
         passes = 8 // len(slots)                  # 8 rows' chunks over that many columns of banks
         ax.set_title(f"{title}\nchunk {read_chunk} of rows 0-{rows - 1}: {len(slots)} column"
                      f"{'s' if len(slots) > 1 else ''} of banks, so {passes} pass{'es' if passes > 1 else ''} "

@@ -225,9 +225,7 @@ inline void wgmma(float* d, const unsigned* a_regs, const gmma_desc_t* a_desc, c
     if (a_regs)
         for (int r = 0; r < 4; ++r) wg_a[tid][r] = a_regs[r];
     wait(group_barrier[wg]);                           // the warpgroup's registers are published
-    float A[2][16], B[16][N];
-    for (unsigned h = 0; h < 2; ++h)
-        for (unsigned k = 0; k < 16; ++k) A[h][k] = 0.f;
+    float A[2][16], B[16][N];                          // (both branches below fill every element)
     if (a_regs) {                                      // rows g, g + 8 of the warp's 16: lanes 4g .. 4g + 3
         for (unsigned src_t = 0; src_t < 4; ++src_t) {
             const unsigned src = wg * 128 + warp * 32 + 4 * g + src_t;
