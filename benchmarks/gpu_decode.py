@@ -13,7 +13,8 @@ reads the cache at. Measured here:
   pages scattered at random over one shared cache:
   ``paged_decode`` (one block per sequence and head group), ``flash_decoding`` with 8 and 32 splits,
   ``paged_decode_split`` (one block per sequence, GQA group and split, 16-byte loads) with the
-  split count :func:`lessons.gpu.source.decode_splits` picks.
+  split count :func:`lessons.gpu.source.decode_splits` picks, and with one split fewer and one more
+  (a check of the wave model that picks it: :func:`kernel_runs`).
 
 Bytes counted (:func:`kv_bytes`): every K and V value of the used tokens once, for each KV head
 (what a kernel must read at least; query, output and block tables are under 0.1% of it).
@@ -45,6 +46,19 @@ KERNELS = (("paged_decode", "paged_decode_gpu", None),
            ("paged_decode_split auto", "paged_decode_split_gpu", None))
 FIELDS = ("kernel", "num_seqs", "seq_len", "num_splits", "seconds", "kv_bytes", "tb_per_s", "pct_of_copy",
           "max_abs_diff")
+
+
+def kernel_runs(num_seqs: int, seq_len: int, num_sms: int) -> list[tuple]:
+    """The ``(label, launcher name, num_splits)`` runs at one shape: :data:`KERNELS`, then
+    ``paged_decode_split`` with the split count ``decode_splits`` picks minus one and plus one
+    (``"paged_decode_split s=N"``; none below 1 or above the sequence's pages), so a run shows
+    whether the pick was the fastest of its neighbours. 8 x 32768 on 132 SMs: s=7 and s=9 (auto is 8)."""
+    from lessons.gpu.source import decode_splits
+
+    auto = decode_splits(num_seqs, NUM_KV_HEADS, seq_len, block_size=BLOCK_SIZE, num_sms=num_sms)
+    pages = -(-seq_len // BLOCK_SIZE)
+    near = [s for s in (auto - 1, auto + 1) if 1 <= s <= pages]
+    return list(KERNELS) + [(f"paged_decode_split s={s}", "paged_decode_split_gpu", s) for s in near]
 
 
 def kv_bytes(num_seqs: int, seq_len: int, num_kv_heads: int = NUM_KV_HEADS, head_dim: int = HEAD_DIM,
@@ -174,7 +188,7 @@ def main(argv=None) -> int:
         lens = cupy.full((num_seqs,), seq_len, dtype=np.int32)
         q = cupy.asarray(host_rng.standard_normal((num_seqs, NUM_HEADS, HEAD_DIM)).astype(np.float16))
         reference, _ = gpu.flash_decoding_gpu(q, k_cache, v_cache, tables, lens, 32, check_tables=False)
-        for label, launcher, splits in KERNELS:
+        for label, launcher, splits in kernel_runs(num_seqs, seq_len, sms):
             run = getattr(gpu, launcher)
             call_args = (q, k_cache, v_cache, tables, lens) + ((splits,) if splits else ())
             fn = lambda: run(*call_args, check_tables=False)        # noqa: E731
@@ -184,7 +198,7 @@ def main(argv=None) -> int:
             one = stream_seconds(cupy, fn, 1, 1)
             calls = int(min(50, max(1, args.target_seconds / one)))
             seconds = stream_seconds(cupy, fn, calls, args.repeats)
-            if launcher == "paged_decode_split_gpu":
+            if launcher == "paged_decode_split_gpu" and splits is None:
                 splits_used = gpu.decode_splits(num_seqs, NUM_KV_HEADS, seq_len, block_size=BLOCK_SIZE,
                                                 num_sms=sms)
             else:

@@ -12,7 +12,7 @@ import pytest
 import lessons
 import lessons.gpu as gpu
 from lessons.gpu import ladder
-from lessons.gpu.source import decode_splits, paged_decode_split_layout, paged_decode_split_smem_bytes
+from lessons.gpu.source import decode_split_cost, decode_splits, paged_decode_split_layout, paged_decode_split_smem_bytes
 from test_gpu_kernels import (SEQ_LENS, assert_decode_close, decode_args, decode_reference, paged_case,
                               sequence_kv, split_state_float32, values)
 from kernel_tolerance import assert_within_baseline
@@ -36,17 +36,52 @@ def backend(request):
 
 @pytest.mark.parametrize("num_seqs, seq_len, want", [
     (64, 4096, 1),        # 64 x 8 = 512 blocks >= 80% of 132 x 4 = 528: already full
-    (8, 32768, 9),        # 64 blocks per split: ceil(528 / 64) = 9
+    (8, 32768, 8),        # 64 blocks per split: 8 -> 512 blocks, one wave; 9 -> 576, a second wave of 48
     (1, 131072, 66),      # 8 blocks per split: 528 / 8 = 66
     (2, 4096, 33),        # 16 blocks per split: 528 / 16 = 33 (256 pages allow it)
     (1, 100, 7),          # ceil(100 / 16) = 7 pages: never more splits than pages
     (1, 16, 1),           # one page
     (1, 0, 1),            # nothing to split
     (53, 4096, 1),        # 424 blocks = 80.3% of 528
-    (52, 4096, 2),        # 416 blocks = 78.8%: ceil(528 / 416) = 2
+    (52, 4096, 1),        # 416 blocks = 78.8%: 2 splits are 832 blocks, 2 waves of half the pages: a tie
+    (3, 50000, 22),       # 24 blocks per split: 22 x 24 = 528, exactly one wave
+    (4, 32768, 16),       # 32 blocks per split: 16 -> 512 (cost 1 x 128); 17 -> 544 (2 x 121)
 ])
 def test_decode_splits_fill_an_h200(num_seqs, seq_len, want):
     assert decode_splits(num_seqs, 8, seq_len) == want
+
+
+@pytest.mark.parametrize("num_splits, per_split, pages, wave, want", [
+    (8, 64, 2048, 528, 1 * 256),     # 512 blocks: one wave; 2048 / 8 pages per block
+    (9, 64, 2048, 528, 2 * 228),     # 576 blocks: two waves; ceil(2048 / 9) = 228
+    (66, 8, 8192, 528, 1 * 125),     # 528 blocks; ceil(8192 / 66) = 125
+    (1, 416, 256, 528, 1 * 256),
+    (2, 416, 256, 528, 2 * 128),
+    (3, 1, 7, 1, 3 * 3),             # a wave of one block: every block is a wave
+])
+def test_decode_split_cost_by_hand(num_splits, per_split, pages, wave, want):
+    assert decode_split_cost(num_splits, per_split, pages, wave) == want
+
+
+def test_decode_splits_take_the_cheaper_of_the_two_counts_around_one_wave():
+    # brute force over the two candidates the rule names, by the cost computed here by hand
+    for num_seqs, seq_len in [(8, 32768), (4, 32768), (16, 8192), (1, 131072), (2, 4096), (5, 20000)]:
+        per, pages, wave = num_seqs * 8, -(-seq_len // 16), 528
+        if per * 5 >= wave * 4:
+            continue
+        lo, hi = max(1, wave // per), -(-wave // per)
+        cost = {s: -(-s * per // wave) * -(-pages // s) for s in (lo, hi)}
+        want = min(cost, key=lambda s: (cost[s], s))
+        assert decode_splits(num_seqs, 8, seq_len) == want, (num_seqs, seq_len, cost)
+
+
+def test_decode_split_cost_refuses_bad_arguments():
+    with pytest.raises(ValueError, match="num_splits"):
+        decode_split_cost(0, 1, 1, 1)
+    with pytest.raises(ValueError, match="wave"):
+        decode_split_cost(1, 1, 1, 0)
+    with pytest.raises(TypeError, match="pages"):
+        decode_split_cost(1, 1, 2.0, 1)
 
 
 def test_decode_splits_follow_the_gpu_and_the_grid():
@@ -337,6 +372,17 @@ def test_benchmark_counts_bytes_and_percentages_by_hand():
     assert "75% of the copy rate" in b.format_row(row)
     with pytest.raises(ValueError, match="positive"):
         b.pct_of_copy(1, 0.0, 1.0)
+
+
+def test_benchmark_times_the_split_kernel_beside_its_pick():
+    b = _benchmark()
+    runs = b.kernel_runs(8, 32768, 132)
+    assert runs[:len(b.KERNELS)] == list(b.KERNELS)
+    assert runs[len(b.KERNELS):] == [("paged_decode_split s=7", "paged_decode_split_gpu", 7),
+                                     ("paged_decode_split s=9", "paged_decode_split_gpu", 9)]
+    assert [r[2] for r in b.kernel_runs(64, 4096, 132)[len(b.KERNELS):]] == [2]     # auto 1: no s=0
+    assert [r[2] for r in b.kernel_runs(1, 131072, 132)[len(b.KERNELS):]] == [65, 67]
+    assert [r[2] for r in b.kernel_runs(1, 48, 132)[len(b.KERNELS):]] == [2]        # 3 pages: auto 3, no s=4
 
 
 def test_benchmark_writes_its_tables(tmp_path):

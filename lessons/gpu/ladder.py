@@ -540,7 +540,9 @@ DECODE_RUNGS = (
          "lane does the softmax of one (key, head) pair; num_splits from decode_splits (132 SMs x 4 blocks)",
          "8 rows of 256 bytes in flight per warp (16 KiB per block of 4 warps, 4 blocks per SM, 128 "
          "registers, no spills): enough to keep HBM busy; aim: 70% of the copy rate. Measured (2026-12-01): "
-         "68% at 64 x 4096, 51% at 8 x 32768, 66% at 1 x 131072, 5-15x flash_decoding: the aim is not met",
+         "68% at 64 x 4096, 51% at 8 x 32768, 66% at 1 x 131072, 5-15x flash_decoding: the aim is not met. "
+         "The 51% ran 9 splits, 576 blocks: a second wave of 48 blocks as long as the first; decode_splits "
+         "now weighs waves x pages per block and picks 8 (512 blocks, one wave), not yet measured",
          "ld.global.nc.v4.u32", "not profiled yet (the Nsight Compute run of 2026-11-30 predates it)"),
 )
 

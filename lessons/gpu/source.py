@@ -36,7 +36,7 @@ __all__ = [
     "WGMMA_CONFIGS", "WGMMA_ARCH", "flash_attention_wgmma_config", "flash_attention_wgmma_smem_bytes",
     "flash_attention_wgmma_build", "wgmma_swizzle",
     "MAX_SPLIT_HEADS_PER_BLOCK", "paged_decode_split_layout", "paged_decode_split_smem_bytes",
-    "paged_decode_split_config", "paged_decode_split_build", "decode_splits", "H200_NUM_SMS",
+    "paged_decode_split_config", "paged_decode_split_build", "decode_splits", "decode_split_cost", "H200_NUM_SMS",
 ]
 
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
@@ -521,16 +521,24 @@ def decode_splits(num_seqs: int, num_kv_heads: int, seq_len: int, *, block_size:
 
     The grid has ``num_seqs * num_kv_heads * heads_per_kv_head`` blocks per split (one per
     sequence and GQA group; ``heads_per_kv_head`` blocks per group when a group is served by
-    several blocks). The GPU is full with ``num_sms * blocks_per_sm`` blocks resident (132 SMs x 4
-    on an H200). If one split already gives 80% of that, the answer is 1 (more splits only add
-    partial states to merge); otherwise the fewest splits that give at least that many blocks,
-    but never more splits than the ``ceil(seq_len / block_size)`` pages of the longest sequence
-    (a split of no page does nothing) nor than ``max_splits``, and never fewer than 1.
-    At 32 query heads on 8 KV heads, pages of 16, an H200: 64 x 4096 tokens -> 1, 8 x 32768 -> 9,
+    several blocks). The GPU runs ``num_sms * blocks_per_sm`` blocks at once (132 SMs x 4 on an
+    H200): one *wave*. If one split already gives 80% of a wave, the answer is 1 (more splits only
+    add partial states to merge). Otherwise the answer fills one wave: of the two split counts
+    around ``wave / blocks_per_split`` (the most that fit in one wave, and the fewest that fill
+    it), the one with the lower modelled time ``waves * pages_per_block`` (:func:`decode_split_cost`),
+    the fewer splits on a tie. Never more splits than the ``ceil(seq_len / block_size)`` pages of the
+    longest sequence (a split of no page does nothing) nor than ``max_splits``, never fewer than 1.
+
+    Why both counts: the fewest splits that fill a wave can spill a few blocks into a second wave
+    that takes as long as the first. At 8 sequences x 32768 tokens, 9 splits are 576 blocks: 528 in
+    the first wave and 48 in a second one, twice the time of 8 splits' 512 blocks in one wave
+    (cost 2 x 228 pages against 1 x 256).
+
+    At 32 query heads on 8 KV heads, pages of 16, an H200: 64 x 4096 tokens -> 1, 8 x 32768 -> 8,
     1 x 131072 -> 66, 1 x 100 -> 7 (the pages).
     Integers in, an int out; raises TypeError/ValueError naming a bad argument.
     Source: the split heuristic of Dao, Haziza, Massa, Sizov 2023 ("Flash-Decoding"; FlashAttention-2's
-    ``num_splits_heuristic``), simplified to whole waves of resident blocks.
+    ``num_splits_heuristic`` weighs the same wave efficiency), reduced to one wave of resident blocks.
     """
     num_seqs = _check_int(num_seqs, "num_seqs", 0, 1 << 31)
     num_kv_heads = _check_int(num_kv_heads, "num_kv_heads", 1, 1 << 20)
@@ -542,10 +550,26 @@ def decode_splits(num_seqs: int, num_kv_heads: int, seq_len: int, *, block_size:
     max_splits = _check_int(max_splits, "max_splits", 1, 1 << 31)
     pages = -(-seq_len // block_size)
     per_split = num_seqs * num_kv_heads * heads_per_kv_head
-    target = num_sms * blocks_per_sm
-    if per_split == 0 or pages <= 1 or per_split * 5 >= target * 4:
+    wave = num_sms * blocks_per_sm
+    if per_split == 0 or pages <= 1 or per_split * 5 >= wave * 4:
         return 1
-    return max(1, min(-(-target // per_split), pages, max_splits))
+    limit = min(pages, max_splits)
+    candidates = sorted({max(1, min(wave // per_split, limit)), max(1, min(-(-wave // per_split), limit))})
+    return min(candidates, key=lambda s: (decode_split_cost(s, per_split, pages, wave), s))
+
+
+def decode_split_cost(num_splits: int, blocks_per_split: int, pages: int, wave: int) -> int:
+    """The time :func:`decode_splits` weighs, in pages read by one block: ``waves * pages_per_block``,
+    ``waves = ceil(num_splits * blocks_per_split / wave)`` (a wave: the blocks the GPU runs at once)
+    and ``pages_per_block = ceil(pages / num_splits)``. A model for a kernel bound by memory, whose
+    blocks all take about as long: a wave lasts as long as one block, however few blocks it holds.
+    Example: 8 sequences x 32768 tokens (2048 pages), 64 blocks per split, a wave of 528 blocks:
+    8 splits cost 1 x 256, 9 splits 2 x 228. All arguments positive ints (ValueError/TypeError otherwise)."""
+    num_splits = _check_int(num_splits, "num_splits", 1, 1 << 31)
+    blocks_per_split = _check_int(blocks_per_split, "blocks_per_split", 1, 1 << 40)
+    pages = _check_int(pages, "pages", 1, 1 << 40)
+    wave = _check_int(wave, "wave", 1, 1 << 40)
+    return -(-num_splits * blocks_per_split // wave) * -(-pages // num_splits)
 
 
 def online_softmax_smem_bytes(tile: int) -> int:
