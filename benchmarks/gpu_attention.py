@@ -18,6 +18,8 @@ head dim d (batch 1, ``--heads`` heads):
 * ``wgmma`` - :func:`lessons.gpu.flash_attention_wgmma_gpu` (the Hopper rung: TMA copies into a
   2-stage mbarrier pipeline, wgmma products, a producer and two consumer warpgroups; float16
   only, d = 64 or 128, compute capability 9.0 only);
+* ``wgmma_overlap`` - :func:`lessons.gpu.flash_attention_wgmma_overlap_gpu` (the Hopper rung with
+  each tile's softmax overlapped with the previous tile's P V, 3 stages; as ``wgmma`` otherwise);
 * ``mma``    - :func:`lessons.gpu.flash_attention_mma_gpu` (the same loop on tensor cores,
   ``mma.sync.m16n8k16``; float16 only);
 * ``torch``  - ``torch.nn.functional.scaled_dot_product_attention`` (FlashAttention or
@@ -45,7 +47,7 @@ from benchmarks import _common  # noqa: E402
 from benchmarks._common import format_row, timed_rows, torch_seconds_and_peak  # noqa: E402,F401
 from lessons.gpu.measure import attention_flops  # noqa: E402  (4 N^2 d per head, half when causal)
 
-IMPLS = ("naive", "kernel", "regtile", "mma", "mma_async", "mma_fa2", "wgmma", "torch")
+IMPLS = ("naive", "kernel", "regtile", "mma", "mma_async", "mma_fa2", "wgmma", "wgmma_overlap", "torch")
 DTYPES = ("float16", "float32")
 
 
@@ -97,19 +99,21 @@ def run_size(args, cupy, torch, torch_reason, rng, dtype, d, n, t0):
         "mma_async": lambda: gpu.flash_attention_mma_async_gpu(q, k, v, causal=args.causal),
         "mma_fa2": lambda: gpu.flash_attention_mma_fa2_gpu(q, k, v, causal=args.causal),
         "wgmma": lambda: gpu.flash_attention_wgmma_gpu(q, k, v, causal=args.causal),
+        "wgmma_overlap": lambda: gpu.flash_attention_wgmma_overlap_gpu(q, k, v, causal=args.causal),
         "torch": lambda: run_torch(torch, q, k, v, args.causal, args.warmup, args.repeats),
     }
 
     def skip(impl):
         if impl == "torch" and torch is None:
             return torch_reason
-        if impl in ("mma", "mma_async", "mma_fa2", "wgmma") and dtype != "float16":
+        hopper = impl in ("wgmma", "wgmma_overlap")
+        if (impl in ("mma", "mma_async", "mma_fa2") or hopper) and dtype != "float16":
             return "tensor cores take float16/bfloat16"
-        if impl == "wgmma" and gpu.device_arch() != "sm_90":
-            return "the Hopper rung (wgmma, TMA) runs on compute capability 9.0 only"
-        if impl == "wgmma" and os.environ.get("GPU_CHECK_SKIP_WGMMA"):
-            return "the Hopper rung failed its first check on this machine (scripts/hopper_smoke.py)"
-        if impl in ("mma_fa2", "wgmma") and d not in (64, 128):
+        if hopper and gpu.device_arch() != "sm_90":
+            return "the Hopper rungs (wgmma, TMA) run on compute capability 9.0 only"
+        if hopper and os.environ.get("GPU_CHECK_SKIP_WGMMA"):
+            return "the Hopper rungs failed their first check on this machine (scripts/hopper_smoke.py)"
+        if (impl == "mma_fa2" or hopper) and d not in (64, 128):
             return "this kernel takes head dims 64 and 128"
         if impl == "regtile" and dtype != "float32":
             return "the register-tiled kernel takes float32"
@@ -133,6 +137,7 @@ def plot_results(rows, path: Path, meta: dict) -> None:
              "mma_async": ("tab:olive", "P", "RawKernel, tensor cores + ldmatrix + cp.async"),
              "mma_fa2": ("tab:brown", "X", "RawKernel, tensor cores, FA-2 recipe"),
              "wgmma": ("tab:pink", "*", "RawKernel, Hopper: TMA + wgmma"),
+             "wgmma_overlap": ("tab:gray", "h", "RawKernel, Hopper: + softmax overlapped"),
              "torch": ("tab:green", "^", "torch SDPA")}
     _common.plot_results(rows, path, impls=IMPLS, dtypes=DTYPES, style=style,
                          speed=(lambda r: r["tflops"], "TFLOP/s (higher is better)"),

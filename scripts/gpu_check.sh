@@ -101,11 +101,12 @@ console = Console(width=160)
 console.print(gpu.gpu_status())
 for dtype in ("float16", "float32"):
     console.print(gpu.compile_report_table(gpu.compile_report(dtype=dtype)))
-console.print(gpu.compile_report_table(gpu.compile_report(builds=[gpu.flash_attention_wgmma_build(d) for d in (64, 128)])))
+console.print(gpu.compile_report_table(gpu.compile_report(builds=[make(d) for make in (gpu.flash_attention_wgmma_build,
+    gpu.flash_attention_wgmma_overlap_build) for d in (64, 128)])))
 EOF
 then step "compile report" ok "compile_report.txt"; else step "compile report" FAIL "compile_report.txt"; fi
 
-# ---- the Hopper rung's first contact ----------------------------------------------------------
+# ---- the Hopper rungs' first contact ----------------------------------------------------------
 if [ $DRY -eq 1 ]; then SMOKE=(--emulator); else SMOKE=(); fi
 timeout 120 "$PY" scripts/hopper_smoke.py "${SMOKE[@]}" > "$RESULTS/hopper_smoke.txt" 2>&1
 rc=$?

@@ -1,4 +1,4 @@
-"""First contact of the Hopper rung with a GPU: its two products alone, then one small forward.
+"""First contact of the Hopper rungs with a GPU: their two products alone, then one small forward each.
 
     python scripts/hopper_smoke.py [--emulator]
 
@@ -9,8 +9,9 @@ runs this script first, under a short time limit, and skips the rung in its late
 tests, sanitizer) when it fails, so one wrong layout cannot eat the GPU time of every other check.
 
 It prints, for d = 64 and 128: the largest error of ``wgmma_probe_gpu`` (S = A B^T with both operands
-through TMA and the K-major descriptor; O = S16 V through the MN-major one) and of a causal forward
-against NumPy's attention. Exit status 0 when all are within tolerance, 1 otherwise, 2 when there is no
+through TMA and the K-major descriptor; O = S16 V through the MN-major one) and of a causal forward of
+each Hopper rung (``flash_attention_wgmma_gpu``, ``flash_attention_wgmma_overlap_gpu``) against NumPy's
+attention. Exit status 0 when all are within tolerance, 1 otherwise, 2 when there is no
 device of compute capability 9.0 (and ``--emulator`` was not given).
 """
 from __future__ import annotations
@@ -52,10 +53,12 @@ def main(argv=None) -> int:
         ok &= check(f"d={d} probe S = A B^T (K-major, TMA)", s, s_ref, 1e-2)
         ok &= check(f"d={d} probe O = S16 V (MN-major)", o, np.asarray(s, np.float16).astype(np.float64) @ v, 5e-2)
         q, k, vv = (rng.standard_normal((2, n, d)).astype(np.float16) for n in (200, 300, 300))
-        out, _ = gpu.flash_attention_wgmma_gpu(q, k, vv, causal=True, backend=backend)
         ref = np.stack([lessons.attention(*(x[h].astype(np.float64) for x in (q, k, vv)), causal=True)
                         for h in range(2)])
-        ok &= check(f"d={d} forward 200 x 300, causal, 2 heads", out, ref, 5e-3)
+        for name, forward in (("forward", gpu.flash_attention_wgmma_gpu),
+                              ("overlapped forward", gpu.flash_attention_wgmma_overlap_gpu)):
+            out, _ = forward(q, k, vv, causal=True, backend=backend)
+            ok &= check(f"d={d} {name} 200 x 300, causal, 2 heads", out, ref, 5e-3)
     print("the Hopper rung works here" if ok else "THE HOPPER RUNG IS WRONG HERE")
     return 0 if ok else 1
 

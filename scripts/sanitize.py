@@ -25,7 +25,7 @@ from lessons.gpu.compile import device_available
 
 KERNELS = ("online_softmax", "flash_attention", "flash_attention_regtile", "flash_attention_mma",
            "flash_attention_mma_async", "paged_decode", "flash_decoding", "flash_backward", "paged_decode_split",
-           "flash_attention_mma_fa2", "flash_backward_mma", "flash_attention_wgmma")
+           "flash_attention_mma_fa2", "flash_backward_mma", "flash_attention_wgmma", "flash_attention_wgmma_overlap")
 
 
 def host(x) -> np.ndarray:
@@ -205,17 +205,37 @@ def run_flash_backward_mma(cp, backend) -> bool:
     return ok
 
 
-def run_flash_attention_wgmma(cp, backend) -> bool:
-    # the Hopper rung: both head dims, a stage reused (3+ key tiles), causal with empty rows, the trace build
+def _hopper_skip(cp, backend) -> bool:
+    """True (and says why) where the Hopper rungs cannot run: not compute capability 9.0, or their
+    first check failed on this machine."""
     if backend == "cupy" and cp.cuda.Device().compute_capability != "90":
-        print("  skipped: the Hopper rung runs on compute capability 9.0 only")
+        print("  skipped: the Hopper rungs run on compute capability 9.0 only")
         return True
     if backend == "cupy" and os.environ.get("GPU_CHECK_SKIP_WGMMA"):
-        print("  skipped: the Hopper rung failed its first check here (scripts/hopper_smoke.py)")
+        print("  skipped: the Hopper rungs failed their first check here (scripts/hopper_smoke.py)")
+        return True
+    return False
+
+
+#: the Hopper rungs' cases: both head dims, a stage reused (3+ key tiles), causal with empty rows, one tile
+HOPPER_CASES = [((2,), 70, 45, 64, True, np.float16), ((), 150, 300, 64, False, np.float16),
+                ((), 33, 200, 128, True, np.float16), ((), 5, 3, 128, False, np.float16)]
+
+
+def run_flash_attention_wgmma(cp, backend) -> bool:
+    # the Hopper rung, and the trace build
+    if _hopper_skip(cp, backend):
         return True
     return _forward(cp, backend, launch.flash_attention_wgmma_gpu, "wgmma", np.random.default_rng(8),
-                    [((2,), 70, 45, 64, True, np.float16), ((), 150, 300, 64, False, np.float16),
-                     ((), 33, 200, 128, True, np.float16), ((), 5, 3, 128, False, np.float16)], {"float16": 3e-3})
+                    HOPPER_CASES, {"float16": 3e-3})
+
+
+def run_flash_attention_wgmma_overlap(cp, backend) -> bool:
+    # the Hopper rung with softmax overlapped with the products (two wgmma groups in flight, 3 stages)
+    if _hopper_skip(cp, backend):
+        return True
+    return _forward(cp, backend, launch.flash_attention_wgmma_overlap_gpu, "wgmma_overlap",
+                    np.random.default_rng(8), HOPPER_CASES, {"float16": 3e-3})
 
 
 def main(argv=None) -> int:

@@ -1,8 +1,10 @@
-"""The Hopper rung (flash_attention_wgmma.cu: TMA, mbarriers, wgmma, one producer and two consumer
-warpgroups): against NumPy on edge shapes (the emulator everywhere, an sm_90 GPU where one is
-present), its NaN rule, its trace, bitwise repeatable output; what its compiled code holds
-(wgmma, cp.async.bulk.tensor, mbarrier waits; no ldmatrix, mma.sync or cp.async; no spills);
-the 128-byte swizzle that TMA writes and wgmma reads; and the emulator's tensor maps."""
+"""The Hopper rungs (flash_attention_wgmma.cu: TMA, mbarriers, wgmma, one producer and two consumer
+warpgroups; flash_attention_wgmma_overlap.cu: the same steps with softmax overlapped with the
+products): against NumPy on edge shapes (the emulator everywhere, an sm_90 GPU where one is
+present), their NaN rule, their trace, bitwise repeatable output, the two rungs bitwise alike;
+what the compiled code holds (wgmma, cp.async.bulk.tensor, mbarrier waits; no ldmatrix, mma.sync
+or cp.async; no spills; no wgmma serialised by ptxas); the 128-byte swizzle that TMA writes and
+wgmma reads; and the emulator's tensor maps."""
 import os
 
 import numpy as np
@@ -32,6 +34,18 @@ def backend(request):
     return request.param
 
 
+#: the two Hopper forwards: the plain order, and softmax overlapped with the products
+FORWARDS = [pytest.param(gpu.flash_attention_wgmma_gpu, id="plain"),
+            pytest.param(gpu.flash_attention_wgmma_overlap_gpu, id="overlap")]
+HOPPER_BUILDS = {"flash_attention_wgmma": gpu.flash_attention_wgmma_build,
+                 "flash_attention_wgmma_overlap": gpu.flash_attention_wgmma_overlap_build}
+
+
+@pytest.fixture(params=FORWARDS)
+def forward(request):
+    return request.param
+
+
 CASES = [
     # d = 64: 128-key tiles; d = 128: 64-key tiles; 128 query rows a block (2 consumers x 64)
     pytest.param((), 150, 130, 64, False, "float16", id="d64-two-query-blocks-N-not-a-multiple"),
@@ -45,10 +59,10 @@ CASES = [
 
 
 @pytest.mark.parametrize("lead, nq, nk, d, causal, dtype", CASES)
-def test_wgmma_kernel_matches_the_reference(backend, lead, nq, nk, d, causal, dtype):
+def test_wgmma_kernel_matches_the_reference(backend, forward, lead, nq, nk, d, causal, dtype):
     rng = np.random.default_rng(nq * 1000 + nk + d)
     (q, q64), (k, k64), (v, v64) = (stored(rng.standard_normal((*lead, n, d)), dtype) for n in (nq, nk, nk))
-    out, lse = gpu.flash_attention_wgmma_gpu(q, k, v, causal=causal, bfloat16=dtype == "bfloat16", backend=backend)
+    out, lse = forward(q, k, v, causal=causal, bfloat16=dtype == "bfloat16", backend=backend)
     assert out.shape == q.shape and out.dtype == q.dtype and lse.shape == q.shape[:-1] and lse.dtype == np.float32
     ref, ref_lse = flash_reference(q64, k64, v64, causal)
     base, base_lse = baseline_attention(q64, k64, v64, dtype, causal=causal)
@@ -71,30 +85,51 @@ def test_wgmma_kernel_agrees_with_the_fa2_rung(backend):
     np.testing.assert_allclose(la, lb, atol=1e-5)
 
 
-def test_wgmma_kernel_with_no_keys_gives_empty_rows(backend):
+def test_wgmma_kernel_with_no_keys_gives_empty_rows(backend, forward):
     q = np.ones((10, 64), np.float16)
     kv = np.ones((0, 64), np.float16)
-    out, lse = gpu.flash_attention_wgmma_gpu(q, kv, kv, backend=backend)
+    out, lse = forward(q, kv, kv, backend=backend)
     assert out.shape == q.shape and not out.any() and np.isneginf(lse).all()
     empty = np.ones((0, 64), np.float16)
-    out, lse = gpu.flash_attention_wgmma_gpu(empty, q, q, backend=backend)
+    out, lse = forward(empty, q, q, backend=backend)
     assert out.shape == (0, 64) and lse.shape == (0,)
 
 
-def test_wgmma_kernel_is_bitwise_repeatable(backend):
+def test_wgmma_kernel_is_bitwise_repeatable(backend, forward):
     rng = np.random.default_rng(9)
     q, k, v = (rng.standard_normal((2, 140, 64)).astype(np.float16) for _ in range(3))
-    a = gpu.flash_attention_wgmma_gpu(q, k, v, causal=True, backend=backend)
-    b = gpu.flash_attention_wgmma_gpu(q, k, v, causal=True, backend=backend)
+    a = forward(q, k, v, causal=True, backend=backend)
+    b = forward(q, k, v, causal=True, backend=backend)
     assert a[0].tobytes() == b[0].tobytes() and a[1].tobytes() == b[1].tobytes()
 
 
+@pytest.mark.parametrize("nq, nk, d, causal, poison", [
+    (150, 700, 64, True, None),          # 6 key tiles of 128: every stage of 3 used twice
+    (33, 460, 128, False, None),         # 8 key tiles of 64
+    (130, 300, 128, True, np.nan),       # a NaN in V: step 7 runs one iteration after its tile's softmax
+])
+def test_overlapped_rung_is_bitwise_the_plain_rung(backend, nq, nk, d, causal, poison):
+    # the same arithmetic in the same order: O = alpha_j (O + P_{j-1} V_{j-1}) is what the plain rung does
+    rng = np.random.default_rng(nq + nk + d)
+    q, k, v = (rng.standard_normal((2, n, d)).astype(np.float16) for n in (nq, nk, nk))
+    if poison is not None:
+        v[1, nk // 2, 5] = poison
+    a = gpu.flash_attention_wgmma_gpu(q, k, v, causal=causal, backend=backend)
+    b = gpu.flash_attention_wgmma_overlap_gpu(q, k, v, causal=causal, backend=backend)
+    if backend == "emulator":
+        assert a[0].tobytes() == b[0].tobytes() and a[1].tobytes() == b[1].tobytes()
+    else:                                # (on a GPU ptxas schedules the two kernels' code differently)
+        np.testing.assert_allclose(b[0].astype(np.float64), a[0].astype(np.float64), rtol=2e-3, atol=2e-3)
+        np.testing.assert_allclose(b[1], a[1], rtol=1e-5, atol=1e-5)
+    assert np.array_equal(np.isnan(a[0]), np.isnan(b[0]))
+
+
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
-def test_wgmma_kernel_keeps_hidden_nan_out_and_visible_nan_in(backend, bad):
+def test_wgmma_kernel_keeps_hidden_nan_out_and_visible_nan_in(backend, forward, bad):
     rng = np.random.default_rng(10)
     q, k, v = (rng.standard_normal((20, 64)).astype(np.float16) for _ in range(3))
     v[19, 3] = bad                  # causal, Nq = Nk: only row 19 sees key 19
-    out, lse = gpu.flash_attention_wgmma_gpu(q, k, v, causal=True, backend=backend)
+    out, lse = forward(q, k, v, causal=True, backend=backend)
     out = out.astype(np.float64)
     assert np.isfinite(out[:19]).all() and np.isfinite(lse).all()
     assert out[19, 3] == bad if bad == np.inf else np.isnan(out[19, 3])
@@ -106,9 +141,9 @@ def test_wgmma_kernel_keeps_hidden_nan_out_and_visible_nan_in(backend, bad):
     (130, 150, 64, "float16"),              # two query blocks, the diagonal inside 128-key tiles
     (20, 90, 128, "bfloat16"),              # one block, the diagonal across two 64-key tiles
 ])
-def test_wgmma_rows_never_see_poison_they_cannot_see(backend, poison, nq, nk, d, dtype):
+def test_wgmma_rows_never_see_poison_they_cannot_see(backend, forward, poison, nq, nk, d, dtype):
     def launch(q, k, v):
-        return gpu.flash_attention_wgmma_gpu(q, k, v, causal=True, bfloat16=dtype == "bfloat16", backend=backend)
+        return forward(q, k, v, causal=True, bfloat16=dtype == "bfloat16", backend=backend)
     cut_rows = sorted({nq - nk + 3 if nq > nk else 0, nq // 2 + 1, nq - 2})
     out, lse, q64, k64, v64 = forward_poison_check(launch, nq, nk, d, dtype, poison, cut_rows)
     assert_attention_close(out, lse, q64, k64, v64, dtype, causal=True)
@@ -130,12 +165,12 @@ def test_wgmma_nan_and_inf_in_a_visible_value_reach_exactly_its_column(backend):
     assert lse.tobytes() == clean_lse.tobytes()
 
 
-def test_wgmma_trace_matches_the_numpy_trace(backend):
+def test_wgmma_trace_matches_the_numpy_trace(backend, forward):
     rng = np.random.default_rng(11)
     q, k, v = (rng.standard_normal((150 if i == 0 else 300, 64)).astype(np.float16) for i in range(3))
     block_q, block_k = flash_attention_wgmma_config(64)
     rows = [0, 17, 63, 64, 127, 128, 149]          # both consumers, both query blocks
-    _, _, trace = gpu.flash_attention_wgmma_gpu(q, k, v, trace_rows=rows, backend=backend)
+    _, _, trace = forward(q, k, v, trace_rows=rows, backend=backend)
     _, ref = lessons.flash_attention(*(x.astype(np.float64) for x in (q, k, v)), tile=block_k, block_q=block_q,
                                      return_trace=True)
     for row in rows:
@@ -158,6 +193,14 @@ def test_wgmma_kernel_refuses_what_it_cannot_do():
         flash_attention_wgmma_config(64.0)
     with pytest.raises(TypeError, match="causal"):
         gpu.flash_attention_wgmma_gpu(x, x, x, causal=1, backend="emulator")
+    with pytest.raises(TypeError, match="causal"):
+        gpu.flash_attention_wgmma_overlap_gpu(x, x, x, causal=1, backend="emulator")
+    with pytest.raises(ValueError, match="head_dim must be one of"):
+        gpu.flash_attention_wgmma_overlap_gpu(*[np.zeros((8, 32), np.float16)] * 3, backend="emulator")
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        gpu.flash_attention_wgmma_overlap_build(128, "float32")
+    with pytest.raises(ValueError, match="stages"):
+        flash_attention_wgmma_smem_bytes(64, 128, 5)
 
 
 def test_wgmma_shared_memory_by_hand():
@@ -209,14 +252,19 @@ def test_emulated_tensor_map_holds_the_tensor_it_names():
 @needs_nvrtc
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_wgmma_kernel_compiles_for_sm90a_without_spills(d, dtype):
-    build = gpu.flash_attention_wgmma_build(d, dtype)
-    res = gpu.compile_kernel(build, "sm_90a").resources["flash_attention_wgmma"]
+@pytest.mark.parametrize("kernel", sorted(HOPPER_BUILDS))
+def test_wgmma_kernel_compiles_for_sm90a_without_spills(kernel, d, dtype):
+    build = HOPPER_BUILDS[kernel](d, dtype)
+    compiled = gpu.compile_kernel(build, "sm_90a")
+    res = compiled.resources[kernel]
     assert res.spill_store_bytes == 0 and res.spill_load_bytes == 0 and res.stack_bytes == 0
     assert res.threads_per_block == 384 and res.smem_bytes == 0          # all of it dynamic
     # one block of 384 threads per SM: 65536 registers / 384 threads = 170, in steps of 8: 168
     assert res.registers <= 168
     assert build.dynamic_smem_bytes <= 227 * 1024                          # what one block may have on sm_90
+    # ptxas did not serialise the products (C7513/C7515: a register of a product in flight written by
+    # ordinary code); the overlapped rung would lose its point
+    assert "Potential Performance Loss" not in compiled.log, compiled.log
 
 
 @needs_nvrtc
@@ -233,15 +281,48 @@ def test_wgmma_ptx_holds_the_instructions_of_the_rung(d):
     assert ptx.count(f"wgmma.mma_async.sync.aligned.m64n{d}k16.f32.f16.f16") == bk // 16 + (d // 16 if bk == d else 0)
     assert "wgmma.fence.sync.aligned" in ptx and "wgmma.commit_group.sync.aligned" in ptx
     assert "wgmma.wait_group.sync.aligned 0" in ptx
-    # TMA: one copy per 64-column panel (the loops unrolled) of Q, and of K and V at the two places the
-    # producer starts a tile (the first, then each next one); bytes completed on mbarriers
-    assert ptx.count("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes") == 5 * (d // 64)
+    # TMA: one copy per 64-column panel (the loops unrolled) of Q, and of K and V in the copying thread's
+    # loop; bytes completed on mbarriers
+    assert ptx.count("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes") == 3 * (d // 64)
     assert "mbarrier.arrive.expect_tx.shared::cta.b64" in ptx and "mbarrier.try_wait.parity.shared::cta.b64" in ptx
     assert "fence.proxy.async.shared::cta" in ptx and "vote.sync.any.pred" in ptx   # the producer warp checks V
     assert "bar.red" not in ptx                       # and the two consumers never wait for each other
     # what the rung removes: per-thread copies, ldmatrix and mma.sync
     assert "ldmatrix" not in ptx and "mma.sync" not in ptx and "cp.async.cg" not in ptx
     assert "ex2.approx.ftz.f32" in ptx and "cvt.rn.f16x2.f32" in ptx
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("d", [64, 128])
+def test_overlapped_ptx_keeps_two_products_in_flight(d):
+    from lessons.gpu.compile import compile_ptx, entry_ptx
+
+    ptx = entry_ptx(compile_ptx(gpu.flash_attention_wgmma_overlap_build(d)), "flash_attention_wgmma_overlap")
+    _, bk = WGMMA_CONFIGS[d]
+    # S = Q K^T before the loop (tile 0) and in it; P V in it and after it (the last tile)
+    assert ptx.count(f"wgmma.mma_async.sync.aligned.m64n{bk}k16.f32.f16.f16") == 2 * (d // 16)
+    assert ptx.count(f"wgmma.mma_async.sync.aligned.m64n{d}k16.f32.f16.f16") == 2 * (bk // 16)
+    # in the loop: two commit groups, then a wait that leaves the newest (P V) running, then one for all
+    assert ptx.count("wgmma.wait_group.sync.aligned 1") == 1
+    loop = ptx[ptx.index("wgmma.wait_group.sync.aligned 1"):]
+    assert "ex2.approx.ftz.f32" in loop.split("wgmma.wait_group.sync.aligned 0")[0]   # softmax between the waits
+    assert ptx.count("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes") == 3 * (d // 64)
+    assert "ldmatrix" not in ptx and "mma.sync" not in ptx and "bar.red" not in ptx
+
+
+@needs_nvrtc
+def test_the_overlapped_rungs_text_quotes_the_compiler():
+    from lessons.gpu import ladder
+    from lessons.gpu.compile import nvrtc_version
+
+    text = ladder.rung("wgmma_overlap").predicted
+    regs = {d: gpu.compile_kernel(gpu.flash_attention_wgmma_overlap_build(d), "sm_90a")
+            .resources["flash_attention_wgmma_overlap"].registers for d in (64, 128)}
+    smem = {d: flash_attention_wgmma_smem_bytes(d, WGMMA_CONFIGS[d][1], 3) for d in (64, 128)}
+    assert f"{smem[64]:,} / {smem[128]:,} bytes of dynamic shared memory".replace(",", " ") in text
+    assert gpu.flash_attention_wgmma_overlap_build(128).dynamic_smem_bytes == smem[128] == 132188   # the docstring's
+    if nvrtc_version()[:2] == (12, 9):                # the version the text names
+        assert f"{regs[64]} registers at d = 64, {regs[128]} at d = 128" in text
 
 
 @needs_nvrtc

@@ -33,7 +33,8 @@ from lessons.gpu.source import (MAX_HEAD_DIM, MMA_BLOCK_Q, MMA_DTYPES, flash_att
 from lessons.gpu.source import flash_attention_regtile_build, flash_attention_regtile_config
 from lessons.gpu.source import flash_attention_mma_async_build, flash_attention_mma_async_config
 from lessons.gpu.source import flash_attention_mma_fa2_build, flash_attention_mma_fa2_config
-from lessons.gpu.source import flash_attention_wgmma_build, flash_attention_wgmma_config
+from lessons.gpu.source import (flash_attention_wgmma_build, flash_attention_wgmma_config,
+                                flash_attention_wgmma_overlap_build)
 from lessons.gpu.trace_compare import GpuTrace
 
 __all__ = ["flash_attention_gpu", "flash_attention_mma_gpu", "mma_probe_gpu", "online_softmax_gpu", "paged_decode_gpu",
@@ -41,7 +42,7 @@ __all__ = ["flash_attention_gpu", "flash_attention_mma_gpu", "mma_probe_gpu", "o
            "SplitTraces", "BACKENDS", "MAX_TRACE_ROWS", "Runner"]
 __all__ += ["flash_attention_regtile_gpu", "flash_attention_mma_async_gpu", "paged_decode_split_gpu"]
 __all__ += ["flash_attention_mma_fa2_gpu", "open_device", "kernel_row_trace", "flash_attention_wgmma_gpu",
-            "wgmma_probe_gpu"]
+            "flash_attention_wgmma_overlap_gpu", "wgmma_probe_gpu"]
 
 BACKENDS = ("cupy", "emulator")
 #: most rows one launch may trace (each traced row is looked up by every thread)
@@ -600,12 +601,34 @@ def flash_attention_wgmma_gpu(q, k, v, *, scale=None, causal: bool = False, bflo
     Source: Shah et al. 2024 (FlashAttention-3), Sec. 3.1; Dao 2023 (FlashAttention-2), Alg. 1;
     PTX ISA 8.x, wgmma.mma_async, cp.async.bulk.tensor, mbarrier.
     """
+    return _wgmma_forward(flash_attention_wgmma_build, q, k, v, scale, causal, bfloat16, trace_rows, backend)
+
+
+def flash_attention_wgmma_overlap_gpu(q, k, v, *, scale=None, causal: bool = False, bfloat16: bool = False,
+                                      trace_rows=None, backend: str = "cupy"):
+    """The Hopper rung with softmax overlapped with the products
+    (``kernels/flash_attention_wgmma_overlap.cu``), or its CPU emulation.
+
+    :func:`flash_attention_wgmma_gpu`'s kernel with each consumer's steps reordered as in
+    FlashAttention-3's Algorithm 2: the consumer issues ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}``
+    together, waits only for the first, and computes tile j's softmax while the tensor cores do the
+    second; 3 K/V stages instead of 2. The arithmetic and its order are the plain rung's, so the
+    output is bitwise the same. Arguments, returns, errors and trace as
+    :func:`flash_attention_wgmma_gpu`.
+    Source: Shah et al. 2024 (FlashAttention-3), Sec. 3.2 and Alg. 2; Dao 2023 (FlashAttention-2), Alg. 1.
+    """
+    return _wgmma_forward(flash_attention_wgmma_overlap_build, q, k, v, scale, causal, bfloat16, trace_rows, backend)
+
+
+def _wgmma_forward(make_build, q, k, v, scale, causal, bfloat16, trace_rows, backend):
+    """The launch both Hopper forwards share: ``make_build(d, dtype, trace)`` picks the kernel file,
+    whose one forward entry point has the file's name."""
     backend = _check_backend(backend)
     f = _check_fixed_tile_forward(q, k, v, scale, causal, bfloat16, flash_attention_wgmma_config)
     block_q, block_k = flash_attention_wgmma_config(f.d)
     tracing = trace_rows is not None
     rows = _check_rows(trace_rows, "trace_rows", f.n_q) if tracing else []
-    build = flash_attention_wgmma_build(f.d, f.dtype, tracing)
+    build = make_build(f.d, f.dtype, tracing)
     run = Runner(backend, f.kind)
     _require_hopper(run)
     (q3, k3, v3), maps = _tma_operands(run, f.dtype, [(q, f.batch_heads, f.n_q, block_q),
@@ -615,7 +638,7 @@ def flash_attention_wgmma_gpu(q, k, v, *, scale=None, causal: bool = False, bflo
     lse = run.xp.empty(q3.shape[:-1], dtype=np.float32)
     n_tiles = -(-f.n_k // block_k)
     trace = _trace_buffer(run, (f.batch_heads, len(rows), n_tiles, 3), build.trace)
-    run.launch(build, "flash_attention_wgmma", (-(-f.n_q // block_q), f.batch_heads),
+    run.launch(build, build.kernel, (-(-f.n_q // block_q), f.batch_heads),
                [*maps, v3, out, lse, f.n_q, f.n_k, f.scale, int(f.causal), _rows_buffer(run, rows), len(rows),
                 n_tiles, trace])
     shape = (*f.lead, f.n_q, f.d)

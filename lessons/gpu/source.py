@@ -34,7 +34,8 @@ __all__ = [
     "FA2_CONFIGS", "flash_attention_mma_fa2_config", "flash_attention_mma_fa2_smem_bytes",
     "flash_attention_mma_fa2_build", "fa2_swizzle",
     "WGMMA_CONFIGS", "WGMMA_ARCH", "flash_attention_wgmma_config", "flash_attention_wgmma_smem_bytes",
-    "flash_attention_wgmma_build", "wgmma_swizzle",
+    "flash_attention_wgmma_build", "wgmma_swizzle", "WGMMA_KERNELS", "WGMMA_OVERLAP_STAGES",
+    "flash_attention_wgmma_overlap_build",
     "MAX_SPLIT_HEADS_PER_BLOCK", "paged_decode_split_layout", "paged_decode_split_smem_bytes",
     "paged_decode_split_config", "paged_decode_split_build", "decode_splits", "decode_split_cost", "H200_NUM_SMS",
 ]
@@ -50,6 +51,7 @@ KERNELS = {
     "flash_attention_mma_async": ("flash_attention_mma_async",),
     "flash_attention_mma_fa2": ("flash_attention_mma_fa2",),
     "flash_attention_wgmma": ("flash_attention_wgmma", "wgmma_probe"),
+    "flash_attention_wgmma_overlap": ("flash_attention_wgmma_overlap",),
     "paged_decode": ("paged_decode", "paged_decode_split", "merge_splits"),
     "paged_decode_split": ("paged_decode_gqa_split", "merge_split_states"),
     "flash_attention_backward": ("flash_attention_backward_preprocess", "flash_attention_backward_dkdv",
@@ -361,12 +363,16 @@ WGMMA_ARCH = "sm_90a"
 WGMMA_CONFIGS = {64: (128, 128), 128: (128, 64)}
 #: threads of a block: one producer warpgroup and two consumer warpgroups
 WGMMA_THREADS = 384
-#: K/V stages in flight
+#: K/V stages in flight: the plain rung, and the rung that overlaps softmax with the products (a
+#: stage is released one iteration later there, so one more keeps the copies an iteration ahead)
 WGMMA_STAGES = 2
+WGMMA_OVERLAP_STAGES = 3
+#: the kernel files of the Hopper rungs (sm_90a, 384 threads, all shared memory dynamic)
+WGMMA_KERNELS = ("flash_attention_wgmma", "flash_attention_wgmma_overlap")
 
 
 def flash_attention_wgmma_config(head_dim: int) -> tuple[int, int]:
-    """``(block_q, block_k)`` of the Hopper rung (:data:`WGMMA_CONFIGS`). ``head_dim`` must be
+    """``(block_q, block_k)`` of the Hopper rungs (:data:`WGMMA_CONFIGS`). ``head_dim`` must be
     64 or 128: TypeError for a non-integer, ValueError naming ``head_dim`` otherwise.
     Source: Shah et al. 2024 (FlashAttention-3), Sec. 3.1 (block sizes)."""
     d = check_int(head_dim, "head_dim")
@@ -375,13 +381,17 @@ def flash_attention_wgmma_config(head_dim: int) -> tuple[int, int]:
     return WGMMA_CONFIGS[d]
 
 
-def flash_attention_wgmma_smem_bytes(head_dim: int, block_k: int) -> int:
-    """Dynamic shared memory of ``flash_attention_wgmma`` in bytes: the 128-row Q tile, two stages
-    of a K and a V tile of ``block_k`` rows (16-bit values, no padding: swizzled), seven 8-byte
+def flash_attention_wgmma_smem_bytes(head_dim: int, block_k: int, stages: int = WGMMA_STAGES) -> int:
+    """Dynamic shared memory of a Hopper rung in bytes: the 128-row Q tile, ``stages`` stages of a K
+    and a V tile of ``block_k`` rows (16-bit values, no padding: swizzled), 1 + 3 x stages 8-byte
     mbarriers (Q; full, ready, empty per stage), a 4-byte flag per stage, and 1024 bytes of room to
-    start the tiles on a 1024-byte boundary. ``2 * 128 * d + 2 * 2 * 2 * block_k * d + 56 + 8 + 1024``."""
-    return (2 * 128 * head_dim + WGMMA_STAGES * 2 * 2 * block_k * head_dim + 8 * (1 + 3 * WGMMA_STAGES)
-            + 4 * WGMMA_STAGES + 1024)
+    start the tiles on a 1024-byte boundary: ``2 * 128 * d + stages * 2 * 2 * block_k * d + 8 (1 + 3
+    stages) + 4 stages + 1024``. Two stages at d = 128, block_k = 64: 99,392 bytes; three: 132,188.
+    ``stages`` in 2..4 (ValueError otherwise, naming it)."""
+    stages = check_int(stages, "stages")
+    if not 2 <= stages <= 4:
+        raise ValueError(f"stages must be in 2..4, got {stages}")
+    return 2 * 128 * head_dim + stages * 2 * 2 * block_k * head_dim + 8 * (1 + 3 * stages) + 4 * stages + 1024
 
 
 def wgmma_swizzle(row: int, col: int, rows: int, head_dim: int) -> int:
@@ -404,6 +414,17 @@ def flash_attention_wgmma_build(head_dim: int, dtype: str = "float16", trace: bo
         raise ValueError(f"the tensor-core kernel takes dtype float16 or bfloat16, got {dtype!r}")
     _, bk = flash_attention_wgmma_config(head_dim)
     return KernelBuild.make("flash_attention_wgmma", dtype, trace, HEAD_DIM=head_dim, BLOCK_K=bk)
+
+
+def flash_attention_wgmma_overlap_build(head_dim: int, dtype: str = "float16", trace: bool = False) -> "KernelBuild":
+    """The :class:`KernelBuild` of the Hopper rung that overlaps softmax with the products
+    (``kernels/flash_attention_wgmma_overlap.cu``): the tiles of :func:`flash_attention_wgmma_build`,
+    :data:`WGMMA_OVERLAP_STAGES` stages. sm_90a only. ValueError for another dtype or head dim."""
+    if dtype not in MMA_DTYPES:
+        raise ValueError(f"the tensor-core kernel takes dtype float16 or bfloat16, got {dtype!r}")
+    _, bk = flash_attention_wgmma_config(head_dim)
+    return KernelBuild.make("flash_attention_wgmma_overlap", dtype, trace, HEAD_DIM=head_dim, BLOCK_K=bk,
+                            STAGES=WGMMA_OVERLAP_STAGES)
 
 
 # ---------------------------------------------------------------------------
@@ -789,7 +810,7 @@ class KernelBuild:
             return 2 * flash_attention_mma_smem_bytes(d["HEAD_DIM"], d["BLOCK_K"])
         if self.kernel == "flash_attention_mma_fa2":
             return flash_attention_mma_fa2_smem_bytes(d["HEAD_DIM"], d["BLOCK_K"])
-        if self.kernel == "flash_attention_wgmma":
+        if self.kernel in WGMMA_KERNELS:
             return 0                                         # (all of it dynamic: dynamic_smem_bytes)
         if self.kernel == "flash_attention_regtile":
             return flash_attention_regtile_smem_bytes(d["HEAD_DIM"], d["BLOCK_Q"], d["BLOCK_K"])
@@ -816,19 +837,19 @@ class KernelBuild:
     def dynamic_smem_bytes(self) -> int:
         """Dynamic shared memory a launch of this build asks for (bytes); 0 for the kernels whose
         shared memory is all static."""
-        if self.kernel == "flash_attention_wgmma":
+        if self.kernel in WGMMA_KERNELS:
             d = dict(self.defines)
-            return flash_attention_wgmma_smem_bytes(d["HEAD_DIM"], d["BLOCK_K"])
+            return flash_attention_wgmma_smem_bytes(d["HEAD_DIM"], d["BLOCK_K"], d.get("STAGES", WGMMA_STAGES))
         return 0
 
     @property
     def arch(self) -> str | None:
         """The one architecture this build compiles for, or None for any of sm_80 and newer."""
-        return WGMMA_ARCH if self.kernel == "flash_attention_wgmma" else None
+        return WGMMA_ARCH if self.kernel in WGMMA_KERNELS else None
 
     @property
     def threads_per_block(self) -> int:
-        if self.kernel == "flash_attention_wgmma":
+        if self.kernel in WGMMA_KERNELS:
             return WGMMA_THREADS
         if self.kernel == "flash_attention_mma_fa2":         # one warp per 16 query rows
             return 32 * (dict(self.defines)["BLOCK_Q"] // 16)

@@ -273,6 +273,7 @@ inline void wgmma_fence() {}
 inline void wgmma_commit() { ++emu::groups_committed[threadIdx.x]; }
 template <int N> inline void wgmma_wait() { emu::flush(threadIdx.x, N); }
 inline void fence_operand(float&) {}
+inline void fence_operand(unsigned&) {}
 
 #else
 // ---------------------------------------------------------------------------
@@ -326,8 +327,10 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 template <int N> __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(N) : "memory");
 }
-// keep the compiler from moving reads of an accumulator across wgmma.wait_group
+// keep the compiler from moving reads of an accumulator across wgmma.wait_group, or from reusing the
+// registers of an A operand from registers before the wait that covers its product
 __device__ __forceinline__ void fence_operand(float& x) { asm volatile("" : "+f"(x) :: "memory"); }
+__device__ __forceinline__ void fence_operand(unsigned& x) { asm volatile("" : "+r"(x) :: "memory"); }
 
 // d (64 x N) = (scale_d ? d : 0) + A B; wgmma_ss: A and B from shared memory (both K-major);
 // wgmma_rs_tb: A from registers, B MN-major (.trans, imm-trans-b = 1). One instruction each.

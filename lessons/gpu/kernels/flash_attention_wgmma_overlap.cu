@@ -1,0 +1,157 @@
+// flash_attention_wgmma_overlap.cu - the Hopper rung with softmax overlapped with the products.
+//
+// Everything of flash_attention_wgmma.cu stays (read it first): the producer warpgroup, TMA, the
+// mbarrier pipeline, the two consumer warpgroups of 64 query rows, wgmma, the fold and its NaN rule;
+// the steps themselves are the same functions (wgmma_forward.cuh). What changes is their order in
+// each consumer (FlashAttention-3, Shah et al. 2024, Sec. 3.2, "intra-warpgroup overlapping", Alg. 2).
+//
+// In flash_attention_wgmma.cu a consumer waits for S_j = Q K_j^T, does the softmax of tile j, then
+// issues and waits for O += P_j V_j: while it computes exp2 and the row sums its tensor cores idle,
+// and while they multiply it idles. wgmma is asynchronous, so a consumer can keep two products in
+// flight and compute between them:
+//
+//     S_0 = Q K_0^T; wait; softmax(S_0) -> P_0
+//     for j = 1 .. T - 1:
+//         issue S_j = Q K_j^T                  (commit group 1)
+//         issue O += P_{j-1} V_{j-1}           (commit group 2)
+//         wait until at most 1 group is left:  S_j is done, P_{j-1} V_{j-1} may still run
+//         softmax(S_j) -> P_j, alpha_j, l      (CUDA cores, while the tensor cores do P_{j-1} V_{j-1})
+//         wait for all:                        P_{j-1} V_{j-1} is done; release tile j - 1's stage
+//         O = alpha_j O
+//     O += P_{T-1} V_{T-1}; wait
+//
+// The arithmetic is the plain rung's, in the plain rung's order (O = alpha_j (O + P_{j-1} V_{j-1})
+// before P_j V_j is added, as O = alpha_j O_{j-1} + P_j V_j does), so the output is bitwise the same.
+// What it costs: registers for S_j and P_{j-1} at once (P_{j-1} must stay untouched in its registers
+// until the product reading it has finished), and one stage more (STAGES = 3): a tile's V is
+// released one iteration later than in the plain rung, so the copy of tile j + 2 can start only when
+// P_{j-1} V_{j-1} is done, and a third stage keeps it an iteration ahead of its use.
+// Not here (FlashAttention-3's other steps): the two consumers take no turns on the tensor cores
+// (ping-pong with named barriers), and registers are not moved from the producer to the consumers
+// (setmaxnreg).
+//
+// Launch as flash_attention_wgmma (grid, 384 threads, tensor maps, arguments), with this build's
+// SMEM_ALLOC bytes of dynamic shared memory. Defines: HEAD_DIM (64 or 128), BLOCK_K (64 or 128),
+// STAGES (3), FA_DTYPE 1 or 2, FA_TRACE. sm_90a only.
+#include "wgmma_forward.cuh"
+
+extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)
+flash_attention_wgmma_overlap(const __grid_constant__ TmaDescriptor tm_q, const __grid_constant__ TmaDescriptor tm_k,
+                              const __grid_constant__ TmaDescriptor tm_v, const scalar_t* __restrict__ v,
+                              scalar_t* __restrict__ out, float* __restrict__ lse, int n_q, int n_k, float scale,
+                              int causal, const int* __restrict__ trace_rows, int n_trace_rows, int trace_tiles,
+                              float* __restrict__ trace) {
+    DECLARE_SMEM;
+    const saddr_t raw_s = saddr(smem_raw);
+    const int pad = pad_to_1024(raw_s);
+    unsigned char* smem = smem_raw + pad;
+    const saddr_t base = sadd_bytes(raw_s, pad);
+    volatile int* v_flags = reinterpret_cast<volatile int*>(smem + FLAG_OFFSET);   // stage s's V held inf/NaN
+    const int tid = threadIdx.x;
+    const int q_start = blockIdx.x * BLOCK_Q;
+    const int bh = blockIdx.y;
+    const int n_tiles = tiles_to_visit(q_start, BLOCK_Q, n_q, n_k, BLOCK_K, causal);
+
+    if (tid == 0) init_barriers(base);
+    __syncthreads();
+
+    // ---- the producer warpgroup, as in flash_attention_wgmma.cu ---------------------------------
+    if (tid < 128) {
+        if (tid == 0) copy_tiles(&tm_q, &tm_k, &tm_v, base, q_start, bh, n_tiles);
+        else if (tid >= 32 && tid < 64) check_v_tiles(base, smem, v_flags, tid - 32, n_tiles);
+        return;
+    }
+
+    // ---- the consumers: tile j's softmax while tile j - 1's P V runs ------------------------------
+    const int ctid = tid - 128;
+    const int wg = ctid / 128;
+    const int warp = (ctid % 128) / 32, lane = tid % 32;
+    const int g = lane / 4, t = lane % 4;
+    const int warp_q0 = q_start + wg * 64 + warp * 16;
+    const int row_g = warp_q0 + g;
+    const float scale_log2 = scale * LOG2E;
+    const scalar_t* v_bh = v + (long long)bh * n_k * HEAD_DIM;
+#ifdef FA_TRACE
+    int trace_slot[2];
+    find_trace_slots(trace_slot, trace_rows, n_trace_rows, row_g, n_q);
+#endif
+
+    float m2[2] = {NEG_INF, NEG_INF};
+    float l[2] = {0.f, 0.f};
+    float o[O_TILES * 4];
+#pragma unroll
+    for (int i = 0; i < O_TILES * 4; ++i) o[i] = 0.f;
+    unsigned p16[S_TILES][2];                        // P of the tile whose P V is issued next
+    unsigned p_zero_bits[2] = {0u, 0u};              // its zero bits, when its V held inf or NaN
+    bool prev_bad = false;                           // its V held inf or NaN
+    float alpha[2], row_sum[2];
+
+    mbar_wait(bar_q(base), 0);
+    if (n_tiles > 0) {                               // tile 0: S_0, then its softmax (nothing to overlap)
+        mbar_wait(bar_ready(base, 0), 0);
+        prev_bad = v_flags[0] != 0;
+        float sacc[S_TILES * 4];
+        wgmma_fence();
+        issue_qk(sacc, base, wg, 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_s(sacc);
+        softmax_step(sacc, m2, alpha, row_sum, 0, warp_q0, row_g, t, n_q, n_k, causal, scale_log2);
+        pack_p(sacc, p16);
+        update_l(l, alpha, row_sum);                 // (o is 0: nothing to rescale)
+        if (prev_bad) zero_bits(p16, p_zero_bits);
+#ifdef FA_TRACE
+        record_trace(trace, trace_slot, bh, n_trace_rows, trace_tiles, 0, t, m2, alpha, l);
+#endif
+    }
+    for (int tile = 1; tile < n_tiles; ++tile) {
+        const int s = tile % STAGES, prev_s = (tile - 1) % STAGES;
+        mbar_wait(bar_ready(base, s), (tile / STAGES) & 1);
+        const bool bad = v_flags[s] != 0;
+
+        // issue S_j = Q K_j^T, then O += P_{j-1} V_{j-1}: two commit groups in flight
+        float sacc[S_TILES * 4];
+        fence_o(o);
+        wgmma_fence();
+        issue_qk(sacc, base, wg, s);
+        wgmma_commit();
+        issue_pv(o, p16, v_tile(base, prev_s));
+        wgmma_commit();
+
+        // S_j is done (at most the newest group, P V, still runs): its softmax overlaps the product.
+        // It writes P_j in float32 over S_j, registers no product in flight uses
+        wgmma_wait<1>();
+        fence_s(sacc);
+        softmax_step(sacc, m2, alpha, row_sum, tile * BLOCK_K, warp_q0, row_g, t, n_q, n_k, causal, scale_log2);
+        update_l(l, alpha, row_sum);
+
+        // P_{j-1} V_{j-1} is done: step 7 for tile j - 1, release its stage, rescale O for tile j, and
+        // only now round P_j into the registers P_{j-1} held (writing them while the product still read
+        // them would be wrong, and ptxas would serialise the products to prevent it)
+        wgmma_wait<0>();
+        fence_o(o);
+        fence_p(p16);
+        if (prev_bad) add_back_non_finite_v(o, p_zero_bits, v_bh, (tile - 1) * BLOCK_K, n_k, g, t);
+        mbar_arrive(bar_empty(base, prev_s));
+        rescale_o(o, alpha);
+        pack_p(sacc, p16);
+        prev_bad = bad;
+        if (bad) zero_bits(p16, p_zero_bits);
+#ifdef FA_TRACE
+        record_trace(trace, trace_slot, bh, n_trace_rows, trace_tiles, tile, t, m2, alpha, l);
+#endif
+    }
+    if (n_tiles > 0) {                               // the last tile's P V (nothing left to overlap it with)
+        const int last_s = (n_tiles - 1) % STAGES;
+        fence_o(o);
+        wgmma_fence();
+        issue_pv(o, p16, v_tile(base, last_s));
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_o(o);
+        fence_p(p16);
+        if (prev_bad) add_back_non_finite_v(o, p_zero_bits, v_bh, (n_tiles - 1) * BLOCK_K, n_k, g, t);
+        mbar_arrive(bar_empty(base, last_s));
+    }
+    write_output(o, m2, l, out, lse, bh, row_g, t, n_q);
+}
