@@ -50,7 +50,7 @@ FAILED=0
 START=$(date +%s)
 
 step() {  # step NAME STATUS DETAIL
-    printf '%-46s %-5s %s\n' "$1" "$2" "$3" | tee -a "$SUMMARY"
+    printf '%-52s %-5s %s\n' "$1" "$2" "$3" | tee -a "$SUMMARY"
     if [ "$2" = "FAIL" ]; then FAILED=1; fi
 }
 

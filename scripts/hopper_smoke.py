@@ -59,7 +59,7 @@ def main(argv=None) -> int:
                               ("overlapped forward", gpu.flash_attention_wgmma_overlap_gpu)):
             out, _ = forward(q, k, vv, causal=True, backend=backend)
             ok &= check(f"d={d} {name} 200 x 300, causal, 2 heads", out, ref, 5e-3)
-    print("the Hopper rung works here" if ok else "THE HOPPER RUNG IS WRONG HERE")
+    print("the Hopper rungs work here" if ok else "THE HOPPER RUNGS ARE WRONG HERE")
     return 0 if ok else 1
 
 

@@ -38,7 +38,7 @@ def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
                           timeout=900, env=env)
     summary = (tmp_path / "summary.txt").read_text()
     assert proc.returncode == 0, summary + proc.stderr[-2000:]
-    steps = {line[:46].strip(): line[46:].split()[0] for line in summary.splitlines()}
+    steps = {line[:52].strip(): line[52:].split()[0] for line in summary.splitlines()}
     assert steps.pop("device") == "skip"
     assert steps.pop("ring on the GPU (MPI)") == "skip"              # needs a device
     decode = steps.pop("benchmark decode")                              # present once its script is in the tree
@@ -48,7 +48,7 @@ def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
     expected |= {f"drivers (emulator) {k}" for k in sanitize.KERNELS}      # the script runs every driver
     assert set(steps) == expected and set(steps.values()) == {"ok"}, summary
     assert "passed" in summary and "failed" not in summary
-    assert "the Hopper rung works here" in (tmp_path / "hopper_smoke.txt").read_text()    # (on the emulator)
+    assert "the Hopper rungs work here" in (tmp_path / "hopper_smoke.txt").read_text()    # (on the emulator)
     for name in ("env.txt", "compile_report.txt", "pytest_1_n2.txt", "pytest_1_n2.xml", "benchmark/log.txt",
                  "backward/log.txt"):
         assert (tmp_path / name).stat().st_size > 0, name
