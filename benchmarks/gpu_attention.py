@@ -20,6 +20,8 @@ head dim d (batch 1, ``--heads`` heads):
   only, d = 64 or 128, compute capability 9.0 only);
 * ``wgmma_overlap`` - :func:`lessons.gpu.flash_attention_wgmma_overlap_gpu` (the Hopper rung with
   each tile's softmax overlapped with the previous tile's P V, 3 stages; as ``wgmma`` otherwise);
+* ``wgmma_pingpong`` - :func:`lessons.gpu.flash_attention_wgmma_pingpong_gpu` (``wgmma_overlap`` with the
+  two consumer warpgroups taking turns to issue their products);
 * ``mma``    - :func:`lessons.gpu.flash_attention_mma_gpu` (the same loop on tensor cores,
   ``mma.sync.m16n8k16``; float16 only);
 * ``torch``  - ``torch.nn.functional.scaled_dot_product_attention`` (FlashAttention or
@@ -47,7 +49,7 @@ from benchmarks import _common  # noqa: E402
 from benchmarks._common import format_row, timed_rows, torch_seconds_and_peak  # noqa: E402,F401
 from lessons.gpu.measure import attention_flops  # noqa: E402  (4 N^2 d per head, half when causal)
 
-IMPLS = ("naive", "kernel", "regtile", "mma", "mma_async", "mma_fa2", "wgmma", "wgmma_overlap", "torch")
+IMPLS = ("naive", "kernel", "regtile", "mma", "mma_async", "mma_fa2", "wgmma", "wgmma_overlap", "wgmma_pingpong", "torch")
 DTYPES = ("float16", "float32")
 
 
@@ -100,13 +102,14 @@ def run_size(args, cupy, torch, torch_reason, rng, dtype, d, n, t0):
         "mma_fa2": lambda: gpu.flash_attention_mma_fa2_gpu(q, k, v, causal=args.causal),
         "wgmma": lambda: gpu.flash_attention_wgmma_gpu(q, k, v, causal=args.causal),
         "wgmma_overlap": lambda: gpu.flash_attention_wgmma_overlap_gpu(q, k, v, causal=args.causal),
+        "wgmma_pingpong": lambda: gpu.flash_attention_wgmma_pingpong_gpu(q, k, v, causal=args.causal),
         "torch": lambda: run_torch(torch, q, k, v, args.causal, args.warmup, args.repeats),
     }
 
     def skip(impl):
         if impl == "torch" and torch is None:
             return torch_reason
-        hopper = impl in ("wgmma", "wgmma_overlap")
+        hopper = impl in ("wgmma", "wgmma_overlap", "wgmma_pingpong")
         if (impl in ("mma", "mma_async", "mma_fa2") or hopper) and dtype != "float16":
             return "tensor cores take float16/bfloat16"
         if hopper and gpu.device_arch() != "sm_90":
@@ -138,6 +141,7 @@ def plot_results(rows, path: Path, meta: dict) -> None:
              "mma_fa2": ("tab:brown", "X", "RawKernel, tensor cores, FA-2 recipe"),
              "wgmma": ("tab:pink", "*", "RawKernel, Hopper: TMA + wgmma"),
              "wgmma_overlap": ("tab:gray", "h", "RawKernel, Hopper: + softmax overlapped"),
+             "wgmma_pingpong": ("black", "p", "RawKernel, Hopper: + ping-pong consumers"),
              "torch": ("tab:green", "^", "torch SDPA")}
     _common.plot_results(rows, path, impls=IMPLS, dtypes=DTYPES, style=style,
                          speed=(lambda r: r["tflops"], "TFLOP/s (higher is better)"),

@@ -10,9 +10,10 @@ tests, sanitizer) when it fails, so one wrong layout cannot eat the GPU time of 
 
 It prints, for d = 64 and 128: the largest error of ``wgmma_probe_gpu`` (S = A B^T with both operands
 through TMA and the K-major descriptor; O = S16 V through the MN-major one) and of a causal forward of
-each Hopper rung (``flash_attention_wgmma_gpu``, ``flash_attention_wgmma_overlap_gpu``) against NumPy's
-attention. Exit status 0 when all are within tolerance, 1 otherwise, 2 when there is no
-device of compute capability 9.0 (and ``--emulator`` was not given).
+each Hopper rung (``flash_attention_wgmma_gpu``, ``flash_attention_wgmma_overlap_gpu``,
+``flash_attention_wgmma_pingpong_gpu``) against NumPy's attention. Exit status 0 when all are within
+tolerance, 1 otherwise, 2 when there is no device of compute capability 9.0 (and ``--emulator`` was not
+given).
 """
 from __future__ import annotations
 
@@ -56,7 +57,8 @@ def main(argv=None) -> int:
         ref = np.stack([lessons.attention(*(x[h].astype(np.float64) for x in (q, k, vv)), causal=True)
                         for h in range(2)])
         for name, forward in (("forward", gpu.flash_attention_wgmma_gpu),
-                              ("overlapped forward", gpu.flash_attention_wgmma_overlap_gpu)):
+                              ("overlapped forward", gpu.flash_attention_wgmma_overlap_gpu),
+                              ("ping-pong forward", gpu.flash_attention_wgmma_pingpong_gpu)):
             out, _ = forward(q, k, vv, causal=True, backend=backend)
             ok &= check(f"d={d} {name} 200 x 300, causal, 2 heads", out, ref, 5e-3)
     print("the Hopper rungs work here" if ok else "THE HOPPER RUNGS ARE WRONG HERE")

@@ -25,7 +25,8 @@ from lessons.gpu.compile import device_available
 
 KERNELS = ("online_softmax", "flash_attention", "flash_attention_regtile", "flash_attention_mma",
            "flash_attention_mma_async", "paged_decode", "flash_decoding", "flash_backward", "paged_decode_split",
-           "flash_attention_mma_fa2", "flash_backward_mma", "flash_attention_wgmma", "flash_attention_wgmma_overlap")
+           "flash_attention_mma_fa2", "flash_backward_mma", "flash_attention_wgmma", "flash_attention_wgmma_overlap",
+           "flash_attention_wgmma_pingpong")
 
 
 def host(x) -> np.ndarray:
@@ -235,6 +236,14 @@ def run_flash_attention_wgmma_overlap(cp, backend) -> bool:
     if _hopper_skip(cp, backend):
         return True
     return _forward(cp, backend, launch.flash_attention_wgmma_overlap_gpu, "wgmma_overlap",
+                    np.random.default_rng(8), HOPPER_CASES, {"float16": 3e-3})
+
+
+def run_flash_attention_wgmma_pingpong(cp, backend) -> bool:
+    # the overlapped rung with the consumers taking turns (named barriers bar.sync / bar.arrive)
+    if _hopper_skip(cp, backend):
+        return True
+    return _forward(cp, backend, launch.flash_attention_wgmma_pingpong_gpu, "wgmma_pingpong",
                     np.random.default_rng(8), HOPPER_CASES, {"float16": 3e-3})
 
 

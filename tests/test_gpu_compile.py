@@ -844,3 +844,34 @@ def test_threads_launching_emulated_kernels_at_once_get_their_own_answers():
         x64 = x.astype(np.float64)
         np.testing.assert_allclose(y, lessons.safe_softmax(x64), atol=2e-6, rtol=2e-5)
         np.testing.assert_allclose(lse, np.logaddexp.reduce(x64, axis=-1), rtol=2e-6)
+
+
+def test_elf_whole_restores_the_byte_cupy_drops_from_a_cubin():
+    from lessons.gpu.compile import elf_whole
+
+    # by hand: a header saying 2 section headers of 64 bytes at offset 100 -> the file ends at 228
+    header = bytearray(64)
+    header[:6] = b"\x7fELF\x02\x01"
+    header[0x28:0x30] = (100).to_bytes(8, "little")
+    header[0x3A:0x3C], header[0x3C:0x3E] = (64).to_bytes(2, "little"), (2).to_bytes(2, "little")
+    image = bytes(header) + b"\x01" * 163                       # 227 bytes: one short
+    whole = elf_whole(image)
+    assert len(whole) == 228 and whole[:227] == image and whole[227] == 0
+    assert elf_whole(whole) == whole and elf_whole(whole + b"\x05") == whole + b"\x05"   # nothing else changes
+    with pytest.raises(ValueError, match="ELF"):
+        elf_whole(b"not a cubin" * 10)
+
+
+@pytest.mark.skipif(not gpu.nvrtc_available(), reason="CuPy/NVRTC not installed")
+def test_a_cubin_from_nvrtc_is_whole_once_padded():
+    from lessons.gpu.compile import elf_whole
+
+    def field(offset, size):
+        return int.from_bytes(cubin[offset:offset + size], "little")
+
+    cubin = gpu.compile_kernel(gpu.flash_attention_wgmma_build(64), "sm_90a").cubin
+    # the file ends where the later of its two header tables ends (program headers: e_phoff, e_phentsize,
+    # e_phnum; section headers: e_shoff, e_shentsize, e_shnum); CuPy's bytes stop one short of it
+    end = max(field(0x20, 8) + field(0x36, 2) * field(0x38, 2), field(0x28, 8) + field(0x3A, 2) * field(0x3C, 2))
+    assert end == len(cubin) + 1
+    assert elf_whole(cubin) == cubin + b"\0"

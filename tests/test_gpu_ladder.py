@@ -149,11 +149,13 @@ KERNEL_RUNGS = [r.name for r in ladder.RUNGS if r.kernel]
 @pytest.mark.parametrize("name", KERNEL_RUNGS)
 @pytest.mark.parametrize("d", [64, 128])
 def test_each_rung_holds_the_instruction_it_is_about(name, d):
-    from lessons.gpu.compile import compile_ptx
+    from lessons.gpu.compile import compile_ptx, entry_ptx
 
     r = ladder.rung(name)
     build = ladder.rung_build(r, d)
-    ptx = compile_ptx(build, build.arch or "sm_80")      # (the Hopper rung compiles for sm_90a only)
+    ptx = compile_ptx(build, build.arch or "sm_80")      # (the Hopper rungs compile for sm_90a only)
+    if r.kernel in build.entries:                        # the rung's own entry point (one file holds two rungs)
+        ptx = entry_ptx(ptx, r.kernel)
     assert r.ptx_grep in ptx
     if name == "regtile":             # the point of the rung: vector shared loads feed the S loop
         assert ptx.count("ld.shared.v4.f32") >= 6
@@ -167,10 +169,11 @@ def test_each_rung_holds_the_instruction_it_is_about(name, d):
         assert "ldmatrix" not in ptx and "cp.async" not in ptx
     if name == "mma_fa2":             # ldmatrix.x4 (.trans for V), cp.async stages, exp2 (tests/test_gpu_fa2.py has more)
         assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx and "cp.async.wait_group 1" in ptx
-    if name in ("wgmma", "wgmma_overlap"):   # TMA and mbarriers instead of cp.async and ldmatrix (test_gpu_wgmma.py has more)
+    if name.startswith("wgmma"):      # TMA and mbarriers instead of cp.async and ldmatrix (test_gpu_wgmma.py has more)
         assert "cp.async.bulk.tensor.3d" in ptx and "mbarrier.try_wait.parity" in ptx
         assert "ldmatrix" not in ptx and "mma.sync" not in ptx and "cp.async.cg" not in ptx
-        assert ("wgmma.wait_group.sync.aligned 1" in ptx) == (name == "wgmma_overlap")
+        assert ("wgmma.wait_group.sync.aligned 1" in ptx) == (name != "wgmma")
+        assert ("bar.arrive" in ptx) == (name == "wgmma_pingpong")
 
 
 @needs_nvrtc
@@ -197,7 +200,8 @@ def _csv_seconds(path=None):
 
 # the rung names of the registry against the impl column of benchmarks/gpu_attention.py
 CSV_IMPL = {"naive": "naive", "scalar": "kernel", "regtile": "regtile", "mma": "mma", "mma_async": "mma_async",
-            "mma_fa2": "mma_fa2", "wgmma": "wgmma", "wgmma_overlap": "wgmma_overlap", "sdpa": "torch"}
+            "mma_fa2": "mma_fa2", "wgmma": "wgmma", "wgmma_overlap": "wgmma_overlap",
+            "wgmma_pingpong": "wgmma_pingpong", "sdpa": "torch"}
 #: the rungs the recorded run measured (the Hopper rung came after it)
 MEASURED = [r for r in ladder.RUNGS if r.impl is not None]
 
@@ -220,7 +224,7 @@ def test_recorded_figures_are_the_shipped_csv(d):
     by = _csv_seconds()
     table = {e["name"]: e for e in ladder.ladder_table(8192, d)}
     naive16 = by["naive", 8192, d, "float16"]
-    for hopper in ("wgmma", "wgmma_overlap"):
+    for hopper in ("wgmma", "wgmma_overlap", "wgmma_pingpong"):
         assert table[hopper]["figure"] == ladder.NOT_MEASURED and table[hopper]["ms"] is None
         assert (hopper, 8192, d, "float16") not in by
     for r in MEASURED:
@@ -318,12 +322,12 @@ def test_ladder_figure_draws_every_measured_rung_and_labels_the_rest():
     dots = sorted(float(line.get_ydata()[0]) for line in roof.get_lines() if line.get_marker() in ("o", "s"))
     assert dots == pytest.approx(sorted(p["tflops"] for p in measured))
     assert sorted(b.get_width() for b in bars.patches) == pytest.approx(sorted(p["tflops"] for p in measured))
-    assert sum(ladder.NOT_MEASURED in t.get_text() for t in bars.texts) == 4      # the Hopper rungs at d = 64, 128
+    assert sum(ladder.NOT_MEASURED in t.get_text() for t in bars.texts) == 6      # the Hopper rungs at d = 64, 128
     assert ladder.RECORDED_LABEL in fig._suptitle.get_text()
     # a run without some rungs: each of them is labelled, never drawn
     old = ladder.ladder_points(8192, (64, 128), rows=ladder.recorded_rows(ladder.PROFILED_DIR / "results.csv"))
     fig = ladder_figure(old, label="x")
-    assert sum(ladder.NOT_MEASURED in t.get_text() for t in fig.axes[1].texts) == 10  # 5 rungs x 2 head dims
+    assert sum(ladder.NOT_MEASURED in t.get_text() for t in fig.axes[1].texts) == 12  # 6 rungs x 2 head dims
     with pytest.raises(ValueError):
         ladder_figure([], label="x")
 
@@ -359,7 +363,7 @@ def test_target_outcomes_from_the_csv():
                                              for d in (64, 128)})
     assert fa2["met"] is False
     hopper = out["Hopper rung (wgmma + TMA, sm_90a)"]
-    assert hopper["rung"] == "wgmma_overlap" and hopper["outcome"] == ladder.NOT_MEASURED and hopper["met"] is None
+    assert hopper["rung"] == "wgmma_pingpong" and hopper["outcome"] == ladder.NOT_MEASURED and hopper["met"] is None
     assert hopper["measured"] == {64: None, 128: None}
     with open(ladder.DECODE_RECORDED, newline="") as f:
         split = {(int(r["num_seqs"]), int(r["seq_len"])): float(r["pct_of_copy"]) for r in csv.DictReader(f)
@@ -380,7 +384,8 @@ def test_target_outcomes_from_the_csv():
 @needs_nvrtc
 def test_rung_evidence_is_the_compiler_report():
     ev = {e["name"]: e for e in ladder.rung_evidence(64, "sm_80")}
-    assert set(ev) == {"scalar", "regtile", "mma", "mma_async", "mma_fa2", "wgmma", "wgmma_overlap"}
+    assert set(ev) == {"scalar", "regtile", "mma", "mma_async", "mma_fa2", "wgmma", "wgmma_overlap", "wgmma_pingpong"}
+    assert ev["wgmma_pingpong"]["count"] == 6          # bar.arrive: 5 hand-overs (2 per warpgroup, 1 at the end) + the first
     assert ev["wgmma_overlap"]["arch"] == "sm_90a" and ev["wgmma_overlap"]["spill_bytes"] == 0
     assert ev["wgmma"]["arch"] == "sm_90a" and ev["regtile"]["arch"] == "sm_80" and ev["wgmma"]["spill_bytes"] == 0
     res = gpu.compile_kernel(gpu.flash_attention_regtile_build(64), "sm_80").resources["flash_attention_regtile"]

@@ -6,6 +6,7 @@ what the compiled code holds (wgmma, cp.async.bulk.tensor, mbarrier waits; no ld
 or cp.async; no spills; no wgmma serialised by ptxas); the 128-byte swizzle that TMA writes and
 wgmma reads; and the emulator's tensor maps."""
 import os
+import re
 
 import numpy as np
 import pytest
@@ -34,9 +35,11 @@ def backend(request):
     return request.param
 
 
-#: the two Hopper forwards: the plain order, and softmax overlapped with the products
+#: the Hopper forwards: the plain order, softmax overlapped with the products, and that with the two
+#: consumers taking turns
 FORWARDS = [pytest.param(gpu.flash_attention_wgmma_gpu, id="plain"),
-            pytest.param(gpu.flash_attention_wgmma_overlap_gpu, id="overlap")]
+            pytest.param(gpu.flash_attention_wgmma_overlap_gpu, id="overlap"),
+            pytest.param(gpu.flash_attention_wgmma_pingpong_gpu, id="pingpong")]
 HOPPER_BUILDS = {"flash_attention_wgmma": gpu.flash_attention_wgmma_build,
                  "flash_attention_wgmma_overlap": gpu.flash_attention_wgmma_overlap_build}
 
@@ -108,7 +111,7 @@ def test_wgmma_kernel_is_bitwise_repeatable(backend, forward):
     (33, 460, 128, False, None),         # 8 key tiles of 64
     (130, 300, 128, True, np.nan),       # a NaN in V: step 7 runs one iteration after its tile's softmax
 ])
-def test_overlapped_rung_is_bitwise_the_plain_rung(backend, nq, nk, d, causal, poison):
+def test_overlapped_rungs_are_bitwise_the_plain_rung(backend, nq, nk, d, causal, poison):
     # the same arithmetic in the same order: O = alpha_j (O + P_{j-1} V_{j-1}) is what the plain rung does
     rng = np.random.default_rng(nq + nk + d)
     q, k, v = (rng.standard_normal((2, n, d)).astype(np.float16) for n in (nq, nk, nk))
@@ -116,12 +119,16 @@ def test_overlapped_rung_is_bitwise_the_plain_rung(backend, nq, nk, d, causal, p
         v[1, nk // 2, 5] = poison
     a = gpu.flash_attention_wgmma_gpu(q, k, v, causal=causal, backend=backend)
     b = gpu.flash_attention_wgmma_overlap_gpu(q, k, v, causal=causal, backend=backend)
-    if backend == "emulator":
-        assert a[0].tobytes() == b[0].tobytes() and a[1].tobytes() == b[1].tobytes()
-    else:                                # (on a GPU ptxas schedules the two kernels' code differently)
-        np.testing.assert_allclose(b[0].astype(np.float64), a[0].astype(np.float64), rtol=2e-3, atol=2e-3)
-        np.testing.assert_allclose(b[1], a[1], rtol=1e-5, atol=1e-5)
-    assert np.array_equal(np.isnan(a[0]), np.isnan(b[0]))
+    c = gpu.flash_attention_wgmma_pingpong_gpu(q, k, v, causal=causal, backend=backend)
+    for x in (b, c):
+        if backend == "emulator":
+            assert a[0].tobytes() == x[0].tobytes() and a[1].tobytes() == x[1].tobytes()
+        else:                            # (on a GPU ptxas schedules the kernels' code differently)
+            np.testing.assert_allclose(x[0].astype(np.float64), a[0].astype(np.float64), rtol=2e-3, atol=2e-3)
+            np.testing.assert_allclose(x[1], a[1], rtol=1e-5, atol=1e-5)
+        assert np.array_equal(np.isnan(a[0]), np.isnan(x[0]))
+    # the turns change no instruction of the arithmetic: ping-pong is bitwise the overlapped rung, GPU too
+    assert b[0].tobytes() == c[0].tobytes() and b[1].tobytes() == c[1].tobytes()
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf])
@@ -311,18 +318,73 @@ def test_overlapped_ptx_keeps_two_products_in_flight(d):
 
 
 @needs_nvrtc
+@pytest.mark.parametrize("d", [64, 128])
+def test_pingpong_ptx_takes_turns_around_each_issue(d):
+    from lessons.gpu.compile import compile_ptx, entry_ptx
+
+    whole = compile_ptx(gpu.flash_attention_wgmma_overlap_build(d))
+    ptx = entry_ptx(whole, "flash_attention_wgmma_pingpong")
+    plain = entry_ptx(whole, "flash_attention_wgmma_overlap")
+    # three places issue products (tile 0's S, the loop, the last P V): a wait for the turn before each and
+    # a hand-over after each, one instruction per warpgroup (barrier ids are immediates), but none after
+    # warpgroup 1's last P V; warpgroup 1's first hand-over at the start; __syncthreads (bar.sync 0)
+    assert ptx.count("bar.sync") == 2 * 3 + 1 and ptx.count("bar.arrive") == 2 * 3 - 1 + 1
+    assert {int(i) for i in re.findall(r"bar\.(?:sync|arrive) (\d+), 256;", ptx)} == {1, 2}
+    assert plain.count("bar.sync") == 1 and "bar.arrive" not in plain
+    # the products and waits are the overlapped rung's
+    for instr in ("wgmma.mma_async", "wgmma.wait_group.sync.aligned 1", "wgmma.wait_group.sync.aligned 0"):
+        assert ptx.count(instr) == plain.count(instr) > 0, instr
+    res = gpu.compile_kernel(gpu.flash_attention_wgmma_overlap_build(d), "sm_90a").resources
+    assert res["flash_attention_wgmma_pingpong"].spill_store_bytes == 0 and res["flash_attention_wgmma_pingpong"].registers <= 168
+
+
+@needs_emulator
+def test_builds_of_two_head_dims_in_one_process_keep_their_own_shared_memory():
+    # the emulator's __shared__ arrays are statics; one inside a template function would be a single object
+    # for the d = 64 and the d = 128 library (the larger overran the smaller: a crash, or worse, a wrong answer)
+    rng = np.random.default_rng(40)
+    for d in (64, 128, 64):
+        q, k, v = (rng.standard_normal((n, d)).astype(np.float16) for n in (33, 200, 200))
+        ref, _ = flash_reference(*(x.astype(np.float64) for x in (q, k, v)), True)
+        for forward in (gpu.flash_attention_wgmma_overlap_gpu, gpu.flash_attention_wgmma_pingpong_gpu):
+            out, _ = forward(q, k, v, causal=True, backend="emulator")
+            np.testing.assert_allclose(out.astype(np.float64), ref, atol=5e-3)
+
+
+@needs_emulator
+def test_pingpong_turns_that_do_not_balance_are_a_deadlock_the_emulator_reports(monkeypatch):
+    # the emulator runs named barriers: leave out warpgroup 1's first hand-over and warpgroup 0 waits
+    # for a turn never given to it (on a GPU: a hang); the real kernel finishes (the other tests)
+    from lessons.gpu import emulator, source
+
+    first = "if (PINGPONG && wg == 1 && n_tiles > 0) named_barrier_arrive<1, TURN_THREADS>();"
+    text = source.kernel_source("flash_attention_wgmma_overlap")
+    assert text.count(first) == 1
+    monkeypatch.setattr(emulator, "kernel_source", lambda kernel: text.replace(first, ""))
+    emulator._library.cache_clear()                    # (a library built from the patched text)
+    try:
+        q = np.zeros((130, 64), np.float16)
+        with pytest.raises(gpu.EmulatorError, match="named bar.sync"):
+            gpu.flash_attention_wgmma_pingpong_gpu(q, q, q, backend="emulator")
+    finally:
+        emulator._library.cache_clear()
+
+
+@needs_nvrtc
 def test_the_overlapped_rungs_text_quotes_the_compiler():
     from lessons.gpu import ladder
     from lessons.gpu.compile import nvrtc_version
 
     text = ladder.rung("wgmma_overlap").predicted
-    regs = {d: gpu.compile_kernel(gpu.flash_attention_wgmma_overlap_build(d), "sm_90a")
-            .resources["flash_attention_wgmma_overlap"].registers for d in (64, 128)}
+    res = {d: gpu.compile_kernel(gpu.flash_attention_wgmma_overlap_build(d), "sm_90a").resources for d in (64, 128)}
     smem = {d: flash_attention_wgmma_smem_bytes(d, WGMMA_CONFIGS[d][1], 3) for d in (64, 128)}
     assert f"{smem[64]:,} / {smem[128]:,} bytes of dynamic shared memory".replace(",", " ") in text
     assert gpu.flash_attention_wgmma_overlap_build(128).dynamic_smem_bytes == smem[128] == 132188   # the docstring's
-    if nvrtc_version()[:2] == (12, 9):                # the version the text names
-        assert f"{regs[64]} registers at d = 64, {regs[128]} at d = 128" in text
+    if nvrtc_version()[:2] == (12, 9):                # the version the texts name
+        for rung, entry in (("wgmma_overlap", "flash_attention_wgmma_overlap"),
+                            ("wgmma_pingpong", "flash_attention_wgmma_pingpong")):
+            regs = {d: res[d][entry].registers for d in (64, 128)}
+            assert f"{regs[64]} registers at d = 64, {regs[128]} at d = 128" in ladder.rung(rung).predicted
 
 
 @needs_nvrtc

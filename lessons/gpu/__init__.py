@@ -42,7 +42,8 @@ from lessons.gpu.source import flash_attention_mma_async_build, flash_attention_
 from lessons.gpu.source import flash_attention_regtile_build, flash_attention_regtile_config
 from lessons.gpu.launch import flash_attention_mma_fa2_gpu
 from lessons.gpu.source import flash_attention_mma_fa2_build, flash_attention_mma_fa2_config
-from lessons.gpu.launch import flash_attention_wgmma_gpu, flash_attention_wgmma_overlap_gpu, wgmma_probe_gpu
+from lessons.gpu.launch import (flash_attention_wgmma_gpu, flash_attention_wgmma_overlap_gpu,
+                               flash_attention_wgmma_pingpong_gpu, wgmma_probe_gpu)
 from lessons.gpu.source import (flash_attention_wgmma_build, flash_attention_wgmma_config,
                                 flash_attention_wgmma_overlap_build)
 from lessons.gpu.launch import kernel_row_trace, paged_decode_split_gpu
@@ -66,7 +67,7 @@ __all__ = [
     "flash_attention_mma_async_gpu", "flash_attention_mma_async_config", "flash_attention_mma_async_build",
     "flash_attention_mma_fa2_gpu", "flash_attention_mma_fa2_config", "flash_attention_mma_fa2_build",
     "flash_attention_wgmma_gpu", "flash_attention_wgmma_config", "flash_attention_wgmma_build", "wgmma_probe_gpu",
-    "flash_attention_wgmma_overlap_gpu", "flash_attention_wgmma_overlap_build",
+    "flash_attention_wgmma_overlap_gpu", "flash_attention_wgmma_overlap_build", "flash_attention_wgmma_pingpong_gpu",
     "paged_decode_split_gpu", "decode_splits", "paged_decode_split_build",
     "flash_attention_backward_mma_gpu", "flash_attention_backward_mma_config", "flash_attention_backward_mma_build",
 ]

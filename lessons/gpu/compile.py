@@ -498,11 +498,25 @@ def device_module(build: KernelBuild):
     return cupy.RawModule(code=kernel_source(build.kernel), options=("--std=c++17", "-lineinfo") + build.options)
 
 
+def elf_whole(image: bytes) -> bytes:
+    """A 64-bit ELF image (a cubin) padded with zero bytes to the end of its section and program header
+    tables, where shorter. CuPy's ``nvrtc.getCUBIN`` returns NVRTC's cubin without its last byte (it
+    strips a string's NUL): here a zero, the high byte of the last section header's 8-byte entry size.
+    Other bytes are returned as they are. ValueError for bytes that are not a 64-bit little-endian ELF."""
+    if image[:4] != b"\x7fELF" or image[4:6] != b"\x02\x01" or len(image) < 64:
+        raise ValueError("image must be a 64-bit little-endian ELF file (a cubin)")
+    phoff, shoff = int.from_bytes(image[0x20:0x28], "little"), int.from_bytes(image[0x28:0x30], "little")
+    phentsize, phnum = int.from_bytes(image[0x36:0x38], "little"), int.from_bytes(image[0x38:0x3A], "little")
+    shentsize, shnum = int.from_bytes(image[0x3A:0x3C], "little"), int.from_bytes(image[0x3C:0x3E], "little")
+    end = max(phoff + phentsize * phnum if phnum else 0, shoff + shentsize * shnum if shnum else 0)
+    return image + b"\0" * (end - len(image)) if end > len(image) else image
+
+
 @lru_cache(maxsize=32)
 def _arch_module(build: KernelBuild):
     import cupy
 
-    cubin = compile_kernel(build, build.arch).cubin
+    cubin = elf_whole(compile_kernel(build, build.arch).cubin)
     folder = Path(tempfile.gettempdir()) / f"lessons-cubins-{os.getuid() if hasattr(os, 'getuid') else 0}"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{build.kernel}-{hashlib.sha256(cubin).hexdigest()[:20]}.cubin"

@@ -174,7 +174,7 @@ class EmulatedModule:
             status = fn(ctypes.c_uint(grid[0]), ctypes.c_uint(grid[1]), ctypes.c_uint(grid[2]),
                         ctypes.c_uint(block[0]), *c_args)
         if status:
-            reason = {1: "a barrier (__syncthreads/__syncwarp/shuffle) was not reached by every thread, "
+            reason = {1: "a barrier (__syncthreads/__syncwarp/shuffle/a named bar.sync) was not reached by every thread, "
                          "or threads waited on mbarriers that could never complete",
                       3: f"block {block} is not a multiple of 32 threads up to 1024"}.get(status, "an exception")
             raise EmulatorError(f"emulated launch of {entry} failed: {reason}")

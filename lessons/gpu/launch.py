@@ -42,7 +42,7 @@ __all__ = ["flash_attention_gpu", "flash_attention_mma_gpu", "mma_probe_gpu", "o
            "SplitTraces", "BACKENDS", "MAX_TRACE_ROWS", "Runner"]
 __all__ += ["flash_attention_regtile_gpu", "flash_attention_mma_async_gpu", "paged_decode_split_gpu"]
 __all__ += ["flash_attention_mma_fa2_gpu", "open_device", "kernel_row_trace", "flash_attention_wgmma_gpu",
-            "flash_attention_wgmma_overlap_gpu", "wgmma_probe_gpu"]
+            "flash_attention_wgmma_overlap_gpu", "flash_attention_wgmma_pingpong_gpu", "wgmma_probe_gpu"]
 
 BACKENDS = ("cupy", "emulator")
 #: most rows one launch may trace (each traced row is looked up by every thread)
@@ -601,7 +601,8 @@ def flash_attention_wgmma_gpu(q, k, v, *, scale=None, causal: bool = False, bflo
     Source: Shah et al. 2024 (FlashAttention-3), Sec. 3.1; Dao 2023 (FlashAttention-2), Alg. 1;
     PTX ISA 8.x, wgmma.mma_async, cp.async.bulk.tensor, mbarrier.
     """
-    return _wgmma_forward(flash_attention_wgmma_build, q, k, v, scale, causal, bfloat16, trace_rows, backend)
+    return _wgmma_forward(flash_attention_wgmma_build, "flash_attention_wgmma", q, k, v, scale, causal, bfloat16,
+                          trace_rows, backend)
 
 
 def flash_attention_wgmma_overlap_gpu(q, k, v, *, scale=None, causal: bool = False, bfloat16: bool = False,
@@ -617,12 +618,30 @@ def flash_attention_wgmma_overlap_gpu(q, k, v, *, scale=None, causal: bool = Fal
     :func:`flash_attention_wgmma_gpu`.
     Source: Shah et al. 2024 (FlashAttention-3), Sec. 3.2 and Alg. 2; Dao 2023 (FlashAttention-2), Alg. 1.
     """
-    return _wgmma_forward(flash_attention_wgmma_overlap_build, q, k, v, scale, causal, bfloat16, trace_rows, backend)
+    return _wgmma_forward(flash_attention_wgmma_overlap_build, "flash_attention_wgmma_overlap", q, k, v, scale, causal,
+                          bfloat16, trace_rows, backend)
 
 
-def _wgmma_forward(make_build, q, k, v, scale, causal, bfloat16, trace_rows, backend):
-    """The launch both Hopper forwards share: ``make_build(d, dtype, trace)`` picks the kernel file,
-    whose one forward entry point has the file's name."""
+def flash_attention_wgmma_pingpong_gpu(q, k, v, *, scale=None, causal: bool = False, bfloat16: bool = False,
+                                       trace_rows=None, backend: str = "cupy"):
+    """The overlapped Hopper rung with the two consumer warpgroups taking turns on the tensor cores
+    (``flash_attention_wgmma_pingpong`` in ``kernels/flash_attention_wgmma_overlap.cu``), or its CPU
+    emulation.
+
+    :func:`flash_attention_wgmma_overlap_gpu`'s kernel, where each consumer warpgroup waits for its turn
+    (a named barrier, ``bar.sync``) before it issues its products and hands the turn to the other
+    (``bar.arrive``) after: one warpgroup's softmax runs while the other's products do. The turns change
+    no arithmetic, so the output is bitwise the overlapped rung's. Arguments, returns, errors and trace
+    as :func:`flash_attention_wgmma_gpu`.
+    Source: Shah et al. 2024 (FlashAttention-3), Sec. 3.1 (pingpong scheduling) and Alg. 2.
+    """
+    return _wgmma_forward(flash_attention_wgmma_overlap_build, "flash_attention_wgmma_pingpong", q, k, v, scale, causal,
+                          bfloat16, trace_rows, backend)
+
+
+def _wgmma_forward(make_build, entry, q, k, v, scale, causal, bfloat16, trace_rows, backend):
+    """The launch the Hopper forwards share: ``make_build(d, dtype, trace)`` picks the kernel file,
+    ``entry`` its forward entry point."""
     backend = _check_backend(backend)
     f = _check_fixed_tile_forward(q, k, v, scale, causal, bfloat16, flash_attention_wgmma_config)
     block_q, block_k = flash_attention_wgmma_config(f.d)
@@ -638,7 +657,7 @@ def _wgmma_forward(make_build, q, k, v, scale, causal, bfloat16, trace_rows, bac
     lse = run.xp.empty(q3.shape[:-1], dtype=np.float32)
     n_tiles = -(-f.n_k // block_k)
     trace = _trace_buffer(run, (f.batch_heads, len(rows), n_tiles, 3), build.trace)
-    run.launch(build, build.kernel, (-(-f.n_q // block_q), f.batch_heads),
+    run.launch(build, entry, (-(-f.n_q // block_q), f.batch_heads),
                [*maps, v3, out, lse, f.n_q, f.n_k, f.scale, int(f.causal), _rows_buffer(run, rows), len(rows),
                 n_tiles, trace])
     shape = (*f.lead, f.n_q, f.d)

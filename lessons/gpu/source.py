@@ -51,7 +51,7 @@ KERNELS = {
     "flash_attention_mma_async": ("flash_attention_mma_async",),
     "flash_attention_mma_fa2": ("flash_attention_mma_fa2",),
     "flash_attention_wgmma": ("flash_attention_wgmma", "wgmma_probe"),
-    "flash_attention_wgmma_overlap": ("flash_attention_wgmma_overlap",),
+    "flash_attention_wgmma_overlap": ("flash_attention_wgmma_overlap", "flash_attention_wgmma_pingpong"),
     "paged_decode": ("paged_decode", "paged_decode_split", "merge_splits"),
     "paged_decode_split": ("paged_decode_gqa_split", "merge_split_states"),
     "flash_attention_backward": ("flash_attention_backward_preprocess", "flash_attention_backward_dkdv",

@@ -35,6 +35,9 @@
 #define __forceinline__ inline
 #define __restrict__ __restrict
 #define __launch_bounds__(...)
+// A __shared__ array is a static variable of its function. Declare one only in an entry point (an
+// extern "C" function): a static inside an inline or template function is made one object for every
+// library loaded into the process (g++'s STB_GNU_UNIQUE), so builds of two head dims would share it.
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
 #define __grid_constant__

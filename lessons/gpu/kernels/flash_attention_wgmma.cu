@@ -13,8 +13,9 @@
 //     copy engine zero-fills rows past n_q or n_k and writes the 128-byte swizzle itself.
 //   * A pipeline of STAGES (2) K/V stages handed over by mbarriers: full[s] completes when the
 //     copy's bytes have landed (expect_tx, complete_tx), ready[s] when the checking warp has checked
-//     that stage's V, empty[s] when all 256 consumer threads are done with the stage. While the
-//     consumers work on tile j, tile j + 1 is loading and then being checked.
+//     that stage's V, empty[s] when all 256 consumer threads are done with the stage. A consumer
+//     waits for full[s] before S = Q K_j^T and for ready[s] only before O += P V_j, so the check of
+//     V_j runs beside Q K_j^T. While the consumers work on tile j, tile j + 1 is loading.
 //   * wgmma. S = Q K_j^T is HEAD_DIM / 16 instructions of 64 x BLOCK_K x 16 per warpgroup, both
 //     operands read from shared memory through descriptors (no ldmatrix, no B fragments in
 //     registers). O += P V_j is BLOCK_K / 16 instructions of 64 x HEAD_DIM x 16 with P in
@@ -95,9 +96,8 @@ flash_attention_wgmma(const __grid_constant__ TmaDescriptor tm_q, const __grid_c
     for (int tile = 0; tile < n_tiles; ++tile) {
         const int k_start = tile * BLOCK_K;
         const int s = tile % STAGES;
-        // 1-2. K_j and V_j have landed, and the checking warp has checked V_j (and zeroed any inf/NaN)
-        mbar_wait(bar_ready(base, s), (tile / STAGES) & 1);
-        const bool tile_has_non_finite_v = v_flags[s] != 0;
+        // 1. K_j has landed (S_j needs nothing else; the checking warp may still be at V_j)
+        mbar_wait(bar_full(base, s), (tile / STAGES) & 1);
 
         // 3. S = Q K_j^T, and wait for it
         float sacc[S_TILES * 4];
@@ -114,11 +114,16 @@ flash_attention_wgmma(const __grid_constant__ TmaDescriptor tm_q, const __grid_c
         pack_p(sacc, p16);
         update_l(l, alpha, row_sum);
         rescale_o(o, alpha);
+
+        // 2. the checking warp is done with V_j (and zeroed any inf/NaN in it)
+        mbar_wait(bar_ready(base, s), (tile / STAGES) & 1);
+        const bool tile_has_non_finite_v = v_flags[s] != 0;
         unsigned p_zero_bits[2];
         if (tile_has_non_finite_v) zero_bits(p16, p_zero_bits);
 
         // 6. o += P V_j, and wait for it
         fence_o(o);                                  // the rescale stays before the products
+        fence_p(p16);                                // and P's rounding too
         wgmma_fence();                               // o was rescaled and P written by ordinary code
         issue_pv(o, p16, v_tile(base, s));
         wgmma_commit();

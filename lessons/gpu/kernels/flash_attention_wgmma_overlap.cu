@@ -26,22 +26,48 @@
 // until the product reading it has finished), and one stage more (STAGES = 3): a tile's V is
 // released one iteration later than in the plain rung, so the copy of tile j + 2 can start only when
 // P_{j-1} V_{j-1} is done, and a third stage keeps it an iteration ahead of its use.
-// Not here (FlashAttention-3's other steps): the two consumers take no turns on the tensor cores
-// (ping-pong with named barriers), and registers are not moved from the producer to the consumers
-// (setmaxnreg).
+//
+// The second entry point, flash_attention_wgmma_pingpong, adds FlashAttention-3's other scheduling step
+// (Sec. 3.1, "pingpong scheduling"): the two consumer warpgroups take turns to issue their products,
+// handed over by two named barriers, so that while one warpgroup's products run the other computes its
+// softmax, and the tensor cores see one warpgroup's products after the other's instead of both at
+// once. Warpgroup w waits on barrier 1 + w before it issues, and arrives on the other's barrier
+// after; warpgroup 1 arrives once on warpgroup 0's barrier at the start (warpgroup 0 goes first) and
+// skips its very last arrival (no one waits for it), so every barrier phase completes: per warpgroup
+// n_tiles + 1 turns (tile 0's S, n_tiles - 1 loop iterations, the last P V). The turns change no
+// arithmetic: the output is bitwise the overlapped and the plain rung's.
+// Not here: registers are not moved from the producer to the consumers (setmaxnreg).
 //
 // Launch as flash_attention_wgmma (grid, 384 threads, tensor maps, arguments), with this build's
 // SMEM_ALLOC bytes of dynamic shared memory. Defines: HEAD_DIM (64 or 128), BLOCK_K (64 or 128),
 // STAGES (3), FA_DTYPE 1 or 2, FA_TRACE. sm_90a only.
 #include "wgmma_forward.cuh"
 
-extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)
-flash_attention_wgmma_overlap(const __grid_constant__ TmaDescriptor tm_q, const __grid_constant__ TmaDescriptor tm_k,
-                              const __grid_constant__ TmaDescriptor tm_v, const scalar_t* __restrict__ v,
-                              scalar_t* __restrict__ out, float* __restrict__ lse, int n_q, int n_k, float scale,
-                              int causal, const int* __restrict__ trace_rows, int n_trace_rows, int trace_tiles,
-                              float* __restrict__ trace) {
-    DECLARE_SMEM;
+// Ping-pong: warpgroup wg's turn to issue products begins when the other has arrived on its barrier.
+#define TURN_THREADS CONSUMER_THREADS
+// (barrier 1: warpgroup 0's turn, barrier 2: warpgroup 1's)
+template <bool PINGPONG>
+__device__ __forceinline__ void wait_for_turn(int wg) {
+    if (!PINGPONG) return;
+    if (wg == 0) named_barrier_sync<1, TURN_THREADS>();
+    else named_barrier_sync<2, TURN_THREADS>();
+}
+template <bool PINGPONG>
+__device__ __forceinline__ void pass_turn(int wg, bool last) {
+    if (!PINGPONG) return;
+    if (wg == 0) named_barrier_arrive<2, TURN_THREADS>();
+    else if (!last) named_barrier_arrive<1, TURN_THREADS>();
+}
+
+// (the block's shared memory is declared by each entry point and passed in: on the CPU emulator a
+// __shared__ array is a static variable, and a static inside a template function is one object for
+// every library loaded into the process, whatever head dim each was built for)
+template <bool PINGPONG>
+__device__ __forceinline__ void
+overlapped_forward(unsigned char* smem_raw, const TmaDescriptor& tm_q, const TmaDescriptor& tm_k, const TmaDescriptor& tm_v,
+                   const scalar_t* __restrict__ v, scalar_t* __restrict__ out, float* __restrict__ lse, int n_q,
+                   int n_k, float scale, int causal, const int* __restrict__ trace_rows, int n_trace_rows,
+                   int trace_tiles, float* __restrict__ trace) {
     const saddr_t raw_s = saddr(smem_raw);
     const int pad = pad_to_1024(raw_s);
     unsigned char* smem = smem_raw + pad;
@@ -85,38 +111,49 @@ flash_attention_wgmma_overlap(const __grid_constant__ TmaDescriptor tm_q, const 
     unsigned p_zero_bits[2] = {0u, 0u};              // its zero bits, when its V held inf or NaN
     bool prev_bad = false;                           // its V held inf or NaN
     float alpha[2], row_sum[2];
+    // S_j needs only K_j: it waits for full[s] (the tile has landed); P_j V_j waits for ready[s] too (the
+    // checking warp is done with V_j), one iteration later, so the check of V never delays Q K^T
+    auto v_checked = [&](int tile) {                 // V of `tile` is checked: its flag, its zero bits
+        mbar_wait(bar_ready(base, tile % STAGES), (tile / STAGES) & 1);
+        prev_bad = v_flags[tile % STAGES] != 0;
+        if (prev_bad) zero_bits(p16, p_zero_bits);
+    };
 
     mbar_wait(bar_q(base), 0);
+    if (PINGPONG && wg == 1 && n_tiles > 0) named_barrier_arrive<1, TURN_THREADS>();   // warpgroup 0 goes first
     if (n_tiles > 0) {                               // tile 0: S_0, then its softmax (nothing to overlap)
-        mbar_wait(bar_ready(base, 0), 0);
-        prev_bad = v_flags[0] != 0;
+        mbar_wait(bar_full(base, 0), 0);
         float sacc[S_TILES * 4];
+        wait_for_turn<PINGPONG>(wg);
         wgmma_fence();
         issue_qk(sacc, base, wg, 0);
         wgmma_commit();
+        pass_turn<PINGPONG>(wg, false);
         wgmma_wait<0>();
         fence_s(sacc);
         softmax_step(sacc, m2, alpha, row_sum, 0, warp_q0, row_g, t, n_q, n_k, causal, scale_log2);
         pack_p(sacc, p16);
         update_l(l, alpha, row_sum);                 // (o is 0: nothing to rescale)
-        if (prev_bad) zero_bits(p16, p_zero_bits);
 #ifdef FA_TRACE
         record_trace(trace, trace_slot, bh, n_trace_rows, trace_tiles, 0, t, m2, alpha, l);
 #endif
     }
     for (int tile = 1; tile < n_tiles; ++tile) {
         const int s = tile % STAGES, prev_s = (tile - 1) % STAGES;
-        mbar_wait(bar_ready(base, s), (tile / STAGES) & 1);
-        const bool bad = v_flags[s] != 0;
+        mbar_wait(bar_full(base, s), (tile / STAGES) & 1);      // K_j has landed
+        v_checked(tile - 1);                                    // V_{j-1} is checked
 
         // issue S_j = Q K_j^T, then O += P_{j-1} V_{j-1}: two commit groups in flight
         float sacc[S_TILES * 4];
         fence_o(o);
+        fence_p(p16);                                // P_{j-1} and O were written by ordinary code
+        wait_for_turn<PINGPONG>(wg);
         wgmma_fence();
         issue_qk(sacc, base, wg, s);
         wgmma_commit();
         issue_pv(o, p16, v_tile(base, prev_s));
         wgmma_commit();
+        pass_turn<PINGPONG>(wg, false);
 
         // S_j is done (at most the newest group, P V, still runs): its softmax overlaps the product.
         // It writes P_j in float32 over S_j, registers no product in flight uses
@@ -135,18 +172,20 @@ flash_attention_wgmma_overlap(const __grid_constant__ TmaDescriptor tm_q, const 
         mbar_arrive(bar_empty(base, prev_s));
         rescale_o(o, alpha);
         pack_p(sacc, p16);
-        prev_bad = bad;
-        if (bad) zero_bits(p16, p_zero_bits);
 #ifdef FA_TRACE
         record_trace(trace, trace_slot, bh, n_trace_rows, trace_tiles, tile, t, m2, alpha, l);
 #endif
     }
     if (n_tiles > 0) {                               // the last tile's P V (nothing left to overlap it with)
         const int last_s = (n_tiles - 1) % STAGES;
+        v_checked(n_tiles - 1);
         fence_o(o);
+        fence_p(p16);
+        wait_for_turn<PINGPONG>(wg);
         wgmma_fence();
         issue_pv(o, p16, v_tile(base, last_s));
         wgmma_commit();
+        pass_turn<PINGPONG>(wg, true);
         wgmma_wait<0>();
         fence_o(o);
         fence_p(p16);
@@ -154,4 +193,26 @@ flash_attention_wgmma_overlap(const __grid_constant__ TmaDescriptor tm_q, const 
         mbar_arrive(bar_empty(base, last_s));
     }
     write_output(o, m2, l, out, lse, bh, row_g, t, n_q);
+}
+
+extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)
+flash_attention_wgmma_overlap(const __grid_constant__ TmaDescriptor tm_q, const __grid_constant__ TmaDescriptor tm_k,
+                              const __grid_constant__ TmaDescriptor tm_v, const scalar_t* __restrict__ v,
+                              scalar_t* __restrict__ out, float* __restrict__ lse, int n_q, int n_k, float scale,
+                              int causal, const int* __restrict__ trace_rows, int n_trace_rows, int trace_tiles,
+                              float* __restrict__ trace) {
+    DECLARE_SMEM;
+    overlapped_forward<false>(smem_raw, tm_q, tm_k, tm_v, v, out, lse, n_q, n_k, scale, causal, trace_rows, n_trace_rows,
+                              trace_tiles, trace);
+}
+
+extern "C" __global__ void __launch_bounds__(NUM_THREADS, 1)
+flash_attention_wgmma_pingpong(const __grid_constant__ TmaDescriptor tm_q, const __grid_constant__ TmaDescriptor tm_k,
+                               const __grid_constant__ TmaDescriptor tm_v, const scalar_t* __restrict__ v,
+                               scalar_t* __restrict__ out, float* __restrict__ lse, int n_q, int n_k, float scale,
+                               int causal, const int* __restrict__ trace_rows, int n_trace_rows, int trace_tiles,
+                               float* __restrict__ trace) {
+    DECLARE_SMEM;
+    overlapped_forward<true>(smem_raw, tm_q, tm_k, tm_v, v, out, lse, n_q, n_k, scale, causal, trace_rows, n_trace_rows,
+                             trace_tiles, trace);
 }

@@ -194,10 +194,15 @@ inline Pending pending[1024][16];
 inline int n_pending[1024];
 inline unsigned groups_committed[1024];
 
-// (products left pending by a launch that failed must not be written back in the next one)
+// named barriers (bar.sync / bar.arrive), ids 1..15 (0 is __syncthreads): named_barrier_sync below
+inline Barrier named_barrier[16];
+
+// (products left pending by a launch that failed must not be written back in the next one, nor
+// arrivals at a named barrier counted in it)
 inline const bool pending_cleared_per_launch = (on_launch = [] {
     memset(n_pending, 0, sizeof n_pending);
     memset(groups_committed, 0, sizeof groups_committed);
+    for (Barrier& b : named_barrier) b = Barrier{};
 }, true);
 
 inline void flush(unsigned tid, unsigned keep_groups) {     // write back all but the newest keep_groups groups
@@ -275,6 +280,28 @@ template <int N> inline void wgmma_wait() { emu::flush(threadIdx.x, N); }
 inline void fence_operand(float&) {}
 inline void fence_operand(unsigned&) {}
 
+// Named barriers (bar.sync / bar.arrive with an id and a thread count): `count` threads complete a
+// phase, some waiting (sync), some only arriving (arrive). A barrier used with two thread counts, or an
+// id outside 1..15, fails the launch.
+namespace emu {
+inline Barrier& named(int id, int count) {
+    if (id < 1 || id > 15 || count <= 0 || count % 32) throw 1;
+    Barrier& b = named_barrier[id];
+    if (b.n == 0) b.n = count;
+    if (b.n != count) throw 1;
+    return b;
+}
+}  // namespace emu
+template <int ID, int COUNT> inline void named_barrier_sync() { emu::wait(emu::named(ID, COUNT)); }
+template <int ID, int COUNT> inline void named_barrier_arrive() {
+    emu::Barrier& b = emu::named(ID, COUNT);
+    ++emu::progress;
+    if (++b.count == b.n) {
+        b.count = 0;
+        ++b.generation;
+    }
+}
+
 #else
 // ---------------------------------------------------------------------------
 // the GPU (sm_90a)
@@ -331,6 +358,17 @@ template <int N> __device__ __forceinline__ void wgmma_wait() {
 // registers of an A operand from registers before the wait that covers its product
 __device__ __forceinline__ void fence_operand(float& x) { asm volatile("" : "+f"(x) :: "memory"); }
 __device__ __forceinline__ void fence_operand(unsigned& x) { asm volatile("" : "+r"(x) :: "memory"); }
+
+// named barrier ID (1..15; 0 is __syncthreads) of COUNT threads: wait for the phase (sync), or only
+// count this warp's threads in it (arrive). Immediate ids: ptxas then reserves only the barriers used.
+template <int ID, int COUNT> __device__ __forceinline__ void named_barrier_sync() {
+    static_assert(ID >= 1 && ID <= 15 && COUNT % 32 == 0, "a named barrier: id 1..15, a multiple of 32 threads");
+    asm volatile("bar.sync %0, %1;" :: "n"(ID), "n"(COUNT) : "memory");
+}
+template <int ID, int COUNT> __device__ __forceinline__ void named_barrier_arrive() {
+    static_assert(ID >= 1 && ID <= 15 && COUNT % 32 == 0, "a named barrier: id 1..15, a multiple of 32 threads");
+    asm volatile("bar.arrive %0, %1;" :: "n"(ID), "n"(COUNT) : "memory");
+}
 
 // d (64 x N) = (scale_d ? d : 0) + A B; wgmma_ss: A and B from shared memory (both K-major);
 // wgmma_rs_tb: A from registers, B MN-major (.trans, imm-trans-b = 1). One instruction each.
