@@ -4,7 +4,8 @@ products): against NumPy on edge shapes (the emulator everywhere, an sm_90 GPU w
 present), their NaN rule, their trace, bitwise repeatable output, the two rungs bitwise alike;
 what the compiled code holds (wgmma, cp.async.bulk.tensor, mbarrier waits; no ldmatrix, mma.sync
 or cp.async; no spills; no wgmma serialised by ptxas); the 128-byte swizzle that TMA writes and
-wgmma reads; and the emulator's tensor maps."""
+wgmma reads; the emulator's tensor maps; and the models of the pipeline and of one consumer's
+products and softmax (plain and overlapped), with their pictures."""
 import os
 import re
 
@@ -666,3 +667,160 @@ def test_swizzle_figure_outlines_one_column_without_and_eight_with_the_swizzle()
     for bad in (dict(rows=12), dict(rows=True), dict(read_chunk=8)):
         with pytest.raises(ValueError):
             swizzle_figure(**bad)
+
+
+# ---------------------------------------------------------------------------
+# one consumer's products and softmax, plain and overlapped (notebook 06's picture)
+# ---------------------------------------------------------------------------
+
+def test_overlap_schedule_by_hand():
+    from lessons.gpu.hopper import overlap_schedule
+
+    def makespan(events):
+        return max(e.end for e in events)
+
+    # plain, 4 tiles, every step 1: S_j, softmax_j, P_j V_j one after another, 4 x 3 = 12
+    plain = overlap_schedule(4, overlap=False)
+    assert [(e.label, e.start, e.end) for e in plain[:6]] == [
+        ("S0", 0, 1), ("softmax0", 1, 2), ("P0V0", 2, 3), ("S1", 3, 4), ("softmax1", 4, 5), ("P1V1", 5, 6)]
+    assert makespan(plain) == 12.0
+    # overlapped, the same times: S0 [0, 1], softmax0 [1, 2]; then per j = 1, 2, 3 S_j [2j, 2j + 1] and
+    # P_{j-1}V_{j-1} [2j + 1, 2j + 2] on the tensor cores, softmax_j [2j + 1, 2j + 2] beside it; P3V3 [8, 9]:
+    # 2 + 3 x 2 + 1 = 9
+    over = {e.label: (e.start, e.end) for e in overlap_schedule(4, overlap=True)}
+    assert over == {"S0": (0, 1), "softmax0": (1, 2),
+                    "S1": (2, 3), "P0V0": (3, 4), "softmax1": (3, 4),
+                    "S2": (4, 5), "P1V1": (5, 6), "softmax2": (5, 6),
+                    "S3": (6, 7), "P2V2": (7, 8), "softmax3": (7, 8), "P3V3": (8, 9)}
+    # softmax twice a product: each later tile costs qk + softmax = 3, so 3 + 3 x 3 + 1 = 13 (plain 4 x 4 = 16);
+    # softmax half of one: qk + pv = 2 per tile, 1.5 + 3 x 2 + 1 = 8.5 (plain 4 x 2.5 = 10)
+    assert makespan(overlap_schedule(4, softmax=2, overlap=True)) == 13.0
+    assert makespan(overlap_schedule(4, softmax=2, overlap=False)) == 16.0
+    assert makespan(overlap_schedule(4, softmax=0.5, overlap=True)) == 8.5
+    assert makespan(overlap_schedule(4, softmax=0.5, overlap=False)) == 10.0
+    # one tile: nothing to overlap, both orders take qk + softmax + pv
+    assert makespan(overlap_schedule(1, qk=1, softmax=2, pv=3, overlap=True)) == 6.0
+    assert overlap_schedule(0, overlap=True) == overlap_schedule(0, overlap=False) == []
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_overlap_schedule_keeps_the_kernels_rules(overlap):
+    from lessons.gpu.hopper import overlap_schedule
+
+    ev = overlap_schedule(6, qk=0.7, softmax=1.3, pv=0.9, overlap=overlap)
+    assert len(ev) == 18 and [(e.tile, e.step) for e in ev[:3]] == [(0, "S"), (0, "softmax"), (0, "PV")]
+    at = {(e.step, e.tile): e for e in ev}
+    for unit in ("tensor cores", "CUDA cores"):      # one thing at a time on each unit
+        busy = sorted((e.start, e.end) for e in ev if e.unit == unit)
+        assert all(a[1] <= b[0] + 1e-12 for a, b in zip(busy, busy[1:]))
+    # the tensor cores take the products in issue order: plain S0 P0V0 S1 P1V1 ...; overlapped S0 S1 P0V0 S2 P1V1 ...
+    order = [e.label for e in sorted(ev, key=lambda e: e.start) if e.unit == "tensor cores"]
+    if overlap:
+        assert order == ["S0"] + [x for j in range(1, 6) for x in (f"S{j}", f"P{j - 1}V{j - 1}")] + ["P5V5"]
+    else:
+        assert order == [x for j in range(6) for x in (f"S{j}", f"P{j}V{j}")]
+    for j in range(6):
+        assert at["softmax", j].start >= at["S", j].end and at["PV", j].start >= at["softmax", j].end
+        if j and overlap:                            # softmax_j runs beside P_{j-1} V_{j-1}
+            assert at["softmax", j].start == at["PV", j - 1].start
+        if j and not overlap:                        # nothing of tile j before P_{j-1} V_{j-1} is done
+            assert at["S", j].start >= at["PV", j - 1].end
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda s: s(-1, overlap=True), ValueError, "n_tiles"),
+    (lambda s: s(2.0, overlap=True), TypeError, "n_tiles"),
+    (lambda s: s(3, qk=0, overlap=True), ValueError, "qk"),
+    (lambda s: s(3, softmax=float("inf"), overlap=True), ValueError, "softmax"),
+    (lambda s: s(3, pv="1", overlap=True), TypeError, "pv"),
+    (lambda s: s(3, pv=True, overlap=True), TypeError, "pv"),
+    (lambda s: s(3, overlap=1), TypeError, "overlap"),
+    (lambda s: s(3, overlap=None), TypeError, "overlap"),
+    (lambda s: s(3), TypeError, "overlap"),
+    (lambda s: s(3, 1.0, overlap=True), TypeError, "positional"),
+    (lambda s: s(3, qk=1e308, softmax=1e308, overlap=False), ValueError, "must be finite"),
+])
+def test_overlap_schedule_rejects_bad_arguments_by_name(call, error, match):
+    from lessons.gpu.hopper import overlap_schedule
+
+    with pytest.raises(error, match=match):
+        call(overlap_schedule)
+
+
+def test_overlap_schedule_takes_numpy_numbers():
+    from lessons.gpu.hopper import overlap_schedule
+
+    ev = overlap_schedule(np.int64(4), qk=np.float32(1.0), softmax=np.int64(1), pv=np.float64(1.0),
+                          overlap=np.bool_(True))
+    assert max(e.end for e in ev) == 9.0 and all(isinstance(e.start, float) and isinstance(e.end, float) for e in ev)
+
+
+def test_overlap_figure_draws_every_event_where_it_runs():
+    from lessons.gpu.hopper import overlap_schedule
+    from lessons.views.pipeline import overlap_figure
+
+    schedules = {"plain": overlap_schedule(4, overlap=False), "overlapped": overlap_schedule(4, overlap=True)}
+    fig = overlap_figure(schedules, unit="time")
+    for ax, (title, events) in zip(fig.axes, schedules.items()):
+        # the tensor cores' row at y = 1, the CUDA cores' at y = 0
+        bars = sorted((round(p.get_x(), 6), round(p.get_width(), 6), round(p.get_y() + p.get_height() / 2, 6))
+                      for p in ax.patches)
+        assert bars == sorted((e.start, e.end - e.start, 1.0 if e.unit == "tensor cores" else 0.0) for e in events)
+        total = max(e.end for e in events)
+        assert f"{title}: done at {total:g}" == ax.get_title(loc="left")
+        assert [line.get_xdata()[0] for line in ax.get_lines()] == [total]          # the makespan marked
+        texts = {t.get_text() for t in ax.texts}
+        assert {"$S_{0}$", "$P_{3}V_{3}$", "softmax$_{2}$"} <= texts and len(ax.texts) == len(events)
+    assert fig.axes[-1].get_xlabel() == "time"
+    # a box too narrow for its name keeps its tile number, or nothing
+    fig = overlap_figure({"narrow": overlap_schedule(8, softmax=0.3, overlap=True)})
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert "$S_{0}$" in texts and "softmax$_{0}$" not in texts and len(texts) <= 24
+
+
+def test_overlap_figure_refuses_what_it_cannot_draw():
+    from lessons.gpu.hopper import OverlapEvent, PipelineEvent, overlap_schedule
+    from lessons.views.pipeline import overlap_figure
+
+    with pytest.raises(TypeError, match="dict"):
+        overlap_figure([overlap_schedule(2, overlap=True)])
+    with pytest.raises(TypeError, match="OverlapEvent"):
+        overlap_figure({"x": [PipelineEvent("producer", 0, 0, 0.0, 1.0)]})
+    with pytest.raises(ValueError, match="at least one"):
+        overlap_figure({})
+    with pytest.raises(ValueError, match="no events"):
+        overlap_figure({"x": []})
+    with pytest.raises(ValueError, match="step must be one of"):
+        overlap_figure({"x": [OverlapEvent("exp", 0, 0.0, 1.0)]})
+    with pytest.raises(ValueError, match="start <= end"):
+        overlap_figure({"x": [OverlapEvent("S", 0, 2.0, 1.0)]})
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("d", [64, 128])
+def test_overlap_evidence_reads_the_compiler(d):
+    from lessons.gpu import ladder
+
+    ev = ladder.overlap_evidence(d)
+    _, bk = WGMMA_CONFIGS[d]
+    assert ev["stages"] == {"wgmma": 2, "wgmma_overlap": 3}
+    assert ev["smem_bytes"] == {name: flash_attention_wgmma_smem_bytes(d, bk, ev["stages"][name])
+                                for name in ("wgmma", "wgmma_overlap")}
+    for name, build in HOPPER_BUILDS.items():
+        short = name.replace("flash_attention_", "")
+        assert ev["registers"][short] == gpu.compile_kernel(build(d), "sm_90a").resources[name].registers
+    assert ev["registers"]["wgmma_overlap"] > ev["registers"]["wgmma"]        # S, P and O live at once
+    # one wait that leaves P V running, and the whole softmax of tile j after it: one ex2 per value of S_j a
+    # thread holds (64 rows x block_k over 128 threads) and one alpha for each of its 2 rows
+    assert ev["wait_group_1"] == 1 and ev["s_per_thread"] == bk // 2
+    assert ev["ex2_between_waits"] == ev["s_per_thread"] + 2
+    assert ev["serialised"] == {"wgmma": False, "wgmma_overlap": False} and ev["log_warnings"] == []
+
+
+def test_overlap_evidence_names_a_bad_head_dim():
+    from lessons.gpu import ladder
+
+    with pytest.raises(ValueError, match="d must be one of"):
+        ladder.overlap_evidence(96)
+    with pytest.raises(TypeError, match="d must be an int"):
+        ladder.overlap_evidence(64.0)

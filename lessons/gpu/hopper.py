@@ -1,4 +1,5 @@
-"""The Hopper rung's plumbing: tensor maps for its TMA copies, and the pipeline its mbarriers order.
+"""The Hopper rungs' plumbing: tensor maps for their TMA copies, the pipeline their mbarriers order,
+and the order of one consumer's products and softmax (plain, or softmax overlapped with wgmma).
 
 A Hopper TMA copy names a tensor map and the coordinates of a box; the map says where the
 tensor lies, its sizes and strides, the box's shape and how to swizzle it into shared memory.
@@ -22,9 +23,10 @@ from functools import lru_cache
 
 import numpy as np
 
-from lessons.core.checks import check_int
+from lessons.core.checks import check_flag, check_int
 
-__all__ = ["BOX_COLUMNS", "emulated_tensor_map", "device_tensor_map", "PipelineEvent", "pipeline_schedule"]
+__all__ = ["BOX_COLUMNS", "emulated_tensor_map", "device_tensor_map", "PipelineEvent", "pipeline_schedule",
+           "OVERLAP_UNITS", "OverlapEvent", "overlap_schedule"]
 
 #: columns of every box: 64 16-bit values, the 128 bytes of one swizzled row
 BOX_COLUMNS = 64
@@ -120,6 +122,15 @@ def device_tensor_map(x, box_rows: int, dtype: str) -> DeviceTensorMap:
     return DeviceTensorMap(raw, offset, x)
 
 
+def _check_time(value, name: str) -> float:
+    """A positive finite real number (NumPy numbers too) as a float; TypeError/ValueError naming it."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+    return float(value)
+
+
 # ---------------------------------------------------------------------------
 # the producer/consumer pipeline, as the mbarriers order it
 # ---------------------------------------------------------------------------
@@ -156,12 +167,8 @@ def pipeline_schedule(n_tiles: int, stages: int = 2, load_time: float = 1.0,
     Source: Shah et al. 2024 (FlashAttention-3), Sec. 3.1 (producer-consumer with a circular buffer)."""
     n_tiles = check_int(n_tiles, "n_tiles", min=0)
     stages = check_int(stages, "stages", min=1)
-    for name, value in (("load_time", load_time), ("compute_time", compute_time)):
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-            raise TypeError(f"{name} must be a real number, got {type(value).__name__} {value!r}")
-        if not (math.isfinite(value) and value > 0):
-            raise ValueError(f"{name} must be a positive finite number, got {value!r}")
-    load_time, compute_time = float(load_time), float(compute_time)
+    load_time, compute_time = (_check_time(value, name) for name, value in (("load_time", load_time),
+                                                                            ("compute_time", compute_time)))
     if not math.isfinite(n_tiles * (load_time + compute_time)):
         raise ValueError(f"n_tiles * (load_time + compute_time) must be finite, got n_tiles={n_tiles}, "
                          f"load_time={load_time}, compute_time={compute_time}")
@@ -173,4 +180,97 @@ def pipeline_schedule(n_tiles: int, stages: int = 2, load_time: float = 1.0,
         begin = max(load_end[j], work_end[j - 1] if j else 0.0)
         work_end.append(begin + compute_time)
         events.append(PipelineEvent("consumers", j, j % stages, begin, work_end[j]))
+    return events
+
+
+# ---------------------------------------------------------------------------
+# one consumer's products and softmax: the plain order and FlashAttention-3's overlapped one
+# ---------------------------------------------------------------------------
+
+#: where each step runs: the products on the tensor cores, the softmax on the CUDA cores
+OVERLAP_UNITS = {"S": "tensor cores", "softmax": "CUDA cores", "PV": "tensor cores"}
+
+
+@dataclass(frozen=True)
+class OverlapEvent:
+    """One step of one consumer warpgroup on one key tile: ``step`` ``"S"`` (S_j = Q K_j^T, on the
+    tensor cores), ``"softmax"`` (m, alpha, P_j = exp2(S_j - m) and the row sums l, on the CUDA cores)
+    or ``"PV"`` (O += P_j V_j, on the tensor cores); the ``tile`` j, ``start`` and ``end`` (model time
+    units). :attr:`unit` says where it runs and :attr:`label` names it (``"S0"``, ``"softmax0"``,
+    ``"P0V0"``)."""
+
+    step: str
+    tile: int
+    start: float
+    end: float
+
+    @property
+    def unit(self) -> str:
+        return OVERLAP_UNITS[self.step]
+
+    @property
+    def label(self) -> str:
+        return f"P{self.tile}V{self.tile}" if self.step == "PV" else f"{self.step}{self.tile}"
+
+
+def overlap_schedule(n_tiles: int, *, qk: float = 1.0, softmax: float = 1.0, pv: float = 1.0,
+                     overlap: bool) -> list[OverlapEvent]:
+    """When one consumer warpgroup's steps run, for ``n_tiles`` key tiles, in the model where
+    S_j = Q K_j^T takes ``qk``, the softmax of a tile ``softmax`` and O += P_j V_j ``pv`` (any unit).
+    The tensor cores run one product at a time, in the order they were issued; the consumer's threads
+    issue products, then wait for them (``wgmma.wait_group``), and compute the softmax themselves.
+
+    * ``overlap=False`` (``flash_attention_wgmma.cu``): per tile, S_j, wait, softmax_j, P_j V_j, wait.
+      Nothing overlaps: ``n_tiles * (qk + softmax + pv)``.
+    * ``overlap=True`` (``flash_attention_wgmma_overlap.cu``, FlashAttention-3 Alg. 2): S_0, wait,
+      softmax_0; then for j = 1 .. n_tiles - 1 the consumer issues S_j and P_{j-1} V_{j-1}, waits for S_j
+      only and computes softmax_j while P_{j-1} V_{j-1} is on the tensor cores, then waits for that
+      product; the last P V comes at the end. Each tile after the first costs ``qk + max(softmax, pv)``
+      instead of ``qk + softmax + pv``: ``qk + softmax + (n_tiles - 1) * (qk + max(softmax, pv)) + pv``.
+
+    Returns the ``3 * n_tiles`` events (S, softmax, PV of each tile in turn); the makespan is the
+    largest ``end``. The model leaves out the rescale O = alpha O, the copies (the producer's, as
+    :func:`pipeline_schedule`) and the other consumer. TypeError/ValueError naming the argument for a
+    non-int or negative ``n_tiles``, a time that is not a positive finite number, or an ``overlap`` that
+    is not a bool. Source: Shah et al. 2024 (FlashAttention-3), Sec. 3.2 and Alg. 2."""
+    n_tiles = check_int(n_tiles, "n_tiles", min=0)
+    qk, softmax, pv = (_check_time(value, name) for name, value in (("qk", qk), ("softmax", softmax), ("pv", pv)))
+    overlap = check_flag(overlap, "overlap")
+    if not math.isfinite(n_tiles * (qk + softmax + pv)):
+        raise ValueError(f"n_tiles * (qk + softmax + pv) must be finite, got n_tiles={n_tiles}, qk={qk}, "
+                         f"softmax={softmax}, pv={pv}")
+    events: list[OverlapEvent] = []
+    tensor_free = 0.0                               # when the tensor cores finish what was issued so far
+
+    def product(step: str, tile: int, issued: float, time: float) -> OverlapEvent:
+        nonlocal tensor_free                        # a product starts once issued and the one before it is done
+        start = max(issued, tensor_free)
+        e = OverlapEvent(step, tile, start, start + time)
+        tensor_free = e.end
+        events.append(e)
+        return e
+
+    def exp_step(tile: int, start: float) -> OverlapEvent:
+        e = OverlapEvent("softmax", tile, start, start + softmax)
+        events.append(e)
+        return e
+
+    if not overlap:
+        now = 0.0                                   # the consumer's threads: issue, wait, compute
+        for j in range(n_tiles):
+            s = product("S", j, now, qk)
+            sm = exp_step(j, s.end)                 # wait_group 0: S_j done
+            now = product("PV", j, sm.end, pv).end  # wait_group 0: P_j V_j done
+        return events
+    if n_tiles == 0:
+        return events
+    s = product("S", 0, 0.0, qk)
+    now = exp_step(0, s.end).end                    # tile 0: nothing to overlap with
+    for j in range(1, n_tiles):
+        s = product("S", j, now, qk)                # commit group 1
+        pv_prev = product("PV", j - 1, now, pv)     # commit group 2, runs after S_j
+        sm = exp_step(j, s.end)                     # wait_group 1: S_j done, P_{j-1} V_{j-1} may still run
+        now = max(sm.end, pv_prev.end)              # wait_group 0
+    product("PV", n_tiles - 1, now, pv)
+    events.sort(key=lambda e: (e.tile, ("S", "softmax", "PV").index(e.step)))
     return events

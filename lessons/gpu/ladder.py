@@ -28,7 +28,8 @@ from lessons.gpu.recorded import RECORDED_DIR, _shipped, typed_csv_rows  # RECOR
 __all__ = ["Rung", "RUNGS", "RECORDED_DIR", "RECORDED_CSV", "RECORDED_LABEL", "PROFILED_DIR", "PROFILED_LABEL",
            "SDPA_KERNEL", "NOT_MEASURED", "rung", "attention_flops", "recorded_rows", "recorded", "ladder_table",
            "rung_intensity", "rung_build", "measure_ladder", "ladder_points", "speedup_claim", "CLAIM",
-           "ladder_markdown", "rung_evidence", "Target", "TARGETS", "target_outcomes", "targets_markdown",
+           "ladder_markdown", "rung_evidence", "overlap_evidence", "SERIALISED_WGMMA", "Target", "TARGETS",
+           "target_outcomes", "targets_markdown",
            "DECODE_RUNGS", "DECODE_RECORDED", "decode_rung", "decode_rung_build", "decode_recorded_rows",
            "decode_recorded", "decode_table", "decode_markdown", "sdpa_backends", "sdpa_kernels"]
 
@@ -538,6 +539,48 @@ def rung_evidence(d: int = 64, arch: str = "sm_90") -> list[dict]:
                         smem_bytes=res.smem_bytes + build.dynamic_smem_bytes,
                         spill_bytes=res.spill_store_bytes + res.spill_load_bytes, instruction=r.ptx_grep,
                         count=entry_ptx(compile_ptx(build, rung_arch), entry).count(r.ptx_grep)))
+    return out
+
+
+#: what ptxas writes when it serialises wgmma (warnings C7513/C7515: a register of a product in flight is
+#: written by ordinary code, so it waits for every product before each one)
+SERIALISED_WGMMA = "Potential Performance Loss"
+
+
+def overlap_evidence(d: int = 64) -> dict:
+    """What the compiler says of the overlapped Hopper rung beside the plain one at head dim ``d``
+    (64 or 128), no GPU needed (needs CuPy/NVRTC): ``registers``, ``smem_bytes`` (dynamic) and
+    ``stages`` and ``serialised`` (whether ptxas's log says :data:`SERIALISED_WGMMA`), each
+    ``{"wgmma": ..., "wgmma_overlap": ...}``; in the overlapped rung's PTX,
+    ``wait_group_1`` (how many ``wgmma.wait_group.sync.aligned 1``: the wait that leaves P V running) and
+    ``ex2_between_waits`` (how many ``ex2.approx`` lie between that wait and the next
+    ``wgmma.wait_group.sync.aligned 0``: the softmax computed while P V runs); ``s_per_thread`` (the
+    values of S_j one consumer thread holds: 64 x block_k / 128) and ``log_warnings`` (the overlapped
+    rung's ptxas log lines that hold "warning"). TypeError/ValueError naming ``d`` for another head dim.
+    Source: PTX ISA 8.x, ``wgmma.wait_group``; Shah et al. 2024 (FlashAttention-3), Alg. 2."""
+    from lessons.gpu import source
+    from lessons.gpu.compile import compile_kernel, compile_ptx, entry_ptx
+
+    d = check_int(d, "d")
+    if d not in source.WGMMA_CONFIGS:
+        raise ValueError(f"d must be one of {sorted(source.WGMMA_CONFIGS)} (the Hopper rungs' head dims), got {d}")
+    _, bk = source.WGMMA_CONFIGS[d]
+    out, logs = dict(registers={}, smem_bytes={}, stages={}, serialised={}), {}
+    for name in ("wgmma", "wgmma_overlap"):
+        build = rung_build(name, d)
+        compiled = compile_kernel(build, build.arch)
+        logs[name] = compiled.log
+        out["registers"][name] = compiled.resources[build.entries[0]].registers
+        out["smem_bytes"][name] = build.dynamic_smem_bytes
+        out["stages"][name] = dict(build.defines).get("STAGES", source.WGMMA_STAGES)
+        out["serialised"][name] = SERIALISED_WGMMA in compiled.log
+    ptx = entry_ptx(compile_ptx(build, build.arch), build.entries[0])
+    wait_1, wait_0 = "wgmma.wait_group.sync.aligned 1", "wgmma.wait_group.sync.aligned 0"
+    out["wait_group_1"] = ptx.count(wait_1)
+    between = ptx.split(wait_1, 1)[1].split(wait_0, 1)[0] if wait_1 in ptx else ""
+    out["ex2_between_waits"] = between.count("ex2.approx")
+    out["s_per_thread"] = 64 * bk // 128
+    out["log_warnings"] = [line for line in logs["wgmma_overlap"].splitlines() if "warning" in line.lower()]
     return out
 
 

@@ -1,8 +1,10 @@
-"""Pictures of the Hopper rung: its pipeline (who works on which tile when, one panel per schedule)
-and the 128-byte swizzle of its shared-memory tiles.
+"""Pictures of the Hopper rungs: their pipeline (who works on which tile when, one panel per schedule),
+one consumer's products and softmax (plain or overlapped) and the 128-byte swizzle of their
+shared-memory tiles.
 
-The events come from :func:`lessons.gpu.hopper.pipeline_schedule` (the order the mbarriers impose),
-the layout from :func:`lessons.gpu.source.wgmma_swizzle`; this module only draws them.
+The events come from :func:`lessons.gpu.hopper.pipeline_schedule` (the order the mbarriers impose) and
+:func:`lessons.gpu.hopper.overlap_schedule` (the order of one consumer's steps), the layout from
+:func:`lessons.gpu.source.wgmma_swizzle`; this module only draws them.
 """
 from __future__ import annotations
 
@@ -10,11 +12,11 @@ from collections.abc import Mapping
 
 from matplotlib.patches import Patch
 
-from lessons.gpu.hopper import PipelineEvent
+from lessons.gpu.hopper import OVERLAP_UNITS, OverlapEvent, PipelineEvent
 
 from lessons.views.plot import new_figure, tidy
 
-__all__ = ["STAGE_COLOURS", "pipeline_figure", "swizzle_figure"]
+__all__ = ["STAGE_COLOURS", "pipeline_figure", "overlap_figure", "swizzle_figure"]
 
 #: one colour per shared-memory stage (a tile's copy and its work share their stage's colour; after 10
 #: stages the colours repeat, the tile numbers on the bars still tell them apart)
@@ -71,6 +73,69 @@ def pipeline_figure(schedules: dict, *, unit: str = "time"):
     axes[-1].set_xlabel(unit)
     fig.subplots_adjust(left=0.22, right=0.98, top=0.88, bottom=0.12 + 0.05 / len(schedules), hspace=0.55)
     return fig
+
+
+_UNIT_ROWS = (("tensor cores", "tensor cores\n($QK^\\top$ and $PV$)"), ("CUDA cores", "CUDA cores\n(softmax)"))
+_STEP_TEXT = {"S": "$S_{%d}$", "softmax": "softmax$_{%d}$", "PV": "$P_{%d}V_{%d}$"}
+
+
+def overlap_figure(schedules: dict, *, unit: str = "time"):
+    """One panel per entry of ``schedules`` (title -> list of :class:`lessons.gpu.hopper.OverlapEvent`,
+    e.g. the plain and the overlapped order of :func:`lessons.gpu.hopper.overlap_schedule`), top to
+    bottom on a shared time axis: a row for the tensor cores (S_j = Q K_j^T and P_j V_j) and one for the
+    CUDA cores (softmax_j), one box per event, labelled with its step and tile and coloured by its tile;
+    a dashed line marks where the last event ends, and the panel's title says when. ``unit`` labels the
+    time axis. Returns a Figure. TypeError for ``schedules`` that is not a dict of lists of OverlapEvent;
+    ValueError for an empty ``schedules`` or schedule, an event whose ``step`` is not one of "S",
+    "softmax", "PV", or one that starts before 0 or ends before it starts."""
+    if not isinstance(schedules, Mapping):
+        raise TypeError(f"schedules must be a dict of title -> events, got {type(schedules).__name__}")
+    if not schedules:
+        raise ValueError("schedules must hold at least one schedule")
+    for title, events in schedules.items():
+        if not isinstance(events, (list, tuple)) or not all(isinstance(e, OverlapEvent) for e in events):
+            raise TypeError(f"schedule {title!r} must be a list of OverlapEvent (overlap_schedule)")
+        if not events:
+            raise ValueError(f"schedule {title!r} has no events")
+        for e in events:
+            if e.step not in OVERLAP_UNITS:
+                raise ValueError(f"schedule {title!r}: an event's step must be one of {list(OVERLAP_UNITS)}, "
+                                 f"got {e.step!r}")
+            if not (0 <= e.start <= e.end) or e.tile < 0:
+                raise ValueError(f"schedule {title!r}: an event must have 0 <= start <= end and tile >= 0, got {e}")
+    end = max(e.end for events in schedules.values() for e in events)
+    fig = new_figure((10.5, 1.7 * len(schedules) + 0.7))
+    axes = fig.subplots(len(schedules), 1, sharex=True, squeeze=False)[:, 0]
+    fig.subplots_adjust(left=0.17, right=0.98, top=1 - 0.42 / fig.get_figheight(),
+                        bottom=0.5 / fig.get_figheight(), hspace=0.5)
+    renderer = fig.canvas.get_renderer()
+    for ax, (title, events) in zip(axes, schedules.items()):
+        ax.set_xlim(0, end * 1.02)
+        ax.set_ylim(-0.5, 1.5)
+        for row, (name, _) in enumerate(_UNIT_ROWS):
+            for e in (e for e in events if e.unit == name):
+                ax.barh(1 - row, e.end - e.start, left=e.start, height=0.62,
+                        color=STAGE_COLOURS[e.tile % len(STAGE_COLOURS)], edgecolor="white")
+                _fit_label(ax, renderer, e, 1 - row)
+        total = max(e.end for e in events)
+        ax.axvline(total, color="#333333", lw=1, ls="--")
+        ax.set_yticks([1, 0], [label for _, label in _UNIT_ROWS])
+        ax.set_title(f"{title}: done at {total:g}", fontsize=10, loc="left")
+        tidy(ax)
+    axes[-1].set_xlabel(unit)
+    return fig
+
+
+def _fit_label(ax, renderer, e: OverlapEvent, y: float) -> None:
+    """Write the event's name in its box (e.g. P_0V_0); where a box is too narrow for it, only its tile
+    number; where even that does not fit, nothing (the colour still tells the tile)."""
+    full = _STEP_TEXT[e.step] % ((e.tile, e.tile) if e.step == "PV" else e.tile)
+    (x0, _), (x1, _) = ax.transData.transform([(e.start, y), (e.end, y)])
+    for text in (full, str(e.tile)):
+        t = ax.text((e.start + e.end) / 2, y, text, ha="center", va="center", fontsize=8, color="white")
+        if t.get_window_extent(renderer).width <= (x1 - x0) - 4:
+            return
+        t.remove()
 
 
 def swizzle_figure(rows: int = 8, *, read_chunk: int = 2):
