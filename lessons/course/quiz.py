@@ -279,6 +279,21 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           "Shared memory has 32 banks of 4 bytes; a 128-byte row spans each once. Unswizzled, chunk 2 of rows "
           "0-7 is always bytes 32-47, the same 4 banks, so 8 reads queue up; with the XOR they spread over all "
           "32. The FA-2 rung computed the same layout by hand. Reread the swizzle picture in 'The Hopper rung'."),
+        Q("In the rung that overlaps softmax with the products, tile j's softmax writes P_j in float32, and "
+          "P_j is rounded into its 16-bit registers only after wgmma.wait_group 0. Why not as soon as the "
+          "softmax is done?",
+          ("Rounding before the wait would change the output bits",
+           "The tensor cores cannot take 16-bit values before wait_group 0",
+           "The exponentials of tile j are still running until wait_group 0",
+           "Those registers still hold P_{j-1}, which the P_{j-1} V_{j-1} product in flight reads; writing "
+           "them earlier would corrupt that product, and ptxas would serialise the products to prevent it"),
+          3,
+          "wgmma reads its register operand while it runs, not when it is issued. P_{j-1} V_{j-1} runs during "
+          "tile j's softmax, so P_{j-1}'s registers must stay untouched until wait_group 0 says it is done; only "
+          "then is P_j packed into them. Code that wrote them earlier would make ptxas wait for every product "
+          "before the next ('Potential Performance Loss' in its log), and the overlap would be gone. The "
+          "rounding itself is the plain rung's, so the output stays bitwise the same. Reread 'Overlapping "
+          "softmax with the products' (what it costs)."),
     ),
     "07_paged_attention": (
         Q("What is the one difference between the paged loop and the flash loop?",
