@@ -294,6 +294,19 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           "before the next ('Potential Performance Loss' in its log), and the overlap would be gone. The "
           "rounding itself is the plain rung's, so the output stays bitwise the same. Reread 'Overlapping "
           "softmax with the products' (what it costs)."),
+        Q("In the ping-pong rung warpgroup 1 arrives once on warpgroup 0's barrier before its first turn, and "
+          "skips its very last hand-over. What happens if it does neither?",
+          ("Nothing: the barriers only order the issues, so the output is the same",
+           "Warpgroup 0 waits for a first turn nobody gives, and warpgroup 1 waits for warpgroup 0: the "
+           "block never finishes",
+           "The two warpgroups issue their products at once, as in the overlapped rung",
+           "The output changes, because the products run in another order"),
+          1,
+          "A warpgroup issues only after bar.sync on its own barrier has completed, which needs the other's "
+          "bar.arrive. Without the first arrival warpgroup 0's first bar.sync never completes, and warpgroup 1 "
+          "waits on its own barrier for warpgroup 0: a deadlock (the emulator reports it; a GPU would hang). "
+          "The skipped last arrival keeps the counts even: nobody waits for it. Reread 'Taking turns: the two "
+          "consumers in ping-pong'."),
     ),
     "07_paged_attention": (
         Q("What is the one difference between the paged loop and the flash loop?",
