@@ -860,6 +860,15 @@ def test_elf_whole_restores_the_byte_cupy_drops_from_a_cubin():
     assert elf_whole(whole) == whole and elf_whole(whole + b"\x05") == whole + b"\x05"   # nothing else changes
     with pytest.raises(ValueError, match="ELF"):
         elf_whole(b"not a cubin" * 10)
+    with pytest.raises(TypeError, match="bytes"):
+        elf_whole(np.frombuffer(whole, np.uint8))
+    with pytest.raises(TypeError, match="bytes"):
+        elf_whole(None)
+    damaged = bytearray(whole)
+    damaged[0x28:0x30] = (1 << 40).to_bytes(8, "little")            # section headers said to lie 1 TiB in
+    with pytest.raises(ValueError, match="damaged"):
+        elf_whole(bytes(damaged))
+    assert elf_whole(bytearray(image)) == whole
 
 
 @pytest.mark.skipif(not gpu.nvrtc_available(), reason="CuPy/NVRTC not installed")

@@ -306,6 +306,8 @@ def test_rung_intensity_follows_the_io_model():
     assert ladder.rung_intensity("mma", 8192, 64) > ladder.rung_intensity("scalar", 8192, 64)
     with pytest.raises(ValueError, match="rung must be one of"):
         ladder.rung("warp-specialised")
+    with pytest.raises(TypeError, match="rung must be a rung's name"):
+        ladder.rung(None)
     with pytest.raises(ValueError, match="no kernel"):
         ladder.rung_build("sdpa")
 

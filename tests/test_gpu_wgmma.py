@@ -144,11 +144,19 @@ def test_wgmma_kernel_keeps_hidden_nan_out_and_visible_nan_in(backend, forward, 
     assert np.isfinite(np.delete(out[19], 3)).all()
 
 
-@pytest.mark.parametrize("poison", POISONS)
-@pytest.mark.parametrize("nq, nk, d, dtype", [
+POISON_SHAPES = [
     (130, 150, 64, "float16"),              # two query blocks, the diagonal inside 128-key tiles
     (20, 90, 128, "bfloat16"),              # one block, the diagonal across two 64-key tiles
-])
+]
+# every poison and shape for the plain rung; for the reordered rungs (whose step 7 runs an iteration
+# later) each shape once, with NaN: they are bitwise the plain rung besides (test_overlapped_rungs_...)
+POISON_CASES = ([pytest.param(FORWARDS[0].values[0], p.values[0], *shape, id=f"plain-{p.id}-{shape[0]}x{shape[1]}")
+                 for p in POISONS for shape in POISON_SHAPES]
+                + [pytest.param(f.values[0], np.nan, *shape, id=f"{f.id}-nan-{shape[0]}x{shape[1]}")
+                   for f in FORWARDS[1:] for shape in POISON_SHAPES])
+
+
+@pytest.mark.parametrize("forward, poison, nq, nk, d, dtype", POISON_CASES)
 def test_wgmma_rows_never_see_poison_they_cannot_see(backend, forward, poison, nq, nk, d, dtype):
     def launch(q, k, v):
         return forward(q, k, v, causal=True, bfloat16=dtype == "bfloat16", backend=backend)
@@ -739,6 +747,8 @@ def test_overlap_schedule_keeps_the_kernels_rules(overlap):
     (lambda s: s(3), TypeError, "overlap"),
     (lambda s: s(3, 1.0, overlap=True), TypeError, "positional"),
     (lambda s: s(3, qk=1e308, softmax=1e308, overlap=False), ValueError, "must be finite"),
+    (lambda s: s(10**12, overlap=True), ValueError, "n_tiles must be at most"),
+    (lambda s: s(10**400, overlap=True), ValueError, "n_tiles must be at most"),
 ])
 def test_overlap_schedule_rejects_bad_arguments_by_name(call, error, match):
     from lessons.gpu.hopper import overlap_schedule
@@ -794,6 +804,30 @@ def test_overlap_figure_refuses_what_it_cannot_draw():
         overlap_figure({"x": [OverlapEvent("exp", 0, 0.0, 1.0)]})
     with pytest.raises(ValueError, match="start <= end"):
         overlap_figure({"x": [OverlapEvent("S", 0, 2.0, 1.0)]})
+    with pytest.raises(ValueError, match="< inf"):
+        overlap_figure({"x": [OverlapEvent("S", 0, 0.0, float("inf"))]})
+    for bad in (0.5, "0", None, True):
+        with pytest.raises(TypeError, match="tile must be an int"):
+            overlap_figure({"x": [OverlapEvent("S", bad, 0.0, 1.0)]})
+    with pytest.raises(TypeError, match="must be numbers"):
+        overlap_figure({"x": [OverlapEvent("S", 0, "0", 1.0)]})
+    with pytest.raises(ValueError, match="step must be one of"):
+        overlap_figure({"x": [OverlapEvent(["S"], 0, 0.0, 1.0)]})
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda f: f(-64, 64), ValueError, "head_dim"),
+    (lambda f: f(True, 64), TypeError, "head_dim"),
+    (lambda f: f(64.0, 64), TypeError, "head_dim"),
+    (lambda f: f(64, None), TypeError, "block_k"),
+    (lambda f: f(64, 0), ValueError, "block_k"),
+    (lambda f: f(64, 64, 1), ValueError, "stages"),
+])
+def test_shared_memory_of_the_hopper_rungs_refuses_bad_sizes_by_name(call, error, match):
+    with pytest.raises(error, match=match):
+        call(flash_attention_wgmma_smem_bytes)
+    # numpy ints are taken as Python ints (no overflow in int16 arithmetic)
+    assert flash_attention_wgmma_smem_bytes(np.int16(128), np.int16(64), np.int16(3)) == 132188
 
 
 @needs_nvrtc

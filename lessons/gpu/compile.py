@@ -502,13 +502,21 @@ def elf_whole(image: bytes) -> bytes:
     """A 64-bit ELF image (a cubin) padded with zero bytes to the end of its section and program header
     tables, where shorter. CuPy's ``nvrtc.getCUBIN`` returns NVRTC's cubin without its last byte (it
     strips a string's NUL): here a zero, the high byte of the last section header's 8-byte entry size.
-    Other bytes are returned as they are. ValueError for bytes that are not a 64-bit little-endian ELF."""
+    Other bytes are returned as they are. TypeError for anything but bytes/bytearray; ValueError for bytes
+    that are not a 64-bit little-endian ELF, or whose headers say the file ends more than 8 bytes past
+    what it holds (not a cubin CuPy shortened: a damaged one)."""
+    if not isinstance(image, (bytes, bytearray)):
+        raise TypeError(f"image must be bytes (a cubin), got {type(image).__name__}")
+    image = bytes(image)
     if image[:4] != b"\x7fELF" or image[4:6] != b"\x02\x01" or len(image) < 64:
         raise ValueError("image must be a 64-bit little-endian ELF file (a cubin)")
     phoff, shoff = int.from_bytes(image[0x20:0x28], "little"), int.from_bytes(image[0x28:0x30], "little")
     phentsize, phnum = int.from_bytes(image[0x36:0x38], "little"), int.from_bytes(image[0x38:0x3A], "little")
     shentsize, shnum = int.from_bytes(image[0x3A:0x3C], "little"), int.from_bytes(image[0x3C:0x3E], "little")
     end = max(phoff + phentsize * phnum if phnum else 0, shoff + shentsize * shnum if shnum else 0)
+    if end > len(image) + 8:
+        raise ValueError(f"image's headers say it ends at byte {end}, {end - len(image)} past the {len(image)} "
+                         f"it holds: a damaged cubin, not one shortened by CuPy")
     return image + b"\0" * (end - len(image)) if end > len(image) else image
 
 

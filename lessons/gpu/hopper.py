@@ -122,6 +122,10 @@ def device_tensor_map(x, box_rows: int, dtype: str) -> DeviceTensorMap:
     return DeviceTensorMap(raw, offset, x)
 
 
+#: the most key tiles the pipeline models take (a sequence of 1M keys in 64-key tiles is 16384)
+MAX_MODEL_TILES = 1 << 16
+
+
 def _check_time(value, name: str) -> float:
     """A positive finite real number (NumPy numbers too) as a float; TypeError/ValueError naming it."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
@@ -163,9 +167,9 @@ def pipeline_schedule(n_tiles: int, stages: int = 2, load_time: float = 1.0,
     nothing overlaps (``n_tiles * (load_time + compute_time)``); with two, each copy hides behind
     the previous tile's work (``load_time + n_tiles * max(load_time, compute_time)`` when the two
     times are equal or the work is the longer). TypeError/ValueError naming the argument for a
-    non-int or negative ``n_tiles``, ``stages`` < 1 or a time that is not a positive number.
+    non-int, negative or over :data:`MAX_MODEL_TILES` ``n_tiles``, ``stages`` < 1 or a time that is not a positive number.
     Source: Shah et al. 2024 (FlashAttention-3), Sec. 3.1 (producer-consumer with a circular buffer)."""
-    n_tiles = check_int(n_tiles, "n_tiles", min=0)
+    n_tiles = check_int(n_tiles, "n_tiles", min=0, max=MAX_MODEL_TILES)
     stages = check_int(stages, "stages", min=1)
     load_time, compute_time = (_check_time(value, name) for name, value in (("load_time", load_time),
                                                                             ("compute_time", compute_time)))
@@ -231,9 +235,9 @@ def overlap_schedule(n_tiles: int, *, qk: float = 1.0, softmax: float = 1.0, pv:
     Returns the ``3 * n_tiles`` events (S, softmax, PV of each tile in turn); the makespan is the
     largest ``end``. The model leaves out the rescale O = alpha O, the copies (the producer's, as
     :func:`pipeline_schedule`) and the other consumer. TypeError/ValueError naming the argument for a
-    non-int or negative ``n_tiles``, a time that is not a positive finite number, or an ``overlap`` that
+    non-int, negative or over :data:`MAX_MODEL_TILES` ``n_tiles``, a time that is not a positive finite number, or an ``overlap`` that
     is not a bool. Source: Shah et al. 2024 (FlashAttention-3), Sec. 3.2 and Alg. 2."""
-    n_tiles = check_int(n_tiles, "n_tiles", min=0)
+    n_tiles = check_int(n_tiles, "n_tiles", min=0, max=MAX_MODEL_TILES)
     qk, softmax, pv = (_check_time(value, name) for name, value in (("qk", qk), ("softmax", softmax), ("pv", pv)))
     overlap = check_flag(overlap, "overlap")
     if not math.isfinite(n_tiles * (qk + softmax + pv)):

@@ -185,7 +185,10 @@ def _rung(r) -> Rung:
 
 
 def rung(name: str) -> Rung:
-    """The rung called ``name`` (one of ``[r.name for r in RUNGS]``); ValueError otherwise."""
+    """The rung called ``name`` (one of ``[r.name for r in RUNGS]``); ValueError for another name,
+    TypeError for a ``name`` that is not a str."""
+    if not isinstance(name, str):
+        raise TypeError(f"rung must be a rung's name (a str), got {type(name).__name__} {name!r}")
     for r in RUNGS:
         if r.name == name:
             return r

@@ -387,7 +387,10 @@ def flash_attention_wgmma_smem_bytes(head_dim: int, block_k: int, stages: int = 
     mbarriers (Q; full, ready, empty per stage), a 4-byte flag per stage, and 1024 bytes of room to
     start the tiles on a 1024-byte boundary: ``2 * 128 * d + stages * 2 * 2 * block_k * d + 8 (1 + 3
     stages) + 4 stages + 1024``. Two stages at d = 128, block_k = 64: 99,392 bytes; three: 132,188.
-    ``stages`` in 2..4 (ValueError otherwise, naming it)."""
+    ``head_dim`` in 1..256, ``block_k`` in 1..1024, ``stages`` in 2..4: ints (bools refused), else
+    TypeError/ValueError naming the argument."""
+    head_dim = check_int(head_dim, "head_dim", min=1, max=MAX_HEAD_DIM)
+    block_k = check_int(block_k, "block_k", min=1, max=1024)
     stages = check_int(stages, "stages")
     if not 2 <= stages <= 4:
         raise ValueError(f"stages must be in 2..4, got {stages}")

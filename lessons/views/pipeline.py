@@ -8,8 +8,11 @@ The events come from :func:`lessons.gpu.hopper.pipeline_schedule` (the order the
 """
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Mapping
 
+import numpy as np
 from matplotlib.patches import Patch
 
 from lessons.gpu.hopper import OVERLAP_UNITS, OverlapEvent, PipelineEvent
@@ -87,7 +90,8 @@ def overlap_figure(schedules: dict, *, unit: str = "time"):
     a dashed line marks where the last event ends, and the panel's title says when. ``unit`` labels the
     time axis. Returns a Figure. TypeError for ``schedules`` that is not a dict of lists of OverlapEvent;
     ValueError for an empty ``schedules`` or schedule, an event whose ``step`` is not one of "S",
-    "softmax", "PV", or one that starts before 0 or ends before it starts."""
+    "softmax", "PV", or one that starts before 0, ends before it starts or never ends; TypeError for a
+    tile that is not an int or times that are not numbers."""
     if not isinstance(schedules, Mapping):
         raise TypeError(f"schedules must be a dict of title -> events, got {type(schedules).__name__}")
     if not schedules:
@@ -98,11 +102,16 @@ def overlap_figure(schedules: dict, *, unit: str = "time"):
         if not events:
             raise ValueError(f"schedule {title!r} has no events")
         for e in events:
-            if e.step not in OVERLAP_UNITS:
+            if not isinstance(e.step, str) or e.step not in OVERLAP_UNITS:
                 raise ValueError(f"schedule {title!r}: an event's step must be one of {list(OVERLAP_UNITS)}, "
                                  f"got {e.step!r}")
-            if not (0 <= e.start <= e.end) or e.tile < 0:
-                raise ValueError(f"schedule {title!r}: an event must have 0 <= start <= end and tile >= 0, got {e}")
+            if isinstance(e.tile, (bool, np.bool_)) or not isinstance(e.tile, numbers.Integral):
+                raise TypeError(f"schedule {title!r}: an event's tile must be an int, got {e}")
+            if any(isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Real) for x in (e.start, e.end)):
+                raise TypeError(f"schedule {title!r}: an event's start and end must be numbers, got {e}")
+            if not (0 <= e.start <= e.end and math.isfinite(e.end)) or e.tile < 0:
+                raise ValueError(f"schedule {title!r}: an event must have 0 <= start <= end < inf and tile >= 0, "
+                                 f"got {e}")
     end = max(e.end for events in schedules.values() for e in events)
     fig = new_figure((10.5, 1.7 * len(schedules) + 0.7))
     axes = fig.subplots(len(schedules), 1, sharex=True, squeeze=False)[:, 0]
