@@ -297,7 +297,7 @@ def test_ladder_table_takes_live_rows_by_rung_name():
 
 
 def test_rung_intensity_follows_the_io_model():
-    from lessons.cost.traffic import flash_io, textbook_io
+    from lessons.cost.traffic import textbook_io
 
     # by hand for the naive rung: 4 N^2 d FLOPs over the textbook's HBM bytes (float32)
     c = textbook_io(8192, 64, element_size=4)
