@@ -52,33 +52,15 @@ flash_attention_wgmma(const __grid_constant__ TmaDescriptor tm_q, const __grid_c
                       int causal, const int* __restrict__ trace_rows, int n_trace_rows, int trace_tiles,
                       float* __restrict__ trace) {
     DECLARE_SMEM;
-    const saddr_t raw_s = saddr(smem_raw);
-    const int pad = pad_to_1024(raw_s);
-    unsigned char* smem = smem_raw + pad;
-    const saddr_t base = sadd_bytes(raw_s, pad);
-    volatile int* v_flags = reinterpret_cast<volatile int*>(smem + FLAG_OFFSET);   // stage s's V held inf/NaN
-    const int tid = threadIdx.x;
-    const int q_start = blockIdx.x * BLOCK_Q;
-    const int bh = blockIdx.y;
-    const int n_tiles = tiles_to_visit(q_start, BLOCK_Q, n_q, n_k, BLOCK_K, causal);
+    const HopperBlock blk = hopper_block(smem_raw, n_q, n_k, causal);
+    if (produce(blk, &tm_q, &tm_k, &tm_v)) return;      // the producer warpgroup (wgmma_forward.cuh)
 
-    if (tid == 0) init_barriers(base);
-    __syncthreads();
-
-    // ---- the producer warpgroup: one copying thread, one checking warp ---------------------------
-    if (tid < 128) {
-        if (tid == 0) copy_tiles(&tm_q, &tm_k, &tm_v, base, q_start, bh, n_tiles);
-        else if (tid >= 32 && tid < 64) check_v_tiles(base, smem, v_flags, tid - 32, n_tiles);
-        return;
-    }
-
-    // ---- the consumers: each tile's steps in order -------------------------------------------
-    const int ctid = tid - 128;                      // 0 .. 255
-    const int wg = ctid / 128;                       // this warpgroup's rows: wg * 64 .. + 63 of the block
-    const int warp = (ctid % 128) / 32, lane = tid % 32;
-    const int g = lane / 4, t = lane % 4;            // fragment coordinates (hopper.cuh)
-    const int warp_q0 = q_start + wg * 64 + warp * 16;
-    const int row_g = warp_q0 + g;                   // this lane's two query rows: row_g, row_g + 8
+    // ---- the consumers ---------------------------------------------------------------------------
+    const ConsumerThread me = consumer_thread(blk);
+    const saddr_t base = blk.base;
+    volatile int* v_flags = blk.v_flags;
+    const int bh = blk.bh, n_tiles = blk.n_tiles;
+    const int wg = me.wg, g = me.g, t = me.t, warp_q0 = me.warp_q0, row_g = me.row_g;
     const float scale_log2 = scale * LOG2E;
     const scalar_t* v_bh = v + (long long)bh * n_k * HEAD_DIM;
 #ifdef FA_TRACE

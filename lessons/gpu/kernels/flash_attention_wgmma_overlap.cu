@@ -68,33 +68,15 @@ overlapped_forward(unsigned char* smem_raw, const TmaDescriptor& tm_q, const Tma
                    const scalar_t* __restrict__ v, scalar_t* __restrict__ out, float* __restrict__ lse, int n_q,
                    int n_k, float scale, int causal, const int* __restrict__ trace_rows, int n_trace_rows,
                    int trace_tiles, float* __restrict__ trace) {
-    const saddr_t raw_s = saddr(smem_raw);
-    const int pad = pad_to_1024(raw_s);
-    unsigned char* smem = smem_raw + pad;
-    const saddr_t base = sadd_bytes(raw_s, pad);
-    volatile int* v_flags = reinterpret_cast<volatile int*>(smem + FLAG_OFFSET);   // stage s's V held inf/NaN
-    const int tid = threadIdx.x;
-    const int q_start = blockIdx.x * BLOCK_Q;
-    const int bh = blockIdx.y;
-    const int n_tiles = tiles_to_visit(q_start, BLOCK_Q, n_q, n_k, BLOCK_K, causal);
+    const HopperBlock blk = hopper_block(smem_raw, n_q, n_k, causal);
+    if (produce(blk, &tm_q, &tm_k, &tm_v)) return;      // the producer warpgroup (wgmma_forward.cuh)
 
-    if (tid == 0) init_barriers(base);
-    __syncthreads();
-
-    // ---- the producer warpgroup, as in flash_attention_wgmma.cu ---------------------------------
-    if (tid < 128) {
-        if (tid == 0) copy_tiles(&tm_q, &tm_k, &tm_v, base, q_start, bh, n_tiles);
-        else if (tid >= 32 && tid < 64) check_v_tiles(base, smem, v_flags, tid - 32, n_tiles);
-        return;
-    }
-
-    // ---- the consumers: tile j's softmax while tile j - 1's P V runs ------------------------------
-    const int ctid = tid - 128;
-    const int wg = ctid / 128;
-    const int warp = (ctid % 128) / 32, lane = tid % 32;
-    const int g = lane / 4, t = lane % 4;
-    const int warp_q0 = q_start + wg * 64 + warp * 16;
-    const int row_g = warp_q0 + g;
+    // ---- the consumers ---------------------------------------------------------------------------
+    const ConsumerThread me = consumer_thread(blk);
+    const saddr_t base = blk.base;
+    volatile int* v_flags = blk.v_flags;
+    const int bh = blk.bh, n_tiles = blk.n_tiles;
+    const int wg = me.wg, g = me.g, t = me.t, warp_q0 = me.warp_q0, row_g = me.row_g;
     const float scale_log2 = scale * LOG2E;
     const scalar_t* v_bh = v + (long long)bh * n_k * HEAD_DIM;
 #ifdef FA_TRACE

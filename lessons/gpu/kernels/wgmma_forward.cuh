@@ -140,6 +140,59 @@ __device__ __forceinline__ void check_v_tiles(saddr_t base, unsigned char* smem,
     }
 }
 
+// ---- one block: its shared memory, its rows, its threads' jobs --------------------------------------
+
+// The block's shared memory (from the 1024-byte aligned base), its first query row, its (batch, head) and
+// how many key tiles it visits; thread 0 sets up the barriers before any thread goes on.
+struct HopperBlock {
+    saddr_t base;                                  // the aligned base, as wgmma and TMA address it
+    unsigned char* smem;                           // the same, as a pointer
+    volatile int* v_flags;                         // v_flags[s]: stage s's V held inf or NaN
+    int q_start, bh, n_tiles;
+};
+__device__ __forceinline__ HopperBlock hopper_block(unsigned char* smem_raw, int n_q, int n_k, int causal) {
+    HopperBlock b;
+    const saddr_t raw_s = saddr(smem_raw);
+    const int pad = pad_to_1024(raw_s);
+    b.smem = smem_raw + pad;
+    b.base = sadd_bytes(raw_s, pad);
+    b.v_flags = reinterpret_cast<volatile int*>(b.smem + FLAG_OFFSET);
+    b.q_start = blockIdx.x * BLOCK_Q;
+    b.bh = blockIdx.y;
+    b.n_tiles = tiles_to_visit(b.q_start, BLOCK_Q, n_q, n_k, BLOCK_K, causal);
+    if (threadIdx.x == 0) init_barriers(b.base);
+    __syncthreads();
+    return b;
+}
+
+// The producer warpgroup's jobs: thread 0 copies, warp 1 checks V, the other 64 threads have none.
+// True for every thread of the producer warpgroup (the caller then returns), false for a consumer.
+__device__ __forceinline__ bool produce(const HopperBlock& b, const TmaDescriptor* tm_q, const TmaDescriptor* tm_k,
+                                        const TmaDescriptor* tm_v) {
+    const int tid = threadIdx.x;
+    if (tid >= 128) return false;
+    if (tid == 0) copy_tiles(tm_q, tm_k, tm_v, b.base, b.q_start, b.bh, b.n_tiles);
+    else if (tid >= 32 && tid < 64) check_v_tiles(b.base, b.smem, b.v_flags, tid - 32, b.n_tiles);
+    return true;
+}
+
+// A consumer thread's place: its warpgroup (rows wg * 64 .. + 63 of the block), its fragment
+// coordinates g = lane / 4, t = lane % 4 (hopper.cuh), its warp's first row and its two rows row_g, row_g + 8.
+struct ConsumerThread {
+    int wg, g, t, warp_q0, row_g;
+};
+__device__ __forceinline__ ConsumerThread consumer_thread(const HopperBlock& b) {
+    const int ctid = threadIdx.x - 128;            // 0 .. 255
+    const int lane = threadIdx.x % 32;
+    ConsumerThread c;
+    c.wg = ctid / 128;
+    c.g = lane / 4;
+    c.t = lane % 4;
+    c.warp_q0 = b.q_start + c.wg * 64 + ((ctid % 128) / 32) * 16;
+    c.row_g = c.warp_q0 + c.g;
+    return c;
+}
+
 // ---- the consumers' steps (numbered as in flash_attention_mma_fa2.cu) --------------------------
 
 // 3. issue S = Q K^T for stage s: D_STEPS products of 64 x BLOCK_K x 16; A = warpgroup wg's 64 rows
