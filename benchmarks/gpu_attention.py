@@ -38,7 +38,6 @@ recorded ``results.csv`` (no GPU needed).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -47,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import _common  # noqa: E402
 from benchmarks._common import format_row, timed_rows, torch_seconds_and_peak  # noqa: E402,F401
+from lessons.gpu.ladder import hopper_rungs_left_out  # noqa: E402  (scripts/gpu_check.sh's smoke check)
 from lessons.gpu.measure import attention_flops  # noqa: E402  (4 N^2 d per head, half when causal)
 
 #: (torch SDPA, the reference every ratio is taken against, comes second: a spent time budget skips the last rows)
@@ -116,8 +116,8 @@ def run_size(args, cupy, torch, torch_reason, rng, dtype, d, n, t0):
             return "tensor cores take float16/bfloat16"
         if hopper and gpu.device_arch() != "sm_90":
             return "the Hopper rungs (wgmma, TMA) run on compute capability 9.0 only"
-        if hopper and os.environ.get("GPU_CHECK_SKIP_WGMMA"):
-            return "the Hopper rungs failed their first check on this machine (scripts/hopper_smoke.py)"
+        if hopper and impl in hopper_rungs_left_out():
+            return "this Hopper rung failed its first check on this machine (scripts/hopper_smoke.py)"
         if (impl == "mma_fa2" or hopper) and d not in (64, 128):
             return "this kernel takes head dims 64 and 128"
         if impl == "regtile" and dtype != "float32":

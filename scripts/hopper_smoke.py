@@ -11,7 +11,9 @@ tests, sanitizer) when it fails, so one wrong layout cannot eat the GPU time of 
 It prints, for d = 64 and 128: the largest error of ``wgmma_probe_gpu`` (S = A B^T with both operands
 through TMA and the K-major descriptor; O = S16 V through the MN-major one) and of a causal forward of
 each Hopper rung (``flash_attention_wgmma_gpu``, ``flash_attention_wgmma_overlap_gpu``,
-``flash_attention_wgmma_pingpong_gpu``) against NumPy's attention. Exit status 0 when all are within
+``flash_attention_wgmma_pingpong_gpu``) against NumPy's attention; with ``--rung NAME``, of that rung
+only (the probe goes with ``wgmma``), so that ``gpu_check.sh`` can run each rung in its own process under
+its own time limit and leave out only the rungs that fail or hang. Exit status 0 when all are within
 tolerance, 1 otherwise, 2 when there is no device of compute capability 9.0 (and ``--emulator`` was not
 given).
 """
@@ -37,10 +39,18 @@ def check(label: str, got, want, atol: float) -> bool:
     return ok
 
 
+#: each Hopper rung's forward
+FORWARDS = {"wgmma": gpu.flash_attention_wgmma_gpu, "wgmma_overlap": gpu.flash_attention_wgmma_overlap_gpu,
+            "wgmma_pingpong": gpu.flash_attention_wgmma_pingpong_gpu}
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--emulator", action="store_true", help="run on the CPU emulator instead")
+    parser.add_argument("--rung", choices=sorted(FORWARDS), action="append",
+                        help="check this rung only (repeatable; default: all three; the probe goes with wgmma)")
     args = parser.parse_args(argv)
+    rungs = [r for r in FORWARDS if r in (args.rung or FORWARDS)]
     backend = "emulator" if args.emulator else "cupy"
     if not args.emulator and not (gpu.device_available() and gpu.device_arch() == "sm_90"):
         print("no CUDA device of compute capability 9.0: nothing to check")
@@ -49,19 +59,20 @@ def main(argv=None) -> int:
     ok = True
     for d, (_, bk) in WGMMA_CONFIGS.items():
         a, b, v = (rng.standard_normal(shape).astype(np.float16) for shape in ((64, d), (bk, d), (bk, d)))
-        s, o = gpu.wgmma_probe_gpu(a, b, v, backend=backend)
-        s_ref = a.astype(np.float64) @ b.astype(np.float64).T
-        ok &= check(f"d={d} probe S = A B^T (K-major, TMA)", s, s_ref, 1e-2)
-        ok &= check(f"d={d} probe O = S16 V (MN-major)", o, np.asarray(s, np.float16).astype(np.float64) @ v, 5e-2)
+        if "wgmma" in rungs:
+            s, o = gpu.wgmma_probe_gpu(a, b, v, backend=backend)
+            s_ref = a.astype(np.float64) @ b.astype(np.float64).T
+            ok &= check(f"d={d} probe S = A B^T (K-major, TMA)", s, s_ref, 1e-2)
+            ok &= check(f"d={d} probe O = S16 V (MN-major)", o, np.asarray(s, np.float16).astype(np.float64) @ v,
+                        5e-2)
         q, k, vv = (rng.standard_normal((2, n, d)).astype(np.float16) for n in (200, 300, 300))
         ref = np.stack([lessons.attention(*(x[h].astype(np.float64) for x in (q, k, vv)), causal=True)
                         for h in range(2)])
-        for name, forward in (("forward", gpu.flash_attention_wgmma_gpu),
-                              ("overlapped forward", gpu.flash_attention_wgmma_overlap_gpu),
-                              ("ping-pong forward", gpu.flash_attention_wgmma_pingpong_gpu)):
-            out, _ = forward(q, k, vv, causal=True, backend=backend)
+        for name in rungs:
+            out, _ = FORWARDS[name](q, k, vv, causal=True, backend=backend)
             ok &= check(f"d={d} {name} 200 x 300, causal, 2 heads", out, ref, 5e-3)
-    print("the Hopper rungs work here" if ok else "THE HOPPER RUNGS ARE WRONG HERE")
+    what = ", ".join(rungs)
+    print(f"works here: {what}" if ok else f"WRONG HERE: {what}")
     return 0 if ok else 1
 
 

@@ -14,7 +14,6 @@ cache are left *uninitialised* (never written), so initcheck reports any read pa
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import numpy as np
@@ -206,14 +205,16 @@ def run_flash_backward_mma(cp, backend) -> bool:
     return ok
 
 
-def _hopper_skip(cp, backend) -> bool:
-    """True (and says why) where the Hopper rungs cannot run: not compute capability 9.0, or their
-    first check failed on this machine."""
+def _hopper_skip(cp, backend, rung: str) -> bool:
+    """True (and says why) where a Hopper rung cannot run: not compute capability 9.0, or its first
+    check failed on this machine."""
+    from lessons.gpu.ladder import hopper_rungs_left_out
+
     if backend == "cupy" and cp.cuda.Device().compute_capability != "90":
         print("  skipped: the Hopper rungs run on compute capability 9.0 only")
         return True
-    if backend == "cupy" and os.environ.get("GPU_CHECK_SKIP_WGMMA"):
-        print("  skipped: the Hopper rungs failed their first check here (scripts/hopper_smoke.py)")
+    if backend == "cupy" and rung in hopper_rungs_left_out():
+        print(f"  skipped: the {rung} rung failed its first check here (scripts/hopper_smoke.py)")
         return True
     return False
 
@@ -225,7 +226,7 @@ HOPPER_CASES = [((2,), 70, 45, 64, True, np.float16), ((), 150, 300, 64, False, 
 
 def run_flash_attention_wgmma(cp, backend) -> bool:
     # the Hopper rung, and the trace build
-    if _hopper_skip(cp, backend):
+    if _hopper_skip(cp, backend, "wgmma"):
         return True
     return _forward(cp, backend, launch.flash_attention_wgmma_gpu, "wgmma", np.random.default_rng(8),
                     HOPPER_CASES, {"float16": 3e-3})
@@ -233,7 +234,7 @@ def run_flash_attention_wgmma(cp, backend) -> bool:
 
 def run_flash_attention_wgmma_overlap(cp, backend) -> bool:
     # the Hopper rung with softmax overlapped with the products (two wgmma groups in flight, 3 stages)
-    if _hopper_skip(cp, backend):
+    if _hopper_skip(cp, backend, "wgmma_overlap"):
         return True
     return _forward(cp, backend, launch.flash_attention_wgmma_overlap_gpu, "wgmma_overlap",
                     np.random.default_rng(8), HOPPER_CASES, {"float16": 3e-3})
@@ -241,7 +242,7 @@ def run_flash_attention_wgmma_overlap(cp, backend) -> bool:
 
 def run_flash_attention_wgmma_pingpong(cp, backend) -> bool:
     # the overlapped rung with the consumers taking turns (named barriers bar.sync / bar.arrive)
-    if _hopper_skip(cp, backend):
+    if _hopper_skip(cp, backend, "wgmma_pingpong"):
         return True
     return _forward(cp, backend, launch.flash_attention_wgmma_pingpong_gpu, "wgmma_pingpong",
                     np.random.default_rng(8), HOPPER_CASES, {"float16": 3e-3})

@@ -43,12 +43,13 @@ def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
     assert steps.pop("ring on the GPU (MPI)") == "skip"              # needs a device
     decode = steps.pop("benchmark decode")                              # present once its script is in the tree
     assert decode == ("ok" if (ROOT / "benchmarks" / "gpu_decode.py").exists() else "skip")
-    expected = {"compile report", "hopper smoke (wgmma, TMA)", "pytest pass 1 (-n 2)", "benchmark forward",
-                "benchmark backward", "total"}
+    expected = {"compile report", "pytest pass 1 (-n 2)", "benchmark forward", "benchmark backward", "total"}
+    expected |= {f"hopper smoke {rung}" for rung in ("wgmma", "wgmma_overlap", "wgmma_pingpong")}
     expected |= {f"drivers (emulator) {k}" for k in sanitize.KERNELS}      # the script runs every driver
     assert set(steps) == expected and set(steps.values()) == {"ok"}, summary
     assert "passed" in summary and "failed" not in summary
-    assert "the Hopper rungs work here" in (tmp_path / "hopper_smoke.txt").read_text()    # (on the emulator)
+    for rung in ("wgmma", "wgmma_overlap", "wgmma_pingpong"):                             # (on the emulator)
+        assert f"works here: {rung}" in (tmp_path / f"hopper_smoke_{rung}.txt").read_text()
     for name in ("env.txt", "compile_report.txt", "pytest_1_n2.txt", "pytest_1_n2.xml", "benchmark/log.txt",
                  "backward/log.txt"):
         assert (tmp_path / name).stat().st_size > 0, name
@@ -85,3 +86,29 @@ def test_every_kernel_with_a_driver_is_listed():
 def test_the_sanitizer_drivers_check_their_results(capsys):
     assert sanitize.main(["paged_decode", "--emulator"]) == 0
     assert "paged_decode: ok" in capsys.readouterr().out
+
+
+def test_the_hopper_smoke_check_takes_one_rung_at_a_time(capsys):
+    _spec = importlib.util.spec_from_file_location("hopper_smoke", ROOT / "scripts" / "hopper_smoke.py")
+    smoke = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(smoke)
+    if not gpu.emulator_available():
+        pytest.skip("no C++ compiler for the emulator")
+    assert smoke.main(["--emulator", "--rung", "wgmma_pingpong"]) == 0
+    out = capsys.readouterr().out
+    assert "works here: wgmma_pingpong" in out and "probe" not in out and "wgmma_overlap" not in out
+    with pytest.raises(SystemExit):
+        smoke.main(["--emulator", "--rung", "nope"])
+
+
+@pytest.mark.parametrize("value, left_out", [
+    ("", set()), ("   ", set()), ("wgmma_pingpong", {"wgmma_pingpong"}),
+    ("wgmma  wgmma_overlap", {"wgmma", "wgmma_overlap"}), ("all", {"wgmma", "wgmma_overlap", "wgmma_pingpong"}),
+])
+def test_the_hopper_rungs_left_out_are_read_from_the_variable_gpu_check_sets(value, left_out):
+    from lessons.gpu.ladder import hopper_rungs_left_out
+
+    assert hopper_rungs_left_out({"GPU_CHECK_SKIP_WGMMA": value}) == left_out
+    assert hopper_rungs_left_out({}) == set()
+    with pytest.raises(ValueError, match="GPU_CHECK_SKIP_WGMMA"):
+        hopper_rungs_left_out({"GPU_CHECK_SKIP_WGMMA": "wgmma 1"})

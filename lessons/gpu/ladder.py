@@ -176,6 +176,31 @@ RUNGS = (
 )
 
 
+#: the Hopper rungs (sm_90a), in ladder order
+HOPPER_RUNGS = ("wgmma", "wgmma_overlap", "wgmma_pingpong")
+#: the variable through which ``scripts/gpu_check.sh`` tells its later steps which Hopper rungs to leave out
+SKIP_HOPPER_VARIABLE = "GPU_CHECK_SKIP_WGMMA"
+
+
+def hopper_rungs_left_out(environ=None) -> frozenset:
+    """The Hopper rungs that ``scripts/gpu_check.sh`` leaves out of its later steps on this machine
+    (benchmark, tests, sanitizer): the names in ``$GPU_CHECK_SKIP_WGMMA``, space-separated, which it sets
+    for each rung whose first run (``scripts/hopper_smoke.py --rung NAME``) failed or hung; ``all`` for every
+    one. ``environ``: a mapping, default ``os.environ``. Returns a frozenset of names from
+    :data:`HOPPER_RUNGS` (empty when the variable is unset or blank). ValueError naming an unknown rung."""
+    import os
+
+    value = (os.environ if environ is None else environ).get(SKIP_HOPPER_VARIABLE, "")
+    names = set(value.split())
+    if "all" in names:
+        return frozenset(HOPPER_RUNGS)
+    unknown = sorted(names - set(HOPPER_RUNGS))
+    if unknown:
+        raise ValueError(f"{SKIP_HOPPER_VARIABLE} must hold Hopper rung names from {list(HOPPER_RUNGS)} or 'all', "
+                         f"got {unknown}")
+    return frozenset(names)
+
+
 def _rung(r) -> Rung:
     if isinstance(r, Rung):
         return r
