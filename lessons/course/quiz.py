@@ -285,17 +285,18 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           ("Rounding before the wait would change the output bits",
            "The tensor cores cannot take 16-bit values before wait_group 0",
            "The exponentials of tile j are still running until wait_group 0",
-           "Those registers still hold P_{j-1}, which the P_{j-1} V_{j-1} product in flight reads; writing "
-           "them earlier would corrupt that product, and ptxas would serialise the products to prevent it"),
+           "Those registers still hold P_{j-1}, which the P_{j-1} V_{j-1} product in flight reads; ptxas "
+           "would have to make every product wait for the one before it, and the overlap would be gone"),
           3,
           "wgmma reads its register operand while it runs, not when it is issued. P_{j-1} V_{j-1} runs during "
           "tile j's softmax, so P_{j-1}'s registers must stay untouched until wait_group 0 says it is done; only "
           "then is P_j packed into them. Code that wrote them earlier would make ptxas wait for every product "
-          "before the next ('Potential Performance Loss' in its log), and the overlap would be gone. The "
-          "rounding itself is the plain rung's, so the output stays bitwise the same. Reread 'Overlapping "
-          "softmax with the products' (what it costs)."),
-        Q("In the ping-pong rung warpgroup 1 arrives once on warpgroup 0's barrier before its first turn, and "
-          "skips its very last hand-over. What happens if it does neither?",
+          "before the next ('Potential Performance Loss' in its log): the output right, the overlap gone. "
+          "Rounding P_j into a second set of registers would be legal, but costs 32 more registers a thread "
+          "at d = 64, against a cap of 168. The rounding itself is the plain rung's, so the output stays "
+          "bitwise the same. Reread 'Overlapping softmax with the products' (what it costs)."),
+        Q("In the ping-pong rung warpgroup 1 arrives once on warpgroup 0's barrier before its first turn. "
+          "What happens if it leaves that arrival out?",
           ("Nothing: the barriers only order the issues, so the output is the same",
            "Warpgroup 0 waits for a first turn nobody gives, and warpgroup 1 waits for warpgroup 0: the "
            "block never finishes",
@@ -305,8 +306,9 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           "A warpgroup issues only after bar.sync on its own barrier has completed, which needs the other's "
           "bar.arrive. Without the first arrival warpgroup 0's first bar.sync never completes, and warpgroup 1 "
           "waits on its own barrier for warpgroup 0: a deadlock (the emulator reports it; a GPU would hang). "
-          "The skipped last arrival keeps the counts even: nobody waits for it. Reread 'Taking turns: the two "
-          "consumers in ping-pong'."),
+          "Counting alone would not catch it: had warpgroup 1 also made its last arrival, the counts would "
+          "come out even and the block would still never finish. Reread 'Taking turns: the two consumers in "
+          "ping-pong'."),
     ),
     "07_paged_attention": (
         Q("What is the one difference between the paged loop and the flash loop?",

@@ -87,7 +87,8 @@ def overlap_figure(schedules: dict, *, unit: str = "time"):
     e.g. the plain and the overlapped order of :func:`lessons.gpu.hopper.overlap_schedule`), top to
     bottom on a shared time axis: a row for the tensor cores (S_j = Q K_j^T and P_j V_j) and one for the
     CUDA cores (softmax_j), one box per event, labelled with its step and tile and coloured by its tile;
-    a dashed line marks where the last event ends, and the panel's title says when. ``unit`` labels the
+    a dashed line marks where the last event ends, and the panel's title says when; a note says the rows
+    are one consumer warpgroup's and the colour is the tile (not the stage). ``unit`` labels the
     time axis. Returns a Figure. TypeError for ``schedules`` that is not a dict of lists of OverlapEvent;
     ValueError for an empty ``schedules`` or schedule, an event whose ``step`` is not one of "S",
     "softmax", "PV", or one that starts before 0, ends before it starts or never ends; TypeError for a
@@ -132,6 +133,8 @@ def overlap_figure(schedules: dict, *, unit: str = "time"):
         ax.set_title(f"{title}: done at {total:g}", fontsize=10, loc="left")
         tidy(ax)
     axes[-1].set_xlabel(unit)
+    fig.text(0.98, 1 - 0.12 / fig.get_figheight(), "one consumer warpgroup's steps; colour: the key tile j",
+             ha="right", va="top", fontsize=8.5, color="#555555")
     return fig
 
 
