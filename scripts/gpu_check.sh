@@ -23,7 +23,10 @@
 #   5. compute-sanitizer memcheck and racecheck on each kernel that has a driver
 #      (python scripts/sanitize.py --list), initcheck on the decode kernels, the runs
 #      GPU_CHECK_SANITIZER_JOBS (default 8) at a time                  -> sanitizer/*.txt
-#   6. the MPI ring on the GPU (4 ranks), where mpi4py and mpiexec are installed -> ring.txt
+#   6. Nsight Compute (ncu --clock-control none, 7 sections) of one launch of each rung in
+#      GPU_CHECK_NCU_RUNGS (default: mma_fa2, the three Hopper rungs, paged_decode_split; d = 128,
+#      N = 8192, 8 heads), where ncu is installed; "none" skips it     -> ncu/ncu_<rung>.txt
+#   7. the MPI ring on the GPU (4 ranks), where mpi4py and mpiexec are installed -> ring.txt
 #   and a one-line-per-step summary                                   -> summary.txt
 #
 # Sized to finish in under 8 minutes on one H200; each step has its own time limit.
@@ -223,6 +226,37 @@ else
         else
             step "$label" FAIL "exit $rc ${summary} (sanitizer/${tool}_${kernel}.txt)"
         fi
+    done
+fi
+
+# ---- Nsight Compute, one launch per rung --------------------------------------------------
+read -r -a NCU_RUNGS <<< "${GPU_CHECK_NCU_RUNGS:-mma_fa2 wgmma wgmma_overlap wgmma_pingpong paged_decode_split}"
+NCU=""
+for candidate in ncu /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu; do
+    if command -v "$candidate" >/dev/null 2>&1; then NCU="$(command -v "$candidate")"; break; fi
+done
+if [ "${NCU_RUNGS[*]}" = "none" ]; then
+    step "ncu" skip "GPU_CHECK_NCU_RUNGS=none"
+elif [ $DRY -eq 0 ] && [ -z "$NCU" ]; then
+    step "ncu" skip "Nsight Compute (ncu) is not installed"
+else
+    mkdir -p "$RESULTS/ncu"
+    for rung in "${NCU_RUNGS[@]}"; do
+        log="$RESULTS/ncu/ncu_$rung.txt"
+        case " $GPU_CHECK_SKIP_WGMMA " in *" $rung "*) step "ncu $rung" skip "left out after its first check"; continue ;; esac
+        if [ $DRY -eq 1 ]; then         # the driver alone, on the emulator
+            timeout 240 "$PY" scripts/profile_rung.py "$rung" --emulator > "$log" 2>&1
+        else
+            entry="$("$PY" scripts/profile_rung.py "$rung" --entry 2>> "$log")"
+            timeout 150 "$NCU" --clock-control none -k "$entry" --launch-skip 1 --launch-count 1 \
+                --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+                --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
+                "$PY" scripts/profile_rung.py "$rung" >> "$log" 2>&1
+        fi
+        rc=$?
+        detail="$(grep -E '^ +Duration ' "$log" | head -n 1 | tr -s ' ')"
+        if [ $rc -eq 0 ]; then step "ncu $rung" ok "${detail:-$(tail -n 1 "$log" | cut -c1-70)}"
+        else step "ncu $rung" FAIL "exit $rc$([ $rc -eq 124 ] && echo ', timed out') (ncu/ncu_$rung.txt)"; fi
     done
 fi
 

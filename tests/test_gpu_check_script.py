@@ -45,6 +45,7 @@ def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
     assert decode == ("ok" if (ROOT / "benchmarks" / "gpu_decode.py").exists() else "skip")
     expected = {"compile report", "pytest pass 1 (-n 2)", "benchmark forward", "benchmark backward", "total"}
     expected |= {f"hopper smoke {rung}" for rung in ("wgmma", "wgmma_overlap", "wgmma_pingpong")}
+    expected |= {f"ncu {rung}" for rung in ("mma_fa2", "wgmma", "wgmma_overlap", "wgmma_pingpong", "paged_decode_split")}
     expected |= {f"drivers (emulator) {k}" for k in sanitize.KERNELS}      # the script runs every driver
     assert set(steps) == expected and set(steps.values()) == {"ok"}, summary
     assert "passed" in summary and "failed" not in summary
@@ -58,6 +59,9 @@ def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
         assert "GPU benchmark not run" in (tmp_path / folder / "log.txt").read_text()
     for kernel in sanitize.KERNELS:
         assert "all results match NumPy" in (tmp_path / "sanitizer" / f"emulator_{kernel}.txt").read_text()
+    # the profiling driver ran each rung twice on the emulator (on a GPU: under ncu)
+    assert "ran paged_decode_split (paged_decode_gqa_split) twice on emulator; output finite: True" in \
+        (tmp_path / "ncu" / "ncu_paged_decode_split.txt").read_text()
 
 
 def test_a_folder_that_holds_a_run_is_never_written_over(tmp_path):
@@ -112,3 +116,17 @@ def test_the_hopper_rungs_left_out_are_read_from_the_variable_gpu_check_sets(val
     assert hopper_rungs_left_out({}) == set()
     with pytest.raises(ValueError, match="GPU_CHECK_SKIP_WGMMA"):
         hopper_rungs_left_out({"GPU_CHECK_SKIP_WGMMA": "wgmma 1"})
+
+
+def test_the_profiling_driver_names_the_kernel_to_filter_on(capsys):
+    _spec = importlib.util.spec_from_file_location("profile_rung", ROOT / "scripts" / "profile_rung.py")
+    prof = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(prof)
+    want = {"scalar": "flash_attention_forward", "mma_fa2": "flash_attention_mma_fa2",
+            "wgmma": "flash_attention_wgmma", "wgmma_pingpong": "flash_attention_wgmma_pingpong",
+            "paged_decode_split": "paged_decode_gqa_split"}
+    for rung, name in want.items():
+        assert prof.main([rung, "--entry"]) == 0 and capsys.readouterr().out.strip() == name
+    assert set(prof.FORWARD_RUNGS) == {r.name for r in prof.ladder.RUNGS if r.kernel}
+    with pytest.raises(SystemExit):
+        prof.main(["naive", "--entry"])                # no kernel of ours to profile

@@ -546,6 +546,16 @@ def ladder_markdown(n: int = 8192, d: int = 64, rows=None) -> str:
     return "\n".join(lines)
 
 
+def rung_entry(r: Rung | str, d: int = 64) -> str:
+    """The name of the entry point that runs rung ``r``'s forward at head dim ``d`` (what a profiler such as
+    Nsight Compute filters on, ``ncu -k NAME``): the rung's own where its file holds several forwards
+    (``flash_attention_wgmma_pingpong``), else the file's first (a file may hold a probe too).
+    ValueError for a rung without a kernel of ours; TypeError for an ``r`` that is neither a Rung nor a name."""
+    r = _rung(r)
+    build = rung_build(r, d)
+    return r.kernel if r.kernel in build.entries else build.entries[0]
+
+
 def rung_evidence(d: int = 64, arch: str = "sm_90") -> list[dict]:
     """What the compiler says of each rung with a kernel of ours at head dim ``d``, no GPU needed:
     name, arch, registers per thread, shared memory (static + dynamic, bytes), spilled bytes, and how
@@ -559,9 +569,7 @@ def rung_evidence(d: int = 64, arch: str = "sm_90") -> list[dict]:
             continue
         build = rung_build(r, d)
         rung_arch = build.arch or arch
-        # the rung's own entry point where its file holds several forwards, else the file's first (a
-        # file may hold a probe too)
-        entry = r.kernel if r.kernel in build.entries else build.entries[0]
+        entry = rung_entry(r, d)
         res = compile_kernel(build, rung_arch).resources[entry]
         out.append(dict(name=r.name, arch=rung_arch, registers=res.registers,
                         smem_bytes=res.smem_bytes + build.dynamic_smem_bytes,
