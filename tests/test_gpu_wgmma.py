@@ -375,6 +375,36 @@ def test_builds_of_two_head_dims_in_one_process_keep_their_own_shared_memory():
 
 
 @needs_emulator
+def test_a_stage_released_before_its_product_is_done_is_caught_by_the_emulator(monkeypatch):
+    # the emulator checks, at each wgmma wait, that the shared memory the product read has not changed; here
+    # each consumer releases tile j - 1's stage before the wait that covers P_{j-1} V_{j-1}, so the producer
+    # refills it (tile j + 2) under the product: the launch must fail, not give a plausible answer
+    from lessons.gpu import emulator, source
+
+    right = """        wgmma_wait<0>();
+        fence_o(o);
+        fence_p(p16);
+        if (prev_bad) add_back_non_finite_v(o, p_zero_bits, v_bh, (tile - 1) * BLOCK_K, n_k, g, t);
+        mbar_arrive(bar_empty(base, prev_s));"""
+    early = """        mbar_arrive(bar_empty(base, prev_s));
+        wgmma_wait<0>();
+        fence_o(o);
+        fence_p(p16);
+        if (prev_bad) add_back_non_finite_v(o, p_zero_bits, v_bh, (tile - 1) * BLOCK_K, n_k, g, t);"""
+    text = source.kernel_source("flash_attention_wgmma_overlap")
+    assert text.count(right) == 1
+    monkeypatch.setattr(emulator, "kernel_source", lambda kernel: text.replace(right, early))
+    emulator._library.cache_clear()
+    try:
+        rng = np.random.default_rng(41)
+        q, k, v = (rng.standard_normal((n, 64)).astype(np.float16) for n in (128, 700, 700))   # 6 key tiles
+        with pytest.raises(gpu.EmulatorError, match="changed before the wait_group"):
+            gpu.flash_attention_wgmma_overlap_gpu(q, k, v, backend="emulator")
+    finally:
+        emulator._library.cache_clear()
+
+
+@needs_emulator
 def test_pingpong_turns_that_do_not_balance_are_a_deadlock_the_emulator_reports(monkeypatch):
     # the emulator runs named barriers: leave out warpgroup 1's first hand-over and warpgroup 0 waits
     # for a turn never given to it (on a GPU: a hang); the real kernel finishes (the other tests)

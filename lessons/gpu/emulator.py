@@ -176,7 +176,9 @@ class EmulatedModule:
         if status:
             reason = {1: "a barrier (__syncthreads/__syncwarp/shuffle/a named bar.sync) was not reached by every thread, "
                          "or threads waited on mbarriers that could never complete",
-                      3: f"block {block} is not a multiple of 32 threads up to 1024"}.get(status, "an exception")
+                      3: f"block {block} is not a multiple of 32 threads up to 1024",
+                      5: "a wgmma read shared memory that changed before the wait_group covering it "
+                         "(a stage released or refilled while a product still read it)"}.get(status, "an exception")
             raise EmulatorError(f"emulated launch of {entry} failed: {reason}")
         for name, value, raw, guard in guarded:
             if not (np.all(raw[:guard] == 0xFF) and np.all(raw[guard + value.nbytes:] == 0xFF)):

@@ -124,6 +124,8 @@ inline void fiber_main() {
                     body(body_data);
                     wait(block_barrier);
                 }
+    } catch (int code) {
+        self.status = code == 5 ? 5 : 2;   // 5: a wgmma operand changed in flight (hopper.cuh)
     } catch (...) {
         self.status = 2;
     }
@@ -139,7 +141,8 @@ inline void yield() {
 }
 
 // Resume fibers until all are done (0) or all that are left wait at barriers that can never
-// open (1, a divergent barrier); 2 if a kernel threw, 4 if a fiber could not be made.
+// open (1, a divergent barrier); 2 if a kernel threw, 4 if a fiber could not be made, 5 if a
+// wgmma's shared-memory operand changed before the wait that covers it (hopper.cuh).
 inline int run_fibers(unsigned n) {
     const size_t page = (size_t)sysconf(_SC_PAGESIZE), stack_bytes = 512 * 1024;
     int status = 0;

@@ -37,9 +37,12 @@
 // completes its bytes on the mbarrier; a thread that waits on an mbarrier phase yields to the
 // others until it completes; wgmma gathers the warpgroup's A registers between two warpgroup
 // barriers, decodes the descriptors' bits (the same desc_bits the GPU uses) and reads A and B with the
-// layouts above, and holds its result back until the wgmma.wait_group that covers it. What it cannot
-// check: the driver's tensor-map encoding (it reads its own), and fences (wgmma.fence and
-// fence.proxy.async do nothing here).
+// layouts above, and holds its result back until the wgmma.wait_group that covers it; the wait first lets
+// every other thread run, and then checks that the shared memory the product read has not changed (a
+// stage released or refilled too early fails the launch). Named barriers (bar.sync / bar.arrive) count
+// threads as on the GPU. What it cannot check: the driver's tensor-map encoding (it reads its own),
+// fences (wgmma.fence and fence.proxy.async do nothing here), and an A operand's registers written while
+// their product runs (it copies them at the issue).
 //
 // Sources: PTX ISA 8.x, "cp.async.bulk.tensor", "mbarrier", "wgmma.mma_async" (matrix descriptors,
 // register fragments); CUDA driver API, cuTensorMapEncodeTiled; Shah et al. 2024 (FlashAttention-3), Sec. 3.1.
@@ -184,12 +187,35 @@ inline unsigned short mn_major_at(const Operand& d, unsigned k, unsigned n) {
 // wgmma is asynchronous: its result reaches the accumulator registers only at the wgmma.wait_group that
 // covers it. So here a product's result is held back, per thread, until then; a kernel that read its
 // accumulators before waiting would see the old values, as it might on a GPU.
+// The hardware also reads a product's shared-memory operands while it runs, not when it is issued: a
+// stage refilled before the wait that covers the product would corrupt it. So each thread keeps a hash of
+// the operands it read, and its write-back checks them again: memory that changed in between fails the
+// launch (THROW_OPERAND_CHANGED). (Every thread, not one per warpgroup: the last thread to release a stage
+// is the one whose write-back comes after the refill.)
 struct Pending {
     float* d;
     int count;
     unsigned group;                                    // the commit group it belongs to
     float value[128];
+    Operand a, b;                                      // the operands read from shared memory (a: if a_in_smem)
+    bool a_in_smem, b_mn_major;
+    unsigned n, a_row;                                 // B's columns; the first of this thread's two A rows
+    unsigned long long hash;                           // of what this thread read, checked at the write-back
 };
+constexpr int THROW_OPERAND_CHANGED = 5;
+
+// FNV-1a over the 16-bit elements one thread's product reads from shared memory: its rows a_row and
+// a_row + 8 of A (when A is there) and all of B (16 x n, K- or MN-major)
+inline unsigned long long operand_hash(const Pending& p) {
+    unsigned long long h = 1469598103934665603ull;
+    auto mix = [&](unsigned short v) { h = (h ^ v) * 1099511628211ull; };
+    if (p.a_in_smem)
+        for (unsigned row = p.a_row; row <= p.a_row + 8; row += 8)
+            for (unsigned k = 0; k < 16; ++k) mix(k_major_at(p.a, row, k));
+    for (unsigned k = 0; k < 16; ++k)
+        for (unsigned n = 0; n < p.n; ++n) mix(p.b_mn_major ? mn_major_at(p.b, k, n) : k_major_at(p.b, n, k));
+    return h;
+}
 inline Pending pending[1024][16];
 inline int n_pending[1024];
 inline unsigned groups_committed[1024];
@@ -210,6 +236,7 @@ inline void flush(unsigned tid, unsigned keep_groups) {     // write back all bu
     for (int i = 0; i < n_pending[tid]; ++i) {
         Pending& p = pending[tid][i];
         if (groups_committed[tid] - p.group > keep_groups) {
+            if (operand_hash(p) != p.hash) throw THROW_OPERAND_CHANGED;
             for (int j = 0; j < p.count; ++j) p.d[j] = p.value[j];
         } else {
             pending[tid][kept++] = p;
@@ -258,6 +285,13 @@ inline void wgmma(float* d, const unsigned* a_regs, const gmma_desc_t* a_desc, c
     p.d = d;
     p.count = N / 2;
     p.group = groups_committed[tid];
+    p.a_in_smem = a_regs == nullptr;
+    if (p.a_in_smem) p.a = decode(*a_desc);
+    p.a_row = 16 * warp + g;
+    p.b = b;
+    p.b_mn_major = b_mn_major;
+    p.n = N;
+    p.hash = operand_hash(p);
     for (unsigned j = 0; j < (unsigned)N / 8; ++j)
         for (unsigned i = 0; i < 4; ++i) {
             const unsigned h = i / 2, col = 8 * j + 2 * t + i % 2;
@@ -276,7 +310,17 @@ template <int N> inline void wgmma_rs_tb(float* d, const unsigned* a, gmma_desc_
 }
 inline void wgmma_fence() {}
 inline void wgmma_commit() { ++emu::groups_committed[threadIdx.x]; }
-template <int N> inline void wgmma_wait() { emu::flush(threadIdx.x, N); }
+// (the wait lets every other thread run first, as a GPU's products take time: for two sweeps of the
+// scheduler, which runs the threads in one order and then the other, so a stage released too early is
+// refilled before the write-back that checks its operands; the wait is time passing, not a spin, so it
+// counts as progress for the deadlock check)
+template <int N> inline void wgmma_wait() {
+    for (int sweep = 0; sweep < 2; ++sweep) {
+        ++emu::progress;
+        emu::yield();
+    }
+    emu::flush(threadIdx.x, N);
+}
 inline void fence_operand(float&) {}
 inline void fence_operand(unsigned&) {}
 
