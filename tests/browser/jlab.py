@@ -217,9 +217,19 @@ class LabServer:
         """Open notebooks/NAME with a fresh workspace (no restored tabs)."""
         return f"{self.url}/lab/tree/{self.nb_prefix}{name}?reset&token={self.token}"
 
-    def saved_notebook(self, name: str) -> dict:
-        """The notebook as JupyterLab last saved it (nbformat JSON)."""
-        return self.api("GET", f"/api/contents/{self.nb_prefix}{name}?content=1")["content"]
+    def saved_notebook(self, name: str, tries: int = 6) -> dict:
+        """The notebook as JupyterLab last saved it (nbformat JSON). The server writes a notebook in place
+        (a backup aside, then the file itself), so a read that meets a save still under way gets 400
+        "Unreadable Notebook": it is tried again, up to TRIES times a second apart, and the server's own
+        message is in the error if it never reads."""
+        for attempt in range(tries):
+            try:
+                return self.api("GET", f"/api/contents/{self.nb_prefix}{name}?content=1")["content"]
+            except urllib.error.HTTPError as err:
+                if err.code != 400 or attempt == tries - 1:
+                    body = err.read().decode(errors="replace")[:500]
+                    raise AssertionError(f"the server would not give {name} back ({err.code}): {body}") from err
+                time.sleep(1.0)
 
     def shutdown_kernels(self) -> None:
         """DELETE every session, then every kernel left without one."""
