@@ -420,9 +420,11 @@ def flash_attention_wgmma_build(head_dim: int, dtype: str = "float16", trace: bo
 
 
 def flash_attention_wgmma_overlap_build(head_dim: int, dtype: str = "float16", trace: bool = False) -> "KernelBuild":
-    """The :class:`KernelBuild` of the Hopper rung that overlaps softmax with the products
-    (``kernels/flash_attention_wgmma_overlap.cu``): the tiles of :func:`flash_attention_wgmma_build`,
-    :data:`WGMMA_OVERLAP_STAGES` stages. sm_90a only. ValueError for another dtype or head dim."""
+    """The :class:`KernelBuild` of the Hopper rungs that overlap softmax with the products
+    (``kernels/flash_attention_wgmma_overlap.cu``, entry points ``flash_attention_wgmma_overlap`` and
+    ``flash_attention_wgmma_pingpong``, the second with the consumers taking turns): the tiles of
+    :func:`flash_attention_wgmma_build`, :data:`WGMMA_OVERLAP_STAGES` stages. sm_90a only. ValueError
+    for another dtype or head dim."""
     if dtype not in MMA_DTYPES:
         raise ValueError(f"the tensor-core kernel takes dtype float16 or bfloat16, got {dtype!r}")
     _, bk = flash_attention_wgmma_config(head_dim)
