@@ -38,11 +38,19 @@ def entry(rung: str, d: int) -> str:
     return DECODE_ENTRIES[rung] if rung in DECODE_ENTRIES else ladder.rung_entry(rung, d)
 
 
+def _normal(xp, rng, shape, dtype):
+    """Standard normal values of ``shape`` in ``dtype``: drawn on the device when ``xp`` is CuPy (a
+    decode cache is a gigabyte; no host copy of it in float64), else by the NumPy generator ``rng``."""
+    if xp is np:
+        return rng.standard_normal(shape).astype(dtype)
+    return xp.random.standard_normal(shape, dtype=np.float32).astype(dtype)
+
+
 def forward_inputs(xp, rung: str, n: int, heads: int, d: int, seed: int = 0):
     """q, k, v of shape (heads, n, d) in the rung's dtype, on the device (``xp`` CuPy) or the host."""
     rng = np.random.default_rng(seed)
     dtype = ladder.rung(rung).dtype
-    return tuple(xp.asarray(rng.standard_normal((heads, n, d)).astype(dtype)) for _ in range(3))
+    return tuple(_normal(xp, rng, (heads, n, d), dtype) for _ in range(3))
 
 
 def decode_inputs(xp, num_seqs: int, seq_len: int, seed: int = 0):
@@ -51,11 +59,11 @@ def decode_inputs(xp, num_seqs: int, seq_len: int, seed: int = 0):
     rng = np.random.default_rng(seed)
     pages = -(-seq_len // 16)
     num_blocks = num_seqs * pages
-    cache = [xp.asarray(rng.standard_normal((num_blocks, 16, 8, 128)).astype(np.float16)) for _ in range(2)]
+    k_cache, v_cache = (_normal(xp, rng, (num_blocks, 16, 8, 128), np.float16) for _ in range(2))
     tables = xp.asarray(rng.permutation(num_blocks).reshape(num_seqs, pages).astype(np.int32))
     lens = xp.asarray(np.full(num_seqs, seq_len, np.int32))
-    q = xp.asarray(rng.standard_normal((num_seqs, 32, 128)).astype(np.float16))
-    return q, cache[0], cache[1], tables, lens
+    q = _normal(xp, rng, (num_seqs, 32, 128), np.float16)
+    return q, k_cache, v_cache, tables, lens
 
 
 def main(argv=None) -> int:
