@@ -2,6 +2,8 @@
 edge shapes (emulator, and the GPU where one is present), its NaN rule, its trace, bitwise repeatable
 output, what its compiled code holds (ldmatrix.x4, cp.async, mma.sync, ex2; no spills; registers
 that let 2 blocks share an SM), and the shared-memory swizzle it relies on."""
+from functools import partial
+
 import numpy as np
 import pytest
 
@@ -10,7 +12,7 @@ import lessons.gpu as gpu
 from lessons.gpu.source import (FA2_CONFIGS, KERNEL_DIR, fa2_swizzle, flash_attention_mma_fa2_config,
                                 flash_attention_mma_fa2_smem_bytes)
 from kernel_tolerance import assert_within_baseline, baseline_attention
-from test_gpu_kernels import stored, values  # the kernel's stored inputs; its outputs as float64
+from test_gpu_kernels import assert_trace_follows_numpy, stored, values  # (stored inputs; outputs as float64)
 
 BACKENDS = [
     pytest.param("emulator", marks=pytest.mark.skipif(not gpu.emulator_available(), reason="no C++ compiler")),
@@ -92,13 +94,8 @@ def test_fa2_trace_matches_the_numpy_trace(backend):
     block_q, block_k, _ = flash_attention_mma_fa2_config(64)
     rows = [0, 17, 127, 128, 149]
     _, _, trace = gpu.flash_attention_mma_fa2_gpu(q, k, v, trace_rows=rows, backend=backend)
-    _, ref = lessons.flash_attention(*(x.astype(np.float64) for x in (q, k, v)), tile=block_k, block_q=block_q,
-                                     return_trace=True)
-    for row in rows:
-        mine, theirs = trace.row(row), ref.row(row)
-        assert len(mine) == len(theirs) == 3
-        # m (kept in log2 units, reported times ln 2) and alpha (ex2) to float32; l after P rounded to 16 bits
-        assert gpu.first_divergence(mine, theirs, rtol=2e-3, atol=1e-3) is None, row
+    # m (kept in log2 units, reported times ln 2) and alpha (ex2) to float32; l after P rounded to 16 bits
+    assert_trace_follows_numpy(trace, q, k, v, rows, block_q=block_q, block_k=block_k, tiles=3)
 
 
 def test_fa2_kernel_refuses_what_it_cannot_do():
@@ -204,7 +201,8 @@ def test_fa2_ptx_holds_the_instructions_of_the_recipe(d):
 # the NaN rule, as the other tensor-core rungs are held to it (tests/test_gpu_kernels.py)
 # ---------------------------------------------------------------------------
 
-from test_gpu_kernels import POISONS, assert_attention_close, forward_poison_check, gpu_only, padded  # noqa: E402
+from test_gpu_kernels import (POISONS, assert_attention_close, assert_nan_and_inf_reach_exactly_their_columns,  # noqa: E402
+                              forward_poison_check, gpu_only, padded)
 
 
 @pytest.mark.parametrize("poison", POISONS)
@@ -221,20 +219,8 @@ def test_fa2_rows_never_see_poison_they_cannot_see(backend, poison, nq, nk, d, d
 
 
 def test_fa2_nan_and_inf_in_a_visible_value_reach_exactly_its_column(backend):
-    # as test_forward_kernels_nan_and_inf_in_a_visible_value_reach_exactly_its_column: keys 5 and 9
-    # are seen by rows >= 5 and >= 9 (causal, Nq = Nk); zero columns pad d to 64
-    rng = np.random.default_rng(26)
-    q, k, v = (padded(rng.standard_normal((40, 16)), 64).astype(np.float16) for _ in range(3))
-    clean_out, clean_lse = gpu.flash_attention_mma_fa2_gpu(q, k, v, causal=True, backend=backend)
-    v[5, 3], v[9, 7] = np.nan, np.inf
-    out, lse = gpu.flash_attention_mma_fa2_gpu(q, k, v, causal=True, backend=backend)
-    nan, inf = np.zeros(out.shape, bool), np.zeros(out.shape, bool)
-    nan[5:, 3] = True
-    inf[9:, 7] = True
-    np.testing.assert_array_equal(np.isnan(out), nan)
-    np.testing.assert_array_equal(np.isposinf(out), inf)
-    assert out[~(nan | inf)].tobytes() == clean_out[~(nan | inf)].tobytes()
-    assert lse.tobytes() == clean_lse.tobytes()
+    # zero columns pad d to 64 (the kernel takes 64 and 128)
+    assert_nan_and_inf_reach_exactly_their_columns(partial(gpu.flash_attention_mma_fa2_gpu, backend=backend), d=64)
 
 
 def test_fa2_gives_the_hand_computed_causal_answer_with_an_unwritten_last_key(backend):

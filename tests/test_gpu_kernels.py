@@ -16,6 +16,7 @@ Tolerances are not picked by hand: a kernel's error against the float64 referenc
 at most twice that of the same formula computed in the kernel's own dtype
 (FlashAttention's test rule, ``tests/kernel_tolerance.py``).
 """
+from functools import partial
 from types import SimpleNamespace
 
 import numpy as np
@@ -655,17 +656,15 @@ def test_tensor_core_rows_never_see_poison_they_cannot_see(backend, poison, nq, 
     assert_attention_close(out, lse, q64, k64, v64, dtype, causal=True)
 
 
-@pytest.mark.parametrize("launcher", ["scalar", "tensor-core"])
-def test_forward_kernels_nan_and_inf_in_a_visible_value_reach_exactly_its_column(backend, launcher):
-    # keys 5 and 9 are seen by rows >= 5 and >= 9 (causal, Nq = Nk): v[5, 3] = NaN makes column 3
-    # of those rows NaN, v[9, 7] = inf makes column 7 of rows >= 9 inf (p > 0), as P V does;
-    # every other entry, and lse, are the clean run's
-    run = {"scalar": gpu.flash_attention_gpu, "tensor-core": gpu.flash_attention_mma_gpu}[launcher]
+def assert_nan_and_inf_reach_exactly_their_columns(run, d=16):
+    """RUN(q, k, v, causal=True) on 40 x 16 fp16 inputs (zero columns up to D): keys 5 and 9 are seen by
+    rows >= 5 and >= 9 (causal, Nq = Nk); v[5, 3] = NaN makes column 3 of those rows NaN, v[9, 7] = inf
+    makes column 7 of rows >= 9 inf (p > 0), as P V does; every other entry, and lse, are the clean run's."""
     rng = np.random.default_rng(26)
-    q, k, v = (rng.standard_normal((40, 16)).astype(np.float16) for _ in range(3))
-    clean_out, clean_lse = run(q, k, v, causal=True, backend=backend)
+    q, k, v = (padded(rng.standard_normal((40, 16)), d).astype(np.float16) for _ in range(3))
+    clean_out, clean_lse = run(q, k, v, causal=True)
     v[5, 3], v[9, 7] = np.nan, np.inf
-    out, lse = run(q, k, v, causal=True, backend=backend)
+    out, lse = run(q, k, v, causal=True)
     nan, inf = np.zeros(out.shape, bool), np.zeros(out.shape, bool)
     nan[5:, 3] = True
     inf[9:, 7] = True
@@ -673,6 +672,26 @@ def test_forward_kernels_nan_and_inf_in_a_visible_value_reach_exactly_its_column
     np.testing.assert_array_equal(np.isposinf(out), inf)
     assert out[~(nan | inf)].tobytes() == clean_out[~(nan | inf)].tobytes()
     assert lse.tobytes() == clean_lse.tobytes()
+
+
+def assert_trace_follows_numpy(trace, q, k, v, rows, *, block_q, block_k, tiles=None):
+    """Each of ROWS of a single-head kernel TRACE against NumPy's trace of lessons.flash_attention (float64,
+    the kernel's block_q and block_k): the same number of tiles (TILES when given, else at least one), and
+    no divergence beyond m and alpha in float32 and l after P rounded to 16 bits (rtol 2e-3, atol 1e-3)."""
+    _, ref = lessons.flash_attention(*(x.astype(np.float64) for x in (q, k, v)), tile=block_k, block_q=block_q,
+                                     return_trace=True)
+    for row in rows:
+        mine, theirs = trace.row(row), ref.row(row)
+        assert len(mine) == len(theirs) > 0
+        if tiles is not None:
+            assert len(mine) == tiles
+        assert gpu.first_divergence(mine, theirs, rtol=2e-3, atol=1e-3) is None, row
+
+
+@pytest.mark.parametrize("launcher", ["scalar", "tensor-core"])
+def test_forward_kernels_nan_and_inf_in_a_visible_value_reach_exactly_its_column(backend, launcher):
+    run = {"scalar": gpu.flash_attention_gpu, "tensor-core": gpu.flash_attention_mma_gpu}[launcher]
+    assert_nan_and_inf_reach_exactly_their_columns(partial(run, backend=backend))
 
 
 def padded(x, d):

@@ -8,17 +8,18 @@ wgmma reads; the emulator's tensor maps; and the models of the pipeline and of o
 products and softmax (plain and overlapped), with their pictures."""
 import re
 
+from functools import partial
+
 import numpy as np
 import pytest
 
-import lessons
 import lessons.gpu as gpu
 from lessons.gpu.hopper import emulated_tensor_map
 from lessons.gpu.source import (WGMMA_CONFIGS, flash_attention_wgmma_config, flash_attention_wgmma_smem_bytes,
                                 wgmma_swizzle)
 from kernel_tolerance import assert_within_baseline, baseline_attention
-from test_gpu_kernels import (POISONS, assert_attention_close, flash_reference, forward_poison_check, padded, stored,
-                              values)
+from test_gpu_kernels import (POISONS, assert_attention_close, assert_nan_and_inf_reach_exactly_their_columns,
+                              assert_trace_follows_numpy, flash_reference, forward_poison_check, stored, values)
 
 from lessons.gpu.ladder import HOPPER_RUNGS, hopper_rungs_left_out  # noqa: E402
 
@@ -180,19 +181,8 @@ def test_wgmma_rows_never_see_poison_they_cannot_see(backend, forward, poison, n
 
 
 def test_wgmma_nan_and_inf_in_a_visible_value_reach_exactly_its_column(backend):
-    # keys 5 and 9 are seen by rows >= 5 and >= 9 (causal, Nq = Nk); zero columns pad d to 64
-    rng = np.random.default_rng(26)
-    q, k, v = (padded(rng.standard_normal((40, 16)), 64).astype(np.float16) for _ in range(3))
-    clean_out, clean_lse = gpu.flash_attention_wgmma_gpu(q, k, v, causal=True, backend=backend)
-    v[5, 3], v[9, 7] = np.nan, np.inf
-    out, lse = gpu.flash_attention_wgmma_gpu(q, k, v, causal=True, backend=backend)
-    nan, inf = np.zeros(out.shape, bool), np.zeros(out.shape, bool)
-    nan[5:, 3] = True
-    inf[9:, 7] = True
-    np.testing.assert_array_equal(np.isnan(out), nan)
-    np.testing.assert_array_equal(np.isposinf(out), inf)
-    assert out[~(nan | inf)].tobytes() == clean_out[~(nan | inf)].tobytes()
-    assert lse.tobytes() == clean_lse.tobytes()
+    # zero columns pad d to 64 (the kernel takes 64 and 128)
+    assert_nan_and_inf_reach_exactly_their_columns(partial(gpu.flash_attention_wgmma_gpu, backend=backend), d=64)
 
 
 def test_wgmma_trace_matches_the_numpy_trace(backend, forward):
@@ -201,12 +191,7 @@ def test_wgmma_trace_matches_the_numpy_trace(backend, forward):
     block_q, block_k = flash_attention_wgmma_config(64)
     rows = [0, 17, 63, 64, 127, 128, 149]          # both consumers, both query blocks
     _, _, trace = forward(q, k, v, trace_rows=rows, backend=backend)
-    _, ref = lessons.flash_attention(*(x.astype(np.float64) for x in (q, k, v)), tile=block_k, block_q=block_q,
-                                     return_trace=True)
-    for row in rows:
-        mine, theirs = trace.row(row), ref.row(row)
-        assert len(mine) == len(theirs) == 3
-        assert gpu.first_divergence(mine, theirs, rtol=2e-3, atol=1e-3) is None, row
+    assert_trace_follows_numpy(trace, q, k, v, rows, block_q=block_q, block_k=block_k, tiles=3)
 
 
 def test_wgmma_kernel_refuses_what_it_cannot_do():
