@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import _common  # noqa: E402
 from benchmarks._common import format_row, timed_rows, torch_seconds_and_peak  # noqa: E402,F401
-from lessons.gpu.ladder import hopper_rungs_left_out  # noqa: E402  (scripts/gpu_check.sh's smoke check)
+from lessons.gpu.ladder import HOPPER_RUNGS, hopper_rungs_left_out  # noqa: E402  (gpu_check.sh's smoke check)
 from lessons.gpu.measure import attention_flops  # noqa: E402  (4 N^2 d per head, half when causal)
 
 #: (torch SDPA, the reference every ratio is taken against, comes second: a spent time budget skips the last rows)
@@ -111,7 +111,7 @@ def run_size(args, cupy, torch, torch_reason, rng, dtype, d, n, t0):
     def skip(impl):
         if impl == "torch" and torch is None:
             return torch_reason
-        hopper = impl in ("wgmma", "wgmma_overlap", "wgmma_pingpong")
+        hopper = impl in HOPPER_RUNGS
         if (impl in ("mma", "mma_async", "mma_fa2") or hopper) and dtype != "float16":
             return "tensor cores take float16/bfloat16"
         if hopper and gpu.device_arch() != "sm_90":

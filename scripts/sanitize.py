@@ -205,9 +205,9 @@ def run_flash_backward_mma(cp, backend) -> bool:
     return ok
 
 
-def _hopper_skip(cp, backend, rung: str) -> bool:
-    """True (and says why) where a Hopper rung cannot run: not compute capability 9.0, or its first
-    check failed on this machine."""
+def _hopper_forward(cp, backend, rung: str, launcher) -> bool:
+    """One Hopper rung on HOPPER_CASES (with its trace build), unless it cannot run here: not compute
+    capability 9.0, or its first check failed on this machine (then it says why and passes)."""
     from lessons.gpu.ladder import hopper_rungs_left_out
 
     if backend == "cupy" and cp.cuda.Device().compute_capability != "90":
@@ -216,7 +216,7 @@ def _hopper_skip(cp, backend, rung: str) -> bool:
     if backend == "cupy" and rung in hopper_rungs_left_out():
         print(f"  skipped: the {rung} rung failed its first check here (scripts/hopper_smoke.py)")
         return True
-    return False
+    return _forward(cp, backend, launcher, rung, np.random.default_rng(8), HOPPER_CASES, {"float16": 3e-3})
 
 
 #: the Hopper rungs' cases: both head dims, a stage reused (3+ key tiles), causal with empty rows, one tile
@@ -225,27 +225,18 @@ HOPPER_CASES = [((2,), 70, 45, 64, True, np.float16), ((), 150, 300, 64, False, 
 
 
 def run_flash_attention_wgmma(cp, backend) -> bool:
-    # the Hopper rung, and the trace build
-    if _hopper_skip(cp, backend, "wgmma"):
-        return True
-    return _forward(cp, backend, launch.flash_attention_wgmma_gpu, "wgmma", np.random.default_rng(8),
-                    HOPPER_CASES, {"float16": 3e-3})
+    # the Hopper rung
+    return _hopper_forward(cp, backend, "wgmma", launch.flash_attention_wgmma_gpu)
 
 
 def run_flash_attention_wgmma_overlap(cp, backend) -> bool:
     # the Hopper rung with softmax overlapped with the products (two wgmma groups in flight, 3 stages)
-    if _hopper_skip(cp, backend, "wgmma_overlap"):
-        return True
-    return _forward(cp, backend, launch.flash_attention_wgmma_overlap_gpu, "wgmma_overlap",
-                    np.random.default_rng(8), HOPPER_CASES, {"float16": 3e-3})
+    return _hopper_forward(cp, backend, "wgmma_overlap", launch.flash_attention_wgmma_overlap_gpu)
 
 
 def run_flash_attention_wgmma_pingpong(cp, backend) -> bool:
     # the overlapped rung with the consumers taking turns (named barriers bar.sync / bar.arrive)
-    if _hopper_skip(cp, backend, "wgmma_pingpong"):
-        return True
-    return _forward(cp, backend, launch.flash_attention_wgmma_pingpong_gpu, "wgmma_pingpong",
-                    np.random.default_rng(8), HOPPER_CASES, {"float16": 3e-3})
+    return _hopper_forward(cp, backend, "wgmma_pingpong", launch.flash_attention_wgmma_pingpong_gpu)
 
 
 def main(argv=None) -> int:

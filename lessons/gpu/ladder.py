@@ -333,7 +333,7 @@ def rung_intensity(r: Rung | str, n: int = 8192, d: int = 64) -> float:
     elif r.name == "mma_fa2":
         from lessons.gpu.source import flash_attention_mma_fa2_config
         bq, bk, _ = flash_attention_mma_fa2_config(d)
-    elif r.name in ("wgmma", "wgmma_overlap", "wgmma_pingpong"):
+    elif r.name in HOPPER_RUNGS:
         from lessons.gpu.source import flash_attention_wgmma_config
         bq, bk = flash_attention_wgmma_config(d)
     elif r.name == "regtile":
@@ -406,7 +406,7 @@ def measure_ladder(n: int = 8192, d: int = 64, heads: int = 8, warmup: int = 2, 
             else:
                 out.extend(dict(impl=name, n=n, d=d, heads=heads, causal=False, dtype=dtype, seconds=None,
                                 tflops=None, note="skipped: the Hopper rungs run on compute capability 9.0 only")
-                           for name in ("wgmma", "wgmma_overlap", "wgmma_pingpong"))
+                           for name in HOPPER_RUNGS)
             try:
                 import torch
                 import torch.nn.functional as F
@@ -606,11 +606,11 @@ def overlap_evidence(d: int = 64) -> dict:
         build = rung_build(name, d)
         compiled = compile_kernel(build, build.arch)
         logs[name] = compiled.log
-        out["registers"][name] = compiled.resources[build.entries[0]].registers
+        out["registers"][name] = compiled.resources[rung_entry(name, d)].registers
         out["smem_bytes"][name] = build.dynamic_smem_bytes
         out["stages"][name] = dict(build.defines).get("STAGES", source.WGMMA_STAGES)
         out["serialised"][name] = SERIALISED_WGMMA in compiled.log
-    ptx = entry_ptx(compile_ptx(build, build.arch), build.entries[0])
+    ptx = entry_ptx(compile_ptx(build, build.arch), rung_entry("wgmma_overlap", d))
     wait_1, wait_0 = "wgmma.wait_group.sync.aligned 1", "wgmma.wait_group.sync.aligned 0"
     out["wait_group_1"] = ptx.count(wait_1)
     between = ptx.split(wait_1, 1)[1].split(wait_0, 1)[0] if wait_1 in ptx else ""
