@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import lessons  # noqa: E402
 import lessons.gpu as gpu  # noqa: E402
+from lessons.gpu import ladder  # noqa: E402
 from lessons.gpu.source import WGMMA_CONFIGS  # noqa: E402
 
 
@@ -39,9 +40,8 @@ def check(label: str, got, want, atol: float) -> bool:
     return ok
 
 
-#: each Hopper rung's forward
-FORWARDS = {"wgmma": gpu.flash_attention_wgmma_gpu, "wgmma_overlap": gpu.flash_attention_wgmma_overlap_gpu,
-            "wgmma_pingpong": gpu.flash_attention_wgmma_pingpong_gpu}
+#: each Hopper rung's forward, as the ladder names it
+FORWARDS = {name: getattr(gpu, ladder.rung(name).launcher.rsplit(".", 1)[1]) for name in ladder.HOPPER_RUNGS}
 
 
 def main(argv=None) -> int:
