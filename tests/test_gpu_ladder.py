@@ -643,3 +643,16 @@ def test_decode_tables_name_a_row_they_cannot_read():
         good = ladder.decode_recorded_rows()[0]
         ladder.decode_recorded("paged_decode", rows=[good, {k: v for k, v in good.items() if k != "pct"}])
     assert ladder.decode_table(rows=[])[0]["figure"] == ladder.NOT_MEASURED
+
+
+def test_sdpa_backends_reads_forward_plus_backward_and_refuses_another_part():
+    text = (ladder.PROFILED_DIR / "sdpa_backends.txt").read_text()
+    both = ladder.sdpa_backends(8192, part="fwd+bwd")
+    for backend, by_d in both.items():
+        for d, tflops in by_d.items():
+            line = next(l for l in text.splitlines() if l.startswith(f"N=8192 d={d} causal=False {backend} "))
+            assert f"fwd+bwd {'':>2}".strip() in line and line.split("|")[1].split()[3] == f"{tflops}"
+    assert both["FLASH_ATTENTION"] == {64: 266.0, 128: 300.0}
+    assert ladder.sdpa_backends(8192)["FLASH_ATTENTION"] == {64: 281.4, 128: 335.8}
+    with pytest.raises(ValueError, match="part must be 'fwd' or 'fwd\\+bwd', got 'bwd'"):
+        ladder.sdpa_backends(8192, part="bwd")

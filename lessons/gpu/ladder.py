@@ -500,15 +500,19 @@ def sdpa_kernels(n: int = 8192, d: int = 64, heads: int = 8) -> list[str]:
     return list(dict.fromkeys(kernels))
 
 
-def sdpa_backends(n: int = 8192, causal: bool = False, path: Path | None = None) -> dict:
+def sdpa_backends(n: int = 8192, causal: bool = False, path: Path | None = None, part: str = "fwd") -> dict:
     """torch SDPA's forward speed per backend, as recorded in the 2026-11-30 H200 run
     (``PROFILED_DIR/sdpa_backends.txt``: each backend forced in turn, fp16, 8 heads, CUDA events;
     TFLOP/s counted as here, 4 N^2 d per head). Returns ``{backend: {d: forward TFLOP/s}}`` for the rows
     with this ``n`` and ``causal``, e.g. ``["FLASH_ATTENTION"][64]``: torch's own FlashAttention-2
-    kernel (mma.sync, like our rungs). Raises FileNotFoundError when the file is missing and ValueError
-    when it has no row for ``n`` and ``causal`` or a row it cannot read (the message names the line)."""
+    kernel (mma.sync, like our rungs). ``part="fwd+bwd"``: the forward and backward together instead
+    (TFLOP/s counted as 3.5 times the forward's FLOPs: the backward does 2.5 times). Raises
+    FileNotFoundError when the file is missing, ValueError for another ``part``, when the file has no row
+    for ``n`` and ``causal`` or has a row it cannot read (the message names the line)."""
     n = check_int(n, "n", min=1)
     causal = check_flag(causal, "causal")
+    if part not in ("fwd", "fwd+bwd"):
+        raise ValueError(f"part must be 'fwd' or 'fwd+bwd', got {part!r}")
     path = _shipped(PROFILED_DIR / "sdpa_backends.txt") if path is None else Path(path)
     out: dict = {}
     for number, line in enumerate(path.read_text().splitlines(), start=1):
@@ -519,11 +523,11 @@ def sdpa_backends(n: int = 8192, causal: bool = False, path: Path | None = None)
             continue
         words = line.split()
         try:
-            tflops = float(words[words.index("fwd") + 3])    # "fwd 0.488 ms 281.4 TF/s"
+            tflops = float(words[words.index(part) + 3])     # "fwd 0.488 ms 281.4 TF/s | fwd+bwd 1.808 ms ..."
             out.setdefault(words[3], {})[int(fields["d"])] = tflops
         except (ValueError, IndexError):
-            raise ValueError(f"{path}, line {number}: expected 'N=.. d=.. causal=.. <backend> fwd <ms> ms <TF/s> "
-                             f"TF/s', got {line!r}") from None
+            raise ValueError(f"{path}, line {number}: expected 'N=.. d=.. causal=.. <backend> {part} <ms> ms "
+                             f"<TF/s> TF/s', got {line!r}") from None
     if not out:
         raise ValueError(f"{path} has no row with N = {n}, causal = {causal}")
     return out
