@@ -245,3 +245,40 @@ def test_bad_input_is_refused_by_name(call, error, match):
     with pytest.raises(error, match=match):
         call()
 
+
+# ---------------------------------------------------------------------------
+# the figure
+# ---------------------------------------------------------------------------
+
+def test_figure_draws_every_tile_of_every_count_and_the_curve():
+    from lessons.views.rescale import rescale_figure
+
+    counts = {f"d = {d}": random_rescale_share(512, d, block_k=32) for d in (16, 32)}
+    fig = rescale_figure(counts)
+    panels = fig.get_axes()
+    assert len(panels) == 2 and panels[1].get_xscale() == "log"
+    for ax in panels:
+        lines = ax.get_lines()
+        assert len(lines) == 3                                        # two counts, one curve
+        for line, c in zip(lines, counts.values()):
+            np.testing.assert_array_equal(line.get_ydata(), c.tile_share)
+            np.testing.assert_array_equal(line.get_xdata(), np.arange(1, 17))
+        np.testing.assert_allclose(lines[2].get_ydata(), expected_tile_share(512, block_k=32))
+    legend = [t.get_text() for t in panels[0].get_legend().get_texts()]
+    assert legend[0].startswith("d = 16: counted (") and "independent scores" in legend[2]
+    assert "512 keys in tiles of 32" in fig._suptitle.get_text()
+    # no curve for a causal count: it assumes no mask
+    fig = rescale_figure({"causal": random_rescale_share(512, 16, block_k=32, causal=True)})
+    assert len(fig.get_axes()[0].get_lines()) == 1 and "causal" in fig._suptitle.get_text()
+
+
+def test_figure_refuses_bad_counts():
+    from lessons.views.rescale import rescale_figure
+
+    c = random_rescale_share(64, 8)
+    with pytest.raises(TypeError, match="counts"):
+        rescale_figure([c])
+    with pytest.raises(ValueError, match="1 to 4"):
+        rescale_figure({})
+    with pytest.raises(ValueError, match="share n_keys"):
+        rescale_figure({"a": c, "b": random_rescale_share(128, 8)})
