@@ -26,7 +26,7 @@ from lessons.core.checks import as_float_array, check_flag, check_int, check_sca
 __all__ = ["RescaleCount", "rescale_share", "random_rescale_share", "expected_tile_share", "expected_rescale_share",
            "rescale_multiplies_per_thread"]
 
-#: scores computed at once, at most (rows x keys): 4 Mi float32 values are 16 MiB
+#: scores computed at once (rows x keys), unless one row block times one tile is more: 4 Mi float32 values are 16 MiB
 _CHUNK_ELEMENTS = 1 << 22
 
 
@@ -124,7 +124,9 @@ def rescale_share(q, k, *, block_rows=16, block_k=64, scale=None, causal=False) 
     causal : bool
         Bottom-right causal rule (query ``i`` sees key ``j`` iff ``j <= i + Nk - Nq``). A row block skips
         the tiles its last row cannot see (``visited`` False there); inside a visited tile the keys a row
-        cannot see do not count towards its max. A row that sees no key never moves.
+        cannot see do not count towards its max. A row that sees no key never moves. (A kernel whose
+        thread block holds several row blocks walks the tiles of the whole block: the extra tiles hold no
+        key a row block's rows can see, so there it never moves, and the kernel skips more than counted.)
 
     Returns
     -------
@@ -134,8 +136,8 @@ def rescale_share(q, k, *, block_rows=16, block_k=64, scale=None, causal=False) 
     when it strictly grows: a score equal to the running max leaves ``alpha = 1``.
 
     The scores are computed in float32 (float64 when q or k is float64), ``(scale * q) @ k.T``,
-    a block of row blocks times a few key tiles at a time (at most 4 Mi scores, 16 MiB), never the
-    whole (Nq, Nk) matrix; at Nq = Nk = 8192 it takes about a second. A kernel computes its scores
+    a block of row blocks times a few key tiles at a time (about 4 Mi scores, 16 MiB), never the
+    whole (Nq, Nk) matrix; at Nq = Nk = 8192 it takes under a second. A kernel computes its scores
     with other roundings (fp16 inputs, fused multiply-adds, log2 e folded into the scale), so where two
     scores of a row are within a rounding of each other its count can differ from this one.
 
