@@ -20,8 +20,8 @@ notebook             schedule              view              kernel             
 05 IO awareness      cost.traffic,         views.traffic,    flash_attention.cu,                peak_memory
                      cost.memory           views.gpu         flash_attention_mma.cu
 06 kernel ladder     gpu.ladder,           views.ladder,     flash_attention.cu,                (none)
-                     gpu.hopper            views.pipeline    flash_attention_regtile.cu,
-                                                             flash_attention_mma.cu,
+                     gpu.hopper,           views.pipeline,   flash_attention_regtile.cu,
+                     cost.rescale          views.rescale     flash_attention_mma.cu,
                                                              flash_attention_mma_async.cu,
                                                              flash_attention_mma_fa2.cu,
                                                              flash_attention_wgmma.cu,
@@ -46,6 +46,7 @@ from lessons.schedules.flash import flash_attention
 from lessons.schedules.backward import attention_backward, flash_attention_backward
 from lessons.cost.traffic import flash_block_sizes, flash_io, loglog_slope, measure_peak_memory, roofline_points, textbook_io
 from lessons.cost.traffic import compare_traffic
+from lessons.cost.rescale import expected_rescale_share, rescale_share
 from lessons.schedules.paged import paged_flash_attention
 from lessons.core.reference import attention
 from lessons.schedules.ring import ring_attention
@@ -66,5 +67,5 @@ __all__ = [
     "run_variant", "run_variants", "example_case",
     "tile_schedule", "count_tiles", "causal_mask", "masked_rows_report",
     "textbook_io", "flash_io", "flash_block_sizes", "measure_peak_memory", "roofline_points", "loglog_slope",
-    "compare_traffic",
+    "compare_traffic", "rescale_share", "expected_rescale_share",
 ]

@@ -1,2 +1,3 @@
 """What a schedule costs: HBM bytes and FLOPs counted from the schedule (``traffic``), tensor
-sizes (``sizes``) and measured peak memory (``memory``)."""
+sizes (``sizes``), measured peak memory (``memory``) and how often lazy rescaling still rescales
+(``rescale``)."""
