@@ -6,10 +6,12 @@
 #   scripts/gpu_check.sh --dry-run DIR        the same steps on the CPU, to check this script
 #                                             itself: a few emulator tests, the sanitizer
 #                                             drivers on the emulator without compute-sanitizer,
-#                                             the benchmark saying there is no device
+#                                             the benchmark saying there is no device, the FA-2
+#                                             tuning sweep at a tiny N on the emulator
 #
 #   1. environment: nvidia-smi, Python, CuPy, NVRTC versions         -> env.txt
-#   2. compile report: registers and shared memory per kernel/arch   -> compile_report.txt
+#   2. compile report: registers and shared memory per kernel/arch, and of every legal tile
+#      configuration of the lazy-rescaling FA-2 rung                 -> compile_report.txt
 #      then each Hopper rung's first contact (scripts/hopper_smoke.py --rung NAME, 75 s at most each,
 #      in its own process): a rung that fails or hangs is named in GPU_CHECK_SKIP_WGMMA and the later
 #      steps leave it out, so that one wrong layout or barrier cannot spend the time of every other
@@ -17,6 +19,8 @@
 #   3. the benchmarks first, alone on the device, at N in GPU_CHECK_SIZES (default "4096 8192"):
 #      the forward (naive CuPy vs every rung vs torch SDPA), the backward, the decode kernels'
 #      K/V read rate                                                  -> benchmark/, backward/, decode/
+#      then every legal tile configuration of the lazy-rescaling FA-2 rung at N = 8192, d = 64 and
+#      128 (scripts/tune_fa2.py, 120 s at most), beside the FA-2 rung    -> fa2_configs/
 #   4. the GPU cases of every kernel test (tests/test_gpu_*.py), once per entry of
 #      GPU_CHECK_PASSES (worker counts, 0 = one process; default "8": 8 processes at once with
 #      pytest-xdist; "0 8 0 8" runs serially and with -n 8, twice each) -> pytest_<i>_n<W>.txt/.xml
@@ -24,7 +28,7 @@
 #      (python scripts/sanitize.py --list), initcheck on the decode kernels, the runs
 #      GPU_CHECK_SANITIZER_JOBS (default 8) at a time                  -> sanitizer/*.txt
 #   6. Nsight Compute (ncu --clock-control none, 7 sections) of one launch of each rung in
-#      GPU_CHECK_NCU_RUNGS (default: mma_fa2, the three Hopper rungs, paged_decode_split; d = 128,
+#      GPU_CHECK_NCU_RUNGS (default: mma_fa2, mma_fa2_lazy, the three Hopper rungs, paged_decode_split; d = 128,
 #      N = 8192, 8 heads), where ncu is installed; "none" skips it     -> ncu/ncu_<rung>.txt
 #   7. the MPI ring on the GPU (4 ranks), where mpi4py and mpiexec are installed -> ring.txt
 #   and a one-line-per-step summary                                   -> summary.txt
@@ -107,6 +111,11 @@ for dtype in ("float16", "float32"):
     console.print(gpu.compile_report_table(gpu.compile_report(dtype=dtype)))
 console.print(gpu.compile_report_table(gpu.compile_report(builds=[make(d) for make in (gpu.flash_attention_wgmma_build,
     gpu.flash_attention_wgmma_overlap_build) for d in (64, 128)])))
+# every legal tile configuration of the lazy FA-2 rung, one line each (resources_text cuts no name short)
+from lessons.gpu.compile import resources_text
+print("\nflash_attention_mma_fa2_lazy, every legal (block_q, block_k, min_blocks), float16:")
+print(resources_text(gpu.compile_report(builds=[gpu.flash_attention_mma_fa2_lazy_build(d, "float16", False, *config)
+                                               for d in (64, 128) for config in gpu.flash_attention_mma_fa2_lazy_configs(d)])))
 EOF
 then step "compile report" ok "compile_report.txt"; else step "compile report" FAIL "compile_report.txt"; fi
 
@@ -143,6 +152,16 @@ bench() {  # bench NAME SCRIPT DIR ARGS...
 bench "benchmark forward" benchmarks/gpu_attention.py benchmark --sizes "${SIZES[@]}" --time-budget 150
 bench "benchmark backward" benchmarks/gpu_backward.py backward --sizes "${SIZES[@]}" --time-budget 90
 bench "benchmark decode" benchmarks/gpu_decode.py decode
+
+# ---- the lazy FA-2 rung's tile configurations, timed one after another --------------------------
+# (on the dry run: each configuration once at a tiny N on the emulator, against NumPy)
+if [ $DRY -eq 1 ]; then TUNE=(--emulator); else TUNE=(); fi
+mkdir -p "$RESULTS/fa2_configs"
+if timeout 120 "$PY" scripts/tune_fa2.py --out "$RESULTS/fa2_configs" "${TUNE[@]}" > "$RESULTS/fa2_configs/log.txt" 2>&1; then
+    step "tune fa2 configs" ok "fa2_configs/ ($(tail -n 1 "$RESULTS/fa2_configs/log.txt" | cut -c1-60))"
+else
+    step "tune fa2 configs" FAIL "exit $? (fa2_configs/log.txt)"
+fi
 
 # ---- tests on the device ----------------------------------------------------------
 # several processes at once, as a busy machine compiles: NVRTC's compile cache, the emulator's
@@ -230,7 +249,7 @@ else
 fi
 
 # ---- Nsight Compute, one launch per rung --------------------------------------------------
-read -r -a NCU_RUNGS <<< "${GPU_CHECK_NCU_RUNGS:-mma_fa2 wgmma wgmma_overlap wgmma_pingpong paged_decode_split}"
+read -r -a NCU_RUNGS <<< "${GPU_CHECK_NCU_RUNGS:-mma_fa2 mma_fa2_lazy wgmma wgmma_overlap wgmma_pingpong paged_decode_split}"
 NCU=""
 for candidate in ncu /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu; do
     if command -v "$candidate" >/dev/null 2>&1; then NCU="$(command -v "$candidate")"; break; fi

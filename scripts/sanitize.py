@@ -24,8 +24,8 @@ from lessons.gpu.compile import device_available
 
 KERNELS = ("online_softmax", "flash_attention", "flash_attention_regtile", "flash_attention_mma",
            "flash_attention_mma_async", "paged_decode", "flash_decoding", "flash_backward", "paged_decode_split",
-           "flash_attention_mma_fa2", "flash_backward_mma", "flash_attention_wgmma", "flash_attention_wgmma_overlap",
-           "flash_attention_wgmma_pingpong")
+           "flash_attention_mma_fa2", "flash_attention_mma_fa2_lazy", "flash_backward_mma", "flash_attention_wgmma",
+           "flash_attention_wgmma_overlap", "flash_attention_wgmma_pingpong")
 
 
 def host(x) -> np.ndarray:
@@ -104,6 +104,26 @@ def run_flash_attention_mma_fa2(cp, backend) -> bool:
     return _forward(cp, backend, launch.flash_attention_mma_fa2_gpu, "mma_fa2", np.random.default_rng(7),
                     [((2,), 70, 45, 64, True, np.float16), ((), 150, 100, 64, False, np.float16),
                      ((), 33, 100, 128, True, np.float16), ((), 5, 3, 128, False, np.float16)], {"float16": 3e-3})
+
+
+def run_flash_attention_mma_fa2_lazy(cp, backend) -> bool:
+    # the FA-2 rung's cases with the default tiles (at d = 128: 64-key tiles in 64 KiB of dynamic shared
+    # memory), then every other legal (block_q, block_k, min_blocks) on partial blocks, causal, 3 key tiles
+    from functools import partial
+
+    from lessons.gpu.source import FA2_LAZY_CONFIGS, flash_attention_mma_fa2_lazy_configs
+
+    ok = _forward(cp, backend, launch.flash_attention_mma_fa2_lazy_gpu, "mma_fa2_lazy", np.random.default_rng(9),
+                  [((2,), 70, 45, 64, True, np.float16), ((), 150, 100, 64, False, np.float16),
+                   ((), 33, 100, 128, True, np.float16), ((), 5, 3, 128, False, np.float16)], {"float16": 3e-3})
+    for d in (64, 128):
+        for bq, bk, mb in flash_attention_mma_fa2_lazy_configs(d):
+            if (bq, bk, mb) != FA2_LAZY_CONFIGS[d]:
+                run = partial(launch.flash_attention_mma_fa2_lazy_gpu, block_q=bq, block_k=bk, min_blocks=mb)
+                ok &= _forward(cp, backend, run, f"mma_fa2_lazy {bq}x{bk} min_blocks={mb}",
+                               np.random.default_rng(d + bq + bk + mb), [((), 70, 150, d, True, np.float16)],
+                               {"float16": 3e-3})
+    return ok
 
 
 def _paged(cp, rng, seq_lens, num_heads=8, num_kv_heads=2, d=64, block_size=16):

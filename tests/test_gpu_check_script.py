@@ -2,10 +2,12 @@
 
 ``--dry-run`` runs every step of the script with the kernels on the CPU emulator: the
 environment report, the compile report, a few kernel tests, each kernel's sanitizer
-driver (without compute-sanitizer) and the benchmark (which says there is no device).
+driver (without compute-sanitizer), the benchmark (which says there is no device) and the
+FA-2 tuning sweep (each configuration once on the emulator).
 What it cannot check is the GPU itself; the plumbing (steps, files, summary, exit
 status, the list of kernels against the drivers) it can.
 """
+import csv
 import importlib.util
 import os
 import subprocess
@@ -22,6 +24,9 @@ SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 _spec = importlib.util.spec_from_file_location("sanitize", ROOT / "scripts" / "sanitize.py")
 sanitize = importlib.util.module_from_spec(_spec)     # a developer tool, not part of the package
 _spec.loader.exec_module(sanitize)
+_spec = importlib.util.spec_from_file_location("tune_fa2", ROOT / "scripts" / "tune_fa2.py")
+tune = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(tune)
 
 pytestmark = pytest.mark.skipif(
     not gpu.emulator_available() or (not gpu.nvrtc_available() and not os.environ.get("CI")),
@@ -43,9 +48,11 @@ def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
     assert steps.pop("ring on the GPU (MPI)") == "skip"              # needs a device
     decode = steps.pop("benchmark decode")                              # present once its script is in the tree
     assert decode == ("ok" if (ROOT / "benchmarks" / "gpu_decode.py").exists() else "skip")
-    expected = {"compile report", "pytest pass 1 (-n 2)", "benchmark forward", "benchmark backward", "total"}
+    expected = {"compile report", "pytest pass 1 (-n 2)", "benchmark forward", "benchmark backward", "total",
+                "tune fa2 configs"}
     expected |= {f"hopper smoke {rung}" for rung in ("wgmma", "wgmma_overlap", "wgmma_pingpong")}
-    expected |= {f"ncu {rung}" for rung in ("mma_fa2", "wgmma", "wgmma_overlap", "wgmma_pingpong", "paged_decode_split")}
+    expected |= {f"ncu {rung}" for rung in ("mma_fa2", "mma_fa2_lazy", "wgmma", "wgmma_overlap", "wgmma_pingpong",
+                                           "paged_decode_split")}
     expected |= {f"drivers (emulator) {k}" for k in sanitize.KERNELS}      # the script runs every driver
     assert set(steps) == expected and set(steps.values()) == {"ok"}, summary
     assert "passed" in summary and "failed" not in summary
@@ -54,7 +61,14 @@ def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
     for name in ("env.txt", "compile_report.txt", "pytest_1_n2.txt", "pytest_1_n2.xml", "benchmark/log.txt",
                  "backward/log.txt"):
         assert (tmp_path / name).stat().st_size > 0, name
-    assert "flash_attention_mma" in (tmp_path / "compile_report.txt").read_text()
+    report = (tmp_path / "compile_report.txt").read_text()
+    assert "flash_attention_mma" in report and report.count("flash_attention_mma_fa2_lazy") >= 2 * 8
+    # the tuning sweep ran every legal configuration of the lazy rung (and the FA-2 rung per head dim)
+    with open(tmp_path / "fa2_configs" / "fa2_configs.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["impl"], int(r["d"]), int(r["block_q"]), int(r["block_k"]), int(r["min_blocks"])) for r in rows] == \
+        [(impl, d, *c) for impl, d, c in tune.runs([64, 128])]
+    assert all(r["note"] == "emulator: not timed" for r in rows) and (tmp_path / "fa2_configs" / "fa2_configs.md").is_file()
     for folder in ("benchmark", "backward"):
         assert "GPU benchmark not run" in (tmp_path / folder / "log.txt").read_text()
     for kernel in sanitize.KERNELS:
@@ -123,6 +137,7 @@ def test_the_profiling_driver_names_the_kernel_to_filter_on(capsys):
     prof = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(prof)
     want = {"scalar": "flash_attention_forward", "mma_fa2": "flash_attention_mma_fa2",
+            "mma_fa2_lazy": "flash_attention_mma_fa2_lazy",
             "wgmma": "flash_attention_wgmma", "wgmma_pingpong": "flash_attention_wgmma_pingpong",
             "paged_decode_split": "paged_decode_gqa_split"}
     for rung, name in want.items():
@@ -130,3 +145,36 @@ def test_the_profiling_driver_names_the_kernel_to_filter_on(capsys):
     assert set(prof.FORWARD_RUNGS) == {r.name for r in prof.ladder.RUNGS if r.kernel}
     with pytest.raises(SystemExit):
         prof.main(["naive", "--entry"])                # no kernel of ours to profile
+
+
+def test_the_tuning_sweep_takes_every_legal_configuration_and_the_fa2_rung():
+    from lessons.gpu.source import FA2_LAZY_CONFIGS, FA2_LAZY_SWEEP
+
+    order = tune.runs([64, 128])
+    for d in (64, 128):
+        mine = [c for impl, dd, c in order if dd == d and impl == tune.LAZY]
+        assert mine[0] == FA2_LAZY_CONFIGS[d] and sorted(mine) == sorted(FA2_LAZY_SWEEP[d])   # the default first
+        assert (tune.PLAIN, d, gpu.flash_attention_mma_fa2_config(d)) in order
+    # the ratio to the default: its seconds over the row's, per head dim; None where either was not timed
+    rows = [dict(impl=tune.LAZY, d=64, default=True, seconds=2.0), dict(impl=tune.LAZY, d=64, default=False, seconds=1.0),
+            dict(impl=tune.PLAIN, d=64, default=False, seconds=4.0),
+            dict(impl=tune.LAZY, d=128, default=False, seconds=1.0)]
+    assert [r["x_default"] for r in tune.add_ratios(rows)] == [1.0, 2.0, 0.5, None]
+
+
+@pytest.mark.skipif(gpu.device_available(), reason="checks what happens without a device")
+def test_the_tuning_sweep_without_a_device_says_so(capsys, tmp_path):
+    assert tune.main(["--out", str(tmp_path)]) == 0
+    assert "GPU tuning not run: no CUDA device" in capsys.readouterr().out and not any(tmp_path.iterdir())
+
+
+def test_the_tuning_sweep_runs_on_the_emulator(tmp_path):
+    assert tune.main(["--emulator", "--out", str(tmp_path), "--n", "40", "--head-dims", "128"]) == 0
+    with open(tmp_path / "fa2_configs.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == list(tune.COLUMNS) and len(rows) == len(tune.runs([128]))
+    assert rows[0]["default"] == "True" and float(rows[0]["max_abs_diff"]) == 0.0
+    # the same key tiles as the default: the same arithmetic per row, the same output
+    same_bk = [r for r in rows if r["impl"] == tune.LAZY and r["block_k"] == "64"]
+    assert len(same_bk) == 2 and all(float(r["max_abs_diff"]) == 0.0 for r in same_bk)
+    assert "lazy-rescaling FA-2 rung" in (tmp_path / "fa2_configs.md").read_text()

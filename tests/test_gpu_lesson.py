@@ -107,6 +107,9 @@ def test_reported_shared_memory_is_what_the_tiles_need(results, nb):
             expected = 4 * (bq * (hd + 4) + bk * (hd + 4) + bq * (bk + 4))       # q, k-then-v, p tiles, +4 padding
         elif res.entry == "flash_attention_mma_fa2":
             expected = 2 * 2 * 2 * d["BLOCK_K"] * d["HEAD_DIM"]                 # K, V tiles, two stages, swizzled
+        elif res.entry == "flash_attention_mma_fa2_lazy":                      # the same stages, dynamic
+            expected = 0
+            assert res.dynamic_smem_bytes == 2 * 2 * 2 * d["BLOCK_K"] * d["HEAD_DIM"], res
         elif res.entry == "paged_decode_gqa_split":
             expected = source.paged_decode_split_smem_bytes(d["HEAD_DIM"], d["HEADS_PER_BLOCK"], res.dtype)
         elif res.entry == "merge_split_states":
@@ -140,7 +143,8 @@ def test_each_section_reports_only_the_entry_points_it_runs(results):
                                                           "flash_attention_backward_dkdv", "flash_attention_backward_dq",
                                                           "flash_attention_regtile", "flash_attention_mma_async",
                                                           "paged_decode_gqa_split", "merge_split_states",
-                                                          "flash_attention_mma_fa2", "flash_attention_backward_mma_dkdv",
+                                                          "flash_attention_mma_fa2", "flash_attention_mma_fa2_lazy",
+                                                          "flash_attention_backward_mma_dkdv",
                                                           "flash_attention_backward_mma_dq"}
     assert {r.entry for r in results["04 tensor cores"].resources} == {"flash_attention_mma", "mma_probe"}
 

@@ -51,7 +51,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from lessons.gpu.cache_lock import one_at_a_time
-from lessons.gpu.source import KernelBuild, default_builds, kernel_source
+from lessons.gpu.source import KernelBuild, default_builds, kernel_file, kernel_source
 
 __all__ = [
     "ARCHS", "KernelCompileError", "KernelResources", "CompiledKernel", "nvrtc_available",
@@ -81,7 +81,7 @@ class KernelResources:
 
     registers: registers per thread; smem_bytes: static shared memory per block (bytes);
     dynamic_smem_bytes: the dynamic shared memory a launch asks for on top (bytes; only the Hopper
-    rung has any: :attr:`lessons.gpu.source.KernelBuild.dynamic_smem_bytes`);
+    rungs and the lazy-rescaling FA-2 rung have any: :attr:`lessons.gpu.source.KernelBuild.dynamic_smem_bytes`);
     stack_bytes: local memory per thread (bytes; the stack frame, which holds any spills);
     spill_store_bytes / spill_load_bytes: registers spilled to local memory (bytes, 0 is
     what we want); threads_per_block: the launch's block size. ``source`` says where the
@@ -330,7 +330,7 @@ def _compile(build: KernelBuild, arch_option: str, extra: tuple, what: str) -> t
 
 
 def _nvrtc_compile(nvrtc, build, arch_option, options, source, what, kept) -> tuple:
-    prog = nvrtc.createProgram(source, f"{build.kernel}.cu", [], [])
+    prog = nvrtc.createProgram(source, kernel_file(build.kernel), [], [])
     try:
         try:
             nvrtc.compileProgram(prog, list(options))

@@ -128,6 +128,22 @@ RUNGS = (
          "aim: >= 0.5x SDPA. Measured (2026-12-01): 1.9x / 2.0x the mma rung at d = 64 / 128, "
          "but 0.43x / 0.30x SDPA: the aim is not met",
          "ex2.approx.ftz.f32", "not profiled yet (the Nsight Compute run of 2026-11-30 predates it)"),
+    Rung("mma_fa2_lazy", "tensor cores, FA-2 + lazy rescaling, 64-key tiles", None, "flash_attention_mma_fa2_lazy",
+         "lessons.gpu.flash_attention_mma_fa2_lazy_gpu", "float16",
+         "the mma_fa2 rung's kernel with two switches: each warp votes (__any_sync) on whether the running max of "
+         "any of its 16 rows moved on this tile and skips o *= alpha when none did (alpha is then exactly 1; a "
+         "row whose max stayed gets 1.0, not ex2(0)); the two K/V stages in dynamic shared memory, so d = 128 "
+         "takes 64-key tiles (64 KiB, over the 48 KiB a block may declare statically) instead of 32",
+         "fewer FMULs per tile: a warp-tile whose rows' maxima all stayed skips 4 x d / 8 multiplies per thread "
+         "(32 at d = 64, 64 at d = 128), and on a long row the max settles after the first few tiles, so most "
+         "warp-tiles skip; the share that still rescale is counted by lessons.cost.rescale.rescale_share. At "
+         "d = 128 half as many tiles per row: half the barriers, cp.async waits and row max/sum shuffles per key. "
+         "Compile report (NVRTC 12.9, sm_80 / sm_90, no spills): d = 64: 128 registers x 256 threads, 32 768 bytes "
+         "of dynamic shared memory, 2 blocks per SM (as mma_fa2); d = 128: 226 / 231 registers x 128 threads "
+         "(mma_fa2 at 64 x 32: 204 / 208), 65 536 bytes, 2 blocks per SM. Output bitwise the mma_fa2 rung's with "
+         "the same tiles. The other tiles (scripts/tune_fa2.py times them all) are in "
+         "lessons.gpu.source.FA2_LAZY_SWEEP; aim: >= 0.5x SDPA",
+         "vote.sync.any.pred", "not yet run on a GPU: built and checked on the CPU emulator only"),
     Rung("wgmma", "Hopper: TMA + wgmma", None, "flash_attention_wgmma",
          "lessons.gpu.flash_attention_wgmma_gpu", "float16",
          "sm_90a only: one producer warpgroup copies Q once and each K/V tile by TMA (cp.async.bulk.tensor, "
@@ -333,6 +349,9 @@ def rung_intensity(r: Rung | str, n: int = 8192, d: int = 64) -> float:
     elif r.name == "mma_fa2":
         from lessons.gpu.source import flash_attention_mma_fa2_config
         bq, bk, _ = flash_attention_mma_fa2_config(d)
+    elif r.name == "mma_fa2_lazy":
+        from lessons.gpu.source import flash_attention_mma_fa2_lazy_config
+        bq, bk, _ = flash_attention_mma_fa2_lazy_config(d)
     elif r.name in HOPPER_RUNGS:
         from lessons.gpu.source import flash_attention_wgmma_config
         bq, bk = flash_attention_wgmma_config(d)
@@ -359,6 +378,7 @@ def rung_build(r: Rung | str, d: int = 64):
             "mma": lambda: source.flash_attention_mma_build(d, r.dtype),
             "mma_async": lambda: source.flash_attention_mma_async_build(d, r.dtype),
             "mma_fa2": lambda: source.flash_attention_mma_fa2_build(d, r.dtype),
+            "mma_fa2_lazy": lambda: source.flash_attention_mma_fa2_lazy_build(d, r.dtype),
             "wgmma": lambda: source.flash_attention_wgmma_build(d, r.dtype),
             "wgmma_overlap": lambda: source.flash_attention_wgmma_overlap_build(d, r.dtype),
             "wgmma_pingpong": lambda: source.flash_attention_wgmma_overlap_build(d, r.dtype)}[r.name]()
@@ -399,6 +419,7 @@ def measure_ladder(n: int = 8192, d: int = 64, heads: int = 8, warmup: int = 2, 
             calls["mma"] = lambda: gpu.flash_attention_mma_gpu(q, k, v)
             calls["mma_async"] = lambda: gpu.flash_attention_mma_async_gpu(q, k, v)
             calls["mma_fa2"] = lambda: gpu.flash_attention_mma_fa2_gpu(q, k, v)
+            calls["mma_fa2_lazy"] = lambda: gpu.flash_attention_mma_fa2_lazy_gpu(q, k, v)
             if gpu.device_arch() == "sm_90":
                 calls["wgmma"] = lambda: gpu.flash_attention_wgmma_gpu(q, k, v)
                 calls["wgmma_overlap"] = lambda: gpu.flash_attention_wgmma_overlap_gpu(q, k, v)

@@ -33,6 +33,7 @@ from lessons.gpu.source import (MAX_HEAD_DIM, MMA_BLOCK_Q, MMA_DTYPES, flash_att
 from lessons.gpu.source import flash_attention_regtile_build, flash_attention_regtile_config
 from lessons.gpu.source import flash_attention_mma_async_build, flash_attention_mma_async_config
 from lessons.gpu.source import flash_attention_mma_fa2_build, flash_attention_mma_fa2_config
+from lessons.gpu.source import flash_attention_mma_fa2_lazy_build, flash_attention_mma_fa2_lazy_config
 from lessons.gpu.source import (flash_attention_wgmma_build, flash_attention_wgmma_config,
                                 flash_attention_wgmma_overlap_build)
 from lessons.gpu.trace_compare import GpuTrace
@@ -41,7 +42,7 @@ __all__ = ["flash_attention_gpu", "flash_attention_mma_gpu", "mma_probe_gpu", "o
            "flash_decoding_gpu",
            "SplitTraces", "BACKENDS", "MAX_TRACE_ROWS", "Runner"]
 __all__ += ["flash_attention_regtile_gpu", "flash_attention_mma_async_gpu", "paged_decode_split_gpu"]
-__all__ += ["flash_attention_mma_fa2_gpu", "open_device", "kernel_row_trace", "flash_attention_wgmma_gpu",
+__all__ += ["flash_attention_mma_fa2_gpu", "flash_attention_mma_fa2_lazy_gpu", "open_device", "kernel_row_trace", "flash_attention_wgmma_gpu",
             "flash_attention_wgmma_overlap_gpu", "flash_attention_wgmma_pingpong_gpu", "wgmma_probe_gpu"]
 
 BACKENDS = ("cupy", "emulator")
@@ -571,6 +572,53 @@ def flash_attention_mma_fa2_gpu(q, k, v, *, scale=None, causal: bool = False, bf
     run = Runner(backend, f.kind)
     _require_tensor_cores(run)
     return _launch_forward(run, build, "flash_attention_mma_fa2", f,
+                           [_aligned(run, run.put(x)) for x in (q, k, v)], block_q, block_k, rows)
+
+
+def flash_attention_mma_fa2_lazy_gpu(q, k, v, *, scale=None, causal: bool = False, bfloat16: bool = False,
+                                     trace_rows=None, backend: str = "cupy", block_q: int | None = None,
+                                     block_k: int | None = None, min_blocks: int | None = None):
+    """:func:`flash_attention_mma_fa2_gpu` with lazy rescaling and dynamic shared memory, or its CPU emulation.
+
+    The same kernel file built with ``LAZY_RESCALE`` and ``FA2_DYNAMIC_SMEM`` (entry point
+    ``flash_attention_mma_fa2_lazy``): each warp skips ``o *= alpha`` on a tile where the running max of
+    none of its 16 rows moved (alpha is then exactly 1; a row whose max did not move gets ``1.f``, not
+    ``ex2(0)``), so the output is bitwise the FA-2 rung's with the same tiles; and the two K/V stages
+    live in dynamic shared memory, so d = 128 can take 64-key tiles (64 KiB) and 128-row blocks.
+
+    Parameters
+    ----------
+    q, k, v : float16 (or bfloat16 bits with ``bfloat16=True``), shaped as for
+        :func:`flash_attention_gpu`; head dim d = 64 or 128; any Nq, Nk >= 0.
+    scale, causal, bfloat16, trace_rows, backend : as :func:`flash_attention_gpu`.
+    block_q, block_k : query rows per block (64 or 128, 16 per warp) and keys per tile (32 or 64); None:
+        the default per d, (128, 64) at d = 64 and (64, 64) at d = 128; otherwise a pair of
+        :func:`lessons.gpu.source.flash_attention_mma_fa2_lazy_configs` (the Q tile must fit in one
+        K/V stage: ``block_q <= 2 * block_k``).
+    min_blocks : blocks per SM promised to the compiler (it caps the registers per thread); None: 2
+        where that spills nothing, else 1; otherwise one that
+        :func:`lessons.gpu.source.flash_attention_mma_fa2_lazy_configs` lists with the tiles.
+
+    Returns ``(out, lse)`` or ``(out, lse, trace)`` as :func:`flash_attention_gpu`; the trace records m,
+    alpha and l per tile as the FA-2 rung's does (alpha 1 where the max did not move) and compares with
+    ``lessons.flash_attention(q, k, v, tile=block_k, block_q=block_q, return_trace=True)``.
+    Raises TypeError for float32 input or a non-integer (bools included) ``block_q``, ``block_k``,
+    ``min_blocks``; ValueError naming the argument for bad shapes, a head dim other than 64 and 128, or
+    tiles that are not a legal pair (the message lists the legal ones); RuntimeError with backend "cupy"
+    and no CUDA device, or a GPU older than compute capability 8.0.
+    Source: Dao 2023 (FlashAttention-2), Alg. 1, Sec. 3.1 and 3.3; lazy rescaling after FlashAttention-4
+    (the Blackwell forward of the flash-attention repository, 2025), which keeps a stale max until the
+    new one is larger by more than a threshold; here the threshold is 0, so no bit changes.
+    """
+    backend = _check_backend(backend)
+    f = _check_fixed_tile_forward(q, k, v, scale, causal, bfloat16, flash_attention_mma_fa2_lazy_config)
+    block_q, block_k, min_blocks = flash_attention_mma_fa2_lazy_config(f.d, block_q, block_k, min_blocks)
+    tracing = trace_rows is not None
+    rows = _check_rows(trace_rows, "trace_rows", f.n_q) if tracing else []
+    build = flash_attention_mma_fa2_lazy_build(f.d, f.dtype, tracing, block_q, block_k, min_blocks)
+    run = Runner(backend, f.kind)
+    _require_tensor_cores(run)
+    return _launch_forward(run, build, "flash_attention_mma_fa2_lazy", f,
                            [_aligned(run, run.put(x)) for x in (q, k, v)], block_q, block_k, rows)
 
 

@@ -33,6 +33,8 @@ __all__ = [
     "flash_attention_backward_mma_build",
     "FA2_CONFIGS", "flash_attention_mma_fa2_config", "flash_attention_mma_fa2_smem_bytes",
     "flash_attention_mma_fa2_build", "fa2_swizzle",
+    "FA2_LAZY_CONFIGS", "FA2_LAZY_SWEEP", "flash_attention_mma_fa2_lazy_configs", "flash_attention_mma_fa2_lazy_config",
+    "flash_attention_mma_fa2_lazy_build", "KERNEL_FILES", "kernel_file",
     "WGMMA_CONFIGS", "WGMMA_ARCH", "flash_attention_wgmma_config", "flash_attention_wgmma_smem_bytes",
     "flash_attention_wgmma_build", "wgmma_swizzle", "WGMMA_KERNELS", "WGMMA_OVERLAP_STAGES",
     "flash_attention_wgmma_overlap_build",
@@ -42,7 +44,8 @@ __all__ = [
 
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 
-#: kernel file -> the ``extern "C"`` entry points it defines
+#: kernel -> the ``extern "C"`` entry points it defines; a kernel is a file of ``KERNEL_DIR`` (``<kernel>.cu``),
+#: or another build of one (:data:`KERNEL_FILES`)
 KERNELS = {
     "online_softmax": ("online_softmax",),
     "flash_attention": ("flash_attention_forward",),
@@ -50,6 +53,7 @@ KERNELS = {
     "flash_attention_regtile": ("flash_attention_regtile",),
     "flash_attention_mma_async": ("flash_attention_mma_async",),
     "flash_attention_mma_fa2": ("flash_attention_mma_fa2",),
+    "flash_attention_mma_fa2_lazy": ("flash_attention_mma_fa2_lazy",),
     "flash_attention_wgmma": ("flash_attention_wgmma", "wgmma_probe"),
     "flash_attention_wgmma_overlap": ("flash_attention_wgmma_overlap", "flash_attention_wgmma_pingpong"),
     "paged_decode": ("paged_decode", "paged_decode_split", "merge_splits"),
@@ -58,6 +62,11 @@ KERNELS = {
                                  "flash_attention_backward_dq"),
     "flash_attention_backward_mma": ("flash_attention_backward_mma_dkdv", "flash_attention_backward_mma_dq"),
 }
+
+#: kernel -> the file it is compiled from, where that is not ``<kernel>.cu``: the lazy-rescaling rung is
+#: ``flash_attention_mma_fa2.cu`` with ``LAZY_RESCALE`` and ``FA2_DYNAMIC_SMEM`` set (its entry point is
+#: then named ``flash_attention_mma_fa2_lazy``)
+KERNEL_FILES = {"flash_attention_mma_fa2_lazy": "flash_attention_mma_fa2"}
 
 #: storage dtype name -> value of the FA_DTYPE define (arithmetic is always float32)
 DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2}
@@ -84,9 +93,15 @@ def kernel_source(kernel: str) -> str:
 
     Returns a str. Raises ValueError for an unknown kernel name.
     """
+    return _inline(kernel_file(kernel), seen=frozenset())
+
+
+def kernel_file(kernel: str) -> str:
+    """The name of the ``.cu`` file in ``KERNEL_DIR`` that ``kernel`` (a key of :data:`KERNELS`) is compiled
+    from: ``<kernel>.cu``, or the file :data:`KERNEL_FILES` names. ValueError for an unknown kernel name."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {sorted(KERNELS)}, got {kernel!r}")
-    return _inline(f"{kernel}.cu", seen=frozenset())
+    return f"{KERNEL_FILES.get(kernel, kernel)}.cu"
 
 
 def _inline(name: str, seen: frozenset) -> str:
@@ -348,6 +363,94 @@ def flash_attention_mma_fa2_build(head_dim: int, dtype: str = "float16", trace: 
     bq, bk, min_blocks = flash_attention_mma_fa2_config(head_dim)
     return KernelBuild.make("flash_attention_mma_fa2", dtype, trace, HEAD_DIM=head_dim, BLOCK_Q=bq, BLOCK_K=bk,
                             MIN_BLOCKS=min_blocks)
+
+
+# ---------------------------------------------------------------------------
+# the same kernel with lazy rescaling and dynamic shared memory (flash_attention_mma_fa2_lazy)
+# ---------------------------------------------------------------------------
+
+#: head dim -> default (block_q, block_k, min_blocks) of ``flash_attention_mma_fa2_lazy``: at d = 64 the
+#: FA-2 rung's; at d = 128 64-key tiles (64 KiB of shared memory in two stages: dynamic) instead of 32
+FA2_LAZY_CONFIGS = {64: (128, 64, 2), 128: (64, 64, 2)}
+#: head dim -> every (block_q, block_k, min_blocks) the lazy rung takes (the tuning sweep). The tiles: 64 or
+#: 128 query rows (4 or 8 warps), 32 or 64 keys, the Q tile within one K/V stage (block_q <= 2 block_k).
+#: min_blocks caps the registers at 65536 / (threads x min_blocks) (255 at most); listed are the values
+#: for which NVRTC 12.9 (sm_80 and sm_90, float16 and bfloat16) spills nothing, one per register cap that
+#: changes the code: 1 and 2 are the same cap for 4-warp blocks (2 listed), and 3 changes nothing for
+#: 4-warp blocks at d = 64 (they use fewer than 168 registers). Registers: d = 64: (64, 32) 134-138 at
+#: 2 and 122-128 at 4, (64, 64) 138-146, (128, 64) 137-148 at 1 and 128 at 2; d = 128: (64, 32) 218-224,
+#: (64, 64) 226-231, (128, 64) 210-212 (each spills at the next min_blocks up)
+FA2_LAZY_SWEEP = {
+    64: ((64, 32, 2), (64, 32, 4), (64, 64, 2), (128, 64, 1), (128, 64, 2)),
+    128: ((64, 32, 2), (64, 64, 2), (128, 64, 1)),
+}
+
+
+def _lazy_head_dim(head_dim) -> int:
+    d = check_int(head_dim, "head_dim")
+    if d not in FA2_LAZY_SWEEP:
+        raise ValueError(f"head_dim must be one of {sorted(FA2_LAZY_SWEEP)} for the lazy-rescaling tensor-core "
+                         f"kernel, got {d}; flash_attention_mma_async_gpu takes any multiple of 16")
+    return d
+
+
+def flash_attention_mma_fa2_lazy_configs(head_dim: int) -> list[tuple[int, int, int]]:
+    """Every ``(block_q, block_k, min_blocks)`` the lazy-rescaling rung takes at ``head_dim`` (64 or 128), in
+    :data:`FA2_LAZY_SWEEP`'s order: what a tuning sweep times. TypeError for a non-integer ``head_dim``
+    (bools included), ValueError naming it for another head dim."""
+    return list(FA2_LAZY_SWEEP[_lazy_head_dim(head_dim)])
+
+
+def flash_attention_mma_fa2_lazy_config(head_dim: int, block_q: int | None = None, block_k: int | None = None,
+                                        min_blocks: int | None = None) -> tuple[int, int, int]:
+    """``(block_q, block_k, min_blocks)`` of the lazy-rescaling rung at ``head_dim`` (64 or 128).
+
+    All None: :data:`FA2_LAZY_CONFIGS` (d = 64: (128, 64, 2); d = 128: (64, 64, 2)). ``block_q`` (64 or
+    128) and ``block_k`` (32 or 64) must be a pair of :func:`flash_attention_mma_fa2_lazy_configs`; one of
+    them None takes the default's value where that makes a legal pair, else the first legal pair with the other.
+    ``min_blocks`` None: the pair's largest legal value up to 2 (2 blocks per SM, as the FA-2 rung), else
+    one listed for that pair. Raises TypeError for a non-integer (bools included), ValueError naming the
+    argument and listing what it may be otherwise."""
+    d = _lazy_head_dim(head_dim)
+    legal = FA2_LAZY_SWEEP[d]
+    pairs = list(dict.fromkeys((bq, bk) for bq, bk, _ in legal))
+    if block_q is not None:
+        block_q = check_int(block_q, "block_q")
+        if block_q not in {bq for bq, _ in pairs}:
+            raise ValueError(f"block_q must be one of {sorted({bq for bq, _ in pairs})} (query rows per block, "
+                             f"16 per warp), got {block_q}")
+    if block_k is not None:
+        block_k = check_int(block_k, "block_k")
+        if block_k not in {bk for _, bk in pairs}:
+            raise ValueError(f"block_k must be one of {sorted({bk for _, bk in pairs})} (keys per tile), got {block_k}")
+    default = FA2_LAZY_CONFIGS[d][:2]
+    matching = [p for p in pairs if block_q in (None, p[0]) and block_k in (None, p[1])]
+    if not matching:
+        raise ValueError(f"block_q={block_q}, block_k={block_k} is not a legal pair at head_dim={d} (the Q tile "
+                         f"must fit in one K/V stage: block_q <= 2 * block_k); legal (block_q, block_k): {pairs}")
+    bq, bk = default if default in matching else matching[0]
+    counts = [mb for q_, k_, mb in legal if (q_, k_) == (bq, bk)]
+    if min_blocks is None:
+        return bq, bk, max(mb for mb in counts if mb <= 2)
+    min_blocks = check_int(min_blocks, "min_blocks")
+    if min_blocks not in counts:
+        raise ValueError(f"min_blocks must be one of {counts} for block_q={bq}, block_k={bk} at head_dim={d} "
+                         f"(the values for which nothing spills), got {min_blocks}")
+    return bq, bk, min_blocks
+
+
+def flash_attention_mma_fa2_lazy_build(head_dim: int, dtype: str = "float16", trace: bool = False,
+                                       block_q: int | None = None, block_k: int | None = None,
+                                       min_blocks: int | None = None) -> "KernelBuild":
+    """The :class:`KernelBuild` of the lazy-rescaling rung: ``flash_attention_mma_fa2.cu`` with
+    ``LAZY_RESCALE=1`` and ``FA2_DYNAMIC_SMEM=1`` (entry point ``flash_attention_mma_fa2_lazy``), float16 or
+    bfloat16, tiles from :func:`flash_attention_mma_fa2_lazy_config`. Its two K/V stages are dynamic
+    shared memory (:attr:`KernelBuild.dynamic_smem_bytes`, ``8 * block_k * head_dim`` bytes)."""
+    if dtype not in MMA_DTYPES:
+        raise ValueError(f"the tensor-core kernel takes dtype float16 or bfloat16, got {dtype!r}")
+    bq, bk, mb = flash_attention_mma_fa2_lazy_config(head_dim, block_q, block_k, min_blocks)
+    return KernelBuild.make("flash_attention_mma_fa2_lazy", dtype, trace, HEAD_DIM=head_dim, BLOCK_Q=bq, BLOCK_K=bk,
+                            MIN_BLOCKS=mb, LAZY_RESCALE=1, FA2_DYNAMIC_SMEM=1)
 
 
 # ---------------------------------------------------------------------------
@@ -815,7 +918,7 @@ class KernelBuild:
             return 2 * flash_attention_mma_smem_bytes(d["HEAD_DIM"], d["BLOCK_K"])
         if self.kernel == "flash_attention_mma_fa2":
             return flash_attention_mma_fa2_smem_bytes(d["HEAD_DIM"], d["BLOCK_K"])
-        if self.kernel in WGMMA_KERNELS:
+        if self.kernel in WGMMA_KERNELS or self.kernel == "flash_attention_mma_fa2_lazy":
             return 0                                         # (all of it dynamic: dynamic_smem_bytes)
         if self.kernel == "flash_attention_regtile":
             return flash_attention_regtile_smem_bytes(d["HEAD_DIM"], d["BLOCK_Q"], d["BLOCK_K"])
@@ -845,6 +948,9 @@ class KernelBuild:
         if self.kernel in WGMMA_KERNELS:
             d = dict(self.defines)
             return flash_attention_wgmma_smem_bytes(d["HEAD_DIM"], d["BLOCK_K"], d.get("STAGES", WGMMA_STAGES))
+        if self.kernel == "flash_attention_mma_fa2_lazy":
+            d = dict(self.defines)
+            return flash_attention_mma_fa2_smem_bytes(d["HEAD_DIM"], d["BLOCK_K"])
         return 0
 
     @property
@@ -856,7 +962,7 @@ class KernelBuild:
     def threads_per_block(self) -> int:
         if self.kernel in WGMMA_KERNELS:
             return WGMMA_THREADS
-        if self.kernel == "flash_attention_mma_fa2":         # one warp per 16 query rows
+        if self.kernel in ("flash_attention_mma_fa2", "flash_attention_mma_fa2_lazy"):   # one warp per 16 query rows
             return 32 * (dict(self.defines)["BLOCK_Q"] // 16)
         return dict(self.defines).get("TILE", 256) if self.kernel == "online_softmax" else NUM_THREADS
 
@@ -890,12 +996,13 @@ def online_softmax_build(tile: int = 256, dtype: str = "float32", trace: bool = 
 
 
 def default_builds(head_dim: int = 128, dtype: str = "float16", trace: bool = False) -> list[KernelBuild]:
-    """One representative build per kernel file: online softmax (tile 256), flash attention
+    """One representative build per kernel (but the Hopper rungs'): online softmax (tile 256), flash attention
     (``head_dim``), its tensor-core variant (16-bit dtypes and head dims that are multiples of
     16 only), paged decode and the split decode (``head_dim``, block_size 16, 32 query heads on 8 kv
     heads; the split decode has no trace build), the
     backward (head dims up to 128), the register-tiled forward (float32, head dims a multiple of 4),
-    the FlashAttention-2-style tensor-core forward (16-bit dtypes, head dims 64 and 128) and the
+    the FlashAttention-2-style tensor-core forward and its lazy-rescaling build (16-bit dtypes, head
+    dims 64 and 128, each its default tiles) and the
     tensor-core backward (16-bit dtypes, head dims 64 and 128, no trace build)."""
     builds = [online_softmax_build(256, dtype, trace), flash_attention_build(head_dim, dtype, trace)]
     if dtype in MMA_DTYPES and head_dim % 16 == 0:
@@ -911,6 +1018,8 @@ def default_builds(head_dim: int = 128, dtype: str = "float16", trace: bool = Fa
         builds.append(flash_attention_regtile_build(head_dim, "float32", trace))
     if dtype in MMA_DTYPES and head_dim in FA2_CONFIGS:
         builds.append(flash_attention_mma_fa2_build(head_dim, dtype, trace))
+    if dtype in MMA_DTYPES and head_dim in FA2_LAZY_CONFIGS:
+        builds.append(flash_attention_mma_fa2_lazy_build(head_dim, dtype, trace))
     if dtype in MMA_DTYPES and head_dim in BACKWARD_MMA_HEAD_DIMS and not trace:    # (it has no trace build)
         builds.append(flash_attention_backward_mma_build(head_dim, dtype))
     return builds
@@ -934,7 +1043,7 @@ def kernel_signature(kernel: str, entry: str) -> tuple:
     text = kernel_source(kernel)
     m = re.search(_SIGNATURE.format(name=re.escape(entry)), text)
     if m is None:
-        raise ValueError(f"entry point {entry!r} not found in {kernel}.cu")
+        raise ValueError(f"entry point {entry!r} not found in {kernel_file(kernel)}")
     params = []
     for raw in m.group(1).split(","):
         words = raw.replace("*", " * ").split()

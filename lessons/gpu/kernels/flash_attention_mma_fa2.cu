@@ -36,6 +36,31 @@
 // registers x 256 threads, 32768 bytes of shared memory: 2 blocks (16 warps) per SM; d = 128:
 // 202-208 registers x 128 threads, 32768 bytes: 2 blocks (8 warps) per SM.
 //
+// Two compile-time switches (both 0 by default, which is the kernel above, as measured) make the
+// next rung, flash_attention_mma_fa2_lazy (the entry point is called so when LAZY_RESCALE is 1):
+//
+//   * LAZY_RESCALE: rescale o only when the running max moves. alpha = 2^(m_old - m_new) is
+//     exactly 1 for a row whose max did not move, and once the max has settled (after the first
+//     few tiles of a long row) most tiles move no row's max. So each warp votes (__any_sync) on
+//     whether any of its 16 rows moved, and skips the o[n][i] *= alpha loop when none did
+//     (4 * O_TILES multiplies per thread per tile, 64 at d = 128). A row that did not move gets
+//     alpha = 1.f written, not ex2(0), so that when another row of the warp moved, multiplying
+//     its o by alpha leaves it bitwise as it was; a row that still sees nothing (m = -inf before
+//     and after) counts as not moved and keeps alpha = 2^-inf = 0, as the plain kernel and NumPy
+//     have it (its l and o are 0 either way). The output is bitwise the plain kernel's for the
+//     same tiles. FlashAttention-4 goes further: it keeps a stale max until the new one is larger
+//     by more than a threshold (still exact in exact arithmetic, as o and l share the stale max,
+//     but no longer bitwise the eager kernel's); a threshold of 0, as here, changes no bit.
+//   * FA2_DYNAMIC_SMEM: the two K/V stages in dynamic shared memory (asked for at launch), so
+//     that d = 128 can take 64-key tiles (2 stages x (K + V) x 64 keys x 128 x 2 bytes = 64 KiB,
+//     over the 48 KiB a block may declare statically) and 128-row query blocks. On the CPU
+//     emulator the stages stay a static array of the same size, declared here in the entry point.
+//   Compile report of the lazy rung (NVRTC 12.9, float16 and bfloat16, sm_80 / sm_90, no spills):
+//   d = 64, 128 x 64 tiles: 128 registers x 256 threads, 32768 bytes (dynamic); d = 128, 64 x 64
+//   tiles: 226 / 231 registers x 128 threads, 65536 bytes: 2 blocks per SM either way. The lazy
+//   rescale costs registers at d = 128 (64 x 32 tiles: 218-224 against 202-208 without it). The other
+//   legal tiles: lessons.gpu.source.FA2_LAZY_SWEEP.
+//
 // NaN rule and empty rows exactly as flash_attention_mma_async.cu: inf/NaN in V reach only
 // the rows that give that key p > 0 (step 7), a row that sees nothing gives 0 and lse -inf.
 //
@@ -44,7 +69,8 @@
 //
 // Launch: grid = (ceil(n_q / BLOCK_Q), batch * heads), block = BLOCK_Q / 16 warps.
 // Defines: HEAD_DIM (64 or 128), BLOCK_Q (64 or 128), BLOCK_K (32 or 64), MIN_BLOCKS (blocks per
-// SM promised to ptxas), FA_DTYPE 1 or 2, FA_TRACE. sm_80+.
+// SM promised to ptxas), FA_DTYPE 1 or 2, FA_TRACE, LAZY_RESCALE and FA2_DYNAMIC_SMEM (0 or 1; with
+// FA2_DYNAMIC_SMEM a launch asks for 8 * BLOCK_K * HEAD_DIM bytes of dynamic shared memory). sm_80+.
 #include "common.cuh"
 // the plumbing of the tensor cores: pack2f, pack_float2, fast_exp2, non_finite, chunk_non_finite, finite_part,
 // mma_16x8x16, saddr / sadd (32-bit shared-memory addresses), cp_async16 / cp_async_commit / cp_async_wait,
@@ -63,6 +89,12 @@
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 2
 #endif
+#ifndef LAZY_RESCALE
+#define LAZY_RESCALE 0
+#endif
+#ifndef FA2_DYNAMIC_SMEM
+#define FA2_DYNAMIC_SMEM 0
+#endif
 #define NUM_WARPS (BLOCK_Q / 16)
 #define NUM_THREADS (NUM_WARPS * 32)
 #define CHUNKS (HEAD_DIM / 8)           // 16-byte chunks per row of Q, K, V
@@ -77,6 +109,8 @@ static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "HEAD_DIM must be 64 or 128");
 static_assert(BLOCK_Q == 64 || BLOCK_Q == 128, "BLOCK_Q must be 64 or 128");
 static_assert(BLOCK_K == 32 || BLOCK_K == 64, "BLOCK_K must be 32 or 64");
 static_assert(BLOCK_Q * HEAD_DIM <= STAGE_ELEMS, "the Q tile must fit in one K/V stage");
+static_assert(FA2_DYNAMIC_SMEM || 2 * STAGE_ELEMS * 2 <= 48 * 1024,
+              "two stages over 48 KiB need dynamic shared memory (FA2_DYNAMIC_SMEM=1)");
 
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
@@ -108,14 +142,28 @@ __device__ __forceinline__ void copy_rows(scalar_t* dst, saddr_t dst_s, const sc
 // each 16-byte aligned. out: like q; lse: (batch*heads, n_q) float32.
 // causal != 0: query i sees key j iff j <= i + n_k - n_q (bottom-right aligned).
 // Trace: trace_rows (n_trace_rows,) query rows; trace (batch*heads, n_trace_rows, trace_tiles, 3).
+// (One body, two names: the entry point is flash_attention_mma_fa2_lazy when LAZY_RESCALE is 1.)
+#if LAZY_RESCALE
+extern "C" __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS)
+flash_attention_mma_fa2_lazy(const scalar_t* __restrict__ q, const scalar_t* __restrict__ k,
+                             const scalar_t* __restrict__ v, scalar_t* __restrict__ out,
+                             float* __restrict__ lse, int n_q, int n_k, float scale, int causal,
+                             const int* __restrict__ trace_rows, int n_trace_rows, int trace_tiles,
+                             float* __restrict__ trace) {
+#else
 extern "C" __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS)
 flash_attention_mma_fa2(const scalar_t* __restrict__ q, const scalar_t* __restrict__ k,
                         const scalar_t* __restrict__ v, scalar_t* __restrict__ out,
                         float* __restrict__ lse, int n_q, int n_k, float scale, int causal,
                         const int* __restrict__ trace_rows, int n_trace_rows, int trace_tiles,
                         float* __restrict__ trace) {
+#endif
     // two stages of [K tile | V tile], swizzled; stage 1 first holds the Q tile
+#if FA2_DYNAMIC_SMEM && !defined(FA_CPU_EMULATION)
+    extern __shared__ __align__(128) scalar_t smem[];             // 2 * STAGE_ELEMS, asked for at launch
+#else
     __shared__ __align__(128) scalar_t smem[2 * STAGE_ELEMS];
+#endif
 
     const int tid = threadIdx.x;
     const int warp = tid / 32, lane = tid % 32;
@@ -240,11 +288,26 @@ flash_attention_mma_fa2(const scalar_t* __restrict__ q, const scalar_t* __restri
         //    each p is rounded to 16 bits as soon as it is made: p16[n][h] holds keys 8n + 2t,
         //    8n + 2t + 1 of row (row_g + 8 * h), the registers of the A fragment of P V (half of s's)
         float alpha[2], m_safe[2], row_sum[2] = {0.f, 0.f};
+#if LAZY_RESCALE
+        bool moved = false;                          // did the max of row g or g + 8 move up?
+#endif
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const float m_new = fmaxf(m2[h], group_max<4>(tile_max[h]));
             m_safe[h] = safe_max(m_new);
+#if LAZY_RESCALE
+            // m_new >= m2 and neither is NaN (fmaxf drops NaN scores), so m_new != m2 means the max
+            // moved up. A row whose max did not move gets alpha = 1.f, not ex2(0); one that still sees
+            // nothing (-inf before and after) is no move either and keeps 2^(-inf - 0) = 0, as NumPy
+            // has it (its l and o are 0). ex2 is computed either way: written as "up ? ex2 : 1",
+            // NVVM branches around it, and ptxas then spills at d = 64 with 128-row blocks.
+            const bool up = m_new != m2[h];
+            const float a = fast_exp2(m2[h] - m_safe[h]);
+            alpha[h] = up || m2[h] == NEG_INF ? a : 1.f;
+            moved |= up;
+#else
             alpha[h] = fast_exp2(m2[h] - m_safe[h]);
+#endif
             m2[h] = m_new;
         }
         unsigned p16[S_TILES][2];
@@ -259,10 +322,17 @@ flash_attention_mma_fa2(const scalar_t* __restrict__ q, const scalar_t* __restri
             }
 #pragma unroll
         for (int h = 0; h < 2; ++h) l[h] = alpha[h] * l[h] + group_sum<4>(row_sum[h]);
+#if LAZY_RESCALE
+        const bool rescale = __any_sync(0xffffffffu, moved);    // one answer per warp: no divergence
+#else
+        const bool rescale = true;
+#endif
+        if (rescale) {
 #pragma unroll
-        for (int n = 0; n < O_TILES; ++n)
+            for (int n = 0; n < O_TILES; ++n)
 #pragma unroll
-            for (int i = 0; i < 4; ++i) o[n][i] *= alpha[i / 2];
+                for (int i = 0; i < 4; ++i) o[n][i] *= alpha[i / 2];
+        }
 
         // (for step 7, only when V held inf or NaN: bit 2n + e of p_zero_bits[h] is set when
         //  key 8n + 2t + e of row (row_g + 8 * h) has p = 0 as rounded for the mma)
