@@ -20,7 +20,8 @@
 #      the forward (naive CuPy vs every rung vs torch SDPA), the backward, the decode kernels'
 #      K/V read rate                                                  -> benchmark/, backward/, decode/
 #      then every legal tile configuration of the lazy-rescaling FA-2 rung at N = 8192, d = 64 and
-#      128 (scripts/tune_fa2.py, 120 s at most), beside the FA-2 rung    -> fa2_configs/
+#      128 (scripts/tune_tiles.py, 120 s at most), beside the FA-2 rung  -> fa2_configs/
+#      and the register-tiled rung's tiles beside naive CuPy (90 s)      -> regtile_configs/
 #   4. the GPU cases of every kernel test (tests/test_gpu_*.py), once per entry of
 #      GPU_CHECK_PASSES (worker counts, 0 = one process; default "8": 8 processes at once with
 #      pytest-xdist; "0 8 0 8" runs serially and with -n 8, twice each) -> pytest_<i>_n<W>.txt/.xml
@@ -153,15 +154,21 @@ bench "benchmark forward" benchmarks/gpu_attention.py benchmark --sizes "${SIZES
 bench "benchmark backward" benchmarks/gpu_backward.py backward --sizes "${SIZES[@]}" --time-budget 90
 bench "benchmark decode" benchmarks/gpu_decode.py decode
 
-# ---- the lazy FA-2 rung's tile configurations, timed one after another --------------------------
+# ---- the tile configurations of the lazy FA-2 rung and the register-tiled rung, timed one after another
 # (on the dry run: each configuration once at a tiny N on the emulator, against NumPy)
 if [ $DRY -eq 1 ]; then TUNE=(--emulator); else TUNE=(); fi
-mkdir -p "$RESULTS/fa2_configs"
-if timeout 120 "$PY" scripts/tune_fa2.py --out "$RESULTS/fa2_configs" "${TUNE[@]}" > "$RESULTS/fa2_configs/log.txt" 2>&1; then
-    step "tune fa2 configs" ok "fa2_configs/ ($(tail -n 1 "$RESULTS/fa2_configs/log.txt" | cut -c1-60))"
-else
-    step "tune fa2 configs" FAIL "exit $? (fa2_configs/log.txt)"
-fi
+tune() {  # tune RUNG DIR SECONDS
+    local rung="$1" dir="$2" limit="$3"
+    mkdir -p "$RESULTS/$dir"
+    if timeout "$limit" "$PY" scripts/tune_tiles.py --rung "$rung" --out "$RESULTS/$dir" "${TUNE[@]}" \
+            > "$RESULTS/$dir/log.txt" 2>&1; then
+        step "tune $rung tiles" ok "$dir/ ($(tail -n 1 "$RESULTS/$dir/log.txt" | cut -c1-60))"
+    else
+        step "tune $rung tiles" FAIL "exit $? ($dir/log.txt)"
+    fi
+}
+tune mma_fa2_lazy fa2_configs 120
+tune regtile regtile_configs 90
 
 # ---- tests on the device ----------------------------------------------------------
 # several processes at once, as a busy machine compiles: NVRTC's compile cache, the emulator's

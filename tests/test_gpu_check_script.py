@@ -3,7 +3,7 @@
 ``--dry-run`` runs every step of the script with the kernels on the CPU emulator: the
 environment report, the compile report, a few kernel tests, each kernel's sanitizer
 driver (without compute-sanitizer), the benchmark (which says there is no device) and the
-FA-2 tuning sweep (each configuration once on the emulator).
+tuning sweeps of the lazy FA-2 and register-tiled rungs (each configuration once on the emulator).
 What it cannot check is the GPU itself; the plumbing (steps, files, summary, exit
 status, the list of kernels against the drivers) it can.
 """
@@ -24,7 +24,7 @@ SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 _spec = importlib.util.spec_from_file_location("sanitize", ROOT / "scripts" / "sanitize.py")
 sanitize = importlib.util.module_from_spec(_spec)     # a developer tool, not part of the package
 _spec.loader.exec_module(sanitize)
-_spec = importlib.util.spec_from_file_location("tune_fa2", ROOT / "scripts" / "tune_fa2.py")
+_spec = importlib.util.spec_from_file_location("tune_tiles", ROOT / "scripts" / "tune_tiles.py")
 tune = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(tune)
 
@@ -49,7 +49,7 @@ def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
     decode = steps.pop("benchmark decode")                              # present once its script is in the tree
     assert decode == ("ok" if (ROOT / "benchmarks" / "gpu_decode.py").exists() else "skip")
     expected = {"compile report", "pytest pass 1 (-n 2)", "benchmark forward", "benchmark backward", "total",
-                "tune fa2 configs"}
+                "tune mma_fa2_lazy tiles", "tune regtile tiles"}
     expected |= {f"hopper smoke {rung}" for rung in ("wgmma", "wgmma_overlap", "wgmma_pingpong")}
     expected |= {f"ncu {rung}" for rung in ("mma_fa2", "mma_fa2_lazy", "wgmma", "wgmma_overlap", "wgmma_pingpong",
                                            "paged_decode_split")}
@@ -69,6 +69,9 @@ def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
     assert [(r["impl"], int(r["d"]), int(r["block_q"]), int(r["block_k"]), int(r["min_blocks"])) for r in rows] == \
         [(impl, d, *c) for impl, d, c in tune.runs([64, 128])]
     assert all(r["note"] == "emulator: not timed" for r in rows) and (tmp_path / "fa2_configs" / "fa2_configs.md").is_file()
+    with open(tmp_path / "regtile_configs" / "regtile_configs.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["impl"], int(r["d"])) for r in rows] == [(impl, d) for impl, d, _ in tune.runs([64, 128], "regtile")]
     for folder in ("benchmark", "backward"):
         assert "GPU benchmark not run" in (tmp_path / folder / "log.txt").read_text()
     for kernel in sanitize.KERNELS:
@@ -159,7 +162,25 @@ def test_the_tuning_sweep_takes_every_legal_configuration_and_the_fa2_rung():
     rows = [dict(impl=tune.LAZY, d=64, default=True, seconds=2.0), dict(impl=tune.LAZY, d=64, default=False, seconds=1.0),
             dict(impl=tune.PLAIN, d=64, default=False, seconds=4.0),
             dict(impl=tune.LAZY, d=128, default=False, seconds=1.0)]
-    assert [r["x_default"] for r in tune.add_ratios(rows)] == [1.0, 2.0, 0.5, None]
+    tune.add_ratios(rows)
+    assert [r["x_default"] for r in rows] == [1.0, 2.0, 0.5, None]
+    assert [r["x_reference"] for r in rows] == [2.0, 4.0, 1.0, None]          # the FA-2 rung's seconds over the row's
+
+
+def test_the_regtile_sweep_takes_its_default_first_then_the_others_then_naive():
+    from lessons.gpu.source import REGTILE_SWEEP, flash_attention_regtile_config
+
+    order = tune.runs([64, 128], "regtile")
+    for d in (64, 128):
+        mine = [c for impl, dd, c in order if dd == d and impl == tune.REGTILE]
+        assert mine[0] == (*flash_attention_regtile_config(d), None)                      # the default first
+        assert {c[:2] for c in mine} == set(REGTILE_SWEEP[d]) | {flash_attention_regtile_config(d)}
+        assert len(mine) == len(set(mine))
+        assert order[[i for i, (_, dd, _) in enumerate(order) if dd == d][-1]] == (tune.NAIVE, d, (None, None, None))
+    # naive CuPy as the reference: the rung's target is a multiple of its speed
+    rows = [dict(impl=tune.REGTILE, d=64, default=True, seconds=5.0), dict(impl=tune.NAIVE, d=64, default=False,
+                                                                           seconds=15.0)]
+    assert [r["x_reference"] for r in tune.add_ratios(rows)] == [3.0, 1.0]
 
 
 @pytest.mark.skipif(gpu.device_available(), reason="checks what happens without a device")
@@ -178,3 +199,15 @@ def test_the_tuning_sweep_runs_on_the_emulator(tmp_path):
     same_bk = [r for r in rows if r["impl"] == tune.LAZY and r["block_k"] == "64"]
     assert len(same_bk) == 2 and all(float(r["max_abs_diff"]) == 0.0 for r in same_bk)
     assert "lazy-rescaling FA-2 rung" in (tmp_path / "fa2_configs.md").read_text()
+
+
+def test_the_regtile_sweep_runs_on_the_emulator_with_tiles_over_48_kib(tmp_path):
+    assert tune.main(["--rung", "regtile", "--emulator", "--out", str(tmp_path), "--n", "70", "--head-dims", "128"]) == 0
+    with open(tmp_path / "regtile_configs.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == list(tune.COLUMNS) and len(rows) == len(tune.runs([128], "regtile"))
+    assert rows[0]["default"] == "True" and float(rows[0]["max_abs_diff"]) == 0.0 and rows[-1]["impl"] == "naive"
+    assert all(r["note"] == "emulator: not timed" for r in rows)       # (and each matched NumPy, else exit 1)
+    big = [r for r in rows if r["block_q"] == "64" and r["block_k"] == "64"]       # 85 KiB: dynamic shared memory
+    assert len(big) == 1 and float(big[0]["max_abs_diff"]) < 1e-5
+    assert "register-tiled CUDA-core rung" in (tmp_path / "regtile_configs.md").read_text()

@@ -189,6 +189,47 @@ def test_register_tiled_kernel_compiles_without_spills(arch, d):
         assert res.registers <= 128
 
 
+@needs_nvrtc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_register_tiled_sweep_tiles_compile_without_spills_and_say_where_their_memory_is(arch, d):
+    """The tuning sweep's tiles (scripts/tune_tiles.py --rung regtile): those over 48 KiB are built with their
+    shared memory dynamic, the rest exactly as the rung's default build (no define added)."""
+    smem = gpu.source.flash_attention_regtile_smem_bytes
+    for bq, bk in gpu.source.REGTILE_SWEEP[d]:
+        build = gpu.flash_attention_regtile_build(d, "float32", False, bq, bk)
+        res = gpu.compile_kernel(build, arch).resources["flash_attention_regtile"]
+        assert res.spill_store_bytes == 0 and res.spill_load_bytes == 0 and res.stack_bytes == 0, (bq, bk)
+        dynamic = smem(d, bq, bk) > 48 * 1024
+        assert ("REGTILE_DYNAMIC_SMEM", 1) in build.defines if dynamic else len(build.defines) == 3
+        assert (res.smem_bytes, build.dynamic_smem_bytes) == ((0, smem(d, bq, bk)) if dynamic else (smem(d, bq, bk), 0))
+
+
+@pytest.mark.parametrize("d, block_q, block_k", [(64, 64, 64), (128, 64, 32), (128, 64, 64)])
+def test_register_tiled_kernel_with_dynamic_shared_memory_matches_the_reference(backend, d, block_q, block_k):
+    assert gpu.source.flash_attention_regtile_smem_bytes(d, block_q, block_k) > 48 * 1024     # (what is tested)
+    rng = np.random.default_rng(d + block_k)
+    q = rng.standard_normal((1, 2, 100, d)).astype(np.float32)
+    k, v = (rng.standard_normal((1, 2, 150, d)).astype(np.float32) for _ in range(2))
+    for causal in (False, True):
+        out, lse = gpu.flash_attention_regtile_gpu(q, k, v, causal=causal, block_q=block_q, block_k=block_k,
+                                                   backend=backend)
+        assert out.shape == q.shape and lse.shape == q.shape[:-1]
+        assert_close(out, lse, q, k, v, causal)
+        # the same tiles in static shared memory where they fit: the same arithmetic, the same bits
+        if gpu.source.flash_attention_regtile_smem_bytes(d, 32, block_k) <= 48 * 1024:
+            small = gpu.flash_attention_regtile_gpu(q, k, v, causal=causal, block_q=32, block_k=block_k,
+                                                    backend=backend)
+            assert small[0].tobytes() == out.tobytes() and small[1].tobytes() == lse.tobytes()
+
+
+def test_register_tiled_tiles_past_99_kib_are_refused_by_name():
+    with pytest.raises(ValueError, match=r"block_q=64, block_k=64 with head_dim=256 need \d+ bytes of shared memory, "
+                                         r"more than the 101376"):
+        gpu.flash_attention_regtile_config(256, 64, 64)
+    assert gpu.flash_attention_regtile_config(128, 64, 64) == (64, 64)          # 85 KiB: taken, dynamic
+
+
 # ---------------------------------------------------------------------------
 # the registry and the recorded figures
 # ---------------------------------------------------------------------------

@@ -141,7 +141,7 @@ RUNGS = (
          "Compile report (NVRTC 12.9, sm_80 / sm_90, no spills): d = 64: 128 registers x 256 threads, 32 768 bytes "
          "of dynamic shared memory, 2 blocks per SM (as mma_fa2); d = 128: 226 / 231 registers x 128 threads "
          "(mma_fa2 at 64 x 32: 204 / 208), 65 536 bytes, 2 blocks per SM. Output bitwise the mma_fa2 rung's with "
-         "the same tiles. The other tiles (scripts/tune_fa2.py times them all) are in "
+         "the same tiles. The other tiles (scripts/tune_tiles.py times them all) are in "
          "lessons.gpu.source.FA2_LAZY_SWEEP; aim: >= 0.5x SDPA",
          "vote.sync.any.pred", "not yet run on a GPU: built and checked on the CPU emulator only"),
     Rung("wgmma", "Hopper: TMA + wgmma", None, "flash_attention_wgmma",

@@ -27,7 +27,7 @@ __all__ = [
     "paged_decode_config", "paged_decode_smem_bytes", "online_softmax_smem_bytes", "default_builds",
     "MAX_BACKWARD_HEAD_DIM", "flash_attention_backward_config", "flash_attention_backward_smem_bytes",
     "flash_attention_backward_build",
-    "REGTILE_TILES", "flash_attention_regtile_config", "flash_attention_regtile_smem_bytes",
+    "REGTILE_TILES", "REGTILE_DYNAMIC_LIMIT", "REGTILE_SWEEP", "flash_attention_regtile_config", "flash_attention_regtile_smem_bytes",
     "flash_attention_regtile_build", "flash_attention_mma_async_config", "flash_attention_mma_async_build",
     "BACKWARD_MMA_HEAD_DIMS", "flash_attention_backward_mma_config", "flash_attention_backward_mma_smem_bytes",
     "flash_attention_backward_mma_build",
@@ -232,6 +232,14 @@ def flash_attention_mma_build(head_dim: int, dtype: str = "float16", trace: bool
 
 #: (block_q, block_k) of the register-tiled kernel, largest first; the first that fits is taken
 REGTILE_TILES = ((64, 64), (64, 32), (32, 32), (32, 16), (16, 16))
+#: the most shared memory a register-tiled block may ask for when its tiles are chosen by hand (bytes):
+#: past 48 KiB the kernel is built with ``REGTILE_DYNAMIC_SMEM=1`` (its tiles in dynamic shared memory);
+#: 99 KiB is what a block may have on every GPU from sm_80 on (sm_86 and sm_89 allow no more)
+REGTILE_DYNAMIC_LIMIT = 99 * 1024
+#: head dim -> the (block_q, block_k) the tuning sweep times (``scripts/tune_tiles.py --rung regtile``):
+#: 4 rows x 8 keys per thread and the default's neighbours; the ones over 48 KiB use dynamic shared memory
+REGTILE_SWEEP = {64: ((64, 64), (64, 32), (32, 64), (32, 32), (64, 16)),
+                 128: ((64, 64), (64, 32), (32, 64), (32, 32), (64, 16))}
 
 
 def flash_attention_regtile_smem_bytes(head_dim: int, block_q: int, block_k: int) -> int:
@@ -249,6 +257,8 @@ def flash_attention_regtile_config(head_dim: int, block_q: int | None = None,
     thread) and ``block_k`` 8, 16, 32 or 64 (1..8 keys per thread). By default the first pair
     of :data:`REGTILE_TILES` whose tiles fit 48 KiB of static shared memory: (64, 64) up to
     d = 56, (64, 32) up to d = 100, (32, 32) up to d = 168, (32, 16) up to 236, then (16, 16).
+    Tiles given by hand may take up to :data:`REGTILE_DYNAMIC_LIMIT` (99 KiB): past 48 KiB the
+    build puts them in dynamic shared memory (:func:`flash_attention_regtile_build`).
     Raises TypeError / ValueError naming the argument.
     """
     d = _check_int(head_dim, "head_dim", 4, MAX_HEAD_DIM)
@@ -265,20 +275,26 @@ def flash_attention_regtile_config(head_dim: int, block_q: int | None = None,
     if bk not in (8, 16, 32, 64):
         raise ValueError(f"block_k must be 8, 16, 32 or 64 (1..8 keys per thread), got {bk}")
     smem = flash_attention_regtile_smem_bytes(d, bq, bk)
-    if smem > STATIC_SMEM_LIMIT:
+    if smem > REGTILE_DYNAMIC_LIMIT:
         raise ValueError(f"block_q={bq}, block_k={bk} with head_dim={d} need {smem} bytes of shared memory, "
-                         f"more than the {STATIC_SMEM_LIMIT} allowed; use smaller tiles")
+                         f"more than the {REGTILE_DYNAMIC_LIMIT} a block may have on every sm_80+ GPU; use "
+                         f"smaller tiles")
     return bq, bk
 
 
 def flash_attention_regtile_build(head_dim: int, dtype: str = "float32", trace: bool = False,
                                   block_q: int | None = None, block_k: int | None = None) -> "KernelBuild":
-    """The :class:`KernelBuild` of the register-tiled forward kernel (float32 storage only)."""
+    """The :class:`KernelBuild` of the register-tiled forward kernel (float32 storage only). Tiles over 48 KiB
+    (given by hand) are built with ``REGTILE_DYNAMIC_SMEM=1``: :attr:`KernelBuild.dynamic_smem_bytes` then
+    holds all of them."""
     if dtype != "float32":
         raise ValueError(f"the register-tiled kernel takes dtype float32, got {dtype!r}; "
                          f"use flash_attention_gpu or flash_attention_mma_gpu for 16-bit inputs")
     bq, bk = flash_attention_regtile_config(head_dim, block_q, block_k)
-    return KernelBuild.make("flash_attention_regtile", dtype, trace, HEAD_DIM=head_dim, BLOCK_Q=bq, BLOCK_K=bk)
+    dynamic = {"REGTILE_DYNAMIC_SMEM": 1} if flash_attention_regtile_smem_bytes(head_dim, bq, bk) > STATIC_SMEM_LIMIT \
+        else {}
+    return KernelBuild.make("flash_attention_regtile", dtype, trace, HEAD_DIM=head_dim, BLOCK_Q=bq, BLOCK_K=bk,
+                            **dynamic)
 
 
 def flash_attention_mma_async_config(head_dim: int, block_k: int | None = None) -> int:
@@ -921,7 +937,8 @@ class KernelBuild:
         if self.kernel in WGMMA_KERNELS or self.kernel == "flash_attention_mma_fa2_lazy":
             return 0                                         # (all of it dynamic: dynamic_smem_bytes)
         if self.kernel == "flash_attention_regtile":
-            return flash_attention_regtile_smem_bytes(d["HEAD_DIM"], d["BLOCK_Q"], d["BLOCK_K"])
+            return 0 if d.get("REGTILE_DYNAMIC_SMEM") else flash_attention_regtile_smem_bytes(d["HEAD_DIM"],
+                                                                                              d["BLOCK_Q"], d["BLOCK_K"])
         if self.kernel == "flash_attention_backward_mma":
             return max(flash_attention_backward_mma_smem_bytes(d["HEAD_DIM"], d["DKDV_BLOCK_Q"], d["DQ_BLOCK_K"]).values())
         if self.kernel == "flash_attention_backward":
@@ -951,6 +968,9 @@ class KernelBuild:
         if self.kernel == "flash_attention_mma_fa2_lazy":
             d = dict(self.defines)
             return flash_attention_mma_fa2_smem_bytes(d["HEAD_DIM"], d["BLOCK_K"])
+        if self.kernel == "flash_attention_regtile" and dict(self.defines).get("REGTILE_DYNAMIC_SMEM"):
+            d = dict(self.defines)
+            return flash_attention_regtile_smem_bytes(d["HEAD_DIM"], d["BLOCK_Q"], d["BLOCK_K"])
         return 0
 
     @property

@@ -28,12 +28,14 @@
 //   kv_s[BLOCK_K][HEAD_DIM + 4]   the key tile, then (after S is done) the value tile
 //   p_s [BLOCK_Q][BLOCK_K + 4]    the tile's probabilities P
 // K and V take turns in one buffer so that larger tiles fit in 48 KiB of static shared
-// memory (lessons/gpu/source.py: flash_attention_regtile_config picks the tiles).
+// memory (lessons/gpu/source.py: flash_attention_regtile_config picks the tiles). Larger tiles
+// (up to 99 KiB, for the tuning sweep) are compiled with REGTILE_DYNAMIC_SMEM=1: the same three
+// arrays, one after the other in dynamic shared memory asked for at launch.
 //
 // Storage is float32 only (the rung is about CUDA-core FMAs; the tensor-core rungs take
 // 16-bit inputs); HEAD_DIM must be a multiple of 4 so that every row starts 16-byte aligned.
 // Launch: grid = (ceil(n_q / BLOCK_Q), batch * heads), block = (128). Defines: HEAD_DIM,
-// BLOCK_Q (16, 32 or 64), BLOCK_K (8, 16, 32 or 64), FA_TRACE.
+// BLOCK_Q (16, 32 or 64), BLOCK_K (8, 16, 32 or 64), FA_TRACE, REGTILE_DYNAMIC_SMEM (0 or 1).
 #include "common.cuh"
 
 #ifndef HEAD_DIM
@@ -44,6 +46,9 @@
 #endif
 #ifndef BLOCK_K
 #define BLOCK_K 32
+#endif
+#ifndef REGTILE_DYNAMIC_SMEM
+#define REGTILE_DYNAMIC_SMEM 0
 #endif
 #define NUM_THREADS 128
 #define LANES 8                                   // lanes per row group (tx)
@@ -93,9 +98,16 @@ flash_attention_regtile(const float* __restrict__ q, const float* __restrict__ k
                         float* __restrict__ lse, int n_q, int n_k, float scale, int causal,
                         const int* __restrict__ trace_rows, int n_trace_rows, int trace_tiles,
                         float* __restrict__ trace) {
+#if REGTILE_DYNAMIC_SMEM && !defined(FA_CPU_EMULATION)
+    extern __shared__ __align__(16) float regtile_smem[];   // q_s | kv_s | p_s, asked for at launch
+    float* q_s = regtile_smem;
+    float* kv_s = q_s + BLOCK_Q * D_PAD;
+    float* p_s = kv_s + BLOCK_K * D_PAD;
+#else
     __shared__ __align__(16) float q_s[BLOCK_Q * D_PAD];
     __shared__ __align__(16) float kv_s[BLOCK_K * D_PAD];
     __shared__ __align__(16) float p_s[BLOCK_Q * K_PAD];
+#endif
 
     const int tid = threadIdx.x;
     const int ty = tid / LANES, tx = tid % LANES;
