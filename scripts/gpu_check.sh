@@ -34,8 +34,11 @@
 #   7. the MPI ring on the GPU (4 ranks), where mpi4py and mpiexec are installed -> ring.txt
 #   and a one-line-per-step summary                                   -> summary.txt
 #
-# Sized to finish in under 8 minutes on one H200; each step has its own time limit.
-# Exit status: 0 if every step that could run passed, 1 otherwise.
+# Sized to finish in under 8 minutes on one H200; each step has its own time limit, cut to what is left
+# of GPU_CHECK_DEADLINE (seconds from the start; default 480, 1800 on the dry run): a step that would
+# start after it is skipped and named in the summary, so the summary is written before a caller's own
+# time limit ends the run.
+# Exit status: 0 if every step that could run passed and none was left out for time, 1 otherwise.
 set -uo pipefail
 
 DRY=0
@@ -61,6 +64,29 @@ START=$(date +%s)
 step() {  # step NAME STATUS DETAIL
     printf '%-52s %-5s %s\n' "$1" "$2" "$3" | tee -a "$SUMMARY"
     if [ "$2" = "FAIL" ]; then FAILED=1; fi
+}
+
+DEADLINE="${GPU_CHECK_DEADLINE:-$([ $DRY -eq 1 ] && echo 1800 || echo 480)}"
+if ! [[ "$DEADLINE" =~ ^[0-9]+$ ]] || [ "$DEADLINE" -lt 1 ]; then
+    echo "gpu_check.sh: GPU_CHECK_DEADLINE must be a whole number of seconds, at least 1; got '$DEADLINE'" >&2
+    exit 2
+fi
+rest() {  # seconds left before the deadline (0 once it has passed)
+    local r=$(( DEADLINE - ($(date +%s) - START) ))
+    echo $(( r > 0 ? r : 0 ))
+}
+left() {  # left WANT: a step's time limit, WANT seconds or what is left when that is less (at least 1:
+          # "timeout 0" would mean no limit at all)
+    local r
+    r="$(rest)"
+    r=$(( $1 < r ? $1 : r ))
+    echo $(( r > 0 ? r : 1 ))
+}
+late() {  # late NAME: true, and NAME skipped in the summary, when the deadline has passed
+    if [ "$(rest)" -gt 0 ]; then return 1; fi
+    step "$1" skip "past the deadline (GPU_CHECK_DEADLINE=$DEADLINE s)"
+    FAILED=1
+    return 0
 }
 
 # ---- Python with CuPy -------------------------------------------------------------
@@ -103,7 +129,7 @@ else
 fi
 
 # ---- compile report ---------------------------------------------------------------
-if timeout 180 "$PY" - > "$RESULTS/compile_report.txt" 2>&1 <<'EOF'
+if timeout "$(left 180)" "$PY" - > "$RESULTS/compile_report.txt" 2>&1 <<'EOF'
 from rich.console import Console
 import lessons.gpu as gpu
 console = Console(width=160)
@@ -126,7 +152,8 @@ if [ $DRY -eq 1 ]; then SMOKE=(--emulator); SMOKE_LIMIT=300; else SMOKE=(); SMOK
 LEFT_OUT=""
 for rung in wgmma wgmma_overlap wgmma_pingpong; do
     log="$RESULTS/hopper_smoke_$rung.txt"
-    timeout "$SMOKE_LIMIT" "$PY" scripts/hopper_smoke.py --rung "$rung" "${SMOKE[@]}" > "$log" 2>&1
+    if late "hopper smoke $rung"; then LEFT_OUT="$LEFT_OUT $rung"; continue; fi
+    timeout "$(left "$SMOKE_LIMIT")" "$PY" scripts/hopper_smoke.py --rung "$rung" "${SMOKE[@]}" > "$log" 2>&1
     rc=$?
     case $rc in
         0) step "hopper smoke $rung" ok "$(tail -n 1 "$log")" ;;
@@ -143,8 +170,9 @@ bench() {  # bench NAME SCRIPT DIR ARGS...
     local name="$1" script="$2" dir="$3"
     shift 3
     if [ ! -f "$script" ]; then step "$name" skip "$script is not in this tree"; return; fi
+    if late "$name"; then return; fi
     mkdir -p "$RESULTS/$dir"
-    if timeout 240 "$PY" "$script" --out "$RESULTS/$dir" "$@" > "$RESULTS/$dir/log.txt" 2>&1; then
+    if timeout "$(left 240)" "$PY" "$script" --out "$RESULTS/$dir" "$@" > "$RESULTS/$dir/log.txt" 2>&1; then
         step "$name" ok "$dir/ ($(tail -n 1 "$RESULTS/$dir/log.txt" | cut -c1-60))"
     else
         step "$name" FAIL "exit $? ($dir/log.txt)"
@@ -159,8 +187,9 @@ bench "benchmark decode" benchmarks/gpu_decode.py decode
 if [ $DRY -eq 1 ]; then TUNE=(--emulator); else TUNE=(); fi
 tune() {  # tune RUNG DIR SECONDS
     local rung="$1" dir="$2" limit="$3"
+    if late "tune $rung tiles"; then return; fi
     mkdir -p "$RESULTS/$dir"
-    if timeout "$limit" "$PY" scripts/tune_tiles.py --rung "$rung" --out "$RESULTS/$dir" "${TUNE[@]}" \
+    if timeout "$(left "$limit")" "$PY" scripts/tune_tiles.py --rung "$rung" --out "$RESULTS/$dir" "${TUNE[@]}" \
             > "$RESULTS/$dir/log.txt" 2>&1; then
         step "tune $rung tiles" ok "$dir/ ($(tail -n 1 "$RESULTS/$dir/log.txt" | cut -c1-60))"
     else
@@ -186,9 +215,10 @@ else
     for workers in $PASSES; do
         i=$((i + 1))
         name="pytest_${i}_n${workers}"
+        if late "pytest pass $i (-n $workers)"; then continue; fi
         xdist=(-n "$workers")
         if [ "$workers" = "0" ]; then xdist=(-p no:xdist); fi
-        if timeout 300 "$PY" -m pytest -p no:nbval -p no:cacheprovider -o addopts="" -q -rs "${xdist[@]}" \
+        if timeout "$(left 300)" "$PY" -m pytest -p no:nbval -p no:cacheprovider -o addopts="" -q -rs "${xdist[@]}" \
                 "${TESTS[@]}" -k "$SELECT" --junitxml="$RESULTS/$name.xml" > "$RESULTS/$name.txt" 2>&1; then
             step "pytest pass $i (-n $workers)" ok "$(tail -n 1 "$RESULTS/$name.txt")"
         else
@@ -222,23 +252,28 @@ for kernel in $("$PY" scripts/sanitize.py --list); do
     case "$kernel" in *decod*) tools="$tools initcheck" ;; esac
     for tool in $tools; do JOBS+=("$tool $kernel"); done
 done
-if [ $DRY -eq 0 ] && [ -z "$SAN" ]; then
+if late "compute-sanitizer"; then
+    :
+elif [ $DRY -eq 0 ] && [ -z "$SAN" ]; then
     step "compute-sanitizer" FAIL "not found (CUDA toolkit or pip nvidia-cuda-sanitizer-api-cu12)"
 else
     if [ -n "$SAN" ]; then "$SAN" --version > "$RESULTS/sanitizer/version.txt" 2>&1; fi
-    export SAN PY RESULTS
+    SAN_LIMIT="$(left 150)"
+    export SAN PY RESULTS SAN_LIMIT
     sanitize_one() {  # sanitize_one TOOL KERNEL: writes sanitizer/TOOL_KERNEL.txt and its exit status
         local log="$RESULTS/sanitizer/$1_$2.txt"
         if [ "$1" = "emulator" ]; then
-            timeout 240 "$PY" scripts/sanitize.py "$2" --emulator > "$log" 2>&1
+            timeout "$SAN_LIMIT" "$PY" scripts/sanitize.py "$2" --emulator > "$log" 2>&1
         else
-            timeout 150 "$SAN" --tool "$1" --error-exitcode 3 "$PY" scripts/sanitize.py "$2" > "$log" 2>&1
+            timeout "$SAN_LIMIT" "$SAN" --tool "$1" --error-exitcode 3 "$PY" scripts/sanitize.py "$2" > "$log" 2>&1
         fi
         echo $? > "$log.rc"
     }
     export -f sanitize_one
     # the runs overlap (GPU_CHECK_SANITIZER_JOBS at a time): a kernel must also stay clean on a busy device
-    printf '%s\n' "${JOBS[@]}" | xargs -P "${GPU_CHECK_SANITIZER_JOBS:-8}" -L 1 bash -c 'sanitize_one "$0" "$1"'
+    # (all of them within what is left of the deadline: a run cut short leaves no exit status, and fails)
+    printf '%s\n' "${JOBS[@]}" | timeout "$(left 600)" xargs -P "${GPU_CHECK_SANITIZER_JOBS:-8}" -L 1 \
+        bash -c 'sanitize_one "$0" "$1"'
     for job in "${JOBS[@]}"; do
         read -r tool kernel <<< "$job"
         log="$RESULTS/sanitizer/${tool}_${kernel}.txt"
@@ -270,11 +305,12 @@ else
     for rung in "${NCU_RUNGS[@]}"; do
         log="$RESULTS/ncu/ncu_$rung.txt"
         case " $GPU_CHECK_SKIP_WGMMA " in *" $rung "*) step "ncu $rung" skip "left out after its first check"; continue ;; esac
+        if late "ncu $rung"; then continue; fi
         if [ $DRY -eq 1 ]; then         # the driver alone, on the emulator
-            timeout 240 "$PY" scripts/profile_rung.py "$rung" --emulator > "$log" 2>&1
+            timeout "$(left 240)" "$PY" scripts/profile_rung.py "$rung" --emulator > "$log" 2>&1
         else
             entry="$("$PY" scripts/profile_rung.py "$rung" --entry 2>> "$log")"
-            timeout 150 "$NCU" --clock-control none -k "$entry" --launch-skip 1 --launch-count 1 \
+            timeout "$(left 150)" "$NCU" --clock-control none -k "$entry" --launch-skip 1 --launch-count 1 \
                 --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
                 --section SchedulerStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
                 "$PY" scripts/profile_rung.py "$rung" >> "$log" 2>&1
@@ -289,13 +325,15 @@ fi
 # ---- the MPI ring on the GPU -------------------------------------------------------------
 if [ $DRY -eq 1 ]; then
     step "ring on the GPU (MPI)" skip "dry run"
+elif late "ring on the GPU (MPI)"; then
+    :
 elif ! "$PY" -c "import sys; from lessons.distributed.launch import mpi_status; ok, why = mpi_status(); print(why); sys.exit(0 if ok else 1)" \
         > "$RESULTS/ring.txt" 2>&1; then
     step "ring on the GPU (MPI)" skip "$(tail -n 1 "$RESULTS/ring.txt" | cut -c1-70)"
 else
     # OpenMPI refuses to start as root without these (containers run as root)
     export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-    if timeout 150 "$PY" - >> "$RESULTS/ring.txt" 2>&1 <<'EOF'
+    if timeout "$(left 150)" "$PY" - >> "$RESULTS/ring.txt" 2>&1 <<'EOF'
 import tempfile
 import numpy as np
 from lessons import attention

@@ -211,3 +211,29 @@ def test_the_regtile_sweep_runs_on_the_emulator_with_tiles_over_48_kib(tmp_path)
     big = [r for r in rows if r["block_q"] == "64" and r["block_k"] == "64"]       # 85 KiB: dynamic shared memory
     assert len(big) == 1 and float(big[0]["max_abs_diff"]) < 1e-5
     assert "register-tiled CUDA-core rung" in (tmp_path / "regtile_configs.md").read_text()
+
+
+def test_a_run_past_its_deadline_skips_the_rest_names_them_and_fails(tmp_path):
+    env = {name: value for name, value in os.environ.items() if not name.startswith("GPU_CHECK_")}
+    env["GPU_CHECK_DEADLINE"] = "3"
+    proc = subprocess.run(["bash", str(SCRIPT), "--dry-run", str(tmp_path)], capture_output=True, text=True,
+                          timeout=300, env=env)
+    summary = (tmp_path / "summary.txt").read_text()
+    assert proc.returncode == 1, summary
+    steps = {line[:52].strip(): line[52:].split(None, 1) for line in summary.splitlines()}
+    late = [name for name, (status, detail) in steps.items()
+            if status == "skip" and detail.strip() == "past the deadline (GPU_CHECK_DEADLINE=3 s)"]
+    # the compile report's 180 s were cut to 3: everything after it found the deadline passed
+    assert {"benchmark forward", "tune mma_fa2_lazy tiles", "pytest pass 1 (-n 2)", "compute-sanitizer",
+            "ncu mma_fa2"} <= set(late), summary
+    assert steps["total"][0] == "FAIL" and int(steps["total"][1].split()[0]) < 120
+
+
+@pytest.mark.parametrize("deadline", ["0", "soon", "-5", "1.5"])
+def test_a_deadline_that_is_not_whole_seconds_is_refused(tmp_path, deadline):
+    env = {name: value for name, value in os.environ.items() if not name.startswith("GPU_CHECK_")}
+    env["GPU_CHECK_DEADLINE"] = deadline
+    proc = subprocess.run(["bash", str(SCRIPT), "--dry-run", str(tmp_path)], capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert proc.returncode == 2 and f"GPU_CHECK_DEADLINE must be a whole number of seconds, at least 1; got " \
+                                   f"'{deadline}'" in proc.stderr
