@@ -247,17 +247,16 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           "rung does. When is its output still bitwise the FA-2 rung's?",
           ("Whenever alpha is close to 1, as it is after the first few tiles",
            "When every row's max grew by less than a small threshold",
-           "When no row of the warp raised its running max at that tile: alpha is then exactly 1 for all 16 "
-           "rows",
+           "When no row of the warp raised its running max at that tile",
            "When at least half of the warp's rows kept their max"),
           2,
-          "Where a row's max did not move, m_new = m_old, so alpha = exp(0) = 1 and o * 1 is o, bit for bit. "
-          "The warp votes: one row that moved makes all 16 rescale, and for the other rows alpha is 1, so that "
-          "changes nothing. Close to 1 is not 1: a row whose max grew, even a little, would keep o weighted "
-          "against its old max while l and the new P use the new one. A threshold works only when the row "
-          "also keeps its old max for P and l until it rescales, and the end corrects for it "
-          "(FlashAttention-4); with threshold 0 there is nothing to correct. A row that has seen no key yet "
-          "does not count as moving: its o and l are 0. Reread 'Rescaling only when the max moves'."),
+          "Where a row's max did not move, m_new = m_old, so alpha = exp(0) = 1 (the kernel writes exactly 1) "
+          "and o * 1 is o, bit for bit; a row that has seen no key yet has o = 0 either way. The warp votes: "
+          "one row that moved makes all 16 rescale, and for its other rows alpha is 1, so that changes nothing. "
+          "Close to 1 is not 1: a row whose max grew, even a little, would keep o weighted against its old max "
+          "while l and the new P use the new one. A threshold works only when the row also keeps its old max for "
+          "P and l until it rescales, so that the stale max cancels in o / l (FlashAttention-4); the result is "
+          "then right but not bitwise the eager kernel's. Reread 'Rescaling only when the max moves'."),
         Q("On the recorded H200 run, what became of the ladder's targets for our own kernels?",
           ("All were met once the FA-2 recipe was in",
            "The 2-4x claim over naive attention holds (about 20x and 12x), but the 3x (register tiling), "
