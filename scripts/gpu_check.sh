@@ -67,10 +67,12 @@ step() {  # step NAME STATUS DETAIL
 }
 
 DEADLINE="${GPU_CHECK_DEADLINE:-$([ $DRY -eq 1 ] && echo 1800 || echo 480)}"
-if ! [[ "$DEADLINE" =~ ^[0-9]+$ ]] || [ "$DEADLINE" -lt 1 ]; then
-    echo "gpu_check.sh: GPU_CHECK_DEADLINE must be a whole number of seconds, at least 1; got '$DEADLINE'" >&2
+if ! [[ "$DEADLINE" =~ ^[0-9]{1,6}$ ]] || [ $((10#$DEADLINE)) -lt 1 ]; then
+    echo "gpu_check.sh: GPU_CHECK_DEADLINE must be a whole number of seconds, at least 1 and at most 999999;" \
+         "got '$DEADLINE'" >&2
     exit 2
 fi
+DEADLINE=$((10#$DEADLINE))                      # (decimal, even with leading zeros: "08" is 8, not octal)
 rest() {  # seconds left before the deadline (0 once it has passed)
     local r=$(( DEADLINE - ($(date +%s) - START) ))
     echo $(( r > 0 ? r : 0 ))

@@ -14,6 +14,7 @@ cache are left *uninitialised* (never written), so initcheck reports any read pa
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 
 import numpy as np
@@ -88,9 +89,16 @@ def run_flash_attention_mma(cp, backend) -> bool:
 
 
 def run_flash_attention_regtile(cp, backend) -> bool:
-    return _forward(cp, backend, launch.flash_attention_regtile_gpu, "regtile", np.random.default_rng(5),
-                    [((2,), 70, 45, 64, True, np.float32), ((), 33, 100, 128, False, np.float32),
-                     ((), 5, 3, 4, True, np.float32)], {"float32": 1e-5})
+    rng = np.random.default_rng(5)
+    ok = _forward(cp, backend, launch.flash_attention_regtile_gpu, "regtile", rng,
+                  [((2,), 70, 45, 64, True, np.float32), ((), 33, 100, 128, False, np.float32),
+                   ((), 5, 3, 4, True, np.float32)], {"float32": 1e-5})
+    # the tuning sweep's tiles over 48 KiB: the same kernel with its shared memory dynamic
+    for d, block_q, block_k in ((64, 64, 64), (128, 64, 64)):
+        big = functools.partial(launch.flash_attention_regtile_gpu, block_q=block_q, block_k=block_k)
+        ok &= _forward(cp, backend, big, f"regtile {block_q}x{block_k} (dynamic)", rng,
+                       [((2,), 70, 150, d, True, np.float32)], {"float32": 1e-5})
+    return ok
 
 
 def run_flash_attention_mma_async(cp, backend) -> bool:

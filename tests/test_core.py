@@ -329,6 +329,14 @@ def test_bad_block_q_and_scale():
         attention(*GOOD, scale="0.5")
     with pytest.raises(ValueError, match="scale must be finite"):
         flash_attention(*GOOD, scale=float("nan"))
+    with pytest.raises(ValueError, match="scale must be finite, got a number too large for a float: 1000"):
+        attention(*GOOD, scale=10**400)
+
+
+def test_a_scale_of_any_real_kind_is_one_float():
+    from fractions import Fraction
+    np.testing.assert_array_equal(attention(*GOOD, scale=Fraction(1, 8)), attention(*GOOD, scale=0.125))
+    np.testing.assert_array_equal(attention(*GOOD, scale=np.float32(0.125)), attention(*GOOD, scale=0.125))
 
 
 # --- bad data is never reported as an empty row ---------------------------------------------

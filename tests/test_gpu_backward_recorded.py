@@ -512,6 +512,8 @@ def test_flash_backend_comparison_follows_the_rows_and_names_what_is_missing(tmp
     assert c.fraction == pytest.approx(c.ours_tflops / 2.0) and "made by hand" in c.label
     assert c.backward_fraction == pytest.approx((14 * flops / 2e12 - 4 * flops / 1e12) / 1e-3)
     assert np.isnan(c.day_to_day)                   # no SDPA forward row in our run, no cuDNN row in theirs
+    with pytest.raises(ValueError, match="the forward row has 8 heads and the backward run 2"):
+        flash_backend_comparison(1024, 64, run=run, forward_rows=[dict(forward[0], heads=8)], backends_path=backends)
     with pytest.raises(ValueError, match="no FA-2 rung row at N = 1024, d = 64"):
         flash_backend_comparison(1024, 64, run=run, forward_rows=[dict(forward[0], d=128)], backends_path=backends)
     backends.write_text("N=1024 d=64 causal=False CUDNN_ATTENTION fwd 0.1 ms 1.0 TF/s | fwd+bwd 0.5 ms 2.0 TF/s\n")

@@ -215,7 +215,7 @@ def test_the_regtile_sweep_runs_on_the_emulator_with_tiles_over_48_kib(tmp_path)
 
 def test_a_run_past_its_deadline_skips_the_rest_names_them_and_fails(tmp_path):
     env = {name: value for name, value in os.environ.items() if not name.startswith("GPU_CHECK_")}
-    env["GPU_CHECK_DEADLINE"] = "3"
+    env["GPU_CHECK_DEADLINE"] = "03"                 # (leading zero: still decimal)
     proc = subprocess.run(["bash", str(SCRIPT), "--dry-run", str(tmp_path)], capture_output=True, text=True,
                           timeout=300, env=env)
     summary = (tmp_path / "summary.txt").read_text()
@@ -229,11 +229,20 @@ def test_a_run_past_its_deadline_skips_the_rest_names_them_and_fails(tmp_path):
     assert steps["total"][0] == "FAIL" and int(steps["total"][1].split()[0]) < 120
 
 
-@pytest.mark.parametrize("deadline", ["0", "soon", "-5", "1.5"])
+@pytest.mark.parametrize("deadline", ["0", "soon", "-5", "1.5", "000", "1234567", "99999999999999999999"])
 def test_a_deadline_that_is_not_whole_seconds_is_refused(tmp_path, deadline):
     env = {name: value for name, value in os.environ.items() if not name.startswith("GPU_CHECK_")}
     env["GPU_CHECK_DEADLINE"] = deadline
     proc = subprocess.run(["bash", str(SCRIPT), "--dry-run", str(tmp_path)], capture_output=True, text=True,
                           timeout=60, env=env)
-    assert proc.returncode == 2 and f"GPU_CHECK_DEADLINE must be a whole number of seconds, at least 1; got " \
-                                   f"'{deadline}'" in proc.stderr
+    assert proc.returncode == 2 and "GPU_CHECK_DEADLINE must be a whole number of seconds, at least 1 and at most " \
+                                   f"999999; got '{deadline}'" in proc.stderr
+
+
+def test_the_tuning_sweep_refuses_a_file_for_out_and_runs_each_head_dim_once(tmp_path, capsys):
+    existing = tmp_path / "results.csv"
+    existing.write_text("not a folder\n")
+    with pytest.raises(SystemExit):
+        tune.parse_args(["--out", str(existing)])
+    assert f"--out must be a folder (it is made if missing), but {existing} is a file" in capsys.readouterr().err
+    assert tune.parse_args(["--head-dims", "128", "64", "128"]).head_dims == [128, 64]

@@ -236,6 +236,8 @@ def test_legal_configurations_and_defaults():
     assert flash_attention_mma_fa2_lazy_config(128, block_k=32) == (64, 32, 2)
     assert flash_attention_mma_fa2_lazy_config(64, block_k=32) == (64, 32, 2)
     assert flash_attention_mma_fa2_lazy_config(128, block_q=128) == (128, 64, 1)
+    assert flash_attention_mma_fa2_lazy_config(64, block_q=64) == (64, 64, 2)       # the default's 64 keys
+    assert flash_attention_mma_fa2_lazy_config(128, block_q=64) == (64, 64, 2)
     assert flash_attention_mma_fa2_lazy_config(64, block_q=64, block_k=32, min_blocks=4) == (64, 32, 4)
 
 

@@ -60,9 +60,13 @@ def check_scale(scale, d: int) -> float:
         return 1.0 / np.sqrt(d)
     if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
         raise TypeError(f"scale must be a real number or None, got {type(scale).__name__}")
-    if not np.isfinite(scale):
+    try:
+        value = float(scale)                        # (a Fraction, a Decimal, a NumPy scalar: one float)
+    except OverflowError:
+        raise ValueError(f"scale must be finite, got a number too large for a float: {scale!r:.40}") from None
+    if not np.isfinite(value):
         raise ValueError(f"scale must be finite, got {scale}")
-    return float(scale)
+    return value
 
 
 def check_int(value, name: str, *, min: int | None = None, max: int | None = None) -> int:

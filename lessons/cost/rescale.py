@@ -164,6 +164,8 @@ def rescale_share(q, k, *, block_rows=16, block_k=64, scale=None, causal=False) 
         qs = (q2.astype(dtype, copy=False) * dtype.type(scale)).astype(dtype, copy=False)
     kt = np.ascontiguousarray(k.astype(dtype, copy=False).T)
     n_blocks, n_tiles = -(-nq // block_rows), -(-nk // block_k)
+    given = (block_rows, block_k)                   # (recorded as asked for; blocks larger than the whole
+    block_rows, block_k = min(block_rows, max(nq, 1)), min(block_k, max(nk, 1))    # are one block, as big as it)
 
     # row chunks of whole row blocks, key chunks of whole tiles, at most _CHUNK_ELEMENTS scores each
     rows_per_chunk = block_rows * max(1, _CHUNK_ELEMENTS // (block_rows * block_k) // 8)
@@ -206,7 +208,7 @@ def rescale_share(q, k, *, block_rows=16, block_k=64, scale=None, causal=False) 
     assert not (moved & ~visited).any(), "a row block moved its max on a tile it never visits"
     moved.setflags(write=False)
     visited.setflags(write=False)
-    return RescaleCount(moved=moved, visited=visited, block_rows=block_rows, block_k=block_k,
+    return RescaleCount(moved=moved, visited=visited, block_rows=given[0], block_k=given[1],
                         n_queries=nq, n_keys=nk, causal=causal)
 
 

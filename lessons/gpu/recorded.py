@@ -505,6 +505,9 @@ def flash_backend_comparison(n: int = 8192, d: int = 64, run=None, forward_rows=
     if torch is None or torch_fwd is None:
         raise ValueError(f"sdpa_backends.txt has no FLASH_ATTENTION row at N = {s.n}, d = {s.d}")
     heads = run.rows[0]["heads"]
+    if fwd.get("heads", heads) != heads:
+        raise ValueError(f"the forward row has {fwd['heads']} heads and the backward run {heads}: their times "
+                         f"cannot be added")
     total = fwd["seconds"] + s.seconds["mma"]
     flops = s.n ** 2 * s.d * heads                   # 4 of these per forward, 10 per backward
     ours = 14 * flops / total / 1e12

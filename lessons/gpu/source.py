@@ -444,7 +444,8 @@ def flash_attention_mma_fa2_lazy_config(head_dim: int, block_q: int | None = Non
     if not matching:
         raise ValueError(f"block_q={block_q}, block_k={block_k} is not a legal pair at head_dim={d} (the Q tile "
                          f"must fit in one K/V stage: block_q <= 2 * block_k); legal (block_q, block_k): {pairs}")
-    bq, bk = default if default in matching else matching[0]
+    filled = (default[0] if block_q is None else block_q, default[1] if block_k is None else block_k)
+    bq, bk = filled if filled in matching else matching[0]          # the missing one from the default if legal
     counts = [mb for q_, k_, mb in legal if (q_, k_) == (bq, bk)]
     if min_blocks is None:
         return bq, bk, max(mb for mb in counts if mb <= 2)
