@@ -127,6 +127,18 @@ def positive_queries(rng, n, d):
     return np.abs(rng.standard_normal((n, d))).astype(np.float16) + np.float16(0.1)
 
 
+def traced_run_that_matches_numpy(backend, d, q, k, v):
+    """The lazy rung with the default tiles on (q, k, v) (one head, 130 rows), its output checked against NumPy and
+    its trace against NumPy's fold; returns (trace, the traced rows)."""
+    block_q, block_k, _ = flash_attention_mma_fa2_lazy_config(d)
+    rows = [0, 15, 16, 77, 129]
+    out, lse, trace = lazy(backend)(q, k, v, trace_rows=rows)
+    assert_attention_close(out, lse, *(x.astype(np.float64) for x in (q, k, v)), "float16")
+    assert_trace_follows_numpy(trace, q, k, v, rows, block_q=block_q, block_k=block_k,
+                               tiles=-(-k.shape[0] // block_k))
+    return trace, rows
+
+
 @pytest.mark.parametrize("d", [64, 128])
 def test_after_the_largest_score_every_tile_keeps_alpha_exactly_one(backend, d):
     # key 0 scores 3 or more above every other key for every row: tile 0 sets each row's max, no later
@@ -137,11 +149,7 @@ def test_after_the_largest_score_every_tile_keeps_alpha_exactly_one(backend, d):
     k = (0.1 * rng.standard_normal((n, d))).astype(np.float16)
     k[0] = 0.5                                             # scores about 0.45 sqrt(d) against |s| < 0.5
     v = rng.standard_normal((n, d)).astype(np.float16)
-    block_q, block_k, _ = flash_attention_mma_fa2_lazy_config(d)
-    rows = [0, 15, 16, 77, 129]
-    out, lse, trace = lazy(backend)(q, k, v, trace_rows=rows)
-    assert_attention_close(out, lse, *(x.astype(np.float64) for x in (q, k, v)), "float16")
-    assert_trace_follows_numpy(trace, q, k, v, rows, block_q=block_q, block_k=block_k, tiles=-(-n // block_k))
+    trace, rows = traced_run_that_matches_numpy(backend, d, q, k, v)
     for row in rows:
         r = trace.row(row)
         assert r.alpha[0] == 0.0                           # from -inf: nothing to rescale
@@ -158,11 +166,7 @@ def test_a_max_that_grows_on_every_tile_still_matches_numpy(backend, d):
     q = positive_queries(rng, 130, d)
     k = np.repeat(np.linspace(-1.0, 1.0, n)[:, None], d, axis=1).astype(np.float16)
     v = rng.standard_normal((n, d)).astype(np.float16)
-    block_q, block_k, _ = flash_attention_mma_fa2_lazy_config(d)
-    rows = [0, 15, 16, 77, 129]
-    out, lse, trace = lazy(backend)(q, k, v, trace_rows=rows)
-    assert_attention_close(out, lse, *(x.astype(np.float64) for x in (q, k, v)), "float16")
-    assert_trace_follows_numpy(trace, q, k, v, rows, block_q=block_q, block_k=block_k, tiles=-(-n // block_k))
+    trace, rows = traced_run_that_matches_numpy(backend, d, q, k, v)
     for row in rows:
         r = trace.row(row)
         assert np.all(np.diff(r.m) > 0) and np.all(r.alpha[1:] < 1.0), row
