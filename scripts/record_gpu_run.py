@@ -1,0 +1,144 @@
+"""Turn the folder of one ``scripts/gpu_check.sh`` run into a recorded run the course can ship and read.
+
+    python scripts/record_gpu_run.py RESULTS_DIR [--commit HASH] [--into benchmarks/results]
+
+``RESULTS_DIR`` is what gpu_check.sh wrote on the GPU machine (``env.txt``, ``summary.txt``, ``benchmark/``,
+``backward/``, ...). The recorded run goes to a new folder ``<into>/gpu_<gpu>_<date>/`` (for example
+``benchmarks/results/gpu_h200_2026-12-02/``), laid out as :mod:`lessons.gpu.recorded` and
+:mod:`lessons.gpu.ladder` read it: ``forward/`` (from ``benchmark/``), ``backward/``, ``decode/``, the tuning
+sweeps, the Nsight Compute reports, the Hopper rungs' first checks, the compile report, the test and
+environment logs, and a ``README.md`` whose title and driver line give every figure its label
+(:func:`lessons.gpu.recorded.recorded_label`: machine, date, driver, CUDA, commit). Result files only: the
+JUnit XML and the benchmarks' logs stay behind. ``--commit`` is the commit the GPU machine ran (default: this
+checkout's HEAD); the date and the machine come from ``env.txt``.
+
+A folder that already exists is never written into (exit status 2): each recorded run is kept as it was.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: (folder or file pattern in RESULTS_DIR, where it goes in the recorded run, the file patterns taken from it)
+LAYOUT = (
+    ("benchmark", "forward", ("results.csv", "results.md", "*.png")),
+    ("backward", "backward", ("results.csv", "results.md", "*.png")),
+    ("decode", "decode", ("results.csv", "results.md")),
+    ("fa2_configs", "fa2_configs", ("*.csv", "*.md")),
+    ("regtile_configs", "regtile_configs", ("*.csv", "*.md")),
+    ("ncu", "ncu", ("*.txt",)),
+    (".", ".", ("env.txt", "summary.txt", "compile_report.txt", "hopper_smoke_*.txt", "pytest_*.txt", "ring.txt")),
+)
+#: what each folder of the recorded run holds, for its README
+WHAT = {
+    "forward": "every forward rung against naive CuPy and torch SDPA (`benchmarks/gpu_attention.py`)",
+    "backward": "the backward kernels against naive CuPy and torch SDPA (`benchmarks/gpu_backward.py`)",
+    "decode": "the decode kernels' K/V read rate against the device copy rate (`benchmarks/gpu_decode.py`)",
+    "fa2_configs": "every tile configuration of the lazy-rescaling FA-2 rung (`scripts/tune_tiles.py`)",
+    "regtile_configs": "the register-tiled rung's tiles against naive CuPy (`scripts/tune_tiles.py --rung regtile`)",
+    "ncu": "Nsight Compute, one launch per rung (`scripts/profile_rung.py`)",
+}
+
+
+def read_env(env_text: str) -> dict:
+    """The date (YYYY-MM-DD), GPU name, driver, NVRTC (CUDA) version, device line and the versions line of an
+    ``env.txt`` written by gpu_check.sh. ValueError naming what is missing."""
+    found = {}
+    date = re.search(r"^date: (\d{4}-\d{2}-\d{2})T", env_text, re.M)
+    gpu = re.search(r"^(NVIDIA [^,\n]+), ([\d.]+), ", env_text, re.M)        # nvidia-smi's CSV line
+    nvrtc = re.search(r"^nvrtc ([\d.]+)", env_text, re.M)
+    device = re.search(r"^device: (.+)$", env_text, re.M)
+    for name, match in (("'date: ...' line", date), ("nvidia-smi line (name, driver)", gpu),
+                        ("'nvrtc ...' line", nvrtc), ("'device: ...' line", device)):
+        if match is None:
+            raise ValueError(f"env.txt has no {name}: is this a folder written by scripts/gpu_check.sh on a GPU?")
+    found.update(date=date[1], gpu=gpu[1].strip(), driver=gpu[2], cuda=nvrtc[1], device=device[1].strip())
+    versions = [line for line in env_text.splitlines() if line.startswith(("python:", "cupy ", "torch"))]
+    found["versions"] = "; ".join(versions)
+    return found
+
+
+def run_folder_name(gpu: str, date: str) -> str:
+    """``gpu_<model>_<date>``: the GPU's name without the vendor, lower case, words joined by ``_``."""
+    model = re.sub(r"[^a-z0-9]+", "_", gpu.lower().removeprefix("nvidia").strip()).strip("_")
+    return f"gpu_{model or 'unknown'}_{date}"
+
+
+def readme(env: dict, commit: str, present: list[str]) -> str:
+    """The recorded run's README.md: the title and driver line :func:`lessons.gpu.recorded.recorded_label`
+    reads, the command, and a table of what is there."""
+    lines = [f"# The kernels on one {env['gpu']}, {env['date']} (commit {commit})", "",
+             f"Machine: {env['device']}, driver {env['driver']}, CUDA {env['cuda']} (NVRTC); {env['versions']}",
+             "(`env.txt`). Everything here came from one command, `scripts/gpu_check.sh DIR` (`summary.txt`: one",
+             "line per step), and was laid out by `scripts/record_gpu_run.py DIR`. Batch 1, 8 heads, median of",
+             "CUDA-event timings.", "", "| folder | what |", "| --- | --- |"]
+    lines += [f"| `{name}/` | {WHAT[name]} |" for name in present if name in WHAT]
+    lines += ["", "Read `summary.txt` first: a step that failed or ran out of time says so there."]
+    return "\n".join(lines) + "\n"
+
+
+def record(source: Path, into: Path, commit: str) -> Path:
+    """Copy the run in ``source`` into a new folder under ``into``; returns that folder. FileNotFoundError
+    without ``source/env.txt``; FileExistsError when the folder exists; ValueError for an env.txt that is not
+    a GPU run's."""
+    env_file = source / "env.txt"
+    if not env_file.is_file():
+        raise FileNotFoundError(f"{env_file} is missing: RESULTS_DIR must be a folder written by scripts/gpu_check.sh")
+    env = read_env(env_file.read_text())
+    dest = into / run_folder_name(env["gpu"], env["date"])
+    if dest.exists():
+        raise FileExistsError(f"{dest} exists already; a recorded run is never written into (move it away first)")
+    present = []
+    staging = into / f".{dest.name}.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    for src_dir, dst_dir, patterns in LAYOUT:
+        files = sorted({f for pattern in patterns for f in (source / src_dir).glob(pattern) if f.is_file()})
+        if not files:
+            continue
+        (staging / dst_dir).mkdir(parents=True, exist_ok=True)
+        for f in files:
+            shutil.copy2(f, staging / dst_dir / f.name)
+        present.append(dst_dir)
+    (staging / "README.md").write_text(readme(env, commit, present))
+    staging.rename(dest)                              # all or nothing: no half-written recorded run
+    return dest
+
+
+def head_commit() -> str | None:
+    """This checkout's HEAD as a short hash, or None where git cannot say."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("results", type=Path, help="the folder scripts/gpu_check.sh wrote")
+    p.add_argument("--commit", default=None, help="the commit the GPU machine ran (default: this checkout's HEAD)")
+    p.add_argument("--into", type=Path, default=ROOT / "benchmarks" / "results",
+                   help="where the recorded run's folder is made (default benchmarks/results)")
+    args = p.parse_args(argv)
+    commit = args.commit or head_commit()
+    if commit is None:
+        p.error("git cannot name this checkout's HEAD: give --commit, the commit the GPU machine ran")
+    if not re.fullmatch(r"[0-9a-f]{7,40}", commit):
+        p.error(f"--commit must be a git hash (7 to 40 hex digits, lower case), got {commit!r}")
+    try:
+        dest = record(args.results, args.into, commit)
+    except (FileNotFoundError, FileExistsError, ValueError) as err:
+        print(f"record_gpu_run.py: {err}", file=sys.stderr)
+        return 2
+    print(f"recorded in {dest}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
