@@ -439,35 +439,29 @@ def test_an_installed_package_without_the_recorded_run_says_where_it_comes_from(
 # the goal as it was stated: against torch's FlashAttention-2 backend, forward + backward
 # ---------------------------------------------------------------------------
 
-def forward_seconds_from_raw_csv(n, d):
-    """Our FA-2 forward rung's recorded seconds, read by position from the forward run's raw CSV."""
+def raw_forward(impl, n, d, column):
+    """One column of a non-causal float16 row of the forward run's raw CSV, by position, as a float."""
     with open(RECORDED_DIR / "forward" / "results.csv", newline="") as f:
         header, *body = list(csv.reader(f))
     col = {name: i for i, name in enumerate(header)}
-    (row,) = [r for r in body if r[col["impl"]] == "mma_fa2" and int(r[col["n"]]) == n and int(r[col["d"]]) == d
+    (row,) = [r for r in body if r[col["impl"]] == impl and int(r[col["n"]]) == n and int(r[col["d"]]) == d
               and r[col["dtype"]] == "float16" and r[col["causal"]] == "False"]
-    return float(row[col["seconds"]])
+    return float(row[col[column]])
 
 
-def fa2_backend_fwd_bwd_tflops(n, d):
-    """The FLASH_ATTENTION fwd+bwd TF/s of sdpa_backends.txt, read with a regular expression."""
+def sdpa_backend(n, d, backend, part):
+    """(seconds, TF/s) of one backend's ``part`` ("fwd" or "fwd+bwd") in sdpa_backends.txt, read with a
+    regular expression."""
     text = (RECORDED_DIR.parent / "gpu_h200_2026-11-30" / "sdpa_backends.txt").read_text()
-    m = re.search(rf"N={n} d={d} causal=False FLASH_ATTENTION .*fwd\+bwd\s+([\d.]+) ms\s+([\d.]+) TF/s", text)
-    return float(m.group(2)), float(m.group(1)) * 1e-3
-
-
-def sdpa_backend_forward(n, d, backend):
-    """(seconds, TF/s) of one backend's forward in sdpa_backends.txt, read with a regular expression."""
-    text = (RECORDED_DIR.parent / "gpu_h200_2026-11-30" / "sdpa_backends.txt").read_text()
-    m = re.search(rf"N={n} d={d} causal=False {backend}\s+fwd\s+([\d.]+) ms\s+([\d.]+) TF/s", text)
+    m = re.search(rf"N={n} d={d} causal=False {backend}\s.*?{re.escape(part)}\s+([\d.]+) ms\s+([\d.]+) TF/s", text)
     return float(m.group(1)) * 1e-3, float(m.group(2))
 
 
 @pytest.mark.parametrize("d", [64, 128])
 def test_flash_backend_comparison_is_recomputed_from_the_raw_files(d):
     c = flash_backend_comparison(d=d)
-    fwd, (bwd, _) = forward_seconds_from_raw_csv(8192, d), raw("mma", 8192, d)
-    torch_tflops, torch_seconds = fa2_backend_fwd_bwd_tflops(8192, d)
+    fwd, (bwd, _) = raw_forward("mma_fa2", 8192, d, "seconds"), raw("mma", 8192, d)
+    torch_seconds, torch_tflops = sdpa_backend(8192, d, "FLASH_ATTENTION", "fwd+bwd")
     assert (c.n, c.d) == (8192, d)
     assert c.forward_seconds == fwd and c.backward_seconds == bwd and c.ours_seconds == fwd + bwd
     flops = (4 + 10) * 8192**2 * d * 8                           # forward 4 N^2 d, backward 2.5 times that, 8 heads
@@ -477,13 +471,11 @@ def test_flash_backend_comparison_is_recomputed_from_the_raw_files(d):
     assert c.fraction == pytest.approx(c.ours_tflops / torch_tflops) and c.goal_met is (c.fraction >= TORCH_GOAL)
     assert "2026-12-01" in c.label and "2026-11-30" in c.label
     # the backward alone: the backend's recorded milliseconds, forward + backward minus forward, over ours
-    torch_fwd_seconds, _ = sdpa_backend_forward(8192, d, "FLASH_ATTENTION")
+    torch_fwd_seconds, _ = sdpa_backend(8192, d, "FLASH_ATTENTION", "fwd")
     assert c.backward_fraction == pytest.approx((torch_seconds - torch_fwd_seconds) / bwd, rel=5e-3)
     # the two days: SDPA's default forward, its TFLOP/s in our run's CSV over the earlier run's cuDNN row
-    with open(RECORDED_DIR / "forward" / "results.csv", newline="") as f:
-        (today,) = [float(r["tflops"]) for r in csv.DictReader(f) if r["impl"] == "torch" and r["n"] == "8192"
-                    and r["d"] == str(d) and r["dtype"] == "float16" and r["causal"] == "False"]
-    assert c.day_to_day == pytest.approx(today / sdpa_backend_forward(8192, d, "CUDNN_ATTENTION")[1] - 1)
+    today = raw_forward("torch", 8192, d, "tflops")
+    assert c.day_to_day == pytest.approx(today / sdpa_backend(8192, d, "CUDNN_ATTENTION", "fwd")[1] - 1)
 
 
 def test_flash_backend_goal_met_at_d64_and_not_at_d128():
