@@ -33,7 +33,8 @@ from lessons.gpu.source import (MAX_HEAD_DIM, MMA_BLOCK_Q, MMA_DTYPES, flash_att
 from lessons.gpu.source import flash_attention_regtile_build, flash_attention_regtile_config
 from lessons.gpu.source import flash_attention_mma_async_build, flash_attention_mma_async_config
 from lessons.gpu.source import flash_attention_mma_fa2_build, flash_attention_mma_fa2_config
-from lessons.gpu.source import flash_attention_mma_fa2_lazy_build, flash_attention_mma_fa2_lazy_config
+from lessons.gpu.source import (flash_attention_mma_fa2_lazy_build, flash_attention_mma_fa2_lazy_config,
+                                flash_attention_mma_fa2_wide_build, flash_attention_mma_fa2_wide_config)
 from lessons.gpu.source import (flash_attention_wgmma_build, flash_attention_wgmma_config,
                                 flash_attention_wgmma_overlap_build)
 from lessons.gpu.trace_compare import GpuTrace
@@ -42,7 +43,7 @@ __all__ = ["flash_attention_gpu", "flash_attention_mma_gpu", "mma_probe_gpu", "o
            "flash_decoding_gpu",
            "SplitTraces", "BACKENDS", "MAX_TRACE_ROWS", "Runner"]
 __all__ += ["flash_attention_regtile_gpu", "flash_attention_mma_async_gpu", "paged_decode_split_gpu"]
-__all__ += ["flash_attention_mma_fa2_gpu", "flash_attention_mma_fa2_lazy_gpu", "open_device", "kernel_row_trace", "flash_attention_wgmma_gpu",
+__all__ += ["flash_attention_mma_fa2_gpu", "flash_attention_mma_fa2_lazy_gpu", "flash_attention_mma_fa2_wide_gpu", "open_device", "kernel_row_trace", "flash_attention_wgmma_gpu",
             "flash_attention_wgmma_overlap_gpu", "flash_attention_wgmma_pingpong_gpu", "wgmma_probe_gpu"]
 
 BACKENDS = ("cupy", "emulator")
@@ -610,16 +611,59 @@ def flash_attention_mma_fa2_lazy_gpu(q, k, v, *, scale=None, causal: bool = Fals
     (the Blackwell forward of the flash-attention repository, 2025), which keeps a stale max until the
     new one is larger by more than a threshold; here the threshold is 0, so no bit changes.
     """
+    return _launch_tiled_fa2(q, k, v, scale, causal, bfloat16, trace_rows, backend, block_q, block_k, min_blocks,
+                             flash_attention_mma_fa2_lazy_config, flash_attention_mma_fa2_lazy_build)
+
+
+def flash_attention_mma_fa2_wide_gpu(q, k, v, *, scale=None, causal: bool = False, bfloat16: bool = False,
+                                     trace_rows=None, backend: str = "cupy", block_q: int | None = None,
+                                     block_k: int | None = None, min_blocks: int | None = None):
+    """:func:`flash_attention_mma_fa2_lazy_gpu` with FlashAttention-2's warp shape: 32 query rows per warp.
+
+    The same kernel file built with ``WARP_ROWS=32`` as well (entry point ``flash_attention_mma_fa2_wide``):
+    each warp owns two 16-row m-tiles, so every K and V fragment it loads from shared memory (``ldmatrix``)
+    feeds two ``mma`` instructions instead of one, and a block of 128 rows is 4 warps, not 8. Its o and s
+    take twice the registers, so Q's fragments are read from shared memory (Q keeps its own region there)
+    at each tile instead of staying in registers, as in FlashAttention-2.
+
+    Parameters
+    ----------
+    q, k, v : float16 (or bfloat16 bits with ``bfloat16=True``), shaped as for
+        :func:`flash_attention_gpu`; head dim d = 64 or 128; any Nq, Nk >= 0.
+    scale, causal, bfloat16, trace_rows, backend : as :func:`flash_attention_gpu`.
+    block_q, block_k, min_blocks : query rows per block (64 or 128, 32 per warp), keys per tile (32 or 64)
+        and blocks per SM promised to the compiler; None: (128, 64, 2) at both head dims; otherwise a
+        configuration of :func:`lessons.gpu.source.flash_attention_mma_fa2_wide_configs`, with the rules of
+        :func:`lessons.gpu.source.flash_attention_mma_fa2_wide_config` for one left None.
+
+    Returns ``(out, lse)`` or ``(out, lse, trace)`` as :func:`flash_attention_gpu`; with the same tiles the
+    output is bitwise the lazy rung's (the same products in the same order, only shared by two m-tiles), and
+    the trace compares with ``lessons.flash_attention(q, k, v, tile=block_k, block_q=block_q, return_trace=True)``.
+    Raises TypeError for float32 input or a non-integer (bools included) ``block_q``, ``block_k``,
+    ``min_blocks``; ValueError naming the argument for bad shapes, a head dim other than 64 and 128, or
+    tiles that are not legal (the message lists the legal ones); RuntimeError with backend "cupy" and no
+    CUDA device, or a GPU older than compute capability 8.0.
+    Source: Dao 2023 (FlashAttention-2), Sec. 3.3 (work partitioning between warps); its forward kernel's
+    tiles (4 warps, 128 query rows) for sm_90.
+    """
+    return _launch_tiled_fa2(q, k, v, scale, causal, bfloat16, trace_rows, backend, block_q, block_k, min_blocks,
+                             flash_attention_mma_fa2_wide_config, flash_attention_mma_fa2_wide_build)
+
+
+def _launch_tiled_fa2(q, k, v, scale, causal, bfloat16, trace_rows, backend, block_q, block_k, min_blocks,
+                      config, make_build):
+    """The checks and launch shared by the FA-2 builds whose tiles a caller may choose (the lazy and the
+    wide-warp rung): ``config`` resolves the tiles (it raises for bad ones), ``make_build`` makes the build."""
     backend = _check_backend(backend)
-    f = _check_fixed_tile_forward(q, k, v, scale, causal, bfloat16, flash_attention_mma_fa2_lazy_config)
-    block_q, block_k, min_blocks = flash_attention_mma_fa2_lazy_config(f.d, block_q, block_k, min_blocks)
+    f = _check_fixed_tile_forward(q, k, v, scale, causal, bfloat16, config)
+    block_q, block_k, min_blocks = config(f.d, block_q, block_k, min_blocks)
     tracing = trace_rows is not None
     rows = _check_rows(trace_rows, "trace_rows", f.n_q) if tracing else []
-    build = flash_attention_mma_fa2_lazy_build(f.d, f.dtype, tracing, block_q, block_k, min_blocks)
+    build = make_build(f.d, f.dtype, tracing, block_q, block_k, min_blocks)
     run = Runner(backend, f.kind)
     _require_tensor_cores(run)
-    return _launch_forward(run, build, "flash_attention_mma_fa2_lazy", f,
-                           [_aligned(run, run.put(x)) for x in (q, k, v)], block_q, block_k, rows)
+    return _launch_forward(run, build, build.kernel, f, [_aligned(run, run.put(x)) for x in (q, k, v)],
+                           block_q, block_k, rows)
 
 
 def flash_attention_wgmma_gpu(q, k, v, *, scale=None, causal: bool = False, bfloat16: bool = False,

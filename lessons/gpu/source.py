@@ -35,6 +35,8 @@ __all__ = [
     "flash_attention_mma_fa2_build", "fa2_swizzle",
     "FA2_LAZY_CONFIGS", "FA2_LAZY_SWEEP", "flash_attention_mma_fa2_lazy_configs", "flash_attention_mma_fa2_lazy_config",
     "flash_attention_mma_fa2_lazy_build", "KERNEL_FILES", "kernel_file",
+    "FA2_WIDE_CONFIGS", "FA2_WIDE_SWEEP", "flash_attention_mma_fa2_wide_configs", "flash_attention_mma_fa2_wide_config",
+    "flash_attention_mma_fa2_wide_smem_bytes", "flash_attention_mma_fa2_wide_build",
     "WGMMA_CONFIGS", "WGMMA_ARCH", "flash_attention_wgmma_config", "flash_attention_wgmma_smem_bytes",
     "flash_attention_wgmma_build", "wgmma_swizzle", "WGMMA_KERNELS", "WGMMA_OVERLAP_STAGES",
     "flash_attention_wgmma_overlap_build",
@@ -54,6 +56,7 @@ KERNELS = {
     "flash_attention_mma_async": ("flash_attention_mma_async",),
     "flash_attention_mma_fa2": ("flash_attention_mma_fa2",),
     "flash_attention_mma_fa2_lazy": ("flash_attention_mma_fa2_lazy",),
+    "flash_attention_mma_fa2_wide": ("flash_attention_mma_fa2_wide",),
     "flash_attention_wgmma": ("flash_attention_wgmma", "wgmma_probe"),
     "flash_attention_wgmma_overlap": ("flash_attention_wgmma_overlap", "flash_attention_wgmma_pingpong"),
     "paged_decode": ("paged_decode", "paged_decode_split", "merge_splits"),
@@ -65,8 +68,10 @@ KERNELS = {
 
 #: kernel -> the file it is compiled from, where that is not ``<kernel>.cu``: the lazy-rescaling rung is
 #: ``flash_attention_mma_fa2.cu`` with ``LAZY_RESCALE`` and ``FA2_DYNAMIC_SMEM`` set (its entry point is
-#: then named ``flash_attention_mma_fa2_lazy``)
-KERNEL_FILES = {"flash_attention_mma_fa2_lazy": "flash_attention_mma_fa2"}
+#: then named ``flash_attention_mma_fa2_lazy``), the wide-warp rung the same with ``WARP_ROWS=32`` as well
+#: (entry point ``flash_attention_mma_fa2_wide``)
+KERNEL_FILES = {"flash_attention_mma_fa2_lazy": "flash_attention_mma_fa2",
+                "flash_attention_mma_fa2_wide": "flash_attention_mma_fa2"}
 
 #: storage dtype name -> value of the FA_DTYPE define (arithmetic is always float32)
 DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2}
@@ -402,48 +407,35 @@ FA2_LAZY_SWEEP = {
 }
 
 
-def _lazy_head_dim(head_dim) -> int:
+def _tile_head_dim(head_dim, sweep: dict, what: str) -> int:
     d = check_int(head_dim, "head_dim")
-    if d not in FA2_LAZY_SWEEP:
-        raise ValueError(f"head_dim must be one of {sorted(FA2_LAZY_SWEEP)} for the lazy-rescaling tensor-core "
+    if d not in sweep:
+        raise ValueError(f"head_dim must be one of {sorted(sweep)} for the {what} tensor-core "
                          f"kernel, got {d}; flash_attention_mma_async_gpu takes any multiple of 16")
     return d
 
 
-def flash_attention_mma_fa2_lazy_configs(head_dim: int) -> list[tuple[int, int, int]]:
-    """Every ``(block_q, block_k, min_blocks)`` the lazy-rescaling rung takes at ``head_dim`` (64 or 128), in
-    :data:`FA2_LAZY_SWEEP`'s order: what a tuning sweep times. TypeError for a non-integer ``head_dim``
-    (bools included), ValueError naming it for another head dim."""
-    return list(FA2_LAZY_SWEEP[_lazy_head_dim(head_dim)])
-
-
-def flash_attention_mma_fa2_lazy_config(head_dim: int, block_q: int | None = None, block_k: int | None = None,
-                                        min_blocks: int | None = None) -> tuple[int, int, int]:
-    """``(block_q, block_k, min_blocks)`` of the lazy-rescaling rung at ``head_dim`` (64 or 128).
-
-    All None: :data:`FA2_LAZY_CONFIGS` (d = 64: (128, 64, 2); d = 128: (64, 64, 2)). ``block_q`` (64 or
-    128) and ``block_k`` (32 or 64) must be a pair of :func:`flash_attention_mma_fa2_lazy_configs`; one of
-    them None takes the default's value where that makes a legal pair, else the first legal pair with the other.
-    ``min_blocks`` None: the pair's largest legal value up to 2 (2 blocks per SM, as the FA-2 rung), else
-    one listed for that pair. Raises TypeError for a non-integer (bools included), ValueError naming the
-    argument and listing what it may be otherwise."""
-    d = _lazy_head_dim(head_dim)
-    legal = FA2_LAZY_SWEEP[d]
+def _tile_config(head_dim, block_q, block_k, min_blocks, defaults: dict, sweep: dict, what: str,
+                 rows_per_warp: int) -> tuple[int, int, int]:
+    """The ``(block_q, block_k, min_blocks)`` rule shared by the lazy and the wide-warp rung (their docstrings
+    say it), over that rung's ``defaults`` and legal ``sweep``."""
+    d = _tile_head_dim(head_dim, sweep, what)
+    legal = sweep[d]
     pairs = list(dict.fromkeys((bq, bk) for bq, bk, _ in legal))
     if block_q is not None:
         block_q = check_int(block_q, "block_q")
         if block_q not in {bq for bq, _ in pairs}:
             raise ValueError(f"block_q must be one of {sorted({bq for bq, _ in pairs})} (query rows per block, "
-                             f"16 per warp), got {block_q}")
+                             f"{rows_per_warp} per warp), got {block_q}")
     if block_k is not None:
         block_k = check_int(block_k, "block_k")
         if block_k not in {bk for _, bk in pairs}:
             raise ValueError(f"block_k must be one of {sorted({bk for _, bk in pairs})} (keys per tile), got {block_k}")
-    default = FA2_LAZY_CONFIGS[d][:2]
+    default = defaults[d][:2]
     matching = [p for p in pairs if block_q in (None, p[0]) and block_k in (None, p[1])]
     if not matching:
-        raise ValueError(f"block_q={block_q}, block_k={block_k} is not a legal pair at head_dim={d} (the Q tile "
-                         f"must fit in one K/V stage: block_q <= 2 * block_k); legal (block_q, block_k): {pairs}")
+        raise ValueError(f"block_q={block_q}, block_k={block_k} is not a legal pair at head_dim={d}; "
+                         f"legal (block_q, block_k): {pairs}")
     filled = (default[0] if block_q is None else block_q, default[1] if block_k is None else block_k)
     bq, bk = filled if filled in matching else matching[0]          # the missing one from the default if legal
     counts = [mb for q_, k_, mb in legal if (q_, k_) == (bq, bk)]
@@ -454,6 +446,28 @@ def flash_attention_mma_fa2_lazy_config(head_dim: int, block_q: int | None = Non
         raise ValueError(f"min_blocks must be one of {counts} for block_q={bq}, block_k={bk} at head_dim={d} "
                          f"(the values for which nothing spills), got {min_blocks}")
     return bq, bk, min_blocks
+
+
+def flash_attention_mma_fa2_lazy_configs(head_dim: int) -> list[tuple[int, int, int]]:
+    """Every ``(block_q, block_k, min_blocks)`` the lazy-rescaling rung takes at ``head_dim`` (64 or 128), in
+    :data:`FA2_LAZY_SWEEP`'s order: what a tuning sweep times. TypeError for a non-integer ``head_dim``
+    (bools included), ValueError naming it for another head dim."""
+    return list(FA2_LAZY_SWEEP[_tile_head_dim(head_dim, FA2_LAZY_SWEEP, "lazy-rescaling")])
+
+
+def flash_attention_mma_fa2_lazy_config(head_dim: int, block_q: int | None = None, block_k: int | None = None,
+                                        min_blocks: int | None = None) -> tuple[int, int, int]:
+    """``(block_q, block_k, min_blocks)`` of the lazy-rescaling rung at ``head_dim`` (64 or 128).
+
+    All None: :data:`FA2_LAZY_CONFIGS` (d = 64: (128, 64, 2); d = 128: (64, 64, 2)). ``block_q`` (64 or
+    128) and ``block_k`` (32 or 64) must be a pair of :func:`flash_attention_mma_fa2_lazy_configs` (the Q tile
+    must fit in one K/V stage: ``block_q <= 2 * block_k``); one of
+    them None takes the default's value where that makes a legal pair, else the first legal pair with the other.
+    ``min_blocks`` None: the pair's largest legal value up to 2 (2 blocks per SM, as the FA-2 rung), else
+    one listed for that pair. Raises TypeError for a non-integer (bools included), ValueError naming the
+    argument and listing what it may be otherwise."""
+    return _tile_config(head_dim, block_q, block_k, min_blocks, FA2_LAZY_CONFIGS, FA2_LAZY_SWEEP,
+                        "lazy-rescaling", 16)
 
 
 def flash_attention_mma_fa2_lazy_build(head_dim: int, dtype: str = "float16", trace: bool = False,
@@ -468,6 +482,66 @@ def flash_attention_mma_fa2_lazy_build(head_dim: int, dtype: str = "float16", tr
     bq, bk, mb = flash_attention_mma_fa2_lazy_config(head_dim, block_q, block_k, min_blocks)
     return KernelBuild.make("flash_attention_mma_fa2_lazy", dtype, trace, HEAD_DIM=head_dim, BLOCK_Q=bq, BLOCK_K=bk,
                             MIN_BLOCKS=mb, LAZY_RESCALE=1, FA2_DYNAMIC_SMEM=1)
+
+
+# ---------------------------------------------------------------------------
+# the same with FlashAttention-2's warp shape: 32 query rows per warp (flash_attention_mma_fa2_wide)
+# ---------------------------------------------------------------------------
+
+#: head dim -> default (block_q, block_k, min_blocks) of ``flash_attention_mma_fa2_wide``: 128 query rows over
+#: 4 warps of 32 and 64-key tiles, FlashAttention-2's forward tile for an H100 at d = 128 (at d = 64 it takes
+#: 128 keys, which spill here: s alone would be 128 floats per thread)
+FA2_WIDE_CONFIGS = {64: (128, 64, 2), 128: (128, 64, 2)}
+#: head dim -> every (block_q, block_k, min_blocks) the wide-warp rung takes (its tuning sweep): 64 or 128 query
+#: rows (2 or 4 warps of 32 rows), 32 or 64 keys, and the values of min_blocks for which NVRTC 12.9 spills
+#: nothing on sm_90 (the GPUs the rung is timed on), one per register cap that changes the code (1 and 2 are
+#: the same cap for blocks of 4 warps or fewer: 2 listed). Registers on sm_90 (float16): d = 64: (128, 64) 223,
+#: (128, 32) 187 at 2 and 168 at 3, (64, 64) 241, (64, 32) 184; d = 128: 255 for all three. On sm_80 the
+#: two d = 128 tiles spill a little: (128, 64) 120 bytes, (64, 32) 36 bytes.
+FA2_WIDE_SWEEP = {
+    64: ((128, 64, 2), (128, 32, 2), (128, 32, 3), (64, 64, 2), (64, 32, 2)),
+    128: ((128, 64, 2), (128, 32, 2), (64, 32, 2)),
+}
+
+
+def flash_attention_mma_fa2_wide_configs(head_dim: int) -> list[tuple[int, int, int]]:
+    """Every ``(block_q, block_k, min_blocks)`` the wide-warp rung takes at ``head_dim`` (64 or 128), in
+    :data:`FA2_WIDE_SWEEP`'s order (the default first): what a tuning sweep times. TypeError for a
+    non-integer ``head_dim`` (bools included), ValueError naming it for another head dim."""
+    return list(FA2_WIDE_SWEEP[_tile_head_dim(head_dim, FA2_WIDE_SWEEP, "wide-warp")])
+
+
+def flash_attention_mma_fa2_wide_config(head_dim: int, block_q: int | None = None, block_k: int | None = None,
+                                        min_blocks: int | None = None) -> tuple[int, int, int]:
+    """``(block_q, block_k, min_blocks)`` of the wide-warp rung (32 query rows per warp) at ``head_dim``.
+
+    All None: :data:`FA2_WIDE_CONFIGS` (d = 64: (128, 128, 1); d = 128: (128, 64, 1)). Otherwise ``block_q``
+    and ``block_k`` must be a pair of :func:`flash_attention_mma_fa2_wide_configs`, with the same rules for a
+    missing one and for ``min_blocks`` as :func:`flash_attention_mma_fa2_lazy_config`. Raises TypeError for a
+    non-integer (bools included), ValueError naming the argument and listing what it may be otherwise.
+    Source: Dao 2023 (FlashAttention-2), Sec. 3.3; the tiles of its forward kernel for sm_90."""
+    return _tile_config(head_dim, block_q, block_k, min_blocks, FA2_WIDE_CONFIGS, FA2_WIDE_SWEEP, "wide-warp", 32)
+
+
+def flash_attention_mma_fa2_wide_smem_bytes(head_dim: int, block_q: int, block_k: int) -> int:
+    """Dynamic shared memory of ``flash_attention_mma_fa2_wide`` in bytes: the two K/V stages of
+    :func:`flash_attention_mma_fa2_smem_bytes` (``8 * block_k * d``) and the block's Q tile, which keeps
+    its own region (``2 * block_q * d``): 96 KiB at d = 128 with 128 x 64 tiles."""
+    return flash_attention_mma_fa2_smem_bytes(head_dim, block_k) + 2 * block_q * head_dim
+
+
+def flash_attention_mma_fa2_wide_build(head_dim: int, dtype: str = "float16", trace: bool = False,
+                                       block_q: int | None = None, block_k: int | None = None,
+                                       min_blocks: int | None = None) -> "KernelBuild":
+    """The :class:`KernelBuild` of the wide-warp rung: ``flash_attention_mma_fa2.cu`` with ``LAZY_RESCALE=1``,
+    ``FA2_DYNAMIC_SMEM=1`` and ``WARP_ROWS=32`` (entry point ``flash_attention_mma_fa2_wide``), float16 or
+    bfloat16, tiles from :func:`flash_attention_mma_fa2_wide_config`; all its shared memory is dynamic
+    (:func:`flash_attention_mma_fa2_wide_smem_bytes`)."""
+    if dtype not in MMA_DTYPES:
+        raise ValueError(f"the tensor-core kernel takes dtype float16 or bfloat16, got {dtype!r}")
+    bq, bk, mb = flash_attention_mma_fa2_wide_config(head_dim, block_q, block_k, min_blocks)
+    return KernelBuild.make("flash_attention_mma_fa2_wide", dtype, trace, HEAD_DIM=head_dim, BLOCK_Q=bq, BLOCK_K=bk,
+                            MIN_BLOCKS=mb, LAZY_RESCALE=1, FA2_DYNAMIC_SMEM=1, WARP_ROWS=32)
 
 
 # ---------------------------------------------------------------------------
@@ -935,7 +1009,7 @@ class KernelBuild:
             return 2 * flash_attention_mma_smem_bytes(d["HEAD_DIM"], d["BLOCK_K"])
         if self.kernel == "flash_attention_mma_fa2":
             return flash_attention_mma_fa2_smem_bytes(d["HEAD_DIM"], d["BLOCK_K"])
-        if self.kernel in WGMMA_KERNELS or self.kernel == "flash_attention_mma_fa2_lazy":
+        if self.kernel in WGMMA_KERNELS or self.kernel in ("flash_attention_mma_fa2_lazy", "flash_attention_mma_fa2_wide"):
             return 0                                         # (all of it dynamic: dynamic_smem_bytes)
         if self.kernel == "flash_attention_regtile":
             return 0 if d.get("REGTILE_DYNAMIC_SMEM") else flash_attention_regtile_smem_bytes(d["HEAD_DIM"],
@@ -969,6 +1043,9 @@ class KernelBuild:
         if self.kernel == "flash_attention_mma_fa2_lazy":
             d = dict(self.defines)
             return flash_attention_mma_fa2_smem_bytes(d["HEAD_DIM"], d["BLOCK_K"])
+        if self.kernel == "flash_attention_mma_fa2_wide":
+            d = dict(self.defines)
+            return flash_attention_mma_fa2_wide_smem_bytes(d["HEAD_DIM"], d["BLOCK_Q"], d["BLOCK_K"])
         if self.kernel == "flash_attention_regtile" and dict(self.defines).get("REGTILE_DYNAMIC_SMEM"):
             d = dict(self.defines)
             return flash_attention_regtile_smem_bytes(d["HEAD_DIM"], d["BLOCK_Q"], d["BLOCK_K"])
@@ -983,8 +1060,9 @@ class KernelBuild:
     def threads_per_block(self) -> int:
         if self.kernel in WGMMA_KERNELS:
             return WGMMA_THREADS
-        if self.kernel in ("flash_attention_mma_fa2", "flash_attention_mma_fa2_lazy"):   # one warp per 16 query rows
-            return 32 * (dict(self.defines)["BLOCK_Q"] // 16)
+        if self.kernel in ("flash_attention_mma_fa2", "flash_attention_mma_fa2_lazy", "flash_attention_mma_fa2_wide"):
+            d = dict(self.defines)                   # one warp per WARP_ROWS (16 or 32) query rows
+            return 32 * (d["BLOCK_Q"] // d.get("WARP_ROWS", 16))
         return dict(self.defines).get("TILE", 256) if self.kernel == "online_softmax" else NUM_THREADS
 
     def describe(self) -> str:
@@ -1041,6 +1119,7 @@ def default_builds(head_dim: int = 128, dtype: str = "float16", trace: bool = Fa
         builds.append(flash_attention_mma_fa2_build(head_dim, dtype, trace))
     if dtype in MMA_DTYPES and head_dim in FA2_LAZY_CONFIGS:
         builds.append(flash_attention_mma_fa2_lazy_build(head_dim, dtype, trace))
+        builds.append(flash_attention_mma_fa2_wide_build(head_dim, dtype, trace))
     if dtype in MMA_DTYPES and head_dim in BACKWARD_MMA_HEAD_DIMS and not trace:    # (it has no trace build)
         builds.append(flash_attention_backward_mma_build(head_dim, dtype))
     return builds

@@ -61,16 +61,34 @@
 //   rescale costs registers at d = 128 (64 x 32 tiles: 218-224 against 202-208 without it). The other
 //   legal tiles: lessons.gpu.source.FA2_LAZY_SWEEP.
 //
+// A third switch, WARP_ROWS = 32 (with the two above: 16 by default), makes the rung after that,
+// flash_attention_mma_fa2_wide: FlashAttention-2's own warp shape, each warp owning 32 query rows
+// (two 16-row m-tiles, M_TILES = 2) instead of 16, so a block of 128 rows is 4 warps, not 8.
+//   * Each K fragment (ldmatrix.x4 in step 3) and each V fragment (step 6) read from shared memory
+//     feeds two mma instructions instead of one: half the shared-memory reads per product, and two
+//     independent mmas in flight per fragment.
+//   * The price is registers: o and s double per thread (o: 2 x 4 x HEAD_DIM / 8 floats, 128 at
+//     d = 128). So Q no longer stays in registers: it keeps its own region of shared memory behind
+//     the two stages (BLOCK_Q x HEAD_DIM x 2 bytes), and step 3 loads its A fragments (ldmatrix.x4,
+//     one per m-tile and 16-wide slice of d) as it goes, as FlashAttention-2 does.
+//   FlashAttention-2 takes 128 x 128 tiles at d = 64 and 128 x 64 at d = 128 on an H100; here 128 keys
+//   at d = 64 spill (s alone is 128 floats per thread), so the default is 128 x 64 at both head dims.
+//   Compile report (NVRTC 12.9, float16, sm_90, no spills): d = 64, 128 x 64: 223 registers x 128
+//   threads, 48 KiB; d = 128, 128 x 64: 255 registers x 128 threads, 96 KiB: 2 blocks (8 warps) per SM.
+//   (sm_80 spills 120 bytes at d = 128, 128 x 64.) The other legal tiles: lessons.gpu.source.FA2_WIDE_SWEEP.
+//
 // NaN rule and empty rows exactly as flash_attention_mma_async.cu: inf/NaN in V reach only
 // the rows that give that key p > 0 (step 7), a row that sees nothing gives 0 and lse -inf.
 //
 // On the CPU emulator cp.async is a plain copy, ldmatrix is done by its definition (every lane
 // publishes its row address, then picks its elements out of the other lanes' rows) and ex2 is exp2f.
 //
-// Launch: grid = (ceil(n_q / BLOCK_Q), batch * heads), block = BLOCK_Q / 16 warps.
-// Defines: HEAD_DIM (64 or 128), BLOCK_Q (64 or 128), BLOCK_K (32 or 64), MIN_BLOCKS (blocks per
-// SM promised to ptxas), FA_DTYPE 1 or 2, FA_TRACE, LAZY_RESCALE and FA2_DYNAMIC_SMEM (0 or 1; with
-// FA2_DYNAMIC_SMEM a launch asks for 8 * BLOCK_K * HEAD_DIM bytes of dynamic shared memory). sm_80+.
+// Launch: grid = (ceil(n_q / BLOCK_Q), batch * heads), block = BLOCK_Q / WARP_ROWS warps.
+// Defines: HEAD_DIM (64 or 128), BLOCK_Q (64 or 128), BLOCK_K (32 or 64),
+// MIN_BLOCKS (blocks per SM promised to ptxas), FA_DTYPE 1 or 2, FA_TRACE, LAZY_RESCALE and
+// FA2_DYNAMIC_SMEM (0 or 1), WARP_ROWS (16 or 32; 32 needs the other two). With FA2_DYNAMIC_SMEM a
+// launch asks for 8 * BLOCK_K * HEAD_DIM bytes of dynamic shared memory (+ 2 * BLOCK_Q * HEAD_DIM with
+// WARP_ROWS 32, for Q). sm_80+.
 #include "common.cuh"
 // the plumbing of the tensor cores: pack2f, pack_float2, fast_exp2, non_finite, chunk_non_finite, finite_part,
 // mma_16x8x16, saddr / sadd (32-bit shared-memory addresses), cp_async16 / cp_async_commit / cp_async_wait,
@@ -95,7 +113,12 @@
 #ifndef FA2_DYNAMIC_SMEM
 #define FA2_DYNAMIC_SMEM 0
 #endif
-#define NUM_WARPS (BLOCK_Q / 16)
+#ifndef WARP_ROWS
+#define WARP_ROWS 16
+#endif
+#define M_TILES (WARP_ROWS / 16)        // 16-row m-tiles per warp
+#define Q_IN_REGS (M_TILES == 1)        // Q's A fragments stay in registers (else: read from shared memory)
+#define NUM_WARPS (BLOCK_Q / WARP_ROWS)
 #define NUM_THREADS (NUM_WARPS * 32)
 #define CHUNKS (HEAD_DIM / 8)           // 16-byte chunks per row of Q, K, V
 #define D_STEPS (HEAD_DIM / 16)         // 16-wide slices of d:   S = sum over slices of Q K^T
@@ -103,13 +126,18 @@
 #define KEY_STEPS (BLOCK_K / 16)        // 16-key slices:         o += sum over slices of P V
 #define O_TILES (HEAD_DIM / 8)          // 16x8 output tiles per warp
 #define STAGE_ELEMS (2 * BLOCK_K * HEAD_DIM)   // one stage: K tile, then V tile
+// shared memory: two stages, then (WARP_ROWS 32) the Q tile; with 16-row warps Q passes through stage 1
+#define SMEM_ELEMS (2 * STAGE_ELEMS + (Q_IN_REGS ? 0 : BLOCK_Q * HEAD_DIM))
+#define Q_OFFSET (Q_IN_REGS ? STAGE_ELEMS : 2 * STAGE_ELEMS)
 
 static_assert(FA_DTYPE == 1 || FA_DTYPE == 2, "tensor cores take float16 or bfloat16 inputs");
 static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "HEAD_DIM must be 64 or 128");
 static_assert(BLOCK_Q == 64 || BLOCK_Q == 128, "BLOCK_Q must be 64 or 128");
+static_assert(WARP_ROWS == 16 || WARP_ROWS == 32, "WARP_ROWS must be 16 or 32");
+static_assert(WARP_ROWS == 16 || (LAZY_RESCALE && FA2_DYNAMIC_SMEM), "the wide rung builds on the lazy one");
 static_assert(BLOCK_K == 32 || BLOCK_K == 64, "BLOCK_K must be 32 or 64");
-static_assert(BLOCK_Q * HEAD_DIM <= STAGE_ELEMS, "the Q tile must fit in one K/V stage");
-static_assert(FA2_DYNAMIC_SMEM || 2 * STAGE_ELEMS * 2 <= 48 * 1024,
+static_assert(!Q_IN_REGS || BLOCK_Q * HEAD_DIM <= STAGE_ELEMS, "the Q tile must fit in one K/V stage");
+static_assert(FA2_DYNAMIC_SMEM || SMEM_ELEMS * 2 <= 48 * 1024,
               "two stages over 48 KiB need dynamic shared memory (FA2_DYNAMIC_SMEM=1)");
 
 #define LOG2E 1.4426950408889634f
@@ -142,8 +170,16 @@ __device__ __forceinline__ void copy_rows(scalar_t* dst, saddr_t dst_s, const sc
 // each 16-byte aligned. out: like q; lse: (batch*heads, n_q) float32.
 // causal != 0: query i sees key j iff j <= i + n_k - n_q (bottom-right aligned).
 // Trace: trace_rows (n_trace_rows,) query rows; trace (batch*heads, n_trace_rows, trace_tiles, 3).
-// (One body, two names: the entry point is flash_attention_mma_fa2_lazy when LAZY_RESCALE is 1.)
-#if LAZY_RESCALE
+// (One body, three names: the entry point is flash_attention_mma_fa2_wide when WARP_ROWS is 32, else
+//  flash_attention_mma_fa2_lazy when LAZY_RESCALE is 1.)
+#if WARP_ROWS == 32
+extern "C" __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS)
+flash_attention_mma_fa2_wide(const scalar_t* __restrict__ q, const scalar_t* __restrict__ k,
+                             const scalar_t* __restrict__ v, scalar_t* __restrict__ out,
+                             float* __restrict__ lse, int n_q, int n_k, float scale, int causal,
+                             const int* __restrict__ trace_rows, int n_trace_rows, int trace_tiles,
+                             float* __restrict__ trace) {
+#elif LAZY_RESCALE
 extern "C" __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS)
 flash_attention_mma_fa2_lazy(const scalar_t* __restrict__ q, const scalar_t* __restrict__ k,
                              const scalar_t* __restrict__ v, scalar_t* __restrict__ out,
@@ -158,19 +194,19 @@ flash_attention_mma_fa2(const scalar_t* __restrict__ q, const scalar_t* __restri
                         const int* __restrict__ trace_rows, int n_trace_rows, int trace_tiles,
                         float* __restrict__ trace) {
 #endif
-    // two stages of [K tile | V tile], swizzled; stage 1 first holds the Q tile
+    // two stages of [K tile | V tile], swizzled; the Q tile at Q_OFFSET (stage 1, or its own region)
 #if FA2_DYNAMIC_SMEM && !defined(FA_CPU_EMULATION)
-    extern __shared__ __align__(128) scalar_t smem[];             // 2 * STAGE_ELEMS, asked for at launch
+    extern __shared__ __align__(128) scalar_t smem[];             // SMEM_ELEMS, asked for at launch
 #else
-    __shared__ __align__(128) scalar_t smem[2 * STAGE_ELEMS];
+    __shared__ __align__(128) scalar_t smem[SMEM_ELEMS];
 #endif
 
     const int tid = threadIdx.x;
     const int warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;            // fragment coordinates (flash_attention_mma.cu)
     const int q_start = blockIdx.x * BLOCK_Q;
-    const int warp_q0 = q_start + warp * 16;         // this warp's first query row
-    const int row_g = warp_q0 + g;                   // this lane's two query rows: row_g, row_g + 8
+    const int warp_q0 = q_start + warp * WARP_ROWS;  // this warp's first query row
+    const int row_g = warp_q0 + g;                   // this lane's query rows: row_g + 16 mt + 8 h
     const long long bh = blockIdx.y;
     const float scale_log2 = scale * LOG2E;          // scores in log2 units: 2^(s2 - m2) = e^(s - m)
 
@@ -181,8 +217,8 @@ flash_attention_mma_fa2(const scalar_t* __restrict__ q, const scalar_t* __restri
     const int n_tiles = tiles_to_visit(q_start, BLOCK_Q, n_q, n_k, BLOCK_K, causal);
     const saddr_t smem_s = saddr(smem);
 
-    // ---- 0. Q and tile 0 (stage 0) by cp.async; then Q into registers ---------------------
-    copy_rows<BLOCK_Q>(smem + STAGE_ELEMS, sadd(smem_s, STAGE_ELEMS), q_bh, q_start, n_q, tid);
+    // ---- 0. Q and tile 0 (stage 0) by cp.async; then (16-row warps) Q into registers ---------
+    copy_rows<BLOCK_Q>(smem + Q_OFFSET, sadd(smem_s, Q_OFFSET), q_bh, q_start, n_q, tid);
     cp_async_commit();
     if (n_tiles > 0) {
         copy_rows<BLOCK_K>(smem, smem_s, k_bh, 0, n_k, tid);
@@ -191,29 +227,43 @@ flash_attention_mma_fa2(const scalar_t* __restrict__ q, const scalar_t* __restri
     cp_async_commit();
     cp_async_wait<1>();                              // Q has landed (tile 0 may still be in flight)
     __syncthreads();
-    // A fragment of rows warp*16 .. +15, columns 16ds .. +15: lane L names row L % 16, chunk 2ds + L / 16
+    // A fragment of m-tile mt (rows warp * WARP_ROWS + 16 mt .. +15), columns 16ds .. +15:
+    // lane L names row L % 16, chunk 2ds + L / 16
+#if Q_IN_REGS
     unsigned q_frag[D_STEPS][4];
 #pragma unroll
     for (int ds = 0; ds < D_STEPS; ++ds)
-        ldmatrix_x4(q_frag[ds], sadd(smem_s, STAGE_ELEMS + swz(warp * 16 + lane % 16, 2 * ds + lane / 16)), false);
+        ldmatrix_x4(q_frag[ds], sadd(smem_s, Q_OFFSET + swz(warp * 16 + lane % 16, 2 * ds + lane / 16)), false);
     __syncthreads();                                 // stage 1 is free for tile 1
-
-#ifdef FA_TRACE
-    int trace_slot[2] = {-1, -1};
-    for (int h = 0; h < 2; ++h)
-        if ((row_g + 8 * h) < n_q)
-            for (int i = 0; i < n_trace_rows; ++i)
-                if (trace_rows[i] == (row_g + 8 * h)) trace_slot[h] = i;
 #endif
 
-    // ---- the running state of rows g and g + 8 (index h = 0, 1); m2 in log2 units ----------
-    float m2[2] = {NEG_INF, NEG_INF};
-    float l[2] = {0.f, 0.f};
-    float o[O_TILES][4];                             // o[n][i]: row row_g + 8 * (i / 2), column 8n + 2t + i % 2
+#ifdef FA_TRACE
+    int trace_slot[M_TILES][2];
+    for (int mt = 0; mt < M_TILES; ++mt)
+        for (int h = 0; h < 2; ++h) {
+            trace_slot[mt][h] = -1;
+            const int row = row_g + 16 * mt + 8 * h;
+            if (row < n_q)
+                for (int i = 0; i < n_trace_rows; ++i)
+                    if (trace_rows[i] == row) trace_slot[mt][h] = i;
+        }
+#endif
+
+    // ---- the running state of rows row_g + 16 mt + 8 h (index [mt][h]); m2 in log2 units ---------
+    float m2[M_TILES][2], l[M_TILES][2];
+    float o[M_TILES][O_TILES][4];                    // o[mt][n][i]: row row_g + 16 mt + 8 (i / 2), column 8n + 2t + i % 2
 #pragma unroll
-    for (int n = 0; n < O_TILES; ++n)
+    for (int mt = 0; mt < M_TILES; ++mt) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) o[n][i] = 0.f;
+        for (int h = 0; h < 2; ++h) {
+            m2[mt][h] = NEG_INF;
+            l[mt][h] = 0.f;
+        }
+#pragma unroll
+        for (int n = 0; n < O_TILES; ++n)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) o[mt][n][i] = 0.f;
+    }
 
     for (int tile = 0; tile < n_tiles; ++tile) {
         const int k_start = tile * BLOCK_K;
@@ -247,21 +297,35 @@ flash_attention_mma_fa2(const scalar_t* __restrict__ q, const scalar_t* __restri
         const bool tile_has_non_finite_v = __syncthreads_or(v_had_non_finite) != 0;
 
         // 3. S = Q K_j^T. B = K^T: b0, b1 of score tile n are K[key 8n + g][16ds + 2t (+8)].
-        //    ldmatrix.x4 for tiles n, n + 1: lane L names key 8n + 8(L / 16) + L % 8, chunk 2ds + (L / 8) % 2
-        float s[S_TILES][4];
+        //    ldmatrix.x4 for tiles n, n + 1: lane L names key 8n + 8(L / 16) + L % 8, chunk 2ds + (L / 8) % 2;
+        //    each B fragment serves the warp's M_TILES m-tiles
+        float s[M_TILES][S_TILES][4];
 #pragma unroll
-        for (int n = 0; n < S_TILES; ++n)
+        for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
-            for (int i = 0; i < 4; ++i) s[n][i] = 0.f;
+            for (int n = 0; n < S_TILES; ++n)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) s[mt][n][i] = 0.f;
 #pragma unroll
         for (int ds = 0; ds < D_STEPS; ++ds) {
-            const unsigned* q_ds = q_frag[ds];
+#if Q_IN_REGS
+            const unsigned (*a)[4] = &q_frag[ds];    // a[0]: the A fragment of the warp's one m-tile
+#else
+            unsigned a[M_TILES][4];                  // (32-row warps) Q's A fragments, from shared memory
+#pragma unroll
+            for (int mt = 0; mt < M_TILES; ++mt)
+                ldmatrix_x4(a[mt], sadd(smem_s, Q_OFFSET + swz(warp * WARP_ROWS + 16 * mt + lane % 16,
+                                                               2 * ds + lane / 16)), false);
+#endif
 #pragma unroll
             for (int n = 0; n < S_TILES; n += 2) {
                 unsigned b[4];
                 ldmatrix_x4(b, sadd(k_s, swz(n * 8 + 8 * (lane / 16) + lane % 8, 2 * ds + (lane / 8) % 2)), false);
-                mma_16x8x16(s[n], q_ds, b);
-                mma_16x8x16(s[n + 1], q_ds, b + 2);
+#pragma unroll
+                for (int mt = 0; mt < M_TILES; ++mt) {
+                    mma_16x8x16(s[mt][n], a[mt], b);
+                    mma_16x8x16(s[mt][n + 1], a[mt], b + 2);
+                }
             }
         }
 
@@ -269,59 +333,70 @@ flash_attention_mma_fa2(const scalar_t* __restrict__ q, const scalar_t* __restri
         //    that reaches past n_k or past this warp's first row's diagonal (the same for the warp)
         const bool needs_mask = k_start + BLOCK_K > n_k ||
                                 (causal && k_start + BLOCK_K - 1 > warp_q0 + n_k - n_q);
-        float tile_max[2] = {NEG_INF, NEG_INF};
+        float tile_max[M_TILES][2];
 #pragma unroll
-        for (int n = 0; n < S_TILES; ++n)
+        for (int mt = 0; mt < M_TILES; ++mt) {
+            tile_max[mt][0] = tile_max[mt][1] = NEG_INF;
 #pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const int h = i / 2;
-                float x = s[n][i] * scale_log2;
-                if (needs_mask) {
-                    const int key = k_start + n * 8 + 2 * t + i % 2;
-                    if (key >= n_k || (causal && key > (row_g + 8 * h) + n_k - n_q)) x = NEG_INF;
+            for (int n = 0; n < S_TILES; ++n)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int h = i / 2;
+                    float x = s[mt][n][i] * scale_log2;
+                    if (needs_mask) {
+                        const int key = k_start + n * 8 + 2 * t + i % 2;
+                        if (key >= n_k || (causal && key > (row_g + 16 * mt + 8 * h) + n_k - n_q)) x = NEG_INF;
+                    }
+                    s[mt][n][i] = x;
+                    tile_max[mt][h] = fmaxf(tile_max[mt][h], x);
                 }
-                s[n][i] = x;
-                tile_max[h] = fmaxf(tile_max[h], x);
-            }
-
-        // 5. the online-softmax step for both rows (a row's 4 lanes form a quad), in base 2;
-        //    each p is rounded to 16 bits as soon as it is made: p16[n][h] holds keys 8n + 2t,
-        //    8n + 2t + 1 of row (row_g + 8 * h), the registers of the A fragment of P V (half of s's)
-        float alpha[2], m_safe[2], row_sum[2] = {0.f, 0.f};
-#if LAZY_RESCALE
-        bool moved = false;                          // did the max of row g or g + 8 move up?
-#endif
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const float m_new = fmaxf(m2[h], group_max<4>(tile_max[h]));
-            m_safe[h] = safe_max(m_new);
-#if LAZY_RESCALE
-            // m_new >= m2 and neither is NaN (fmaxf drops NaN scores), so m_new != m2 means the max
-            // moved up. A row whose max did not move gets alpha = 1.f, not ex2(0); one that still sees
-            // nothing (-inf before and after) is no move either and keeps 2^(-inf - 0) = 0, as NumPy
-            // has it (its l and o are 0). ex2 is computed either way: written as "up ? ex2 : 1",
-            // NVVM branches around it, and ptxas then spills at d = 64 with 128-row blocks.
-            const bool up = m_new != m2[h];
-            const float a = fast_exp2(m2[h] - m_safe[h]);
-            alpha[h] = up || m2[h] == NEG_INF ? a : 1.f;
-            moved |= up;
-#else
-            alpha[h] = fast_exp2(m2[h] - m_safe[h]);
-#endif
-            m2[h] = m_new;
         }
-        unsigned p16[S_TILES][2];
+
+        // 5. the online-softmax step for each row (a row's 4 lanes form a quad), in base 2;
+        //    each p is rounded to 16 bits as soon as it is made: p16[mt][n][h] holds keys 8n + 2t,
+        //    8n + 2t + 1 of row (row_g + 16 mt + 8 h), the registers of the A fragment of P V (half of s's)
+        float alpha[M_TILES][2], m_safe[M_TILES][2], row_sum[M_TILES][2];
+#if LAZY_RESCALE
+        bool moved = false;                          // did the max of one of this lane's rows move up?
+#endif
 #pragma unroll
-        for (int n = 0; n < S_TILES; ++n)
+        for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                const float p0 = fast_exp2(s[n][2 * h] - m_safe[h]);        // masked: 2^-inf = 0
-                const float p1 = fast_exp2(s[n][2 * h + 1] - m_safe[h]);
-                row_sum[h] += p0 + p1;
-                p16[n][h] = pack_float2(p0, p1);
+                const float m_new = fmaxf(m2[mt][h], group_max<4>(tile_max[mt][h]));
+                m_safe[mt][h] = safe_max(m_new);
+#if LAZY_RESCALE
+                // m_new >= m2 and neither is NaN (fmaxf drops NaN scores), so m_new != m2 means the max
+                // moved up. A row whose max did not move gets alpha = 1.f, not ex2(0); one that still sees
+                // nothing (-inf before and after) is no move either and keeps 2^(-inf - 0) = 0, as NumPy
+                // has it (its l and o are 0). ex2 is computed either way: written as "up ? ex2 : 1",
+                // NVVM branches around it, and ptxas then spills at d = 64 with 128-row blocks.
+                const bool up = m_new != m2[mt][h];
+                const float a = fast_exp2(m2[mt][h] - m_safe[mt][h]);
+                alpha[mt][h] = up || m2[mt][h] == NEG_INF ? a : 1.f;
+                moved |= up;
+#else
+                alpha[mt][h] = fast_exp2(m2[mt][h] - m_safe[mt][h]);
+#endif
+                m2[mt][h] = m_new;
+                row_sum[mt][h] = 0.f;
             }
+        unsigned p16[M_TILES][S_TILES][2];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) l[h] = alpha[h] * l[h] + group_sum<4>(row_sum[h]);
+        for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+            for (int n = 0; n < S_TILES; ++n)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const float p0 = fast_exp2(s[mt][n][2 * h] - m_safe[mt][h]);        // masked: 2^-inf = 0
+                    const float p1 = fast_exp2(s[mt][n][2 * h + 1] - m_safe[mt][h]);
+                    row_sum[mt][h] += p0 + p1;
+                    p16[mt][n][h] = pack_float2(p0, p1);
+                }
+#pragma unroll
+        for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) l[mt][h] = alpha[mt][h] * l[mt][h] + group_sum<4>(row_sum[mt][h]);
 #if LAZY_RESCALE
         const bool rescale = __any_sync(0xffffffffu, moved);    // one answer per warp: no divergence
 #else
@@ -329,54 +404,69 @@ flash_attention_mma_fa2(const scalar_t* __restrict__ q, const scalar_t* __restri
 #endif
         if (rescale) {
 #pragma unroll
-            for (int n = 0; n < O_TILES; ++n)
+            for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
-                for (int i = 0; i < 4; ++i) o[n][i] *= alpha[i / 2];
+                for (int n = 0; n < O_TILES; ++n)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) o[mt][n][i] *= alpha[mt][i / 2];
         }
 
-        // (for step 7, only when V held inf or NaN: bit 2n + e of p_zero_bits[h] is set when
-        //  key 8n + 2t + e of row (row_g + 8 * h) has p = 0 as rounded for the mma)
-        unsigned p_zero_bits[2] = {0u, 0u};
+        // (for step 7, only when V held inf or NaN: bit 2n + e of p_zero_bits[mt][h] is set when
+        //  key 8n + 2t + e of row (row_g + 16 mt + 8 h) has p = 0 as rounded for the mma)
+        unsigned p_zero_bits[M_TILES][2];
+#pragma unroll
+        for (int mt = 0; mt < M_TILES; ++mt) p_zero_bits[mt][0] = p_zero_bits[mt][1] = 0u;
         if (tile_has_non_finite_v)
 #pragma unroll
-            for (int n = 0; n < S_TILES; ++n)
+            for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    if ((p16[n][h] & 0xffffu) == 0u) p_zero_bits[h] |= 1u << (2 * n);
-                    if ((p16[n][h] >> 16) == 0u) p_zero_bits[h] |= 1u << (2 * n + 1);
-                }
+                for (int n = 0; n < S_TILES; ++n)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        if ((p16[mt][n][h] & 0xffffu) == 0u) p_zero_bits[mt][h] |= 1u << (2 * n);
+                        if ((p16[mt][n][h] >> 16) == 0u) p_zero_bits[mt][h] |= 1u << (2 * n + 1);
+                    }
 
         // 6. o += P V_j. P's A fragment for keys 16ks .. +15 is the (rounded) C fragments of score
         //    tiles 2ks and 2ks + 1 (no shared memory). B = V: b0, b1 of output tile n are
         //    V[key 16ks + 2t (+8), +1][column 8n + g]: ldmatrix.x4.trans for tiles n, n + 1,
-        //    lane L names key 16ks + 8((L / 8) % 2) + L % 8, chunk n + L / 16
+        //    lane L names key 16ks + 8((L / 8) % 2) + L % 8, chunk n + L / 16; each B fragment serves
+        //    the warp's M_TILES m-tiles
 #pragma unroll
         for (int ks = 0; ks < KEY_STEPS; ++ks) {
-            const unsigned p_frag[4] = {p16[2 * ks][0], p16[2 * ks][1], p16[2 * ks + 1][0], p16[2 * ks + 1][1]};
 #pragma unroll
             for (int n = 0; n < O_TILES; n += 2) {
                 unsigned b[4];
                 ldmatrix_x4(b, sadd(v_s, swz(ks * 16 + 8 * ((lane / 8) % 2) + lane % 8, n + lane / 16)), true);
-                mma_16x8x16(o[n], p_frag, b);
-                mma_16x8x16(o[n + 1], p_frag, b + 2);
+#pragma unroll
+                for (int mt = 0; mt < M_TILES; ++mt) {
+                    const unsigned p_frag[4] = {p16[mt][2 * ks][0], p16[mt][2 * ks][1], p16[mt][2 * ks + 1][0],
+                                                p16[mt][2 * ks + 1][1]};
+                    mma_16x8x16(o[mt][n], p_frag, b);
+                    mma_16x8x16(o[mt][n + 1], p_frag, b + 2);
+                }
             }
         }
 
         // 7. (only for a tile whose V held inf or NaN; the same for the whole block) the terms
         //    p * v that step 6 left out: for v = inf or NaN and p > 0, p * v is v itself; p = 0
-        //    adds nothing. Key j's p of rows g, g + 8 is in lane 4g + (j % 8) / 2, which passes
-        //    its p_zero bits by a shuffle. (As flash_attention_mma_async.cu.)
+        //    adds nothing. Key j's p of rows g, g + 8 (of each m-tile) is in lane 4g + (j % 8) / 2,
+        //    which passes its p_zero bits by a shuffle. (As flash_attention_mma_async.cu.)
         if (tile_has_non_finite_v) {
             const int n_keys = min(BLOCK_K, n_k - k_start);
 #pragma unroll 1
             for (int j = 0; j < n_keys; ++j) {
-                bool adds[2];
+                bool adds[M_TILES][2];
+                bool any = false;
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    const unsigned bits = __shfl_sync(0xffffffffu, p_zero_bits[h], 4 * g + (j % 8) / 2);
-                    adds[h] = !((bits >> (2 * (j / 8) + j % 2)) & 1u);
-                }
-                if (!adds[0] && !adds[1]) continue;
+                for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const unsigned bits = __shfl_sync(0xffffffffu, p_zero_bits[mt][h], 4 * g + (j % 8) / 2);
+                        adds[mt][h] = !((bits >> (2 * (j / 8) + j % 2)) & 1u);
+                        any |= adds[mt][h];
+                    }
+                if (!any) continue;
                 const scalar_t* v_row = v_bh + (long long)(k_start + j) * HEAD_DIM + 2 * t;
 #pragma unroll
                 for (int n = 0; n < O_TILES; ++n)
@@ -385,33 +475,39 @@ flash_attention_mma_fa2(const scalar_t* __restrict__ q, const scalar_t* __restri
                         const scalar_t x = v_row[n * 8 + e];
                         if (!non_finite(x)) continue;
 #pragma unroll
-                        for (int h = 0; h < 2; ++h)
-                            if (adds[h]) o[n][2 * h + e] += to_float(x);
+                        for (int mt = 0; mt < M_TILES; ++mt)
+#pragma unroll
+                            for (int h = 0; h < 2; ++h)
+                                if (adds[mt][h]) o[mt][n][2 * h + e] += to_float(x);
                     }
             }
         }
 
 #ifdef FA_TRACE
         if (t == 0)
-            for (int h = 0; h < 2; ++h)
-                if (trace_slot[h] >= 0) {
-                    float* rec = trace + ((bh * n_trace_rows + trace_slot[h]) * trace_tiles + tile) * TRACE_FIELDS;
-                    rec[0] = m2[h] * LN2; rec[1] = alpha[h]; rec[2] = l[h];
-                }
+            for (int mt = 0; mt < M_TILES; ++mt)
+                for (int h = 0; h < 2; ++h)
+                    if (trace_slot[mt][h] >= 0) {
+                        float* rec = trace + ((bh * n_trace_rows + trace_slot[mt][h]) * trace_tiles + tile) * TRACE_FIELDS;
+                        rec[0] = m2[mt][h] * LN2; rec[1] = alpha[mt][h]; rec[2] = l[mt][h];
+                    }
 #endif
         __syncthreads();                             // everyone is done with this stage
     }
 
     // ---- finalize: one reciprocal per row; 32-bit stores; rows past n_q write nothing --------
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        if ((row_g + 8 * h) >= n_q) continue;
-        const bool seen = l[h] != 0.f;               // false: nothing visible -> 0, lse -inf
-        const float inv_l = seen ? 1.f / l[h] : 0.f;
-        unsigned* out_row = reinterpret_cast<unsigned*>(out + (bh * n_q + (row_g + 8 * h)) * HEAD_DIM);
+    for (int mt = 0; mt < M_TILES; ++mt)
 #pragma unroll
-        for (int n = 0; n < O_TILES; ++n)
-            out_row[n * 4 + t] = pack_float2(o[n][2 * h] * inv_l, o[n][2 * h + 1] * inv_l);
-        if (t == 0) lse[bh * n_q + (row_g + 8 * h)] = seen ? (m2[h] + log2f(l[h])) * LN2 : NEG_INF;
-    }
+        for (int h = 0; h < 2; ++h) {
+            const int row = row_g + 16 * mt + 8 * h;
+            if (row >= n_q) continue;
+            const bool seen = l[mt][h] != 0.f;       // false: nothing visible -> 0, lse -inf
+            const float inv_l = seen ? 1.f / l[mt][h] : 0.f;
+            unsigned* out_row = reinterpret_cast<unsigned*>(out + (bh * n_q + row) * HEAD_DIM);
+#pragma unroll
+            for (int n = 0; n < O_TILES; ++n)
+                out_row[n * 4 + t] = pack_float2(o[mt][n][2 * h] * inv_l, o[mt][n][2 * h + 1] * inv_l);
+            if (t == 0) lse[bh * n_q + row] = seen ? (m2[mt][h] + log2f(l[mt][h])) * LN2 : NEG_INF;
+        }
 }
