@@ -632,7 +632,7 @@ def flash_attention_mma_fa2_wide_gpu(q, k, v, *, scale=None, causal: bool = Fals
         :func:`flash_attention_gpu`; head dim d = 64 or 128; any Nq, Nk >= 0.
     scale, causal, bfloat16, trace_rows, backend : as :func:`flash_attention_gpu`.
     block_q, block_k, min_blocks : query rows per block (64 or 128, 32 per warp), keys per tile (32 or 64)
-        and blocks per SM promised to the compiler; None: (128, 64, 2) at both head dims; otherwise a
+        and blocks per SM promised to the compiler; None: (128, 64, 2) at d = 64, (128, 32, 2) at d = 128; otherwise a
         configuration of :func:`lessons.gpu.source.flash_attention_mma_fa2_wide_configs`, with the rules of
         :func:`lessons.gpu.source.flash_attention_mma_fa2_wide_config` for one left None.
 

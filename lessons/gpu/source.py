@@ -489,9 +489,9 @@ def flash_attention_mma_fa2_lazy_build(head_dim: int, dtype: str = "float16", tr
 # ---------------------------------------------------------------------------
 
 #: head dim -> default (block_q, block_k, min_blocks) of ``flash_attention_mma_fa2_wide``: 128 query rows over
-#: 4 warps of 32 and 64-key tiles, FlashAttention-2's forward tile for an H100 at d = 128 (at d = 64 it takes
-#: 128 keys, which spill here: s alone would be 128 floats per thread)
-FA2_WIDE_CONFIGS = {64: (128, 64, 2), 128: (128, 64, 2)}
+#: 4 warps of 32; 64-key tiles at d = 64, 32 at d = 128 (FlashAttention-2's forward tile for an A100; the 64 it
+#: takes on an H100 is in the sweep: it spills on sm_80, and 128 keys at d = 64 spill everywhere)
+FA2_WIDE_CONFIGS = {64: (128, 64, 2), 128: (128, 32, 2)}
 #: head dim -> every (block_q, block_k, min_blocks) the wide-warp rung takes (its tuning sweep): 64 or 128 query
 #: rows (2 or 4 warps of 32 rows), 32 or 64 keys, and the values of min_blocks for which NVRTC 12.9 spills
 #: nothing on sm_90 (the GPUs the rung is timed on), one per register cap that changes the code (1 and 2 are
@@ -500,7 +500,7 @@ FA2_WIDE_CONFIGS = {64: (128, 64, 2), 128: (128, 64, 2)}
 #: two d = 128 tiles spill a little: (128, 64) 120 bytes, (64, 32) 36 bytes.
 FA2_WIDE_SWEEP = {
     64: ((128, 64, 2), (128, 32, 2), (128, 32, 3), (64, 64, 2), (64, 32, 2)),
-    128: ((128, 64, 2), (128, 32, 2), (64, 32, 2)),
+    128: ((128, 32, 2), (128, 64, 2), (64, 32, 2)),
 }
 
 
@@ -515,7 +515,7 @@ def flash_attention_mma_fa2_wide_config(head_dim: int, block_q: int | None = Non
                                         min_blocks: int | None = None) -> tuple[int, int, int]:
     """``(block_q, block_k, min_blocks)`` of the wide-warp rung (32 query rows per warp) at ``head_dim``.
 
-    All None: :data:`FA2_WIDE_CONFIGS` (d = 64: (128, 128, 1); d = 128: (128, 64, 1)). Otherwise ``block_q``
+    All None: :data:`FA2_WIDE_CONFIGS` (d = 64: (128, 64, 2); d = 128: (128, 32, 2)). Otherwise ``block_q``
     and ``block_k`` must be a pair of :func:`flash_attention_mma_fa2_wide_configs`, with the same rules for a
     missing one and for ``min_blocks`` as :func:`flash_attention_mma_fa2_lazy_config`. Raises TypeError for a
     non-integer (bools included), ValueError naming the argument and listing what it may be otherwise.
@@ -526,7 +526,7 @@ def flash_attention_mma_fa2_wide_config(head_dim: int, block_q: int | None = Non
 def flash_attention_mma_fa2_wide_smem_bytes(head_dim: int, block_q: int, block_k: int) -> int:
     """Dynamic shared memory of ``flash_attention_mma_fa2_wide`` in bytes: the two K/V stages of
     :func:`flash_attention_mma_fa2_smem_bytes` (``8 * block_k * d``) and the block's Q tile, which keeps
-    its own region (``2 * block_q * d``): 96 KiB at d = 128 with 128 x 64 tiles."""
+    its own region (``2 * block_q * d``): 64 KiB at d = 128 with 128 x 32 tiles, 96 KiB with 128 x 64."""
     return flash_attention_mma_fa2_smem_bytes(head_dim, block_k) + 2 * block_q * head_dim
 
 
