@@ -140,6 +140,57 @@ def stream_seconds(cupy, fn, calls: int, repeats: int) -> float:
     return statistics.median(times)
 
 
+def kernel_seconds(cupy, fn, target_seconds: float, repeats: int) -> float:
+    """Seconds per call of ``fn``, timed as every row here is: one call timed alone sizes the batch
+    (``calls = target_seconds / its time``, 1..50), then :func:`stream_seconds` of that batch, median of
+    ``repeats``."""
+    one = stream_seconds(cupy, fn, 1, 1)
+    calls = int(min(50, max(1, target_seconds / one)))
+    return stream_seconds(cupy, fn, calls, repeats)
+
+
+def device_copy_rate(cupy, copy_mib: int, repeats: int) -> float:
+    """The device's copy rate in bytes/s (read + written, :func:`copy_rate`): 10 device-to-device copies
+    (cudaMemcpyAsync) of a ``copy_mib`` MiB buffer per timing, median of ``repeats``."""
+    import numpy as np
+
+    nbytes = copy_mib * 2**20
+    src, dst = cupy.ones(nbytes, dtype=np.uint8), cupy.empty(nbytes, dtype=np.uint8)
+    seconds = stream_seconds(cupy, lambda: dst.data.copy_from_device_async(src.data, nbytes), 10, repeats)
+    return copy_rate(nbytes, seconds)
+
+
+def random_caches(cupy, shapes, num_kv_heads: int = NUM_KV_HEADS, head_dim: int = HEAD_DIM,
+                  block_size: int = BLOCK_SIZE):
+    """``(k_cache, v_cache)``, fp16 standard normal on the device (seed 0), each
+    (num_blocks, block_size, num_kv_heads, head_dim): as many pages as the largest of ``shapes``
+    ((num_seqs, seq_len) pairs) uses, so one cache serves every shape."""
+    import numpy as np
+
+    num_blocks = max(n * -(-length // block_size) for n, length in shapes)
+    cupy.random.seed(0)
+    cache_shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    k_cache = cupy.random.standard_normal(cache_shape, dtype=np.float32).astype(np.float16)
+    v_cache = cupy.random.standard_normal(cache_shape, dtype=np.float32).astype(np.float16)
+    return k_cache, v_cache
+
+
+def shape_inputs(cupy, host_rng, num_blocks: int, num_seqs: int, seq_len: int, num_heads: int = NUM_HEADS,
+                 head_dim: int = HEAD_DIM, block_size: int = BLOCK_SIZE):
+    """``(q, block_tables, seq_lens)`` of one shape on the device: every sequence ``seq_len`` tokens long,
+    its ``ceil(seq_len / block_size)`` pages drawn by ``host_rng`` (a NumPy Generator) without repeats from
+    the cache's ``num_blocks``; q fp16 (num_seqs, num_heads, head_dim) standard normal; int32 tables
+    (num_seqs, pages) and seq_lens (num_seqs,)."""
+    import numpy as np
+
+    pages = -(-seq_len // block_size)
+    tables = cupy.asarray(host_rng.permutation(num_blocks)[:num_seqs * pages].reshape(num_seqs, pages)
+                          .astype(np.int32))
+    lens = cupy.full((num_seqs,), seq_len, dtype=np.int32)
+    q = cupy.asarray(host_rng.standard_normal((num_seqs, num_heads, head_dim)).astype(np.float16))
+    return q, tables, lens
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description="K/V read rate of the decode kernels against the device copy rate")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "gpu_decode")
@@ -165,28 +216,15 @@ def main(argv=None) -> int:
     device = gpu.device_name() or "a CUDA device"
     sms = int(cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["multiProcessorCount"])
     print(f"device: {device}, {sms} SMs")
-    nbytes = args.copy_mib * 2**20
-    src, dst = cupy.ones(nbytes, dtype=np.uint8), cupy.empty(nbytes, dtype=np.uint8)
-    copy_s = stream_seconds(cupy, lambda: dst.data.copy_from_device_async(src.data, nbytes), 10, args.repeats)
-    copy_bps = copy_rate(nbytes, copy_s)
+    copy_bps = device_copy_rate(cupy, args.copy_mib, args.repeats)
     print(f"device copy: {copy_bps / 1e12:.2f} TB/s (read+write, {args.copy_mib} MiB)")
-    del src, dst
 
     # one cache for every shape: as many pages as the largest shape uses, scattered by random tables
-    tokens = max(n * length for n, length in SHAPES)
-    num_blocks = tokens // BLOCK_SIZE
-    cupy.random.seed(0)
-    cache_shape = (num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
-    k_cache = cupy.random.standard_normal(cache_shape, dtype=np.float32).astype(np.float16)
-    v_cache = cupy.random.standard_normal(cache_shape, dtype=np.float32).astype(np.float16)
+    k_cache, v_cache = random_caches(cupy, SHAPES)
     host_rng = np.random.default_rng(0)
     rows = []
     for num_seqs, seq_len in SHAPES:
-        pages = seq_len // BLOCK_SIZE
-        tables = cupy.asarray(host_rng.permutation(num_blocks)[:num_seqs * pages].reshape(num_seqs, pages)
-                              .astype(np.int32))
-        lens = cupy.full((num_seqs,), seq_len, dtype=np.int32)
-        q = cupy.asarray(host_rng.standard_normal((num_seqs, NUM_HEADS, HEAD_DIM)).astype(np.float16))
+        q, tables, lens = shape_inputs(cupy, host_rng, k_cache.shape[0], num_seqs, seq_len)
         reference, _ = gpu.flash_decoding_gpu(q, k_cache, v_cache, tables, lens, 32, check_tables=False)
         for label, launcher, splits in kernel_runs(num_seqs, seq_len, sms):
             run = getattr(gpu, launcher)
@@ -195,9 +233,7 @@ def main(argv=None) -> int:
             out, _ = fn()
             diff = float(cupy.abs(out.astype(np.float32) - reference.astype(np.float32)).max())
             cupy.cuda.Device().synchronize()
-            one = stream_seconds(cupy, fn, 1, 1)
-            calls = int(min(50, max(1, args.target_seconds / one)))
-            seconds = stream_seconds(cupy, fn, calls, args.repeats)
+            seconds = kernel_seconds(cupy, fn, args.target_seconds, args.repeats)
             if launcher == "paged_decode_split_gpu" and splits is None:
                 splits_used = gpu.decode_splits(num_seqs, NUM_KV_HEADS, seq_len, block_size=BLOCK_SIZE,
                                                 num_sms=sms)

@@ -7,7 +7,8 @@
 #                                             itself: a few emulator tests, the sanitizer
 #                                             drivers on the emulator without compute-sanitizer,
 #                                             the benchmark saying there is no device, the FA-2
-#                                             tuning sweep at a tiny N on the emulator
+#                                             tuning sweep at a tiny N on the emulator, the decode
+#                                             split sweep at a tiny shape on the emulator
 #
 #   1. environment: nvidia-smi, Python, CuPy, NVRTC versions         -> env.txt
 #   2. compile report: registers and shared memory per kernel/arch, and of every legal tile
@@ -19,6 +20,8 @@
 #   3. the benchmarks first, alone on the device, at N in GPU_CHECK_SIZES (default "4096 8192"):
 #      the forward (naive CuPy vs every rung vs torch SDPA), the backward, the decode kernels'
 #      K/V read rate                                                  -> benchmark/, backward/, decode/
+#      then the split decode kernel at split counts around its automatic pick, per decode shape
+#      (scripts/tune_decode.py, 60 s at most)                          -> decode_splits/
 #      then every legal tile configuration of the lazy-rescaling FA-2 rung at N = 8192, d = 64 and
 #      128 (scripts/tune_tiles.py, 120 s at most), beside the FA-2 rung  -> fa2_configs/
 #      and the register-tiled rung's tiles beside naive CuPy (90 s)      -> regtile_configs/
@@ -183,6 +186,20 @@ bench() {  # bench NAME SCRIPT DIR ARGS...
 bench "benchmark forward" benchmarks/gpu_attention.py benchmark --sizes "${SIZES[@]}" --time-budget 150
 bench "benchmark backward" benchmarks/gpu_backward.py backward --sizes "${SIZES[@]}" --time-budget 90
 bench "benchmark decode" benchmarks/gpu_decode.py decode
+
+# ---- the split decode kernel at split counts around its automatic pick (on the dry run: a tiny shape on the
+# emulator, against NumPy); its own time budget ends the timing 20 s before the step's limit, so it writes its tables
+if ! late "decode split sweep"; then
+    mkdir -p "$RESULTS/decode_splits"
+    if [ $DRY -eq 1 ]; then SWEEP=(--emulator); else SWEEP=(); fi
+    limit="$(left 60)"
+    if timeout "$limit" "$PY" scripts/tune_decode.py --out "$RESULTS/decode_splits" "${SWEEP[@]}" \
+            --time-budget $(( limit > 30 ? limit - 20 : limit / 2 )) > "$RESULTS/decode_splits/log.txt" 2>&1; then
+        step "decode split sweep" ok "decode_splits/ ($(tail -n 1 "$RESULTS/decode_splits/log.txt" | cut -c1-60))"
+    else
+        step "decode split sweep" FAIL "exit $? (decode_splits/log.txt)"
+    fi
+fi
 
 # ---- the tile configurations of the lazy FA-2 rung and the register-tiled rung, timed one after another
 # (on the dry run: each configuration once at a tiny N on the emulator, against NumPy)

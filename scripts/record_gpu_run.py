@@ -5,12 +5,12 @@
 ``RESULTS_DIR`` is what gpu_check.sh wrote on the GPU machine (``env.txt``, ``summary.txt``, ``benchmark/``,
 ``backward/``, ...). The recorded run goes to a new folder ``<into>/gpu_<gpu>_<date>/`` (for example
 ``benchmarks/results/gpu_h200_2026-12-02/``), laid out as :mod:`lessons.gpu.recorded` and
-:mod:`lessons.gpu.ladder` read it: ``forward/`` (from ``benchmark/``), ``backward/``, ``decode/``, the tuning
-sweeps, the Nsight Compute reports, the Hopper rungs' first checks, the compile report, the test and
-environment logs, and a ``README.md`` whose title and driver line give every figure its label
-(:func:`lessons.gpu.recorded.recorded_label`: machine, date, driver, CUDA, commit). Result files only: the
-JUnit XML and the benchmarks' logs stay behind. ``--commit`` is the commit the GPU machine ran (default: this
-checkout's HEAD); the date and the machine come from ``env.txt``.
+:mod:`lessons.gpu.ladder` read it: ``forward/`` (from ``benchmark/``), ``backward/``, ``decode/``, the sweeps
+(``decode_splits/``, ``fa2_configs/``, ``regtile_configs/``), the Nsight Compute reports, the Hopper rungs' first
+checks, the compile report, the test and environment logs, and a ``README.md`` whose title and driver line give
+every figure its label (:func:`lessons.gpu.recorded.recorded_label`: machine, date, driver, CUDA, commit).
+Result files only: the JUnit XML and the benchmarks' logs stay behind. ``--commit`` is the commit the GPU machine
+ran (default: this checkout's HEAD); the date and the machine come from ``env.txt``.
 
 A folder that already exists is never written into (exit status 2): each recorded run is kept as it was.
 """
@@ -30,6 +30,7 @@ LAYOUT = (
     ("benchmark", "forward", ("results.csv", "results.md", "*.png")),
     ("backward", "backward", ("results.csv", "results.md", "*.png")),
     ("decode", "decode", ("results.csv", "results.md")),
+    ("decode_splits", "decode_splits", ("*.csv", "*.md")),
     ("fa2_configs", "fa2_configs", ("*.csv", "*.md")),
     ("regtile_configs", "regtile_configs", ("*.csv", "*.md")),
     ("ncu", "ncu", ("*.txt",)),
@@ -40,6 +41,8 @@ WHAT = {
     "forward": "every forward rung against naive CuPy and torch SDPA (`benchmarks/gpu_attention.py`)",
     "backward": "the backward kernels against naive CuPy and torch SDPA (`benchmarks/gpu_backward.py`)",
     "decode": "the decode kernels' K/V read rate against the device copy rate (`benchmarks/gpu_decode.py`)",
+    "decode_splits": "the split decode kernel at split counts around its automatic pick, per decode shape "
+                     "(`scripts/tune_decode.py`)",
     "fa2_configs": "every tile configuration of the lazy-rescaling FA-2 rung (`scripts/tune_tiles.py`)",
     "regtile_configs": "the register-tiled rung's tiles against naive CuPy (`scripts/tune_tiles.py --rung regtile`)",
     "ncu": "Nsight Compute, one launch per rung (`scripts/profile_rung.py`)",

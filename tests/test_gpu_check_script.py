@@ -2,8 +2,9 @@
 
 ``--dry-run`` runs every step of the script with the kernels on the CPU emulator: the
 environment report, the compile report, a few kernel tests, each kernel's sanitizer
-driver (without compute-sanitizer), the benchmark (which says there is no device) and the
-tuning sweeps of the lazy FA-2 and register-tiled rungs (each configuration once on the emulator).
+driver (without compute-sanitizer), the benchmark (which says there is no device), the
+tuning sweeps of the lazy FA-2 and register-tiled rungs (each configuration once on the emulator)
+and the decode split sweep (each split count of a tiny shape once on the emulator, against NumPy).
 What it cannot check is the GPU itself; the plumbing (steps, files, summary, exit
 status, the list of kernels against the drivers) it can.
 """
@@ -27,6 +28,9 @@ _spec.loader.exec_module(sanitize)
 _spec = importlib.util.spec_from_file_location("tune_tiles", ROOT / "scripts" / "tune_tiles.py")
 tune = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(tune)
+_spec = importlib.util.spec_from_file_location("tune_decode", ROOT / "scripts" / "tune_decode.py")
+tune_decode = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(tune_decode)
 
 pytestmark = pytest.mark.skipif(
     not gpu.emulator_available() or (not gpu.nvrtc_available() and not os.environ.get("CI")),
@@ -49,7 +53,7 @@ def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
     decode = steps.pop("benchmark decode")                              # present once its script is in the tree
     assert decode == ("ok" if (ROOT / "benchmarks" / "gpu_decode.py").exists() else "skip")
     expected = {"compile report", "pytest pass 1 (-n 2)", "benchmark forward", "benchmark backward", "total",
-                "tune mma_fa2_lazy tiles", "tune regtile tiles"}
+                "tune mma_fa2_lazy tiles", "tune regtile tiles", "decode split sweep"}
     expected |= {f"hopper smoke {rung}" for rung in ("wgmma", "wgmma_overlap", "wgmma_pingpong")}
     expected |= {f"ncu {rung}" for rung in ("mma_fa2", "mma_fa2_lazy", "wgmma", "wgmma_overlap", "wgmma_pingpong",
                                            "paged_decode_split")}
@@ -74,6 +78,13 @@ def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
     assert [(r["impl"], int(r["d"])) for r in rows] == [(impl, d) for impl, d, _ in tune.runs([64, 128], "regtile")]
     for folder in ("benchmark", "backward"):
         assert "GPU benchmark not run" in (tmp_path / folder / "log.txt").read_text()
+    # the decode split sweep ran each split count of its tiny shape on the emulator, each matching NumPy
+    with open(tmp_path / "decode_splits" / "decode_splits.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    (_, _, _, counts), = tune_decode.plan(tune_decode.EMULATOR_SHAPES, tune_decode.EMULATOR_GEOMETRY, 132)
+    assert [int(r["num_splits"]) for r in rows] == counts
+    assert (tmp_path / "decode_splits" / "decode_splits.md").is_file()
+    assert "split counts all match NumPy" in (tmp_path / "decode_splits" / "log.txt").read_text()
     for kernel in sanitize.KERNELS:
         assert "all results match NumPy" in (tmp_path / "sanitizer" / f"emulator_{kernel}.txt").read_text()
     # the profiling driver ran each rung twice on the emulator (on a GPU: under ncu)
@@ -224,8 +235,8 @@ def test_a_run_past_its_deadline_skips_the_rest_names_them_and_fails(tmp_path):
     late = [name for name, (status, detail) in steps.items()
             if status == "skip" and detail.strip() == "past the deadline (GPU_CHECK_DEADLINE=3 s)"]
     # the compile report's 180 s were cut to 3: everything after it found the deadline passed
-    assert {"benchmark forward", "tune mma_fa2_lazy tiles", "pytest pass 1 (-n 2)", "compute-sanitizer",
-            "ncu mma_fa2"} <= set(late), summary
+    assert {"benchmark forward", "decode split sweep", "tune mma_fa2_lazy tiles", "pytest pass 1 (-n 2)",
+            "compute-sanitizer", "ncu mma_fa2"} <= set(late), summary
     assert steps["total"][0] == "FAIL" and int(steps["total"][1].split()[0]) < 120
 
 

@@ -34,6 +34,9 @@ def gpu_check_folder(tmp_path):
     (src / "pytest_1_n8.txt").write_text("545 passed\n")
     (src / "pytest_1_n8.xml").write_text("<testsuites/>\n")               # stays behind
     (src / "hopper_smoke_wgmma.txt").write_text("works here: wgmma\n")
+    (src / "decode_splits").mkdir()
+    for name in ("decode_splits.csv", "decode_splits.md", "log.txt"):                  # (the log stays behind)
+        (src / "decode_splits" / name).write_text(f"{name}\n")
     (src / "ncu").mkdir()
     (src / "ncu" / "ncu_mma_fa2.txt").write_text("Duration 1 ms\n")
     return src
@@ -53,11 +56,14 @@ def test_a_run_is_laid_out_as_the_course_reads_it(gpu_check_folder, tmp_path):
             open(RECORDED_DIR / "decode" / "results.csv", newline="") as g:
         assert list(csv.reader(f)) == list(csv.reader(g))
     for kept in ("env.txt", "summary.txt", "compile_report.txt", "pytest_1_n8.txt", "hopper_smoke_wgmma.txt",
-                 "ncu/ncu_mma_fa2.txt", "forward/gpu_attention.png"):
+                 "ncu/ncu_mma_fa2.txt", "forward/gpu_attention.png", "decode_splits/decode_splits.csv",
+                 "decode_splits/decode_splits.md"):
         assert (dest / kept).is_file(), kept
     assert not (dest / "pytest_1_n8.xml").exists() and not (dest / "forward" / "log.txt").exists()
+    assert not (dest / "decode_splits" / "log.txt").exists()
     text = (dest / "README.md").read_text()
     assert "| `forward/` |" in text and "| `ncu/` |" in text and "| `fa2_configs/` |" not in text   # what is there
+    assert "| `decode_splits/` | the split decode kernel at split counts around its automatic pick" in text
 
 
 def test_a_recorded_run_is_never_written_into(gpu_check_folder, tmp_path, capsys):

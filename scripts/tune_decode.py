@@ -1,0 +1,387 @@
+"""Time the split decode kernel at split counts around its automatic pick: the decode split sweep.
+
+    python scripts/tune_decode.py [--out DIR] [--shapes 64x4096 8x32768 1x131072] [--repeats 3]
+                                  [--target-seconds 0.05] [--copy-mib 2048] [--time-budget 40]
+    python scripts/tune_decode.py --emulator [--out DIR] [--shapes 2x64]
+
+For each shape (``SEQSxTOKENS``: sequences x tokens, every sequence full length)
+:func:`lessons.gpu.paged_decode_split_gpu` runs with ``num_splits=None`` (the launcher's own pick,
+:func:`lessons.gpu.source.decode_splits`; the count it picked is read back from its partial states) and with
+each other count of :func:`split_counts`. On a GPU:
+fp16, 32 query heads on 8 KV heads, d = 128, pages of 16, on the decode benchmark's shapes 64 x 4096,
+8 x 32768 and 1 x 131072, with ``benchmarks/gpu_decode.py``'s cache (pages scattered at random), bytes
+(:func:`gpu_decode.kv_bytes`), copy rate and timing (:func:`gpu_decode.kernel_seconds`: CUDA events around a
+batch of back-to-back launches, median of ``--repeats``; one launch between two events, as
+:func:`lessons.gpu.measure.median_cuda_seconds` times, would add Python's launch overhead to a 0.2 ms kernel),
+so its rows read like that benchmark's. Per row:
+seconds, TB/s of K/V read, % of the device copy rate, ``x_auto`` (the automatic pick's seconds over the
+row's: above 1 is faster than the pick) and the largest difference from the automatic pick's output.
+Only the split count is swept: the kernel's other knobs (heads per block, keys in flight) are fixed by its
+build and source.
+
+Writes ``decode_splits.csv`` and ``decode_splits.md`` (its last line names the fastest count per shape) into
+``--out``, after each shape, so a run cut short keeps what it measured; a count that would start after
+``--time-budget`` seconds is skipped (noted). Without a CUDA device it says so and exits 0. ``--emulator``
+runs a tiny shape (default 2 x 64, 4 query heads on 2 KV heads, d = 128, pages of 16) at each of its split
+counts once on the CPU emulator, untimed, and compares each output with NumPy's :func:`lessons.paged_decode`.
+Exit status 0, or 1 when a launch failed, an output was not finite, the launcher picked another count than
+:func:`auto_splits` or (on the emulator) an output differs from NumPy.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import lessons  # noqa: E402
+import lessons.gpu as gpu  # noqa: E402
+from lessons.gpu.source import H200_NUM_SMS, decode_splits, paged_decode_split_config  # noqa: E402
+
+import gpu_decode  # noqa: E402  (benchmarks/gpu_decode.py: the decode benchmark's cache, bytes and timing)
+
+#: the columns of the CSV
+COLUMNS = ("shape", "num_seqs", "seq_len", "num_splits", "auto", "seconds", "tb_per_s", "pct_of_copy", "x_auto",
+           "max_abs_diff", "note")
+#: split counts tried at every shape where they are within :data:`SPAN` of the automatic pick
+ABSOLUTE_SPLITS = (1, 2, 4, 8, 16, 32, 64, 132, 264)
+SPAN = 16
+#: the most splits the launcher takes (a grid's z extent)
+MAX_SPLITS = 65535
+#: fp16 output against NumPy in float64: a few units in the last place of values of magnitude about 1
+EMULATOR_TOLERANCE = 3e-3
+STEM = "decode_splits"
+
+
+class Geometry(NamedTuple):
+    """Heads, head dim and page size of one sweep; fp16 throughout."""
+
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+
+
+GPU_GEOMETRY = Geometry(gpu_decode.NUM_HEADS, gpu_decode.NUM_KV_HEADS, gpu_decode.HEAD_DIM, gpu_decode.BLOCK_SIZE)
+EMULATOR_GEOMETRY = Geometry(4, 2, 128, 16)
+GPU_SHAPES = gpu_decode.SHAPES
+EMULATOR_SHAPES = ((2, 64),)
+
+
+def parse_shape(text: str) -> tuple[int, int]:
+    """``"64x4096"`` -> ``(64, 4096)`` (sequences, tokens each); an ArgumentTypeError naming ``text``
+    for anything else, or a count below 1."""
+    parts = text.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() for p in parts) or min(int(p) for p in parts) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not SEQSxTOKENS with both at least 1 (e.g. 64x4096)")
+    return int(parts[0]), int(parts[1])
+
+
+def shape_name(num_seqs: int, seq_len: int) -> str:
+    return f"{num_seqs}x{seq_len}"
+
+
+def auto_splits(num_seqs: int, seq_len: int, geometry: Geometry, num_sms: int) -> int:
+    """The split count ``paged_decode_split_gpu(..., num_splits=None)`` picks for full sequences of
+    ``seq_len`` tokens: :func:`decode_splits` called as the launcher calls it (the table's
+    ``ceil(seq_len / block_size)`` pages, the blocks per GQA group from the kernel's heads per block,
+    ``num_sms`` SMs; the launcher uses the H200's 132 on the emulator)."""
+    g = geometry
+    hpb = paged_decode_split_config(g.head_dim, g.block_size, g.num_heads, g.num_kv_heads)
+    pages = -(-seq_len // g.block_size)
+    return decode_splits(num_seqs, g.num_kv_heads, pages * g.block_size, block_size=g.block_size,
+                         heads_per_kv_head=g.num_heads // g.num_kv_heads // hpb, num_sms=num_sms,
+                         max_splits=MAX_SPLITS)
+
+
+def split_counts(auto: int, pages: int) -> list[int]:
+    """The split counts swept at one shape, ascending, each once: the automatic pick ``auto``; its
+    neighbours ``auto - 1`` and ``auto + 1`` (the wave model weighs two counts side by side);
+    ``auto // 4``, ``auto // 2``, ``2 auto``, ``4 auto``; and each of :data:`ABSOLUTE_SPLITS` from
+    ``auto / SPAN`` to ``auto * SPAN``. Only counts in ``1..min(pages, MAX_SPLITS)`` are kept (a split
+    of no page does nothing). On an H200 (32 query heads on 8 KV heads, pages of 16): 64 x 4096
+    (auto 1) -> 1 2 4 8 16; 8 x 32768 (auto 8) -> 1 2 4 7 8 9 16 32 64; 1 x 131072 (auto 66) ->
+    8 16 32 33 64 65 66 67 132 264."""
+    near = {auto, auto - 1, auto + 1, auto // 4, auto // 2, 2 * auto, 4 * auto}
+    wide = {s for s in ABSOLUTE_SPLITS if auto <= s * SPAN and s <= auto * SPAN}
+    return sorted(s for s in near | wide if 1 <= s <= min(pages, MAX_SPLITS))
+
+
+def plan(shapes, geometry: Geometry, num_sms: int) -> list[tuple[int, int, int, list[int]]]:
+    """``(num_seqs, seq_len, auto, split counts)`` per shape, in the order given."""
+    out = []
+    for num_seqs, seq_len in shapes:
+        auto = auto_splits(num_seqs, seq_len, geometry, num_sms)
+        out.append((num_seqs, seq_len, auto, split_counts(auto, -(-seq_len // geometry.block_size))))
+    return out
+
+
+def new_row(num_seqs: int, seq_len: int, num_splits: int, auto: bool) -> dict:
+    """A row of :data:`COLUMNS` with nothing measured yet."""
+    return dict(shape=shape_name(num_seqs, seq_len), num_seqs=num_seqs, seq_len=seq_len, num_splits=num_splits,
+                auto=auto, seconds=None, tb_per_s=None, pct_of_copy=None, x_auto=None, max_abs_diff=None, note="")
+
+
+def add_note(row: dict, note: str) -> None:
+    row["note"] = f"{row['note']}; {note}" if row["note"] else note
+
+
+def add_ratios(rows) -> list[dict]:
+    """``x_auto`` of each row: its shape's automatic row's seconds over the row's (above 1: faster than
+    the pick); None where either was not timed. Returns ``rows``."""
+    auto = {r["shape"]: r["seconds"] for r in rows if r["auto"]}
+    for r in rows:
+        base = auto.get(r["shape"])
+        r["x_auto"] = base / r["seconds"] if base and r["seconds"] else None
+    return rows
+
+
+def best_splits(rows) -> dict[str, dict]:
+    """The fastest timed row of each shape (on a tie the fewer splits), by shape name, in row order."""
+    best = {}
+    for r in rows:
+        if r["seconds"] is not None:
+            old = best.get(r["shape"])
+            if old is None or (r["seconds"], r["num_splits"]) < (old["seconds"], old["num_splits"]):
+                best[r["shape"]] = r
+    return best
+
+
+def best_line(rows) -> str:
+    """``fastest: 64x4096 s=1 (auto), 8x32768 s=16 (1.04x auto)``, or that nothing was timed."""
+    best = best_splits(rows)
+    if not best:
+        return "fastest: nothing was timed"
+    return "fastest: " + ", ".join(
+        f"{shape} s={r['num_splits']} " + ("(auto)" if r["auto"] else f"({r['x_auto']:.2f}x auto)"
+                                           if r["x_auto"] else "(auto not timed)")
+        for shape, r in best.items())
+
+
+def _cell(value, fmt="{}"):
+    return "-" if value is None else fmt.format(value)
+
+
+def markdown(rows, title: str) -> str:
+    """The rows as a Markdown table under ``title``, then the line of :func:`best_line`."""
+    lines = [f"# {title}", "",
+             "| shape | splits | auto | time (ms) | TB/s | % of copy rate | x auto | max abs diff vs auto | note |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        lines.append(f"| {r['shape']} | {r['num_splits']} | {'auto' if r['auto'] else ''} | "
+                     f"{_cell(r['seconds'] and r['seconds'] * 1e3, '{:.3f}')} | {_cell(r['tb_per_s'], '{:.2f}')} | "
+                     f"{_cell(r['pct_of_copy'], '{:.0f}%')} | {_cell(r['x_auto'], '{:.3f}')} | "
+                     f"{_cell(r['max_abs_diff'], '{:.1e}')} | {r['note']} |")
+    return "\n".join(lines + ["", best_line(rows)]) + "\n"
+
+
+def write_results(rows, out: Path, title: str) -> None:
+    """``decode_splits.csv`` (:data:`COLUMNS`) and ``decode_splits.md`` (:func:`markdown`) in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / f"{STEM}.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(COLUMNS))
+        writer.writeheader()
+        writer.writerows({c: r[c] for c in COLUMNS} for r in rows)
+    (out / f"{STEM}.md").write_text(markdown(rows, title))
+
+
+def _launch(inputs, num_splits, backend: str, **kwargs):
+    """One ``paged_decode_split_gpu`` call on ``inputs`` (q, k_cache, v_cache, block_tables, seq_lens)."""
+    return gpu.paged_decode_split_gpu(*inputs, num_splits, check_tables=False, backend=backend, **kwargs)
+
+
+def picked_splits(inputs, backend: str) -> int:
+    """The split count the launcher picks itself on ``inputs``: the last axis of its partial states."""
+    return int(_launch(inputs, None, backend, return_partials=True)[2]["m"].shape[-1])
+
+
+def sweep_shape(inputs, num_seqs: int, seq_len: int, auto: int, counts, backend: str, measure=None,
+                check=None, progress=None, budget_spent=lambda: False) -> tuple[list[dict], bool]:
+    """The rows of one shape (ascending split count) and whether all went well. The automatic pick runs
+    first (``num_splits=None``; its row holds the count the launcher picked, with a note and ``ok`` False
+    when that is not ``auto``); each row's output is compared with its. ``measure(row, fn)`` times
+    ``fn`` into the row (None: untimed); ``check(row, out)``: False when the float64 output ``out``
+    (num_seqs, num_heads, d) is wrong; ``progress(label)`` before each run; once ``budget_spent()``
+    the remaining counts are not run (noted)."""
+    rows, ok, auto_out = [], True, None
+    for s in [auto] + [s for s in counts if s != auto]:
+        row = new_row(num_seqs, seq_len, s, s == auto)
+        if progress is not None:
+            progress(f"{row['shape']} s={s}" + (" (auto)" if row["auto"] else ""))
+        if budget_spent():
+            add_note(row, "skipped: time budget spent")
+            rows.append(row)
+            continue
+        fn = (lambda: _launch(inputs, None, backend)) if row["auto"] else (lambda s=s: _launch(inputs, s, backend))
+        try:
+            picked = picked_splits(inputs, backend) if row["auto"] else s
+            if picked != s:
+                row["num_splits"] = picked
+                add_note(row, f"the launcher picked {picked} splits, auto_splits {auto}")
+                ok = False
+            first = fn()[0]
+            out = np.asarray(first.get() if hasattr(first, "get") else first, np.float64)
+            if measure is not None:
+                measure(row, fn)
+        except Exception as err:        # a launch that fails: a note, and the other counts still run
+            add_note(row, f"failed: {type(err).__name__}: {str(err).splitlines()[0][:120]}")
+            rows.append(row)
+            ok = False
+            continue
+        if row["auto"]:
+            auto_out = out
+        if auto_out is not None:
+            row["max_abs_diff"] = float(np.abs(out - auto_out).max())
+        if not np.isfinite(out).all():
+            add_note(row, "output not finite")
+            ok = False
+        if check is not None and not check(row, out):
+            ok = False
+        rows.append(row)
+    return sorted(rows, key=lambda r: r["num_splits"]), ok
+
+
+def host_inputs(num_seqs: int, seq_len: int, geometry: Geometry, seed: int = 0):
+    """``(q, k_cache, v_cache, block_tables, seq_lens)`` as NumPy arrays: fp16 standard normal, each sequence's
+    ``ceil(seq_len / block_size)`` pages scattered at random over a cache with 3 pages to spare."""
+    g, rng = geometry, np.random.default_rng(seed)
+    pages = -(-seq_len // g.block_size)
+    num_blocks = num_seqs * pages + 3
+    k_cache, v_cache = (rng.standard_normal((num_blocks, g.block_size, g.num_kv_heads, g.head_dim))
+                        .astype(np.float16) for _ in range(2))
+    q = rng.standard_normal((num_seqs, g.num_heads, g.head_dim)).astype(np.float16)
+    tables = rng.permutation(num_blocks)[:num_seqs * pages].reshape(num_seqs, pages).astype(np.int32)
+    return q, k_cache, v_cache, tables, np.full((num_seqs,), seq_len, np.int32)
+
+
+def run_emulator(args) -> tuple[list[dict], bool]:
+    """Every split count of each shape once on the CPU emulator, each output against NumPy's paged decode
+    (float64; at most :data:`EMULATOR_TOLERANCE` apart)."""
+    rows, ok = [], True
+    for num_seqs, seq_len, auto, counts in plan(args.shapes, EMULATOR_GEOMETRY, H200_NUM_SMS):
+        inputs = host_inputs(num_seqs, seq_len, EMULATOR_GEOMETRY)
+        reference = lessons.paged_decode(*(x.astype(np.float64) for x in inputs[:3]), *inputs[3:])
+
+        def check(row, out, reference=reference):
+            err = float(np.abs(out - reference).max())
+            add_note(row, f"emulator: not timed; max abs diff from NumPy {err:.1e}")
+            return err <= EMULATOR_TOLERANCE
+
+        shape_rows, shape_ok = sweep_shape(inputs, num_seqs, seq_len, auto, counts, "emulator", check=check)
+        rows += shape_rows
+        ok = ok and shape_ok
+    return rows, ok
+
+
+def device_sms(cupy) -> int:
+    """Streaming multiprocessors of the current CUDA device."""
+    return int(cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["multiProcessorCount"])
+
+
+def run_gpu(args, sms: int, progress=None) -> tuple[list[dict], bool]:
+    """The sweep on the CUDA device (``sms`` SMs), written to ``args.out`` after each shape."""
+    import cupy
+
+    copy_bps = gpu_decode.device_copy_rate(cupy, args.copy_mib, args.repeats)
+    title = (f"The split decode kernel at split counts around its pick, on {gpu.device_name()} ({sms} SMs): fp16, "
+             f"{GPU_GEOMETRY.num_heads} query heads on {GPU_GEOMETRY.num_kv_heads} KV heads, "
+             f"d = {GPU_GEOMETRY.head_dim}, pages of {GPU_GEOMETRY.block_size}; device copy rate (read + write) "
+             f"{copy_bps / 1e12:.2f} TB/s")
+    k_cache, v_cache = gpu_decode.random_caches(cupy, args.shapes)
+    host_rng = np.random.default_rng(0)
+    t0 = time.perf_counter()
+    rows, ok = [], True
+    for num_seqs, seq_len, auto, counts in plan(args.shapes, GPU_GEOMETRY, sms):
+        q, tables, lens = gpu_decode.shape_inputs(cupy, host_rng, k_cache.shape[0], num_seqs, seq_len)
+        nbytes = gpu_decode.kv_bytes(num_seqs, seq_len)
+
+        def measure(row, fn, nbytes=nbytes):
+            row["seconds"] = gpu_decode.kernel_seconds(cupy, fn, args.target_seconds, args.repeats)
+            row["tb_per_s"] = nbytes / row["seconds"] / 1e12
+            row["pct_of_copy"] = gpu_decode.pct_of_copy(nbytes, row["seconds"], copy_bps)
+
+        shape_rows, shape_ok = sweep_shape((q, k_cache, v_cache, tables, lens), num_seqs, seq_len, auto, counts,
+                                           "cupy", measure=measure, progress=progress,
+                                           budget_spent=lambda: time.perf_counter() - t0 > args.time_budget)
+        rows += add_ratios(shape_rows)
+        ok = ok and shape_ok
+        write_results(rows, args.out, title)
+        del q, tables, lens
+        cupy.get_default_memory_pool().free_all_blocks()
+    return rows, ok
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / STEM, help="folder of the results")
+    p.add_argument("--shapes", type=parse_shape, nargs="+", default=None, metavar="SEQSxTOKENS",
+                   help="default 64x4096 8x32768 1x131072 (2x64 with --emulator)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--target-seconds", type=float, default=0.05,
+                   help="about this long per timed batch of calls (calls = target / one call's time, 1..50)")
+    p.add_argument("--copy-mib", type=int, default=2048)
+    p.add_argument("--time-budget", type=float, default=40.0,
+                   help="seconds after which the counts not yet timed are skipped")
+    p.add_argument("--emulator", action="store_true", help="run each count once on the CPU emulator")
+    args = p.parse_args(argv)
+    if args.out.exists() and not args.out.is_dir():
+        p.error(f"--out must be a folder (it is made if missing), but {args.out} is a file")
+    for name in ("repeats", "copy_mib"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if not args.target_seconds > 0 or not args.time_budget >= 0:
+        p.error(f"--target-seconds must be above 0 and --time-budget at least 0, got {args.target_seconds} "
+                f"and {args.time_budget}")
+    args.shapes = list(dict.fromkeys(args.shapes or (EMULATOR_SHAPES if args.emulator else GPU_SHAPES)))
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.emulator:
+        rows, ok = run_emulator(args)
+        g = EMULATOR_GEOMETRY
+        write_results(rows, args.out, f"The split decode kernel at split counts around its pick, on the CPU "
+                                      f"emulator (not timed): fp16, {g.num_heads} query heads on {g.num_kv_heads} "
+                                      f"KV heads, d = {g.head_dim}, pages of {g.block_size}")
+        print(markdown(rows, "decode split sweep (emulator)"))
+        print(f"{len(rows)} split counts " + ("all match NumPy" if ok else "NOT ALL MATCH NumPy (see the note column)")
+              + f"; results in {args.out}")
+        return 0 if ok else 1
+    if not gpu.device_available():
+        print("decode split sweep not run: no CUDA device (CuPy sees none). Run this script with --emulator to "
+              "check it on the CPU")
+        return 0
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    import cupy
+
+    sms = device_sms(cupy)
+    total = sum(len(counts) for *_, counts in plan(args.shapes, GPU_GEOMETRY, sms))
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
+        task = bar.add_task("split counts", total=total)
+        started = []
+
+        def step(label):
+            if started:
+                bar.advance(task)
+            started.append(label)
+            bar.update(task, description=label)
+
+        rows, ok = run_gpu(args, sms, step)
+        bar.update(task, completed=len(started), description="split counts")
+    print(markdown(rows, "decode split sweep"))
+    print(best_line(rows) + ("" if ok else "; SOME RUNS FAILED (see the note column)"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""scripts/tune_decode.py, the decode split sweep: its split counts per shape, its refusals, its run on the CPU
+emulator against NumPy, and its GPU path's plumbing with a stand-in for CuPy (NumPy arrays, the emulator's
+launches, the CPU clock), so that the short GPU session that runs it spends no time on a broken script."""
+import csv
+import importlib.util
+import re
+import sys
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import lessons.gpu as gpu
+from lessons.gpu.source import decode_splits
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("tune_decode", ROOT / "scripts" / "tune_decode.py")
+tune = importlib.util.module_from_spec(_spec)          # a developer tool, not part of the package
+_spec.loader.exec_module(tune)
+
+needs_emulator = pytest.mark.skipif(not gpu.emulator_available(), reason="no C++ compiler (g++) for the emulator")
+
+
+def documented_counts(auto: int, pages: int) -> list[int]:
+    """split_counts' docstring, read literally: auto, auto -+ 1, auto // 4, auto // 2, 2 auto, 4 auto and the
+    absolute counts within a factor 16 of auto, kept in 1..pages."""
+    near = [auto, auto - 1, auto + 1, auto // 4, auto // 2, 2 * auto, 4 * auto]
+    wide = [s for s in (1, 2, 4, 8, 16, 32, 64, 132, 264) if auto / 16 <= s <= auto * 16]
+    return sorted({s for s in near + wide if 1 <= s <= pages})
+
+
+def test_each_shape_sweeps_the_counts_its_docstring_names():
+    doc = " ".join(tune.split_counts.__doc__.split())
+    shown = re.findall(r"(\d+) x (\d+) \(auto (\d+)\) -> ([\d ]+?)[;.]", doc)
+    assert [(int(n), int(length)) for n, length, _, _ in shown] == list(tune.GPU_SHAPES)
+    for (num_seqs, seq_len, auto, counts), (_, _, doc_auto, doc_counts) in zip(
+            tune.plan(tune.GPU_SHAPES, tune.GPU_GEOMETRY, 132), shown):
+        pages = seq_len // 16
+        want_auto = decode_splits(num_seqs, 8, seq_len)               # 32 heads on 8: one block per group
+        assert auto == want_auto == int(doc_auto)
+        assert counts == documented_counts(want_auto, pages) == [int(s) for s in doc_counts.split()]
+    # a GPU of fewer SMs picks fewer splits, and the counts follow the pick
+    (_, _, auto, counts), = tune.plan([(1, 131072)], tune.GPU_GEOMETRY, 108)
+    assert auto == decode_splits(1, 8, 131072, num_sms=108) and counts == documented_counts(auto, 8192)
+    # never more splits than pages, never fewer than 1
+    assert tune.split_counts(3, 3) == [1, 2, 3] and tune.split_counts(1, 1) == [1]
+
+
+@pytest.mark.parametrize("bad", ["64", "64x", "x64", "0x64", "64x0", "ax64", "64x4096x2", "64*4096"])
+def test_a_bad_shape_is_refused_by_name(bad, capsys):
+    with pytest.raises(SystemExit):
+        tune.parse_args(["--shapes", "64x4096", bad])
+    assert f"{bad!r} is not SEQSxTOKENS" in capsys.readouterr().err
+    assert tune.parse_args(["--shapes", "2X64", "2x64", "1x48"]).shapes == [(2, 64), (1, 48)]   # each once
+
+
+def test_ratios_and_the_fastest_count_by_hand():
+    rows = [dict(shape="8x32768", num_splits=4, auto=False, seconds=2.0, x_auto=None),
+            dict(shape="8x32768", num_splits=8, auto=True, seconds=1.0, x_auto=None),
+            dict(shape="8x32768", num_splits=16, auto=False, seconds=0.5, x_auto=None),
+            dict(shape="1x131072", num_splits=66, auto=True, seconds=1.0, x_auto=None),
+            dict(shape="1x131072", num_splits=132, auto=False, seconds=None, x_auto=None)]
+    tune.add_ratios(rows)
+    assert [r["x_auto"] for r in rows] == [0.5, 1.0, 2.0, 1.0, None]
+    assert tune.best_line(rows) == "fastest: 8x32768 s=16 (2.00x auto), 1x131072 s=66 (auto)"
+    tie = tune.add_ratios(rows[3:4] + [dict(rows[0], shape="1x131072", num_splits=8, seconds=1.0)])
+    assert tune.best_line(tie) == "fastest: 1x131072 s=8 (1.00x auto)"        # a tie: the fewer splits
+
+
+@pytest.mark.skipif(gpu.device_available(), reason="checks what happens without a device")
+def test_without_a_device_it_says_so_and_writes_nothing(tmp_path, capsys):
+    assert tune.main(["--out", str(tmp_path / "o")]) == 0
+    assert "decode split sweep not run: no CUDA device" in capsys.readouterr().out
+    assert not (tmp_path / "o").exists()
+
+
+def read_csv(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@needs_emulator
+def test_the_emulator_sweep_agrees_with_numpy_and_writes_both_files(tmp_path, capsys):
+    assert tune.main(["--emulator", "--out", str(tmp_path), "--shapes", "2x64", "1x48"]) == 0
+    rows = read_csv(tmp_path / "decode_splits.csv")
+    assert list(rows[0]) == list(tune.COLUMNS)
+    for num_seqs, seq_len, auto, counts in tune.plan([(2, 64), (1, 48)], tune.EMULATOR_GEOMETRY, 132):
+        mine = [r for r in rows if r["shape"] == f"{num_seqs}x{seq_len}"]
+        assert [int(r["num_splits"]) for r in mine] == counts and len(counts) >= 3
+        assert [int(r["num_splits"]) for r in mine if r["auto"] == "True"] == [auto]
+    for r in rows:
+        err = float(re.search(r"max abs diff from NumPy (\S+)", r["note"])[1])
+        assert err <= tune.EMULATOR_TOLERANCE and float(r["max_abs_diff"]) <= tune.EMULATOR_TOLERANCE
+        assert r["seconds"] == "" and r["note"].startswith("emulator: not timed")
+    md = (tmp_path / "decode_splits.md").read_text()
+    assert "| shape | splits | auto |" in md and md.splitlines()[-1] == "fastest: nothing was timed"
+    assert capsys.readouterr().out.splitlines()[-1] == f"7 split counts all match NumPy; results in {tmp_path}"
+
+
+@needs_emulator
+def test_the_emulator_sweep_fails_when_an_output_differs_from_numpy(tmp_path, monkeypatch, capsys):
+    real = tune.lessons.paged_decode
+    monkeypatch.setattr(tune.lessons, "paged_decode", lambda *a: real(*a) + 0.01)
+    assert tune.main(["--emulator", "--out", str(tmp_path), "--shapes", "1x48"]) == 1
+    assert "NOT ALL MATCH NumPy" in capsys.readouterr().out
+
+
+@needs_emulator
+def test_the_sweep_fails_when_the_launcher_picks_another_count(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(tune, "auto_splits", lambda *a: 2)            # the launcher picks 3 splits at 1 x 48
+    assert tune.main(["--emulator", "--out", str(tmp_path), "--shapes", "1x48"]) == 1
+    auto, = [r for r in read_csv(tmp_path / "decode_splits.csv") if r["auto"] == "True"]
+    assert auto["num_splits"] == "3" and "the launcher picked 3 splits, auto_splits 2" in auto["note"]
+
+
+def stand_in_cupy():
+    """Just enough of CuPy for run_gpu: NumPy arrays, events on the CPU clock, 132 SMs."""
+    class Event:
+        def record(self):
+            self.t = time.perf_counter()
+
+        def synchronize(self):
+            pass
+
+    rng = []
+    cuda = types.SimpleNamespace(
+        Event=Event, get_elapsed_time=lambda a, b: (b.t - a.t) * 1e3,
+        runtime=types.SimpleNamespace(getDeviceProperties=lambda i: {"multiProcessorCount": 132}),
+        Device=lambda: types.SimpleNamespace(id=0))
+    random = types.SimpleNamespace(seed=lambda s: rng.append(np.random.default_rng(s)),
+                                   standard_normal=lambda shape, dtype: rng[-1].standard_normal(shape).astype(dtype))
+    pool = types.SimpleNamespace(free_all_blocks=lambda: None)
+    return types.SimpleNamespace(cuda=cuda, random=random, asarray=np.asarray, full=np.full,
+                                 get_default_memory_pool=lambda: pool)
+
+
+@needs_emulator
+def test_the_gpu_path_times_each_count_and_names_the_fastest(tmp_path, monkeypatch, capsys):
+    launch = tune._launch
+    monkeypatch.setitem(sys.modules, "cupy", stand_in_cupy())
+    monkeypatch.setattr(tune, "_launch", lambda inputs, s, backend, **kw: launch(inputs, s, "emulator", **kw))
+    monkeypatch.setattr(tune.gpu_decode, "device_copy_rate", lambda cupy, mib, repeats: 4e12)
+    monkeypatch.setattr(tune.gpu, "device_available", lambda: True)
+    monkeypatch.setattr(tune.gpu, "device_name", lambda: "STAND-IN GPU")
+    args = ["--out", str(tmp_path), "--shapes", "1x48", "--repeats", "1", "--target-seconds", "1e-6"]
+    assert tune.main(args) == 0
+    rows = read_csv(tmp_path / "decode_splits.csv")
+    (_, _, auto, counts), = tune.plan([(1, 48)], tune.GPU_GEOMETRY, 132)
+    assert [int(r["num_splits"]) for r in rows] == counts
+    for r in rows:
+        seconds = float(r["seconds"])
+        assert seconds > 0 and float(r["tb_per_s"]) == pytest.approx(2 * 48 * 8 * 128 * 2 / seconds / 1e12)
+        assert float(r["pct_of_copy"]) == pytest.approx(100 * 2 * 48 * 8 * 128 * 2 / seconds / 4e12)
+        assert float(r["max_abs_diff"]) < 1e-3 and r["note"] == ""
+    assert [float(r["x_auto"]) for r in rows if r["auto"] == "True"] == [1.0]
+    md = (tmp_path / "decode_splits.md").read_text()
+    assert "STAND-IN GPU (132 SMs)" in md and "4.00 TB/s" in md
+    assert md.splitlines()[-1] == tune.best_line(tune.add_ratios(
+        [dict(r, num_splits=int(r["num_splits"]), auto=r["auto"] == "True", seconds=float(r["seconds"]))
+         for r in rows]))
+    assert capsys.readouterr().out.splitlines()[-1].startswith("fastest: 1x48 s=")
+    # a spent time budget: every count is named as skipped, and the tables are still written
+    assert tune.main(args + ["--out", str(tmp_path / "late"), "--time-budget", "0"]) == 0
+    rows = read_csv(tmp_path / "late" / "decode_splits.csv")
+    assert len(rows) == len(counts) and all(r["note"] == "skipped: time budget spent" for r in rows)
+    assert (tmp_path / "late" / "decode_splits.md").read_text().splitlines()[-1] == "fastest: nothing was timed"
