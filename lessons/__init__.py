@@ -21,8 +21,8 @@ notebook             schedule              view              kernel             
                      cost.memory           views.gpu         flash_attention_mma.cu
 06 kernel ladder     gpu.ladder,           views.ladder,     flash_attention.cu,                (none)
                      gpu.hopper,           views.pipeline,   flash_attention_regtile.cu,
-                     cost.rescale          views.rescale     flash_attention_mma.cu,
-                                                             flash_attention_mma_async.cu,
+                     cost.rescale,         views.rescale     flash_attention_mma.cu,
+                     cost.fragments                          flash_attention_mma_async.cu,
                                                              flash_attention_mma_fa2.cu,
                                                              flash_attention_wgmma.cu,
                                                              flash_attention_wgmma_overlap.cu

@@ -12,7 +12,7 @@
 #
 #   1. environment: nvidia-smi, Python, CuPy, NVRTC versions         -> env.txt
 #   2. compile report: registers and shared memory per kernel/arch, and of every legal tile
-#      configuration of the lazy-rescaling FA-2 rung                 -> compile_report.txt
+#      configuration of the lazy-rescaling and the wide-warp FA-2 rung -> compile_report.txt
 #      then each Hopper rung's first contact (scripts/hopper_smoke.py --rung NAME, 75 s at most each,
 #      in its own process): a rung that fails or hangs is named in GPU_CHECK_SKIP_WGMMA and the later
 #      steps leave it out, so that one wrong layout or barrier cannot spend the time of every other
@@ -22,9 +22,10 @@
 #      K/V read rate                                                  -> benchmark/, backward/, decode/
 #      then the split decode kernel at split counts around its automatic pick, per decode shape
 #      (scripts/tune_decode.py, 60 s at most)                          -> decode_splits/
-#      then every legal tile configuration of the lazy-rescaling FA-2 rung at N = 8192, d = 64 and
-#      128 (scripts/tune_tiles.py, 120 s at most), beside the FA-2 rung  -> fa2_configs/
-#      and the register-tiled rung's tiles beside naive CuPy (90 s)      -> regtile_configs/
+#      then every legal tile configuration of the wide-warp FA-2 rung (32 rows per warp) at N = 8192,
+#      d = 64 and 128 (scripts/tune_tiles.py, 75 s at most), beside the FA-2 rung -> fa2_wide_configs/
+#      the same for the lazy-rescaling FA-2 rung (90 s)                  -> fa2_configs/
+#      and the register-tiled rung's tiles beside naive CuPy (75 s)      -> regtile_configs/
 #   4. the GPU cases of every kernel test (tests/test_gpu_*.py), once per entry of
 #      GPU_CHECK_PASSES (worker counts, 0 = one process; default "8": 8 processes at once with
 #      pytest-xdist; "0 8 0 8" runs serially and with -n 8, twice each) -> pytest_<i>_n<W>.txt/.xml
@@ -32,7 +33,7 @@
 #      (python scripts/sanitize.py --list), initcheck on the decode kernels, the runs
 #      GPU_CHECK_SANITIZER_JOBS (default 8) at a time                  -> sanitizer/*.txt
 #   6. Nsight Compute (ncu --clock-control none, 7 sections) of one launch of each rung in
-#      GPU_CHECK_NCU_RUNGS (default: mma_fa2, mma_fa2_lazy, the three Hopper rungs, paged_decode_split; d = 128,
+#      GPU_CHECK_NCU_RUNGS (default: mma_fa2, mma_fa2_lazy, mma_fa2_wide, the three Hopper rungs, paged_decode_split; d = 128,
 #      N = 8192, 8 heads), where ncu is installed; "none" skips it     -> ncu/ncu_<rung>.txt
 #   7. the MPI ring on the GPU (4 ranks), where mpi4py and mpiexec are installed -> ring.txt
 #   and a one-line-per-step summary                                   -> summary.txt
@@ -148,6 +149,9 @@ from lessons.gpu.compile import resources_text
 print("\nflash_attention_mma_fa2_lazy, every legal (block_q, block_k, min_blocks), float16:")
 print(resources_text(gpu.compile_report(builds=[gpu.flash_attention_mma_fa2_lazy_build(d, "float16", False, *config)
                                                for d in (64, 128) for config in gpu.flash_attention_mma_fa2_lazy_configs(d)])))
+print("\nflash_attention_mma_fa2_wide, every legal (block_q, block_k, min_blocks), float16:")
+print(resources_text(gpu.compile_report(builds=[gpu.flash_attention_mma_fa2_wide_build(d, "float16", False, *config)
+                                               for d in (64, 128) for config in gpu.flash_attention_mma_fa2_wide_configs(d)])))
 EOF
 then step "compile report" ok "compile_report.txt"; else step "compile report" FAIL "compile_report.txt"; fi
 
@@ -201,7 +205,8 @@ if ! late "decode split sweep"; then
     fi
 fi
 
-# ---- the tile configurations of the lazy FA-2 rung and the register-tiled rung, timed one after another
+# ---- the tile configurations of the wide-warp and the lazy FA-2 rung and of the register-tiled rung, timed one
+# after another
 # (on the dry run: each configuration once at a tiny N on the emulator, against NumPy)
 if [ $DRY -eq 1 ]; then TUNE=(--emulator); else TUNE=(); fi
 tune() {  # tune RUNG DIR SECONDS
@@ -215,8 +220,9 @@ tune() {  # tune RUNG DIR SECONDS
         step "tune $rung tiles" FAIL "exit $? ($dir/log.txt)"
     fi
 }
-tune mma_fa2_lazy fa2_configs 120
-tune regtile regtile_configs 90
+tune mma_fa2_wide fa2_wide_configs 75
+tune mma_fa2_lazy fa2_configs 90
+tune regtile regtile_configs 75
 
 # ---- tests on the device ----------------------------------------------------------
 # several processes at once, as a busy machine compiles: NVRTC's compile cache, the emulator's
@@ -310,7 +316,7 @@ else
 fi
 
 # ---- Nsight Compute, one launch per rung --------------------------------------------------
-read -r -a NCU_RUNGS <<< "${GPU_CHECK_NCU_RUNGS:-mma_fa2 mma_fa2_lazy wgmma wgmma_overlap wgmma_pingpong paged_decode_split}"
+read -r -a NCU_RUNGS <<< "${GPU_CHECK_NCU_RUNGS:-mma_fa2 mma_fa2_lazy mma_fa2_wide wgmma wgmma_overlap wgmma_pingpong paged_decode_split}"
 NCU=""
 for candidate in ncu /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu; do
     if command -v "$candidate" >/dev/null 2>&1; then NCU="$(command -v "$candidate")"; break; fi

@@ -6,7 +6,7 @@
 ``backward/``, ...). The recorded run goes to a new folder ``<into>/gpu_<gpu>_<date>/`` (for example
 ``benchmarks/results/gpu_h200_2026-12-02/``), laid out as :mod:`lessons.gpu.recorded` and
 :mod:`lessons.gpu.ladder` read it: ``forward/`` (from ``benchmark/``), ``backward/``, ``decode/``, the sweeps
-(``decode_splits/``, ``fa2_configs/``, ``regtile_configs/``), the Nsight Compute reports, the Hopper rungs' first
+(``decode_splits/``, ``fa2_configs/``, ``fa2_wide_configs/``, ``regtile_configs/``), the Nsight Compute reports, the Hopper rungs' first
 checks, the compile report, the test and environment logs, and a ``README.md`` whose title and driver line give
 every figure its label (:func:`lessons.gpu.recorded.recorded_label`: machine, date, driver, CUDA, commit).
 Result files only: the JUnit XML and the benchmarks' logs stay behind. ``--commit`` is the commit the GPU machine
@@ -32,6 +32,7 @@ LAYOUT = (
     ("decode", "decode", ("results.csv", "results.md")),
     ("decode_splits", "decode_splits", ("*.csv", "*.md")),
     ("fa2_configs", "fa2_configs", ("*.csv", "*.md")),
+    ("fa2_wide_configs", "fa2_wide_configs", ("*.csv", "*.md")),
     ("regtile_configs", "regtile_configs", ("*.csv", "*.md")),
     ("ncu", "ncu", ("*.txt",)),
     (".", ".", ("env.txt", "summary.txt", "compile_report.txt", "hopper_smoke_*.txt", "pytest_*.txt", "ring.txt")),
@@ -44,6 +45,8 @@ WHAT = {
     "decode_splits": "the split decode kernel at split counts around its automatic pick, per decode shape "
                      "(`scripts/tune_decode.py`)",
     "fa2_configs": "every tile configuration of the lazy-rescaling FA-2 rung (`scripts/tune_tiles.py`)",
+    "fa2_wide_configs": "every tile configuration of the wide-warp FA-2 rung, 32 rows per warp "
+                        "(`scripts/tune_tiles.py --rung mma_fa2_wide`)",
     "regtile_configs": "the register-tiled rung's tiles against naive CuPy (`scripts/tune_tiles.py --rung regtile`)",
     "ncu": "Nsight Compute, one launch per rung (`scripts/profile_rung.py`)",
 }

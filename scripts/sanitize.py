@@ -25,7 +25,7 @@ from lessons.gpu.compile import device_available
 
 KERNELS = ("online_softmax", "flash_attention", "flash_attention_regtile", "flash_attention_mma",
            "flash_attention_mma_async", "paged_decode", "flash_decoding", "flash_backward", "paged_decode_split",
-           "flash_attention_mma_fa2", "flash_attention_mma_fa2_lazy", "flash_backward_mma", "flash_attention_wgmma",
+           "flash_attention_mma_fa2", "flash_attention_mma_fa2_lazy", "flash_attention_mma_fa2_wide", "flash_backward_mma", "flash_attention_wgmma",
            "flash_attention_wgmma_overlap", "flash_attention_wgmma_pingpong")
 
 
@@ -117,18 +117,32 @@ def run_flash_attention_mma_fa2(cp, backend) -> bool:
 def run_flash_attention_mma_fa2_lazy(cp, backend) -> bool:
     # the FA-2 rung's cases with the default tiles (at d = 128: 64-key tiles in 64 KiB of dynamic shared
     # memory), then every other legal (block_q, block_k, min_blocks) on partial blocks, causal, 3 key tiles
-    from functools import partial
-
     from lessons.gpu.source import FA2_LAZY_CONFIGS, flash_attention_mma_fa2_lazy_configs
 
-    ok = _forward(cp, backend, launch.flash_attention_mma_fa2_lazy_gpu, "mma_fa2_lazy", np.random.default_rng(9),
+    return _tiled_fa2(cp, backend, launch.flash_attention_mma_fa2_lazy_gpu, "mma_fa2_lazy", FA2_LAZY_CONFIGS,
+                      flash_attention_mma_fa2_lazy_configs, 9)
+
+
+def run_flash_attention_mma_fa2_wide(cp, backend) -> bool:
+    # the same cases for the wide-warp rung (32 rows per warp, Q in its own shared-memory region: 64 KiB at
+    # d = 128 by default, 96 KiB with 64-key tiles), then every other legal configuration
+    from lessons.gpu.source import FA2_WIDE_CONFIGS, flash_attention_mma_fa2_wide_configs
+
+    return _tiled_fa2(cp, backend, launch.flash_attention_mma_fa2_wide_gpu, "mma_fa2_wide", FA2_WIDE_CONFIGS,
+                      flash_attention_mma_fa2_wide_configs, 11)
+
+
+def _tiled_fa2(cp, backend, launcher, name, defaults, configs, seed) -> bool:
+    from functools import partial
+
+    ok = _forward(cp, backend, launcher, name, np.random.default_rng(seed),
                   [((2,), 70, 45, 64, True, np.float16), ((), 150, 100, 64, False, np.float16),
                    ((), 33, 100, 128, True, np.float16), ((), 5, 3, 128, False, np.float16)], {"float16": 3e-3})
     for d in (64, 128):
-        for bq, bk, mb in flash_attention_mma_fa2_lazy_configs(d):
-            if (bq, bk, mb) != FA2_LAZY_CONFIGS[d]:
-                run = partial(launch.flash_attention_mma_fa2_lazy_gpu, block_q=bq, block_k=bk, min_blocks=mb)
-                ok &= _forward(cp, backend, run, f"mma_fa2_lazy {bq}x{bk} min_blocks={mb}",
+        for bq, bk, mb in configs(d):
+            if (bq, bk, mb) != defaults[d]:
+                run = partial(launcher, block_q=bq, block_k=bk, min_blocks=mb)
+                ok &= _forward(cp, backend, run, f"{name} {bq}x{bk} min_blocks={mb}",
                                np.random.default_rng(d + bq + bk + mb), [((), 70, 150, d, True, np.float16)],
                                {"float16": 3e-3})
     return ok

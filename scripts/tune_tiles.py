@@ -1,6 +1,6 @@
 """Time every tile configuration of one forward rung on the GPU: the tuning sweep.
 
-    python scripts/tune_tiles.py [--rung mma_fa2_lazy|regtile] [--out DIR] [--n 8192] [--heads 8]
+    python scripts/tune_tiles.py [--rung mma_fa2_lazy|mma_fa2_wide|regtile] [--out DIR] [--n 8192] [--heads 8]
                                  [--head-dims 64 128] [--warmup 2] [--repeats 7]
     python scripts/tune_tiles.py --emulator [--rung ...] [--out DIR]
 
@@ -8,6 +8,9 @@
 :func:`lessons.gpu.source.flash_attention_mma_fa2_lazy_configs` (default one first:
 :data:`lessons.gpu.source.FA2_LAZY_CONFIGS`) through :func:`lessons.gpu.flash_attention_mma_fa2_lazy_gpu`,
 float16; the reference row is the FA-2 rung (``flash_attention_mma_fa2_gpu``, its fixed tiles).
+``--rung mma_fa2_wide``: the same for the wide-warp rung (32 query rows per warp), each configuration of
+:func:`lessons.gpu.source.flash_attention_mma_fa2_wide_configs` through
+:func:`lessons.gpu.flash_attention_mma_fa2_wide_gpu`, beside the FA-2 rung.
 ``--rung regtile``: each ``(block_q, block_k)`` of :data:`lessons.gpu.source.REGTILE_SWEEP` (default one
 first: :func:`lessons.gpu.source.flash_attention_regtile_config`) through
 :func:`lessons.gpu.flash_attention_regtile_gpu`, float32; the reference row is naive CuPy attention in float32
@@ -19,7 +22,7 @@ as the benchmarks time), TFLOP/s (4 N^2 d per head), ``x_default`` (the default 
 this one's, per head dim), ``x_reference`` (the reference row's seconds over this one's), the registers per
 thread (from the kernel loaded on the device) and the largest difference from the default configuration's output.
 
-Writes ``<stem>.csv`` and ``<stem>.md`` into ``--out`` (stem ``fa2_configs`` or ``regtile_configs``). Without a
+Writes ``<stem>.csv`` and ``<stem>.md`` into ``--out`` (stem ``fa2_configs``, ``fa2_wide_configs`` or ``regtile_configs``). Without a
 CUDA device it says so and exits 0. ``--emulator`` runs every configuration once at a tiny N on the CPU emulator
 (a check of this script: nothing is timed, and each output is compared with NumPy's attention). Exit status 0,
 or 1 when an output is not finite or (on the emulator) differs from NumPy.
@@ -45,7 +48,7 @@ from lessons.gpu.measure import attention_flops, median_cuda_seconds, naive_atte
 #: the columns of the CSV
 COLUMNS = ("impl", "d", "block_q", "block_k", "min_blocks", "default", "n", "heads", "dtype", "seconds", "tflops",
            "x_default", "x_reference", "registers", "max_abs_diff", "note")
-LAZY, PLAIN, REGTILE, NAIVE = "mma_fa2_lazy", "mma_fa2", "regtile", "naive"
+LAZY, WIDE, PLAIN, REGTILE, NAIVE = "mma_fa2_lazy", "mma_fa2_wide", "mma_fa2", "regtile", "naive"
 
 
 class Sweep(NamedTuple):
@@ -59,9 +62,11 @@ class Sweep(NamedTuple):
     title: str
 
     def configs(self, d: int) -> list[tuple]:
-        if self.rung == LAZY:
-            default = source.FA2_LAZY_CONFIGS[d]
-            return [default] + [c for c in source.flash_attention_mma_fa2_lazy_configs(d) if c != default]
+        if self.rung in (LAZY, WIDE):
+            default, legal = ((source.FA2_LAZY_CONFIGS[d], source.flash_attention_mma_fa2_lazy_configs(d))
+                              if self.rung == LAZY else
+                              (source.FA2_WIDE_CONFIGS[d], source.flash_attention_mma_fa2_wide_configs(d)))
+            return [default] + [c for c in legal if c != default]
         default = (*source.flash_attention_regtile_config(d), None)
         return [default] + [(bq, bk, None) for bq, bk in source.REGTILE_SWEEP[d] if (bq, bk, None) != default]
 
@@ -70,6 +75,7 @@ class Sweep(NamedTuple):
 
 
 SWEEPS = {LAZY: Sweep(LAZY, PLAIN, "float16", "fa2_configs", "lazy-rescaling FA-2 rung"),
+          WIDE: Sweep(WIDE, PLAIN, "float16", "fa2_wide_configs", "wide-warp FA-2 rung (32 rows per warp)"),
           REGTILE: Sweep(REGTILE, NAIVE, "float32", "regtile_configs", "register-tiled CUDA-core rung")}
 
 
@@ -139,6 +145,10 @@ def _launch(impl, d, config, q, k, v, backend, xp):
     if impl == LAZY:
         return (gpu.flash_attention_mma_fa2_lazy_build(d, "float16", False, bq, bk, mb),
                 lambda: gpu.flash_attention_mma_fa2_lazy_gpu(q, k, v, block_q=bq, block_k=bk, min_blocks=mb,
+                                                             backend=backend))
+    if impl == WIDE:
+        return (gpu.flash_attention_mma_fa2_wide_build(d, "float16", False, bq, bk, mb),
+                lambda: gpu.flash_attention_mma_fa2_wide_gpu(q, k, v, block_q=bq, block_k=bk, min_blocks=mb,
                                                              backend=backend))
     if impl == PLAIN:
         return gpu.flash_attention_mma_fa2_build(d), lambda: gpu.flash_attention_mma_fa2_gpu(q, k, v, backend=backend)

@@ -53,9 +53,9 @@ def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
     decode = steps.pop("benchmark decode")                              # present once its script is in the tree
     assert decode == ("ok" if (ROOT / "benchmarks" / "gpu_decode.py").exists() else "skip")
     expected = {"compile report", "pytest pass 1 (-n 2)", "benchmark forward", "benchmark backward", "total",
-                "tune mma_fa2_lazy tiles", "tune regtile tiles", "decode split sweep"}
+                "tune mma_fa2_lazy tiles", "tune mma_fa2_wide tiles", "tune regtile tiles", "decode split sweep"}
     expected |= {f"hopper smoke {rung}" for rung in ("wgmma", "wgmma_overlap", "wgmma_pingpong")}
-    expected |= {f"ncu {rung}" for rung in ("mma_fa2", "mma_fa2_lazy", "wgmma", "wgmma_overlap", "wgmma_pingpong",
+    expected |= {f"ncu {rung}" for rung in ("mma_fa2", "mma_fa2_lazy", "mma_fa2_wide", "wgmma", "wgmma_overlap", "wgmma_pingpong",
                                            "paged_decode_split")}
     expected |= {f"drivers (emulator) {k}" for k in sanitize.KERNELS}      # the script runs every driver
     assert set(steps) == expected and set(steps.values()) == {"ok"}, summary
@@ -67,12 +67,20 @@ def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
         assert (tmp_path / name).stat().st_size > 0, name
     report = (tmp_path / "compile_report.txt").read_text()
     assert "flash_attention_mma" in report and report.count("flash_attention_mma_fa2_lazy") >= 2 * 8
+    assert report.count("flash_attention_mma_fa2_wide") >= len(tune.SWEEPS[tune.WIDE].configs(64)) + \
+        len(tune.SWEEPS[tune.WIDE].configs(128))
     # the tuning sweep ran every legal configuration of the lazy rung (and the FA-2 rung per head dim)
     with open(tmp_path / "fa2_configs" / "fa2_configs.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert [(r["impl"], int(r["d"]), int(r["block_q"]), int(r["block_k"]), int(r["min_blocks"])) for r in rows] == \
         [(impl, d, *c) for impl, d, c in tune.runs([64, 128])]
     assert all(r["note"] == "emulator: not timed" for r in rows) and (tmp_path / "fa2_configs" / "fa2_configs.md").is_file()
+    # and the wide-warp rung's, beside the same FA-2 rung
+    with open(tmp_path / "fa2_wide_configs" / "fa2_wide_configs.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["impl"], int(r["d"]), int(r["block_q"]), int(r["block_k"]), int(r["min_blocks"])) for r in rows] == \
+        [(impl, d, *c) for impl, d, c in tune.runs([64, 128], tune.WIDE)]
+    assert rows[0]["impl"] == "mma_fa2_wide" and {r["impl"] for r in rows} == {"mma_fa2_wide", "mma_fa2"}
     with open(tmp_path / "regtile_configs" / "regtile_configs.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert [(r["impl"], int(r["d"])) for r in rows] == [(impl, d) for impl, d, _ in tune.runs([64, 128], "regtile")]
@@ -151,7 +159,7 @@ def test_the_profiling_driver_names_the_kernel_to_filter_on(capsys):
     prof = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(prof)
     want = {"scalar": "flash_attention_forward", "mma_fa2": "flash_attention_mma_fa2",
-            "mma_fa2_lazy": "flash_attention_mma_fa2_lazy",
+            "mma_fa2_lazy": "flash_attention_mma_fa2_lazy", "mma_fa2_wide": "flash_attention_mma_fa2_wide",
             "wgmma": "flash_attention_wgmma", "wgmma_pingpong": "flash_attention_wgmma_pingpong",
             "paged_decode_split": "paged_decode_gqa_split"}
     for rung, name in want.items():
@@ -235,7 +243,8 @@ def test_a_run_past_its_deadline_skips_the_rest_names_them_and_fails(tmp_path):
     late = [name for name, (status, detail) in steps.items()
             if status == "skip" and detail.strip() == "past the deadline (GPU_CHECK_DEADLINE=3 s)"]
     # the compile report's 180 s were cut to 3: everything after it found the deadline passed
-    assert {"benchmark forward", "decode split sweep", "tune mma_fa2_lazy tiles", "pytest pass 1 (-n 2)",
+    assert {"benchmark forward", "decode split sweep", "tune mma_fa2_lazy tiles", "tune mma_fa2_wide tiles",
+            "pytest pass 1 (-n 2)",
             "compute-sanitizer", "ncu mma_fa2"} <= set(late), summary
     assert steps["total"][0] == "FAIL" and int(steps["total"][1].split()[0]) < 120
 

@@ -170,7 +170,7 @@ def test_each_rung_holds_the_instruction_it_is_about(name, d):
         assert "ldmatrix" not in ptx and "cp.async" not in ptx
     if name.startswith("mma_fa2"):    # ldmatrix.x4 (.trans for V), cp.async stages, exp2 (tests/test_gpu_fa2.py has more)
         assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx and "cp.async.wait_group 1" in ptx
-        assert ("vote.sync.any.pred" in ptx) == (name == "mma_fa2_lazy")     # the lazy rung's warp vote
+        assert ("vote.sync.any.pred" in ptx) == (name in ("mma_fa2_lazy", "mma_fa2_wide"))   # the lazy rungs' vote
     if name.startswith("wgmma"):      # TMA and mbarriers instead of cp.async and ldmatrix (test_gpu_wgmma.py has more)
         assert "cp.async.bulk.tensor.3d" in ptx and "mbarrier.try_wait.parity" in ptx
         assert "ldmatrix" not in ptx and "mma.sync" not in ptx and "cp.async.cg" not in ptx
@@ -243,9 +243,9 @@ def _csv_seconds(path=None):
 
 # the rung names of the registry against the impl column of benchmarks/gpu_attention.py
 CSV_IMPL = {"naive": "naive", "scalar": "kernel", "regtile": "regtile", "mma": "mma", "mma_async": "mma_async",
-            "mma_fa2": "mma_fa2", "mma_fa2_lazy": "mma_fa2_lazy", "wgmma": "wgmma", "wgmma_overlap": "wgmma_overlap",
-            "wgmma_pingpong": "wgmma_pingpong", "sdpa": "torch"}
-#: the rungs the recorded run measured (the lazy FA-2 rung and the Hopper rungs came after it)
+            "mma_fa2": "mma_fa2", "mma_fa2_lazy": "mma_fa2_lazy", "mma_fa2_wide": "mma_fa2_wide", "wgmma": "wgmma",
+            "wgmma_overlap": "wgmma_overlap", "wgmma_pingpong": "wgmma_pingpong", "sdpa": "torch"}
+#: the rungs the recorded run measured (the lazy and wide FA-2 rungs and the Hopper rungs came after it)
 MEASURED = [r for r in ladder.RUNGS if r.impl is not None]
 
 
@@ -267,7 +267,7 @@ def test_recorded_figures_are_the_shipped_csv(d):
     by = _csv_seconds()
     table = {e["name"]: e for e in ladder.ladder_table(8192, d)}
     naive16 = by["naive", 8192, d, "float16"]
-    for later in ("mma_fa2_lazy", "wgmma", "wgmma_overlap", "wgmma_pingpong"):
+    for later in ("mma_fa2_lazy", "mma_fa2_wide", "wgmma", "wgmma_overlap", "wgmma_pingpong"):
         assert table[later]["figure"] == ladder.NOT_MEASURED and table[later]["ms"] is None
         assert (later, 8192, d, "float16") not in by
     for r in MEASURED:
@@ -367,12 +367,14 @@ def test_ladder_figure_draws_every_measured_rung_and_labels_the_rest():
     dots = sorted(float(line.get_ydata()[0]) for line in roof.get_lines() if line.get_marker() in ("o", "s"))
     assert dots == pytest.approx(sorted(p["tflops"] for p in measured))
     assert sorted(b.get_width() for b in bars.patches) == pytest.approx(sorted(p["tflops"] for p in measured))
-    assert sum(ladder.NOT_MEASURED in t.get_text() for t in bars.texts) == 8      # lazy FA-2 and Hopper, d = 64, 128
+    unmeasured = [r.name for r in ladder.RUNGS if r.impl is None]
+    assert unmeasured == ["mma_fa2_lazy", "mma_fa2_wide", "wgmma", "wgmma_overlap", "wgmma_pingpong"]
+    assert sum(ladder.NOT_MEASURED in t.get_text() for t in bars.texts) == 2 * len(unmeasured)    # d = 64, 128
     assert ladder.RECORDED_LABEL in fig._suptitle.get_text()
     # a run without some rungs: each of them is labelled, never drawn
     old = ladder.ladder_points(8192, (64, 128), rows=ladder.recorded_rows(ladder.PROFILED_DIR / "results.csv"))
     fig = ladder_figure(old, label="x")
-    assert sum(ladder.NOT_MEASURED in t.get_text() for t in fig.axes[1].texts) == 14  # 7 rungs x 2 head dims
+    assert sum(ladder.NOT_MEASURED in t.get_text() for t in fig.axes[1].texts) == 16  # 8 rungs x 2 head dims
     with pytest.raises(ValueError):
         ladder_figure([], label="x")
 
@@ -429,8 +431,8 @@ def test_target_outcomes_from_the_csv():
 @needs_nvrtc
 def test_rung_evidence_is_the_compiler_report():
     ev = {e["name"]: e for e in ladder.rung_evidence(64, "sm_80")}
-    assert set(ev) == {"scalar", "regtile", "mma", "mma_async", "mma_fa2", "mma_fa2_lazy", "wgmma", "wgmma_overlap",
-                       "wgmma_pingpong"}
+    assert set(ev) == {"scalar", "regtile", "mma", "mma_async", "mma_fa2", "mma_fa2_lazy", "mma_fa2_wide", "wgmma",
+                       "wgmma_overlap", "wgmma_pingpong"}
     assert ev["wgmma_pingpong"]["count"] == 6          # bar.arrive: 5 hand-overs (2 per warpgroup, 1 at the end) + the first
     assert ev["wgmma_overlap"]["arch"] == "sm_90a" and ev["wgmma_overlap"]["spill_bytes"] == 0
     assert ev["wgmma"]["arch"] == "sm_90a" and ev["regtile"]["arch"] == "sm_80" and ev["wgmma"]["spill_bytes"] == 0

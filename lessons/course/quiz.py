@@ -257,6 +257,19 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           "while l and the new P use the new one. A threshold works only when the row also keeps its old max for "
           "P and l until it rescales, so that the stale max cancels in o / l (FlashAttention-4); the result is "
           "then right but not bitwise the eager kernel's. Reread 'Rescaling only when the max moves'."),
+        Q("The wide rung gives each warp 32 query rows (two m-tiles) instead of 16. What does that buy, and what "
+          "does it cost?",
+          ("Each K and V fragment loaded from shared memory feeds both m-tiles' products, so fewer shared-memory "
+           "bytes per product; o and s double in registers, so Q's fragments move out to shared memory",
+           "K and V are read from HBM twice as often, in exchange for fewer warps",
+           "Q K^T needs half the FLOPs",
+           "A block no longer needs the causal mask"),
+          0,
+          "The products per warp double while the K and V loads stay: at d = 64, 160 bytes per product instead "
+          "of 256 (Q's loads included), so shared-memory reads alone would allow 80% of the tensor-core peak "
+          "instead of 50%. HBM traffic is unchanged: a block still has 128 rows and reads each K and V tile "
+          "once. The price is registers: 128 floats of o per thread at d = 128. Reread 'Two m-tiles per warp: "
+          "FlashAttention-2's warp shape'."),
         Q("On the recorded H200 run, what became of the ladder's targets for our own kernels?",
           ("All were met once the FA-2 recipe was in",
            "The 2-4x claim over naive attention holds (about 20x and 12x), but the 3x (register tiling), "

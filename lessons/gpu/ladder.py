@@ -139,11 +139,27 @@ RUNGS = (
          "warp-tiles skip; the share that still rescale is counted by lessons.cost.rescale.rescale_share. At "
          "d = 128 half as many tiles per row: half the barriers, cp.async waits and row max/sum shuffles per key. "
          "Compile report (NVRTC 12.9, sm_80 / sm_90, no spills): d = 64: 128 registers x 256 threads, 32 768 bytes "
-         "of dynamic shared memory, 2 blocks per SM (as mma_fa2); d = 128: 226 / 231 registers x 128 threads "
+         "of dynamic shared memory, 2 blocks per SM (as mma_fa2); d = 128: 242 / 245 registers x 128 threads "
          "(mma_fa2 at 64 x 32: 204 / 208), 65 536 bytes, 2 blocks per SM. Output bitwise the mma_fa2 rung's with "
          "the same tiles. The other tiles (scripts/tune_tiles.py times them all) are in "
          "lessons.gpu.source.FA2_LAZY_SWEEP; aim: >= 0.5x SDPA",
          "vote.sync.any.pred", "not yet run on a GPU: built and checked on the CPU emulator only"),
+    Rung("mma_fa2_wide", "tensor cores, FA-2's warp shape: 32 rows per warp", None, "flash_attention_mma_fa2_wide",
+         "lessons.gpu.flash_attention_mma_fa2_wide_gpu", "float16",
+         "the lazy rung's kernel with a third switch: each warp owns 32 query rows (two 16-row m-tiles) instead of "
+         "16, so a block of 128 rows is 4 warps, not 8, and every K and V fragment a warp loads from shared memory "
+         "(ldmatrix.x4) feeds two mma instructions instead of one; o and s take twice the registers, so Q's "
+         "fragments are read from shared memory (Q keeps its own region there) at each tile instead of staying "
+         "in registers, as in FlashAttention-2's forward kernel",
+         "per tile and warp, 4 mma per K or V ldmatrix.x4 instead of 2, so about 0.6x the shared-memory bytes "
+         "read per mma (Q's fragments add a quarter back at 64-key tiles), and two independent mmas in flight "
+         "per fragment; fewer warps, each with more work in registers. Compile report (NVRTC 12.9, no spills): "
+         "d = 64, 128 x 64 tiles: 225 / 223 registers (sm_80 / sm_90) x 128 threads, 48 KiB of dynamic shared "
+         "memory; d = 128, 128 x 32: 254 / 255 registers x 128 threads, 64 KiB: 2 blocks (8 warps) per SM either "
+         "way. Output bitwise the lazy rung's with the same tiles. The other tiles (scripts/tune_tiles.py "
+         "--rung mma_fa2_wide times them all, 128 x 64 at d = 128 among them) are in "
+         "lessons.gpu.source.FA2_WIDE_SWEEP; aim: >= 0.5x SDPA",
+         "mma.sync.aligned.m16n8k16", "not yet run on a GPU: built and checked on the CPU emulator only"),
     Rung("wgmma", "Hopper: TMA + wgmma", None, "flash_attention_wgmma",
          "lessons.gpu.flash_attention_wgmma_gpu", "float16",
          "sm_90a only: one producer warpgroup copies Q once and each K/V tile by TMA (cp.async.bulk.tensor, "
@@ -352,6 +368,9 @@ def rung_intensity(r: Rung | str, n: int = 8192, d: int = 64) -> float:
     elif r.name == "mma_fa2_lazy":
         from lessons.gpu.source import flash_attention_mma_fa2_lazy_config
         bq, bk, _ = flash_attention_mma_fa2_lazy_config(d)
+    elif r.name == "mma_fa2_wide":
+        from lessons.gpu.source import flash_attention_mma_fa2_wide_config
+        bq, bk, _ = flash_attention_mma_fa2_wide_config(d)
     elif r.name in HOPPER_RUNGS:
         from lessons.gpu.source import flash_attention_wgmma_config
         bq, bk = flash_attention_wgmma_config(d)
@@ -379,6 +398,7 @@ def rung_build(r: Rung | str, d: int = 64):
             "mma_async": lambda: source.flash_attention_mma_async_build(d, r.dtype),
             "mma_fa2": lambda: source.flash_attention_mma_fa2_build(d, r.dtype),
             "mma_fa2_lazy": lambda: source.flash_attention_mma_fa2_lazy_build(d, r.dtype),
+            "mma_fa2_wide": lambda: source.flash_attention_mma_fa2_wide_build(d, r.dtype),
             "wgmma": lambda: source.flash_attention_wgmma_build(d, r.dtype),
             "wgmma_overlap": lambda: source.flash_attention_wgmma_overlap_build(d, r.dtype),
             "wgmma_pingpong": lambda: source.flash_attention_wgmma_overlap_build(d, r.dtype)}[r.name]()
@@ -420,6 +440,7 @@ def measure_ladder(n: int = 8192, d: int = 64, heads: int = 8, warmup: int = 2, 
             calls["mma_async"] = lambda: gpu.flash_attention_mma_async_gpu(q, k, v)
             calls["mma_fa2"] = lambda: gpu.flash_attention_mma_fa2_gpu(q, k, v)
             calls["mma_fa2_lazy"] = lambda: gpu.flash_attention_mma_fa2_lazy_gpu(q, k, v)
+            calls["mma_fa2_wide"] = lambda: gpu.flash_attention_mma_fa2_wide_gpu(q, k, v)
             if gpu.device_arch() == "sm_90":
                 calls["wgmma"] = lambda: gpu.flash_attention_wgmma_gpu(q, k, v)
                 calls["wgmma_overlap"] = lambda: gpu.flash_attention_wgmma_overlap_gpu(q, k, v)

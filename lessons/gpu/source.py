@@ -400,7 +400,7 @@ FA2_LAZY_CONFIGS = {64: (128, 64, 2), 128: (64, 64, 2)}
 #: changes the code: 1 and 2 are the same cap for 4-warp blocks (2 listed), and 3 changes nothing for
 #: 4-warp blocks at d = 64 (they use fewer than 168 registers). Registers: d = 64: (64, 32) 134-138 at
 #: 2 and 122-128 at 4, (64, 64) 138-146, (128, 64) 137-148 at 1 and 128 at 2; d = 128: (64, 32) 218-224,
-#: (64, 64) 226-231, (128, 64) 210-212 (each spills at the next min_blocks up)
+#: (64, 64) 242-245, (128, 64) 236-241 (each spills at the next min_blocks up)
 FA2_LAZY_SWEEP = {
     64: ((64, 32, 2), (64, 32, 4), (64, 64, 2), (128, 64, 1), (128, 64, 2)),
     128: ((64, 32, 2), (64, 64, 2), (128, 64, 1)),

@@ -57,7 +57,7 @@
 //     emulator the stages stay a static array of the same size, declared here in the entry point.
 //   Compile report of the lazy rung (NVRTC 12.9, float16 and bfloat16, sm_80 / sm_90, no spills):
 //   d = 64, 128 x 64 tiles: 128 registers x 256 threads, 32768 bytes (dynamic); d = 128, 64 x 64
-//   tiles: 226 / 231 registers x 128 threads, 65536 bytes: 2 blocks per SM either way. The lazy
+//   tiles: 242 / 245 registers x 128 threads, 65536 bytes: 2 blocks per SM either way. The lazy
 //   rescale costs registers at d = 128 (64 x 32 tiles: 218-224 against 202-208 without it). The other
 //   legal tiles: lessons.gpu.source.FA2_LAZY_SWEEP.
 //
