@@ -38,6 +38,13 @@
 #   7. the MPI ring on the GPU (4 ranks), where mpi4py and mpiexec are installed -> ring.txt
 #   and a one-line-per-step summary                                   -> summary.txt
 #
+# GPU_CHECK_STEPS names the groups of steps to run (default all, always in this order): compile (2), smoke (the
+# Hopper rungs' first contact), bench (3, the benchmarks), sweeps (3, the decode and tile sweeps), pytest (4),
+# sanitizer (5), ncu (6), ring (7); the environment (1) is always written. A group left out is named in the summary
+# and does not fail the run, so a short GPU session can split the work over two runs, e.g.
+#   GPU_CHECK_STEPS="compile smoke bench sweeps ncu" and then GPU_CHECK_STEPS="pytest sanitizer ring"
+# (the second with GPU_CHECK_SKIP_WGMMA set to the Hopper rungs the first one's smoke step left out).
+#
 # Sized to finish in under 8 minutes on one H200; each step has its own time limit, cut to what is left
 # of GPU_CHECK_DEADLINE (seconds from the start; default 480, 1800 on the dry run): a step that would
 # start after it is skipped and named in the summary, so the summary is written before a caller's own
@@ -88,6 +95,19 @@ left() {  # left WANT: a step's time limit, WANT seconds or what is left when th
     r=$(( $1 < r ? $1 : r ))
     echo $(( r > 0 ? r : 1 ))
 }
+STEP_GROUPS="compile smoke bench sweeps pytest sanitizer ncu ring"
+WANTED="${GPU_CHECK_STEPS:-$STEP_GROUPS}"
+for group in $WANTED; do
+    case " $STEP_GROUPS " in
+        *" $group "*) ;;
+        *) echo "gpu_check.sh: GPU_CHECK_STEPS may name only these groups: $STEP_GROUPS; got '$group'" >&2; exit 2 ;;
+    esac
+done
+off() {  # off GROUP NAME: true, and NAME skipped in the summary, when GROUP is not in GPU_CHECK_STEPS
+    case " $WANTED " in *" $1 "*) return 1 ;; esac
+    step "$2" skip "not in GPU_CHECK_STEPS"
+    return 0
+}
 late() {  # late NAME: true, and NAME skipped in the summary, when the deadline has passed
     if [ "$(rest)" -gt 0 ]; then return 1; fi
     step "$1" skip "past the deadline (GPU_CHECK_DEADLINE=$DEADLINE s)"
@@ -135,7 +155,9 @@ else
 fi
 
 # ---- compile report ---------------------------------------------------------------
-if timeout "$(left 180)" "$PY" - > "$RESULTS/compile_report.txt" 2>&1 <<'EOF'
+if off compile "compile report"; then
+    :
+elif timeout "$(left 180)" "$PY" - > "$RESULTS/compile_report.txt" 2>&1 <<'EOF'
 from rich.console import Console
 import lessons.gpu as gpu
 console = Console(width=160)
@@ -158,19 +180,23 @@ then step "compile report" ok "compile_report.txt"; else step "compile report" F
 # ---- the Hopper rungs' first contact, one process and one time limit per rung -------------------
 # (75 s on a GPU: a few compiles and six small launches; on the emulator the compiles alone take longer)
 if [ $DRY -eq 1 ]; then SMOKE=(--emulator); SMOKE_LIMIT=300; else SMOKE=(); SMOKE_LIMIT=75; fi
-LEFT_OUT=""
-for rung in wgmma wgmma_overlap wgmma_pingpong; do
-    log="$RESULTS/hopper_smoke_$rung.txt"
-    if late "hopper smoke $rung"; then LEFT_OUT="$LEFT_OUT $rung"; continue; fi
-    timeout "$(left "$SMOKE_LIMIT")" "$PY" scripts/hopper_smoke.py --rung "$rung" "${SMOKE[@]}" > "$log" 2>&1
-    rc=$?
-    case $rc in
-        0) step "hopper smoke $rung" ok "$(tail -n 1 "$log")" ;;
-        2) step "hopper smoke $rung" skip "$(tail -n 1 "$log")"; LEFT_OUT="$LEFT_OUT $rung" ;;
-        *) step "hopper smoke $rung" FAIL "exit $rc$([ $rc -eq 124 ] && echo ', timed out') ($(basename "$log")); later steps leave it out"
-           LEFT_OUT="$LEFT_OUT $rung" ;;
-    esac
-done
+if off smoke "hopper smoke"; then
+    LEFT_OUT="${GPU_CHECK_SKIP_WGMMA:-}"          # not run here: the rungs left out are those given
+else
+    LEFT_OUT=""
+    for rung in wgmma wgmma_overlap wgmma_pingpong; do
+        log="$RESULTS/hopper_smoke_$rung.txt"
+        if late "hopper smoke $rung"; then LEFT_OUT="$LEFT_OUT $rung"; continue; fi
+        timeout "$(left "$SMOKE_LIMIT")" "$PY" scripts/hopper_smoke.py --rung "$rung" "${SMOKE[@]}" > "$log" 2>&1
+        rc=$?
+        case $rc in
+            0) step "hopper smoke $rung" ok "$(tail -n 1 "$log")" ;;
+            2) step "hopper smoke $rung" skip "$(tail -n 1 "$log")"; LEFT_OUT="$LEFT_OUT $rung" ;;
+            *) step "hopper smoke $rung" FAIL "exit $rc$([ $rc -eq 124 ] && echo ', timed out') ($(basename "$log")); later steps leave it out"
+               LEFT_OUT="$LEFT_OUT $rung" ;;
+        esac
+    done
+fi
 export GPU_CHECK_SKIP_WGMMA="${LEFT_OUT# }"     # read by lessons.gpu.ladder.hopper_rungs_left_out
 
 # ---- benchmarks, each alone on the device ------------------------------------------------
@@ -179,7 +205,7 @@ bench() {  # bench NAME SCRIPT DIR ARGS...
     local name="$1" script="$2" dir="$3"
     shift 3
     if [ ! -f "$script" ]; then step "$name" skip "$script is not in this tree"; return; fi
-    if late "$name"; then return; fi
+    if off bench "$name" || late "$name"; then return; fi
     mkdir -p "$RESULTS/$dir"
     if timeout "$(left 240)" "$PY" "$script" --out "$RESULTS/$dir" "$@" > "$RESULTS/$dir/log.txt" 2>&1; then
         step "$name" ok "$dir/ ($(tail -n 1 "$RESULTS/$dir/log.txt" | cut -c1-60))"
@@ -193,7 +219,7 @@ bench "benchmark decode" benchmarks/gpu_decode.py decode
 
 # ---- the split decode kernel at split counts around its automatic pick (on the dry run: a tiny shape on the
 # emulator, against NumPy); its own time budget ends the timing 20 s before the step's limit, so it writes its tables
-if ! late "decode split sweep"; then
+if ! off sweeps "decode split sweep" && ! late "decode split sweep"; then
     mkdir -p "$RESULTS/decode_splits"
     if [ $DRY -eq 1 ]; then SWEEP=(--emulator); else SWEEP=(); fi
     limit="$(left 60)"
@@ -211,7 +237,7 @@ fi
 if [ $DRY -eq 1 ]; then TUNE=(--emulator); else TUNE=(); fi
 tune() {  # tune RUNG DIR SECONDS
     local rung="$1" dir="$2" limit="$3"
-    if late "tune $rung tiles"; then return; fi
+    if off sweeps "tune $rung tiles" || late "tune $rung tiles"; then return; fi
     mkdir -p "$RESULTS/$dir"
     if timeout "$(left "$limit")" "$PY" scripts/tune_tiles.py --rung "$rung" --out "$RESULTS/$dir" "${TUNE[@]}" \
             > "$RESULTS/$dir/log.txt" 2>&1; then
@@ -233,7 +259,9 @@ if [ $DRY -eq 1 ]; then SELECT="emulator and (instruction or keeps_nan)"; PASSES
 # (a rung left out is skipped inside the tests; all three left out: their files are not even collected)
 if [ "$GPU_CHECK_SKIP_WGMMA" = "wgmma wgmma_overlap wgmma_pingpong" ]; then SELECT="$SELECT and not wgmma"; fi
 TESTS=(tests/test_gpu_*.py)
-if ! "$PY" -c "import xdist" >/dev/null 2>&1; then
+if off pytest "pytest (GPU cases)"; then
+    :
+elif ! "$PY" -c "import xdist" >/dev/null 2>&1; then
     step "pytest (GPU cases)" FAIL "pytest-xdist is not installed (pip install -e '.[test]')"
 else
     i=0
@@ -277,7 +305,7 @@ for kernel in $("$PY" scripts/sanitize.py --list); do
     case "$kernel" in *decod*) tools="$tools initcheck" ;; esac
     for tool in $tools; do JOBS+=("$tool $kernel"); done
 done
-if late "compute-sanitizer"; then
+if off sanitizer "compute-sanitizer" || late "compute-sanitizer"; then
     :
 elif [ $DRY -eq 0 ] && [ -z "$SAN" ]; then
     step "compute-sanitizer" FAIL "not found (CUDA toolkit or pip nvidia-cuda-sanitizer-api-cu12)"
@@ -321,7 +349,9 @@ NCU=""
 for candidate in ncu /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu; do
     if command -v "$candidate" >/dev/null 2>&1; then NCU="$(command -v "$candidate")"; break; fi
 done
-if [ "${NCU_RUNGS[*]}" = "none" ]; then
+if off ncu "ncu"; then
+    :
+elif [ "${NCU_RUNGS[*]}" = "none" ]; then
     step "ncu" skip "GPU_CHECK_NCU_RUNGS=none"
 elif [ $DRY -eq 0 ] && [ -z "$NCU" ]; then
     step "ncu" skip "Nsight Compute (ncu) is not installed"
@@ -348,7 +378,9 @@ else
 fi
 
 # ---- the MPI ring on the GPU -------------------------------------------------------------
-if [ $DRY -eq 1 ]; then
+if off ring "ring on the GPU (MPI)"; then
+    :
+elif [ $DRY -eq 1 ]; then
     step "ring on the GPU (MPI)" skip "dry run"
 elif late "ring on the GPU (MPI)"; then
     :
