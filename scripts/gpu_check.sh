@@ -39,10 +39,10 @@
 #   and a one-line-per-step summary                                   -> summary.txt
 #
 # GPU_CHECK_STEPS names the groups of steps to run (default all, always in this order): compile (2), smoke (the
-# Hopper rungs' first contact), bench (3, the benchmarks), sweeps (3, the decode and tile sweeps), pytest (4),
-# sanitizer (5), ncu (6), ring (7); the environment (1) is always written. A group left out is named in the summary
-# and does not fail the run, so a short GPU session can split the work over two runs, e.g.
-#   GPU_CHECK_STEPS="compile smoke bench sweeps ncu" and then GPU_CHECK_STEPS="pytest sanitizer ring"
+# Hopper rungs' first contact), forward, backward and decode (3, the benchmarks), sweeps (3, the decode and tile
+# sweeps), pytest (4), sanitizer (5), ncu (6), ring (7); the environment (1) is always written. A group left out is
+# named in the summary and does not fail the run, so a short GPU session can split the work over two runs, e.g.
+#   GPU_CHECK_STEPS="smoke forward decode sweeps" and then GPU_CHECK_STEPS="compile pytest sanitizer ncu"
 # (the second with GPU_CHECK_SKIP_WGMMA set to the Hopper rungs the first one's smoke step left out).
 #
 # Sized to finish in under 8 minutes on one H200; each step has its own time limit, cut to what is left
@@ -95,7 +95,7 @@ left() {  # left WANT: a step's time limit, WANT seconds or what is left when th
     r=$(( $1 < r ? $1 : r ))
     echo $(( r > 0 ? r : 1 ))
 }
-STEP_GROUPS="compile smoke bench sweeps pytest sanitizer ncu ring"
+STEP_GROUPS="compile smoke forward backward decode sweeps pytest sanitizer ncu ring"
 WANTED="${GPU_CHECK_STEPS:-$STEP_GROUPS}"
 for group in $WANTED; do
     case " $STEP_GROUPS " in
@@ -201,11 +201,11 @@ export GPU_CHECK_SKIP_WGMMA="${LEFT_OUT# }"     # read by lessons.gpu.ladder.hop
 
 # ---- benchmarks, each alone on the device ------------------------------------------------
 read -r -a SIZES <<< "${GPU_CHECK_SIZES:-4096 8192}"
-bench() {  # bench NAME SCRIPT DIR ARGS...
-    local name="$1" script="$2" dir="$3"
-    shift 3
+bench() {  # bench GROUP NAME SCRIPT DIR ARGS...
+    local group="$1" name="$2" script="$3" dir="$4"
+    shift 4
     if [ ! -f "$script" ]; then step "$name" skip "$script is not in this tree"; return; fi
-    if off bench "$name" || late "$name"; then return; fi
+    if off "$group" "$name" || late "$name"; then return; fi
     mkdir -p "$RESULTS/$dir"
     if timeout "$(left 240)" "$PY" "$script" --out "$RESULTS/$dir" "$@" > "$RESULTS/$dir/log.txt" 2>&1; then
         step "$name" ok "$dir/ ($(tail -n 1 "$RESULTS/$dir/log.txt" | cut -c1-60))"
@@ -213,9 +213,9 @@ bench() {  # bench NAME SCRIPT DIR ARGS...
         step "$name" FAIL "exit $? ($dir/log.txt)"
     fi
 }
-bench "benchmark forward" benchmarks/gpu_attention.py benchmark --sizes "${SIZES[@]}" --time-budget 150
-bench "benchmark backward" benchmarks/gpu_backward.py backward --sizes "${SIZES[@]}" --time-budget 90
-bench "benchmark decode" benchmarks/gpu_decode.py decode
+bench forward "benchmark forward" benchmarks/gpu_attention.py benchmark --sizes "${SIZES[@]}" --time-budget 150
+bench backward "benchmark backward" benchmarks/gpu_backward.py backward --sizes "${SIZES[@]}" --time-budget 90
+bench decode "benchmark decode" benchmarks/gpu_decode.py decode
 
 # ---- the split decode kernel at split counts around its automatic pick (on the dry run: a tiny shape on the
 # emulator, against NumPy); its own time budget ends the timing 20 s before the step's limit, so it writes its tables

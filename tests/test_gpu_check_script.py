@@ -252,7 +252,8 @@ def test_a_run_past_its_deadline_skips_the_rest_names_them_and_fails(tmp_path):
 def test_steps_left_out_of_gpu_check_steps_are_named_and_do_not_fail_the_run(tmp_path):
     env = {name: value for name, value in os.environ.items() if not name.startswith("GPU_CHECK_")}
     # the second half of a split run: the Hopper rung the first half's smoke step left out stays left out
-    env.update(GPU_CHECK_STEPS="ncu ring", GPU_CHECK_SKIP_WGMMA="wgmma", GPU_CHECK_NCU_RUNGS="wgmma")
+    env.update(GPU_CHECK_STEPS="ncu ring backward", GPU_CHECK_SKIP_WGMMA="wgmma", GPU_CHECK_NCU_RUNGS="wgmma",
+               GPU_CHECK_SIZES="64")
     proc = subprocess.run(["bash", str(SCRIPT), "--dry-run", str(tmp_path)], capture_output=True, text=True,
                           timeout=120, env=env)
     summary = (tmp_path / "summary.txt").read_text()
@@ -260,21 +261,22 @@ def test_steps_left_out_of_gpu_check_steps_are_named_and_do_not_fail_the_run(tmp
     steps = {line[:52].strip(): line[52:].split(None, 1) for line in summary.splitlines()}
     off = {name for name, (status, detail) in steps.items()
            if status == "skip" and detail.strip() == "not in GPU_CHECK_STEPS"}
-    assert off == {"compile report", "hopper smoke", "benchmark forward", "benchmark backward", "benchmark decode",
+    assert off == {"compile report", "hopper smoke", "benchmark forward", "benchmark decode",
                    "decode split sweep", "tune mma_fa2_wide tiles", "tune mma_fa2_lazy tiles", "tune regtile tiles",
                    "pytest (GPU cases)", "compute-sanitizer"}, summary
     assert steps["ncu wgmma"] == ["skip", "left out after its first check"]
     assert steps["ring on the GPU (MPI)"][0] == "skip" and steps["total"][0] == "ok"
+    assert steps["benchmark backward"][0] == "ok"                    # (no device: it says so and exits 0)
     assert not (tmp_path / "compile_report.txt").exists() and not (tmp_path / "benchmark" / "log.txt").exists()
 
 
 def test_a_step_group_that_does_not_exist_is_refused(tmp_path):
     env = {name: value for name, value in os.environ.items() if not name.startswith("GPU_CHECK_")}
-    env["GPU_CHECK_STEPS"] = "bench benchmarks"
+    env["GPU_CHECK_STEPS"] = "forward benchmarks"
     proc = subprocess.run(["bash", str(SCRIPT), "--dry-run", str(tmp_path)], capture_output=True, text=True,
                           timeout=60, env=env)
-    assert proc.returncode == 2 and "GPU_CHECK_STEPS may name only these groups: compile smoke bench sweeps pytest " \
-                                   "sanitizer ncu ring; got 'benchmarks'" in proc.stderr
+    assert proc.returncode == 2 and "GPU_CHECK_STEPS may name only these groups: compile smoke forward backward " \
+                                   "decode sweeps pytest sanitizer ncu ring; got 'benchmarks'" in proc.stderr
 
 
 @pytest.mark.parametrize("deadline", ["0", "soon", "-5", "1.5", "000", "1234567", "99999999999999999999"])
