@@ -426,6 +426,29 @@ def test_target_outcomes_from_the_csv():
     done = {o["rung"]: o for o in ladder.target_outcomes(rows=rows, decode_rows=[])}
     assert done["regtile"]["met"] is True and done["mma_fa2"]["met"] is True
     assert done["paged_decode_split"]["outcome"] == ladder.NOT_MEASURED
+    assert done["mma_fa2"]["pending"] == ["mma_fa2_lazy", "mma_fa2_wide"]
+
+
+def test_a_target_counts_the_best_of_its_rungs_and_names_it():
+    # the FA-2 target counts the lazy and the wide rung too: here the wide one reaches 0.6x at d = 64 and the lazy
+    # one 0.55x at d = 128 while the FA-2 rung stays at 0.4x; the Hopper target counts its three rungs
+    def row(impl, d, seconds):
+        return dict(impl=impl, n=8192, d=d, heads=8, causal=False, dtype="float16", seconds=seconds,
+                    tflops=100.0 / seconds, note="")
+    rows = [row("torch", d, 1.0) for d in (64, 128)] + [row("mma_fa2", d, 2.5) for d in (64, 128)]
+    rows += [row("mma_fa2_wide", 64, 1 / 0.6), row("mma_fa2_wide", 128, 2.0), row("mma_fa2_lazy", 128, 1 / 0.55)]
+    rows += [row("naive", d, 9.0) for d in (64, 128)] + [row("wgmma", 64, 1 / 0.8)]
+    out = {o["rung"]: o for o in ladder.target_outcomes(rows=rows, decode_rows=[])}
+    fa2 = out["mma_fa2"]
+    assert fa2["measured"] == pytest.approx({64: 0.6, 128: 0.55}) and fa2["met"] is True and fa2["pending"] == []
+    assert fa2["by"] == {64: "mma_fa2_wide", 128: "mma_fa2_lazy"}
+    hopper = out["wgmma_pingpong"]           # one shape measured (by the plain Hopper rung): not measured as a whole
+    assert hopper["measured"] == pytest.approx({64: 0.8, 128: None}) and hopper["by"] == {64: "wgmma", 128: None}
+    assert hopper["met"] is None and hopper["outcome"] == ladder.NOT_MEASURED and hopper["pending"] == ["wgmma_overlap"]
+    md = ladder.targets_markdown(rows=rows, decode_rows=[])
+    assert "d = 64: 0.60x (mma_fa2_wide), d = 128: 0.55x (mma_fa2_lazy) | **met** |" in md
+    assert "`wgmma_pingpong`, `wgmma`, `wgmma_overlap` | d = 64: 0.80x (wgmma), d = 128: - |" in md
+    assert "(not yet measured: `wgmma_overlap`)" not in md        # (said once: the outcome is "not yet measured")
 
 
 @needs_nvrtc
