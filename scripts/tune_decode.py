@@ -360,24 +360,14 @@ def main(argv=None) -> int:
         print("decode split sweep not run: no CUDA device (CuPy sees none). Run this script with --emulator to "
               "check it on the CPU")
         return 0
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     import cupy
+
+    from lessons.gpu.measure import progress_steps
 
     sms = device_sms(cupy)
     total = sum(len(counts) for *_, counts in plan(args.shapes, GPU_GEOMETRY, sms))
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
-        task = bar.add_task("split counts", total=total)
-        started = []
-
-        def step(label):
-            if started:
-                bar.advance(task)
-            started.append(label)
-            bar.update(task, description=label)
-
+    with progress_steps(total, "split counts") as step:
         rows, ok = run_gpu(args, sms, step)
-        bar.update(task, completed=len(started), description="split counts")
     print(markdown(rows, "decode split sweep"))
     print(best_line(rows) + ("" if ok else "; SOME RUNS FAILED (see the note column)"))
     return 0 if ok else 1

@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 import lessons  # noqa: E402
 import lessons.gpu as gpu  # noqa: E402
 from lessons.gpu import source  # noqa: E402
-from lessons.gpu.measure import attention_flops, median_cuda_seconds, naive_attention  # noqa: E402
+from lessons.gpu.measure import attention_flops, median_cuda_seconds, naive_attention, progress_steps  # noqa: E402
 
 #: the columns of the CSV
 COLUMNS = ("impl", "d", "block_q", "block_k", "min_blocks", "default", "n", "heads", "dtype", "seconds", "tflops",
@@ -261,20 +261,9 @@ def main(argv=None) -> int:
     title = (f"{sweep.title}, every configuration swept, on {where}: batch 1, {args.heads} heads, N = {args.n}, "
              f"{sweep.dtype}; reference: {sweep.reference}")
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
-        task = bar.add_task("configurations", total=len(runs(args.head_dims, args.rung)))
-        started = []
-
-        def step(label):
-            if started:
-                bar.advance(task)
-            started.append(label)
-            bar.update(task, description=label)
-
+    with progress_steps(len(runs(args.head_dims, args.rung)), "configurations") as step:
         rows, ok = measure(args, step)
-        bar.update(task, completed=len(started), description="configurations")
     Console(width=170).print(table(rows, title))
     write_results(rows, args.out, title, sweep.stem)
     print(f"results in {args.out}" + ("" if ok else "; SOME CONFIGURATIONS FAILED (see the note column)"))

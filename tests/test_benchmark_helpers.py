@@ -138,3 +138,20 @@ def test_the_gpu_benchmarks_run_loop_times_skips_and_notes_failures(monkeypatch,
     late = _common.timed_rows(args, cupy, None, ("fast",), calls, dtype="float16", d=64, n=1024, flops=4e9,
                               t0=time.perf_counter() - 61)
     assert late[0]["note"] == "skipped: time budget spent"
+
+
+def test_the_sweeps_progress_bar_takes_a_count_of_runs():
+    from lessons.gpu.measure import progress_steps
+
+    labels = []
+    with progress_steps(2, "runs") as step:
+        for label in ("first", "second"):
+            step(label)
+            labels.append(label)
+    assert labels == ["first", "second"]
+    with pytest.raises(ValueError, match="total"):
+        with progress_steps(-1, "runs"):
+            pass
+    with pytest.raises(TypeError, match="total"):
+        with progress_steps(2.0, "runs"):
+            pass

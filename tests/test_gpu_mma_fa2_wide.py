@@ -13,7 +13,8 @@ from lessons.gpu.source import (FA2_WIDE_CONFIGS, FA2_WIDE_SWEEP, flash_attentio
                                 flash_attention_mma_fa2_wide_config, flash_attention_mma_fa2_wide_configs,
                                 flash_attention_mma_fa2_wide_smem_bytes)
 from test_gpu_kernels import (POISONS, assert_attention_close, assert_nan_and_inf_reach_exactly_their_columns,
-                              assert_trace_follows_numpy, forward_poison_check, gpu_only, stored, values)
+                              assert_trace_follows_numpy, forward_poison_check, gpu_only, stored)
+from test_gpu_mma_fa2_lazy import check_against_numpy
 
 BACKENDS = [
     pytest.param("emulator", marks=pytest.mark.skipif(not gpu.emulator_available(), reason="no C++ compiler")),
@@ -33,16 +34,6 @@ def backend(request):
 
 def wide(backend, **tiles):
     return partial(gpu.flash_attention_mma_fa2_wide_gpu, backend=backend, **tiles)
-
-
-def check_against_numpy(out, lse, q, q64, k64, v64, dtype, causal):
-    assert out.shape == q.shape and out.dtype == q.dtype and lse.shape == q.shape[:-1] and lse.dtype == np.float32
-    assert_attention_close(out, lse, q64, k64, v64, dtype, causal=causal)
-    empty = np.zeros(q.shape[:-1], bool)          # bottom-right causal with Nq > Nk: the first Nq - Nk rows see nothing
-    if causal and q.shape[-2] > k64.shape[-2]:
-        empty[..., :q.shape[-2] - k64.shape[-2]] = True
-    assert np.array_equal(np.isneginf(lse), empty)
-    assert not values(out, dtype)[empty].any()
 
 
 # ---------------------------------------------------------------------------

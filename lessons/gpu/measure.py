@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 import statistics
+from contextlib import contextmanager
 
 from lessons.core.checks import check_flag, check_int
 
 __all__ = ["naive_probabilities", "naive_attention", "median_cuda_seconds", "attention_flops", "naive_backward",
            "backward_flops",
-           "make_peak_hook", "peak_cupy", "torch_seconds_and_peak", "sdpa_backward"]
+           "make_peak_hook", "peak_cupy", "torch_seconds_and_peak", "sdpa_backward", "progress_steps"]
 
 
 def naive_probabilities(xp, q, k, causal=False):
@@ -166,3 +167,27 @@ def sdpa_backward(torch, q, k, v, do, causal=False):
     tdo = torch.as_tensor(do, device="cuda").unsqueeze(0)
     out = F.scaled_dot_product_attention(tq, tk, tv, is_causal=causal)
     return lambda: torch.autograd.grad(out, (tq, tk, tv), tdo, retain_graph=True)
+
+
+@contextmanager
+def progress_steps(total: int, what: str):
+    """A progress bar (rich) over ``total`` runs, for the sweep scripts: yields ``step(label)``, to be called
+    before each run; it counts the run before as done and shows ``label``. On leaving, every run that started
+    counts as done and the bar shows ``what`` again. ``total`` an int >= 0 (TypeError/ValueError otherwise)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    total = check_int(total, "total", min=0)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
+        task = bar.add_task(what, total=total)
+        started = []
+
+        def step(label):
+            if started:
+                bar.advance(task)
+            started.append(label)
+            bar.update(task, description=label)
+
+        try:
+            yield step
+        finally:
+            bar.update(task, completed=len(started), description=what)
