@@ -724,3 +724,64 @@ def test_sdpa_backends_reads_forward_plus_backward_and_refuses_another_part():
     assert ladder.sdpa_backends(8192)["FLASH_ATTENTION"] == {64: 281.4, 128: 335.8}
     with pytest.raises(ValueError, match="part must be 'fwd' or 'fwd\\+bwd', got 'bwd'"):
         ladder.sdpa_backends(8192, part="bwd")
+
+
+# ---------------------------------------------------------------------------
+# the tuning sweeps of a recorded run
+# ---------------------------------------------------------------------------
+
+def _write_sweep(folder, rung, timings):
+    """A sweep CSV as scripts/tune_tiles.py writes it: ``timings`` {(d, block_q, block_k, min_blocks): seconds},
+    the first per head dim the default, plus the FA-2 rung's reference row per head dim (twice as slow)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tune_tiles", ladder.ROOT / "scripts" / "tune_tiles.py")
+    tune = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tune)
+    rows, seen = [], set()
+    for (d, bq, bk, mb), seconds in timings.items():
+        rows.append(dict(impl=rung, d=d, block_q=bq, block_k=bk, min_blocks=mb, default=d not in seen, n=8192,
+                         heads=8, dtype="float16", seconds=seconds, tflops=4 * 8192**2 * d * 8 / seconds / 1e12,
+                         registers=None, max_abs_diff=0.0, note=""))
+        seen.add(d)
+    for d in sorted(seen):
+        slowest = 2 * max(s for (dd, *_), s in timings.items() if dd == d)
+        rows.append(dict(impl="mma_fa2", d=d, block_q=128, block_k=64, min_blocks=2, default=False, n=8192, heads=8,
+                         dtype="float16", seconds=slowest, tflops=1.0, registers=None, max_abs_diff=0.0, note=""))
+    tune.add_ratios(rows)
+    path = folder / ladder.SWEEP_FILES[rung]
+    tune.write_results(rows, path.parent, "a sweep", path.stem)
+    return rows
+
+
+def test_best_tiles_and_the_sweep_table_from_a_recorded_sweep(tmp_path):
+    _write_sweep(tmp_path, "mma_fa2_wide", {(64, 128, 64, 2): 1.0e-3, (64, 128, 32, 2): 0.8e-3,
+                                            (128, 128, 32, 2): 2.0e-3, (128, 128, 64, 2): 2.5e-3})
+    rows = ladder.recorded_sweep("mma_fa2_wide", tmp_path)
+    assert len(rows) == 6 and rows[0]["default"] == "True" and rows[0]["seconds"] == 1.0e-3
+    best = ladder.best_tiles("mma_fa2_wide", tmp_path)
+    assert (best[64]["block_q"], best[64]["block_k"]) == (128, 32) and best[64]["x_best_default"] == pytest.approx(1.25)
+    assert (best[128]["block_k"], best[128]["x_best_default"]) == (32, 1.0)        # the default is the fastest
+    md = ladder.sweep_markdown("mma_fa2_wide", tmp_path)
+    assert "| **64** | **mma_fa2_wide** | **128 x 32** | **2** | **0.800** |" in md
+    assert "| 64 | mma_fa2_wide (default) | 128 x 64 | 2 | 1.000 |" in md and md.count("**128 x") == 2
+    # x reference: the FA-2 rung's row (twice the slowest) over each row's
+    assert "| 64 | mma_fa2_wide (default) | 128 x 64 | 2 | 1.000 | 137.4 | 1.00 | 2.00 |" in md      # 4 N^2 d x 8 heads in 1 ms
+    # a run without a sweep of the rung, or a rung without a sweep
+    assert ladder.recorded_sweep("mma_fa2_lazy", tmp_path) is None and ladder.best_tiles("regtile", tmp_path) is None
+    assert "have not been timed on a GPU yet" in ladder.sweep_markdown("mma_fa2_lazy", tmp_path)
+    with pytest.raises(ValueError, match="rung must be one of"):
+        ladder.recorded_sweep("mma_fa2", tmp_path)
+    with pytest.raises(TypeError, match="rung"):
+        ladder.best_tiles(None, tmp_path)
+
+
+@pytest.mark.parametrize("rung", sorted(ladder.SWEEP_FILES))
+def test_each_rungs_default_tiles_are_the_fastest_its_recorded_sweep_found(rung):
+    """Once a recorded run holds a timed sweep of a rung, the rung's default tiles must be the fastest it found
+    (within 3%, the noise of one run): the ladder times the defaults."""
+    best = ladder.best_tiles(rung)
+    if best is None:
+        pytest.skip(f"the recorded run ({ladder.RECORDED_DIR.name}) holds no timed sweep of {rung}")
+    for d, row in best.items():
+        assert row["x_best_default"] is not None and row["x_best_default"] <= 1.03, (rung, d, row)

@@ -31,7 +31,8 @@ __all__ = ["Rung", "RUNGS", "RECORDED_DIR", "RECORDED_CSV", "RECORDED_LABEL", "P
            "ladder_markdown", "rung_evidence", "overlap_evidence", "SERIALISED_WGMMA", "Target", "TARGETS",
            "target_outcomes", "targets_markdown",
            "DECODE_RUNGS", "DECODE_RECORDED", "decode_rung", "decode_rung_build", "decode_recorded_rows",
-           "decode_recorded", "decode_table", "decode_markdown", "sdpa_backends", "sdpa_kernels"]
+           "decode_recorded", "decode_table", "decode_markdown", "sdpa_backends", "sdpa_kernels",
+           "SWEEP_FILES", "recorded_sweep", "best_tiles", "sweep_markdown"]
 
 ROOT = Path(__file__).resolve().parents[2]
 #: its forward table: every rung, naive CuPy and torch SDPA at N = 1024, 4096, 8192, d = 64, 128
@@ -908,4 +909,78 @@ def targets_markdown(n: int = 8192, rows=None, decode_rows=None) -> str:
         wait = (f" (not yet measured: {', '.join(f'`{r}`' for r in o['pending'])})"
                 if o["pending"] and o["outcome"] != NOT_MEASURED else "")
         lines.append(f"| {o['what']} | {names} | {got} | **{o['outcome']}**{wait} |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------
+# the tuning sweeps of a recorded run (scripts/tune_tiles.py): which tiles were fastest
+# ---------------------------------------------------------------------------
+
+#: rung -> its tuning sweep's CSV within a recorded run's folder (``scripts/tune_tiles.py --rung RUNG``)
+SWEEP_FILES = {"mma_fa2_wide": "fa2_wide_configs/fa2_wide_configs.csv", "mma_fa2_lazy": "fa2_configs/fa2_configs.csv",
+               "regtile": "regtile_configs/regtile_configs.csv"}
+#: the sweep CSV's columns and how each is read (``default`` as its text, "True"/"False")
+_SWEEP_TYPES = dict(impl=str, d=int, block_q=int, block_k=int, min_blocks=int, default=str, n=int, heads=int,
+                    dtype=str, seconds=float, tflops=float, x_default=float, x_reference=float, note=str)
+
+
+def _sweep_rung(rung) -> str:
+    if not isinstance(rung, str):
+        raise TypeError(f"rung must be a str naming a swept rung, got {type(rung).__name__}")
+    if rung not in SWEEP_FILES:
+        raise ValueError(f"rung must be one of {sorted(SWEEP_FILES)} (the rungs with a tuning sweep), got {rung!r}")
+    return rung
+
+
+def recorded_sweep(rung: str, directory=None) -> list[dict] | None:
+    """The rows of ``rung``'s tuning sweep in a recorded run (``directory``, default :data:`RECORDED_DIR`), or
+    None when that run holds no sweep of it. A row: impl (the rung, or the reference row's implementation),
+    d, block_q, block_k, min_blocks (ints; None for the naive reference), default ("True"/"False": the rung's
+    default tiles then), n, heads, dtype, seconds (median, s; None where not timed), tflops (1e12 FLOP/s),
+    x_default and x_reference (the default's or the reference row's seconds over this row's), note.
+    Raises TypeError/ValueError for a ``rung`` without a sweep, ValueError naming the file for a malformed CSV."""
+    path = Path(RECORDED_DIR if directory is None else directory) / SWEEP_FILES[_sweep_rung(rung)]
+    if not path.is_file():
+        return None
+    return [row for _, row in typed_csv_rows(path, _SWEEP_TYPES)]
+
+
+def best_tiles(rung: str, directory=None) -> dict | None:
+    """Per head dim, the fastest timed configuration of ``rung``'s recorded sweep (a row of
+    :func:`recorded_sweep`, with ``x_best_default``: the default row's seconds over the best's, 1.0 when the
+    default is the fastest), or None when the run holds no sweep of it or timed none of the rung's rows."""
+    rows = recorded_sweep(rung, directory)
+    timed = [r for r in rows or () if r["impl"] == rung and r["seconds"]]
+    if not timed:
+        return None
+    out = {}
+    for d in sorted({r["d"] for r in timed}):
+        here = [r for r in timed if r["d"] == d]
+        best = min(here, key=lambda r: r["seconds"])
+        default = next((r for r in here if r["default"] == "True"), None)
+        out[d] = dict(best, x_best_default=default["seconds"] / best["seconds"] if default else None)
+    return out
+
+
+def sweep_markdown(rung: str, directory=None) -> str:
+    """A Markdown table of ``rung``'s recorded tuning sweep (tiles, min_blocks, ms, TFLOP/s, x default, x
+    reference), the fastest row per head dim in bold; a sentence saying it was not timed on a GPU yet where the
+    recorded run holds no timed sweep of it."""
+    rows = recorded_sweep(rung, directory)
+    if not rows or not any(r["seconds"] for r in rows if r["impl"] == rung):
+        return (f"The tiles of `{rung}` have not been timed on a GPU yet: `scripts/tune_tiles.py --rung {rung}` "
+                f"times every legal choice, and `scripts/gpu_check.sh` runs it.")
+    best = best_tiles(rung, directory)
+    lines = ["| d | implementation | block_q x block_k | min_blocks | ms | TFLOP/s | x default | x reference |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        tiles = "-" if r["block_q"] is None else f"{r['block_q']} x {r['block_k']}"
+        cells = [str(r["d"]), r["impl"] + (" (default)" if r["default"] == "True" else ""), tiles,
+                 "-" if r["min_blocks"] is None else str(r["min_blocks"]),
+                 "-" if r["seconds"] is None else f"{r['seconds'] * 1e3:.3f}",
+                 "-" if r["tflops"] is None else f"{r['tflops']:.1f}",
+                 "-" if r["x_default"] is None else f"{r['x_default']:.2f}",
+                 "-" if r["x_reference"] is None else f"{r['x_reference']:.2f}"]
+        fastest = r["impl"] == rung and best and r["d"] in best and best[r["d"]]["seconds"] == r["seconds"]
+        lines.append("| " + " | ".join(f"**{c}**" if fastest else c for c in cells) + " |")
     return "\n".join(lines)
