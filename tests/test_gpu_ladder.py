@@ -10,7 +10,7 @@ import lessons
 import lessons.gpu as gpu
 from lessons.gpu import ladder
 from kernel_tolerance import assert_within_baseline, baseline_attention
-from test_gpu_kernels import assert_trace_follows_numpy
+from test_gpu_kernels import POISONS, assert_trace_follows_numpy, forward_poison_check
 
 BACKENDS = [
     pytest.param("emulator", marks=pytest.mark.skipif(not gpu.emulator_available(), reason="no C++ compiler")),
@@ -76,6 +76,16 @@ def test_register_tiled_rows_that_see_no_key_and_hidden_nan(backend):
     assert_close(out2, lse2, q, k, v, True)
     out, lse = gpu.flash_attention_regtile_gpu(q, k[:0], v[:0], backend=backend)
     assert np.all(out == 0) and np.all(np.isneginf(lse))
+
+
+@pytest.mark.parametrize("poison", POISONS)
+def test_register_tiled_rows_never_see_poison_they_cannot_see(backend, poison):
+    # five 32-key tiles: the poisoned ones take the guarded P V loop, the clean ones the plain FMAs, and the rows
+    # that cannot see the poison stay bitwise the clean run's (p = 0 adds nothing, whatever v holds)
+    def launch(q, k, v):
+        return gpu.flash_attention_regtile_gpu(q, k, v, causal=True, backend=backend)
+    out, lse, q64, k64, v64 = forward_poison_check(launch, 70, 130, 64, "float32", poison, [5, 40, 68])
+    assert_close(out, lse, q64.astype(np.float32), k64.astype(np.float32), v64.astype(np.float32), True)
 
 
 def test_register_tiled_kernel_writes_nothing_into_the_next_head(backend):

@@ -91,11 +91,14 @@ RUNGS = (
     Rung("regtile", "CUDA cores, register-tiled", "regtile", "flash_attention_regtile",
          "lessons.gpu.flash_attention_regtile_gpu", "float32",
          "each thread owns a block of S (4 rows x 4 keys at d = 64) and of O (4 rows x 8 columns), "
-         "and reads shared memory 16 bytes at a time (ld.shared.v4)",
+         "and reads shared memory 16 bytes at a time (ld.shared.v4); since the measured build also exp2 with "
+         "log2(e) in the scale, and plain FMAs for P V in a tile whose V is all finite (the guard against "
+         "0 x NaN only where V holds inf or NaN)",
          "shared loads per FMA in S: (TM + TN) / (4 TM TN) = 8 / 64 = 1/8 at d = 64, 6 / 32 at d = 128 "
-         "(the scalar rung: 1); 122-124 registers per thread, no spills (4 blocks of 128 threads per SM); "
-         "aim: >= 3x naive CuPy. Measured (2026-12-01): 1.9x the scalar rung at both head dims, but only "
-         "2.7x naive at d = 64 and 1.4x at d = 128: the aim is not met",
+         "(the scalar rung: 1); 118-128 registers per thread, no spills (4 blocks of 128 threads per SM); "
+         "one ex2 per probability instead of expf, no compare per 4 FMAs of P V. "
+         "aim: >= 3x naive CuPy. Measured (2026-12-01, before exp2 and the plain P V loop): 1.9x the scalar "
+         "rung at both head dims, but only 2.7x naive at d = 64 and 1.4x at d = 128: the aim is not met",
          "ld.shared.v4.f32", "not profiled yet (the Nsight Compute run of 2026-11-30 predates it)"),
     Rung("mma", "tensor cores, mma.sync", "mma", "flash_attention_mma", "lessons.gpu.flash_attention_mma_gpu",
          "float16",

@@ -32,6 +32,15 @@
 // (up to 99 KiB, for the tuning sweep) are compiled with REGTILE_DYNAMIC_SMEM=1: the same three
 // arrays, one after the other in dynamic shared memory asked for at launch.
 //
+// Two smaller changes keep instructions off the FMA pipe (both from the FA-2 rung):
+//   * exp2 with log2(e) folded into the scale: scores are kept in log2 units, s2 = s * scale * log2(e),
+//     and p = 2^(s2 - m2) is one exp2f (expf is exp2 plus a multiply and range handling); m and lse leave
+//     the kernel in natural units (m = m2 ln 2, lse = (m2 + log2 l) ln 2).
+//   * A plain P V loop where it is safe: p = 0 must add nothing, even where v is inf or NaN (a hidden key's
+//     v may be NaN), and a product 0 * v is 0 only for a finite v. So the thread that copies V tests each
+//     16-byte piece for inf/NaN, one barrier tells the block (__syncthreads_or), and a tile whose V is all
+//     finite (nearly every tile) runs the FMAs unguarded; only a tile with inf or NaN in V selects per row.
+//
 // Storage is float32 only (the rung is about CUDA-core FMAs; the tensor-core rungs take
 // 16-bit inputs); HEAD_DIM must be a multiple of 4 so that every row starts 16-byte aligned.
 // Launch: grid = (ceil(n_q / BLOCK_Q), batch * heads), block = (128). Defines: HEAD_DIM,
@@ -59,6 +68,8 @@
 #define NC ((D4 + LANES - 1) / LANES)             // output chunks per thread
 #define D_PAD (HEAD_DIM + 4)
 #define K_PAD (BLOCK_K + 4)
+#define LOG2E 1.4426950408889634f
+#define LN2 0.6931471805599453f
 
 #if FA_DTYPE != 0
 #error "the register-tiled kernel stores float32 only"
@@ -89,6 +100,50 @@ __device__ __forceinline__ void load_tile(float* dst, const float* __restrict__ 
     }
 }
 
+// The same for the V tile, and whether any value this thread copied is inf or NaN (exponent bits all ones).
+__device__ __forceinline__ bool load_tile_non_finite(float* dst, const float* __restrict__ src, int first, int limit,
+                                                     int rows, int tid) {
+    bool bad = false;
+    for (int idx = tid; idx < rows * D4; idx += NUM_THREADS) {
+        const int rr = idx / D4, c4 = idx % D4;
+        const int g = first + rr;
+        const vec4 zero = {0.f, 0.f, 0.f, 0.f};
+        const vec4 x = g < limit ? load4(src + (long long)g * HEAD_DIM + 4 * c4) : zero;
+        bad |= !isfinite(x.x) || !isfinite(x.y) || !isfinite(x.z) || !isfinite(x.w);
+        store4(dst + rr * D_PAD + 4 * c4, x);
+    }
+    return bad;
+}
+
+// o += P V_j for this thread's TM rows and NC 4-column chunks: per key, TM broadcast loads of p and NC
+// 16-byte loads of v. GUARD: p == 0 adds nothing whatever v holds (select, not multiply), for a tile whose V
+// has inf or NaN; without it, the FMAs alone (0 * v is 0 for every finite v).
+template <bool GUARD>
+__device__ __forceinline__ void accumulate_pv(float (&o)[TM][NC][4], const float* p_s, const float* kv_s, int ty,
+                                              int tx) {
+    for (int j = 0; j < BLOCK_K; ++j) {                 // runtime loop; the block inside unrolls
+        float p[TM];
+#pragma unroll
+        for (int i = 0; i < TM; ++i) p[i] = p_s[(ty * TM + i) * K_PAD + j];
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            const int c4 = tx + LANES * c;
+            if (c4 < D4) {
+                const vec4 b = load4(kv_s + j * D_PAD + 4 * c4);
+#pragma unroll
+                for (int i = 0; i < TM; ++i) {
+                    if (!GUARD || p[i] != 0.f) {
+                        o[i][c][0] = fmaf(p[i], b.x, o[i][c][0]);
+                        o[i][c][1] = fmaf(p[i], b.y, o[i][c][1]);
+                        o[i][c][2] = fmaf(p[i], b.z, o[i][c][2]);
+                        o[i][c][3] = fmaf(p[i], b.w, o[i][c][3]);
+                    }
+                }
+            }
+        }
+    }
+}
+
 // q, k, v: (batch*heads, n, HEAD_DIM) float32, C-contiguous, 16-byte aligned; out like q;
 // lse (batch*heads, n_q). causal != 0: query i sees key j iff j <= i + n_k - n_q.
 // Trace: as flash_attention.cu, (m, alpha, l) after each tile for the rows in trace_rows.
@@ -116,12 +171,13 @@ flash_attention_regtile(const float* __restrict__ q, const float* __restrict__ k
     const float* q_bh = q + bh * n_q * HEAD_DIM;
     const float* k_bh = k + bh * n_k * HEAD_DIM;
     const float* v_bh = v + bh * n_k * HEAD_DIM;
+    const float scale_log2 = scale * LOG2E;                 // scores in log2 units: 2^(s2 - m2) = e^(s - m)
 
     load_tile(q_s, q_bh, q_start, n_q, BLOCK_Q, tid);   // read after the first barrier below
 
     const int n_tiles = tiles_to_visit(q_start, BLOCK_Q, n_q, n_k, BLOCK_K, causal);
 
-    // ---- the running state of this thread's TM rows ---------------------------------
+    // ---- the running state of this thread's TM rows (m in log2 units) -----------------
     float m[TM], l[TM];
     float o[TM][NC][4];
 #pragma unroll
@@ -169,8 +225,8 @@ flash_attention_regtile(const float* __restrict__ q, const float* __restrict__ k
         }
         __syncthreads();                                    // everyone is done with K_j
 
-        // 3. V_j into kv_s while this thread does the softmax step of its rows
-        load_tile(kv_s, v_bh, k_start, n_k, BLOCK_K, tid);
+        // 3. V_j into kv_s (noting inf/NaN) while this thread does the softmax step of its rows
+        const bool v_had_non_finite = load_tile_non_finite(kv_s, v_bh, k_start, n_k, BLOCK_K, tid);
 
         float alpha[TM];
 #pragma unroll
@@ -182,16 +238,16 @@ flash_attention_regtile(const float* __restrict__ q, const float* __restrict__ k
             for (int j = 0; j < TN; ++j) {
                 const int key = k_start + tx + LANES * j;
                 const bool visible = key < n_k && (!causal || key <= diagonal);
-                s[i][j] = visible ? s[i][j] * scale : NEG_INF;
+                s[i][j] = visible ? s[i][j] * scale_log2 : NEG_INF;
                 tile_max = fmaxf(tile_max, s[i][j]);
             }
             tile_max = group_max<LANES>(tile_max);
             const float m_new = fmaxf(m[i], tile_max);
-            alpha[i] = correction_factor(m[i], m_new);
+            alpha[i] = exp2f(m[i] - safe_max(m_new));       // 2^(-inf) = 0 while the row has seen nothing
             float row_sum = 0.f;
 #pragma unroll
             for (int j = 0; j < TN; ++j) {
-                const float p = expf(s[i][j] - safe_max(m_new));   // masked: exp(-inf) = 0
+                const float p = exp2f(s[i][j] - safe_max(m_new));  // masked: 2^(-inf) = 0
                 p_s[(ty * TM + i) * K_PAD + tx + LANES * j] = p;
                 row_sum += p;
             }
@@ -203,31 +259,14 @@ flash_attention_regtile(const float* __restrict__ q, const float* __restrict__ k
 #pragma unroll
                 for (int e = 0; e < 4; ++e) o[i][c][e] *= alpha[i];
         }
-        __syncthreads();                                    // V_j and P are ready
+        // V_j and P are ready; and whether any thread found inf or NaN in V_j (the same answer for all)
+        const bool v_finite = __syncthreads_or(v_had_non_finite) == 0;
 
-        // 4. o += P V_j: per key, TM broadcast loads of p, NC 16-byte loads of v.
-        //    p == 0 adds nothing, whatever v holds (a hidden key's v may be NaN): select, not multiply.
-        for (int j = 0; j < BLOCK_K; ++j) {                 // runtime loop; the block inside unrolls
-            float p[TM];
-#pragma unroll
-            for (int i = 0; i < TM; ++i) p[i] = p_s[(ty * TM + i) * K_PAD + j];
-#pragma unroll
-            for (int c = 0; c < NC; ++c) {
-                const int c4 = tx + LANES * c;
-                if (c4 < D4) {
-                    const vec4 b = load4(kv_s + j * D_PAD + 4 * c4);
-#pragma unroll
-                    for (int i = 0; i < TM; ++i) {
-                        if (p[i] != 0.f) {
-                            o[i][c][0] = fmaf(p[i], b.x, o[i][c][0]);
-                            o[i][c][1] = fmaf(p[i], b.y, o[i][c][1]);
-                            o[i][c][2] = fmaf(p[i], b.z, o[i][c][2]);
-                            o[i][c][3] = fmaf(p[i], b.w, o[i][c][3]);
-                        }
-                    }
-                }
-            }
-        }
+        // 4. o += P V_j
+        if (v_finite)
+            accumulate_pv<false>(o, p_s, kv_s, ty, tx);
+        else
+            accumulate_pv<true>(o, p_s, kv_s, ty, tx);
 
 #ifdef FA_TRACE
         if (tx == 0)
@@ -235,7 +274,7 @@ flash_attention_regtile(const float* __restrict__ q, const float* __restrict__ k
             for (int i = 0; i < TM; ++i)
                 if (trace_slot[i] >= 0) {
                     float* rec = trace + ((bh * n_trace_rows + trace_slot[i]) * trace_tiles + tile) * TRACE_FIELDS;
-                    rec[0] = m[i]; rec[1] = alpha[i]; rec[2] = l[i];
+                    rec[0] = m[i] * LN2; rec[1] = alpha[i]; rec[2] = l[i];
                 }
 #endif
         __syncthreads();                                    // everyone is done with V_j and P
@@ -257,6 +296,6 @@ flash_attention_regtile(const float* __restrict__ q, const float* __restrict__ k
                 store4(out_row + 4 * c4, r);
             }
         }
-        if (tx == 0) lse[bh * n_q + row] = seen ? m[i] + logf(l[i]) : NEG_INF;
+        if (tx == 0) lse[bh * n_q + row] = seen ? (m[i] + log2f(l[i])) * LN2 : NEG_INF;
     }
 }
