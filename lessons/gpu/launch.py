@@ -472,7 +472,7 @@ def flash_attention_regtile_gpu(q, k, v, *, scale=None, causal: bool = False, bl
     q, k, v : as :func:`flash_attention_gpu`, but float32 only and the head dim d a multiple
         of 4 in 4..256 (rows are read as 16-byte vectors).
     scale, causal, trace_rows, backend : as :func:`flash_attention_gpu`.
-    block_q, block_k : tile sizes Br (16, 32, 64) and Bc (8, 16, 32, 64); default per d from
+    block_q, block_k : tile sizes Br (16, 32, 64, 128) and Bc (8, 16, 32, 64); default per d from
         :func:`lessons.gpu.source.flash_attention_regtile_config`.
 
     Returns ``(out, lse)`` or ``(out, lse, trace)`` as :func:`flash_attention_gpu`; the trace

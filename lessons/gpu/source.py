@@ -242,9 +242,11 @@ REGTILE_TILES = ((64, 64), (64, 32), (32, 32), (32, 16), (16, 16))
 #: 99 KiB is what a block may have on every GPU from sm_80 on (sm_86 and sm_89 allow no more)
 REGTILE_DYNAMIC_LIMIT = 99 * 1024
 #: head dim -> the (block_q, block_k) the tuning sweep times (``scripts/tune_tiles.py --rung regtile``):
-#: 4 rows x 8 keys per thread and the default's neighbours; the ones over 48 KiB use dynamic shared memory
-REGTILE_SWEEP = {64: ((64, 64), (64, 32), (32, 64), (32, 32), (64, 16)),
-                 128: ((64, 64), (64, 32), (32, 64), (32, 32), (64, 16))}
+#: 4 rows x 8 keys per thread and the default's neighbours, and 8 rows per thread (128-row blocks: one shared
+#: load of K feeds twice the FMAs; NVRTC 12.9: 161-168 registers at d = 64, 234-236 for (128, 16) at d = 128,
+#: no spills); the ones over 48 KiB use dynamic shared memory
+REGTILE_SWEEP = {64: ((64, 64), (64, 32), (32, 64), (32, 32), (64, 16), (128, 32), (128, 16)),
+                 128: ((64, 64), (64, 32), (32, 64), (32, 32), (64, 16), (128, 16))}
 
 
 def flash_attention_regtile_smem_bytes(head_dim: int, block_q: int, block_k: int) -> int:
@@ -258,8 +260,8 @@ def flash_attention_regtile_config(head_dim: int, block_q: int | None = None,
     """Tile sizes ``(block_q, block_k)`` of the register-tiled forward kernel for head dim ``d``.
 
     ``head_dim`` must be a multiple of 4 in 4..256 (rows are read 16 bytes at a time).
-    128 threads = 16 row groups x 8 lanes, so ``block_q`` is 16, 32 or 64 (1, 2 or 4 rows per
-    thread) and ``block_k`` 8, 16, 32 or 64 (1..8 keys per thread). By default the first pair
+    128 threads = 16 row groups x 8 lanes, so ``block_q`` is 16, 32, 64 or 128 (1, 2, 4 or 8 rows per
+    thread; 128 only by hand) and ``block_k`` 8, 16, 32 or 64 (1..8 keys per thread). By default the first pair
     of :data:`REGTILE_TILES` whose tiles fit 48 KiB of static shared memory: (64, 64) up to
     d = 56, (64, 32) up to d = 100, (32, 32) up to d = 168, (32, 16) up to 236, then (16, 16).
     Tiles given by hand may take up to :data:`REGTILE_DYNAMIC_LIMIT` (99 KiB): past 48 KiB the
@@ -275,8 +277,8 @@ def flash_attention_regtile_config(head_dim: int, block_q: int | None = None,
         return fits[0]
     bq = 32 if block_q is None else _check_int(block_q, "block_q", 1, 1024)
     bk = 16 if block_k is None else _check_int(block_k, "block_k", 1, 1024)
-    if bq not in (16, 32, 64):
-        raise ValueError(f"block_q must be 16, 32 or 64 (1, 2 or 4 rows per thread), got {bq}")
+    if bq not in (16, 32, 64, 128):
+        raise ValueError(f"block_q must be 16, 32, 64 or 128 (1, 2, 4 or 8 rows per thread), got {bq}")
     if bk not in (8, 16, 32, 64):
         raise ValueError(f"block_k must be 8, 16, 32 or 64 (1..8 keys per thread), got {bk}")
     smem = flash_attention_regtile_smem_bytes(d, bq, bk)

@@ -44,7 +44,7 @@
 // Storage is float32 only (the rung is about CUDA-core FMAs; the tensor-core rungs take
 // 16-bit inputs); HEAD_DIM must be a multiple of 4 so that every row starts 16-byte aligned.
 // Launch: grid = (ceil(n_q / BLOCK_Q), batch * heads), block = (128). Defines: HEAD_DIM,
-// BLOCK_Q (16, 32 or 64), BLOCK_K (8, 16, 32 or 64), FA_TRACE, REGTILE_DYNAMIC_SMEM (0 or 1).
+// BLOCK_Q (16, 32, 64 or 128), BLOCK_K (8, 16, 32 or 64), FA_TRACE, REGTILE_DYNAMIC_SMEM (0 or 1).
 #include "common.cuh"
 
 #ifndef HEAD_DIM
@@ -75,7 +75,7 @@
 #error "the register-tiled kernel stores float32 only"
 #endif
 static_assert(HEAD_DIM >= 4 && HEAD_DIM <= 256 && HEAD_DIM % 4 == 0, "HEAD_DIM must be a multiple of 4 in 4..256");
-static_assert(BLOCK_Q % GROUPS == 0 && TM >= 1 && TM <= 4, "BLOCK_Q must be 16, 32 or 64");
+static_assert(BLOCK_Q % GROUPS == 0 && TM >= 1 && TM <= 8, "BLOCK_Q must be 16, 32, 64 or 128");
 static_assert(BLOCK_K % LANES == 0 && TN >= 1 && TN <= 8, "BLOCK_K must be 8, 16, 32 or 64");
 
 // Four floats moved as one 16-byte access (ld.global.v4.f32 / ld.shared.v4.f32).
