@@ -1,6 +1,6 @@
 """Turn the folder of one ``scripts/gpu_check.sh`` run into a recorded run the course can ship and read.
 
-    python scripts/record_gpu_run.py RESULTS_DIR [--commit HASH] [--into benchmarks/results]
+    python scripts/record_gpu_run.py RESULTS_DIR [RESULTS_DIR ...] [--commit HASH] [--into benchmarks/results]
 
 ``RESULTS_DIR`` is what gpu_check.sh wrote on the GPU machine (``env.txt``, ``summary.txt``, ``benchmark/``,
 ``backward/``, ...). The recorded run goes to a new folder ``<into>/gpu_<gpu>_<date>/`` (for example
@@ -12,6 +12,9 @@ every figure its label (:func:`lessons.gpu.recorded.recorded_label`: machine, da
 Result files only: the JUnit XML and the benchmarks' logs stay behind. ``--commit`` is the commit the GPU machine
 ran (default: this checkout's HEAD); the date and the machine come from ``env.txt``.
 
+Several RESULTS_DIRs are the parts of one run split with ``GPU_CHECK_STEPS`` (for example the benchmarks and sweeps,
+then the tests): they must come from the same GPU; the first part's ``env.txt`` is kept, the parts' ``summary.txt``
+are joined in order, and any other file that two parts both hold is refused by name (nothing is recorded).
 A folder that already exists is never written into (exit status 2): each recorded run is kept as it was.
 """
 from __future__ import annotations
@@ -76,12 +79,15 @@ def run_folder_name(gpu: str, date: str) -> str:
     return f"gpu_{model or 'unknown'}_{date}"
 
 
-def readme(env: dict, commit: str, present: list[str]) -> str:
+def readme(env: dict, commit: str, present: list[str], parts: int = 1) -> str:
     """The recorded run's README.md: the title and driver line :func:`lessons.gpu.recorded.recorded_label`
     reads, the command, and a table of what is there."""
     lines = [f"# The kernels on one {env['gpu']}, {env['date']} (commit {commit})", "",
              f"Machine: {env['device']}, driver {env['driver']}, CUDA {env['cuda']} (NVRTC); {env['versions']}",
-             "(`env.txt`). Everything here came from one command, `scripts/gpu_check.sh DIR` (`summary.txt`: one",
+             "(`env.txt`). " + ("Everything here came from one command, `scripts/gpu_check.sh DIR` (`summary.txt`: one"
+                                if parts == 1 else
+                                f"Everything here came from {parts} runs of `scripts/gpu_check.sh DIR`, each with its "
+                                f"own GPU_CHECK_STEPS (`summary.txt`: their summaries in order, one"),
              "line per step), and was laid out by `scripts/record_gpu_run.py DIR`. Batch 1, 8 heads, median of",
              "CUDA-event timings.", "", "| folder | what |", "| --- | --- |"]
     lines += [f"| `{name}/` | {WHAT[name]} |" for name in present if name in WHAT]
@@ -89,29 +95,45 @@ def readme(env: dict, commit: str, present: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def record(source: Path, into: Path, commit: str) -> Path:
-    """Copy the run in ``source`` into a new folder under ``into``; returns that folder. FileNotFoundError
-    without ``source/env.txt``; FileExistsError when the folder exists; ValueError for an env.txt that is not
-    a GPU run's."""
-    env_file = source / "env.txt"
-    if not env_file.is_file():
-        raise FileNotFoundError(f"{env_file} is missing: RESULTS_DIR must be a folder written by scripts/gpu_check.sh")
-    env = read_env(env_file.read_text())
+def record(sources, into: Path, commit: str) -> Path:
+    """Copy the run in ``sources`` (one results folder, or the parts of a split run in order) into a new folder
+    under ``into``; returns that folder. FileNotFoundError without a part's ``env.txt``; FileExistsError when the
+    folder exists; ValueError for an env.txt that is not a GPU run's, parts from different GPUs, or a file two
+    parts both hold (other than env.txt and summary.txt)."""
+    sources = [Path(sources)] if isinstance(sources, (str, Path)) else [Path(s) for s in sources]
+    envs = []
+    for source in sources:
+        env_file = source / "env.txt"
+        if not env_file.is_file():
+            raise FileNotFoundError(f"{env_file} is missing: RESULTS_DIR must be a folder written by "
+                                    f"scripts/gpu_check.sh")
+        envs.append(read_env(env_file.read_text()))
+    env = envs[0]
+    others = {e["gpu"] for e in envs} - {env["gpu"]}
+    if others:
+        raise ValueError(f"the parts of one run must come from one GPU: {env['gpu']} and {sorted(others)}")
     dest = into / run_folder_name(env["gpu"], env["date"])
     if dest.exists():
         raise FileExistsError(f"{dest} exists already; a recorded run is never written into (move it away first)")
-    present = []
+    copies = {}                                        # where a file goes -> the file it comes from
+    for source in sources:
+        for src_dir, dst_dir, patterns in LAYOUT:
+            for f in sorted({f for pattern in patterns for f in (source / src_dir).glob(pattern) if f.is_file()}):
+                target = Path(dst_dir) / f.name
+                if target in copies and f.name not in ("env.txt", "summary.txt"):
+                    raise ValueError(f"{copies[target][0]} and {f} would both be {target}: give each file to one "
+                                     f"part only")
+                copies.setdefault(target, []).append(f)
     staging = into / f".{dest.name}.partial"
     shutil.rmtree(staging, ignore_errors=True)
-    for src_dir, dst_dir, patterns in LAYOUT:
-        files = sorted({f for pattern in patterns for f in (source / src_dir).glob(pattern) if f.is_file()})
-        if not files:
-            continue
-        (staging / dst_dir).mkdir(parents=True, exist_ok=True)
-        for f in files:
-            shutil.copy2(f, staging / dst_dir / f.name)
-        present.append(dst_dir)
-    (staging / "README.md").write_text(readme(env, commit, present))
+    for target, files in copies.items():
+        (staging / target.parent).mkdir(parents=True, exist_ok=True)
+        if target.name == "summary.txt" and len(files) > 1:        # each part's summary, in order
+            (staging / target).write_text("\n".join(f.read_text().rstrip("\n") for f in files) + "\n")
+        else:
+            shutil.copy2(files[0], staging / target)              # (env.txt: the first part's)
+    present = list(dict.fromkeys(str(t.parent) for t in copies))
+    (staging / "README.md").write_text(readme(env, commit, present, len(sources)))
     staging.rename(dest)                              # all or nothing: no half-written recorded run
     return dest
 
@@ -127,7 +149,8 @@ def head_commit() -> str | None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("results", type=Path, help="the folder scripts/gpu_check.sh wrote")
+    p.add_argument("results", type=Path, nargs="+",
+                   help="the folder scripts/gpu_check.sh wrote (or, in order, the folders of a run split in parts)")
     p.add_argument("--commit", default=None, help="the commit the GPU machine ran (default: this checkout's HEAD)")
     p.add_argument("--into", type=Path, default=ROOT / "benchmarks" / "results",
                    help="where the recorded run's folder is made (default benchmarks/results)")

@@ -90,3 +90,33 @@ def test_what_is_not_a_gpu_run_is_refused_by_name(tmp_path, capsys):
 def test_folder_names():
     assert record.run_folder_name("NVIDIA H200", "2026-12-02") == "gpu_h200_2026-12-02"
     assert record.run_folder_name("NVIDIA A100-SXM4-80GB", "2027-01-05") == "gpu_a100_sxm4_80gb_2027-01-05"
+
+
+def test_the_parts_of_a_split_run_are_recorded_as_one(gpu_check_folder, tmp_path, capsys):
+    # part 1: the benchmarks (the fixture's folder without its test log); part 2: the tests, on the same GPU
+    part2 = tmp_path / "gc2"
+    part2.mkdir()
+    shutil.copy(gpu_check_folder / "env.txt", part2 / "env.txt")
+    (gpu_check_folder / "pytest_1_n8.txt").rename(part2 / "pytest_1_n8.txt")
+    (part2 / "summary.txt").write_text("pytest pass 1 (-n 8)   ok    600 passed\ntotal   ok   90 s\n")
+    into = tmp_path / "results"
+    assert record.main([str(gpu_check_folder), str(part2), "--commit", "abcdef1", "--into", str(into)]) == 0
+    dest = into / "gpu_h200_2026-12-01"
+    summary = (dest / "summary.txt").read_text()
+    first = (gpu_check_folder / "summary.txt").read_text()
+    assert summary == first.rstrip("\n") + "\n" + "pytest pass 1 (-n 8)   ok    600 passed\ntotal   ok   90 s\n"
+    assert (dest / "pytest_1_n8.txt").read_text() == "545 passed\n"
+    assert (dest / "env.txt").read_text() == (gpu_check_folder / "env.txt").read_text()
+    assert "came from 2 runs of `scripts/gpu_check.sh DIR`" in (dest / "README.md").read_text()
+    assert recorded_label(dest).startswith("recorded on one NVIDIA H200, 2026-12-01")
+    # a file both parts hold is refused by name, and nothing is recorded
+    (part2 / "compile_report.txt").write_text("again\n")
+    again = tmp_path / "again"
+    assert record.main([str(gpu_check_folder), str(part2), "--commit", "abcdef1", "--into", str(again)]) == 2
+    assert "would both be compile_report.txt" in capsys.readouterr().err and not list(again.glob("gpu_*"))
+    # parts from two GPUs are refused
+    (part2 / "compile_report.txt").unlink()
+    env = (part2 / "env.txt").read_text().replace("NVIDIA H200", "NVIDIA A100-SXM4-80GB")
+    (part2 / "env.txt").write_text(env)
+    assert record.main([str(gpu_check_folder), str(part2), "--commit", "abcdef1", "--into", str(again)]) == 2
+    assert "must come from one GPU" in capsys.readouterr().err
