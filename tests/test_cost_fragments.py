@@ -58,3 +58,18 @@ def test_bad_arguments_are_refused_by_name():
         fragment_traffic(64, 64, 32, q_in_registers=1)
     with pytest.raises(ValueError, match="block_k"):
         fragment_traffic(64, 0)
+
+
+def test_the_ladder_quotes_the_wide_rungs_bytes_per_product():
+    # the wide rung's prediction in the ladder: its shared-memory bytes per product over those of 16-row warps with
+    # the same key tiles, Q's loads included: 0.625x at 64-key tiles (the d = 64 default), 0.75x at 32-key tiles
+    # (the d = 128 default)
+    from lessons.gpu.ladder import rung
+    from lessons.gpu.source import FA2_WIDE_CONFIGS
+
+    predicted = rung("mma_fa2_wide").predicted
+    quoted = {64: "0.625x the shared-memory bytes per mma of 16-row warps at 64-key tiles", 32: "0.75x at 32-key tiles"}
+    for d in (64, 128):
+        block_k = FA2_WIDE_CONFIGS[d][1]
+        ratio = fragment_traffic(d, block_k, 32).bytes_per_mma / fragment_traffic(d, block_k).bytes_per_mma
+        assert quoted[block_k].startswith(f"{ratio:g}x") and quoted[block_k] in predicted, (d, ratio)

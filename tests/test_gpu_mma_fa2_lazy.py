@@ -252,8 +252,9 @@ def test_lazy_kernel_refuses_bad_tiles_by_name():
         run(x, x, x, block_q=96)
     with pytest.raises(ValueError, match=r"block_k must be one of \[32, 64\].*got 16"):
         run(x, x, x, block_k=16)
-    with pytest.raises(ValueError, match=r"block_q=128, block_k=32 is not a legal pair.*\(64, 32\), \(64, 64\), "
-                                         r"\(128, 64\)"):
+    with pytest.raises(ValueError, match=r"block_q=128, block_k=32 is not a legal pair at head_dim=64 \(the Q tile "
+                                         r"must fit in one K/V stage: block_q <= 2 \* block_k\).*\(64, 32\), "
+                                         r"\(64, 64\), \(128, 64\)"):
         run(x, x, x, block_q=128, block_k=32)
     with pytest.raises(ValueError, match=r"min_blocks must be one of \[2, 4\]"):
         run(x, x, x, block_q=64, block_k=32, min_blocks=3)

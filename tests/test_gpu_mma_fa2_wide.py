@@ -182,7 +182,8 @@ def test_wide_kernel_refuses_bad_tiles_by_name():
         run(x, x, x, block_q=32)
     with pytest.raises(ValueError, match=r"block_k must be one of \[32, 64\].*got 128"):
         run(x, x, x, block_k=128)
-    with pytest.raises(ValueError, match=r"block_q=64, block_k=64 is not a legal pair at head_dim=128"):
+    with pytest.raises(ValueError, match=r"block_q=64, block_k=64 is not a legal pair at head_dim=128 \(the others "
+                                         r"spill on sm_90\)"):
         run(x, x, x, block_q=64, block_k=64)
     with pytest.raises(ValueError, match=r"min_blocks must be one of \[2\]"):
         run(x, x, x, min_blocks=3)
@@ -263,3 +264,15 @@ def test_every_legal_configuration_on_larger_inputs_on_the_gpu(d, config):
         out, lse = gpu.flash_attention_mma_fa2_wide_gpu(q, k, v, causal=causal, block_q=block_q, block_k=block_k,
                                                         min_blocks=min_blocks)
         assert_attention_close(out, lse, q64, k64, v64, "float16", causal=causal)
+
+
+@needs_nvrtc
+def test_the_pair_left_out_at_d128_spills_on_sm_90():
+    # 64 x 64 tiles at d = 128 are refused ("the others spill on sm_90"): built by hand, they do spill
+    from lessons.gpu.source import KernelBuild
+
+    assert (64, 64) not in {(bq, bk) for bq, bk, _ in FA2_WIDE_SWEEP[128]}
+    build = KernelBuild.make(ENTRY, "float16", False, HEAD_DIM=128, BLOCK_Q=64, BLOCK_K=64, MIN_BLOCKS=2,
+                             LAZY_RESCALE=1, FA2_DYNAMIC_SMEM=1, WARP_ROWS=32)
+    res = gpu.compile_kernel(build, "sm_90").resources[ENTRY]
+    assert res.spill_store_bytes > 0, res

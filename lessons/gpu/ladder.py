@@ -155,8 +155,9 @@ RUNGS = (
          "(ldmatrix.x4) feeds two mma instructions instead of one; o and s take twice the registers, so Q's "
          "fragments are read from shared memory (Q keeps its own region there) at each tile instead of staying "
          "in registers, as in FlashAttention-2's forward kernel",
-         "per tile and warp, 4 mma per K or V ldmatrix.x4 instead of 2, so about 0.6x the shared-memory bytes "
-         "read per mma (Q's fragments add a quarter back at 64-key tiles), and two independent mmas in flight "
+         "per tile and warp, 4 mma per K or V ldmatrix.x4 instead of 2: half the K and V bytes per mma, and with Q's "
+         "fragments (now read at each tile) 0.625x the shared-memory bytes per mma of 16-row warps at 64-key "
+         "tiles, 0.75x at 32-key tiles (the d = 128 default); two independent mmas in flight "
          "per fragment; fewer warps, each with more work in registers. Compile report (NVRTC 12.9, no spills): "
          "d = 64, 128 x 64 tiles: 225 / 223 registers (sm_80 / sm_90) x 128 threads, 48 KiB of dynamic shared "
          "memory; d = 128, 128 x 32: 254 / 255 registers x 128 threads, 64 KiB: 2 blocks (8 warps) per SM either "

@@ -418,9 +418,9 @@ def _tile_head_dim(head_dim, sweep: dict, what: str) -> int:
 
 
 def _tile_config(head_dim, block_q, block_k, min_blocks, defaults: dict, sweep: dict, what: str,
-                 rows_per_warp: int) -> tuple[int, int, int]:
+                 rows_per_warp: int, pair_rule: str) -> tuple[int, int, int]:
     """The ``(block_q, block_k, min_blocks)`` rule shared by the lazy and the wide-warp rung (their docstrings
-    say it), over that rung's ``defaults`` and legal ``sweep``."""
+    say it), over that rung's ``defaults`` and legal ``sweep``; ``pair_rule`` says which pairs are legal."""
     d = _tile_head_dim(head_dim, sweep, what)
     legal = sweep[d]
     pairs = list(dict.fromkeys((bq, bk) for bq, bk, _ in legal))
@@ -436,7 +436,7 @@ def _tile_config(head_dim, block_q, block_k, min_blocks, defaults: dict, sweep: 
     default = defaults[d][:2]
     matching = [p for p in pairs if block_q in (None, p[0]) and block_k in (None, p[1])]
     if not matching:
-        raise ValueError(f"block_q={block_q}, block_k={block_k} is not a legal pair at head_dim={d}; "
+        raise ValueError(f"block_q={block_q}, block_k={block_k} is not a legal pair at head_dim={d} ({pair_rule}); "
                          f"legal (block_q, block_k): {pairs}")
     filled = (default[0] if block_q is None else block_q, default[1] if block_k is None else block_k)
     bq, bk = filled if filled in matching else matching[0]          # the missing one from the default if legal
@@ -469,7 +469,7 @@ def flash_attention_mma_fa2_lazy_config(head_dim: int, block_q: int | None = Non
     one listed for that pair. Raises TypeError for a non-integer (bools included), ValueError naming the
     argument and listing what it may be otherwise."""
     return _tile_config(head_dim, block_q, block_k, min_blocks, FA2_LAZY_CONFIGS, FA2_LAZY_SWEEP,
-                        "lazy-rescaling", 16)
+                        "lazy-rescaling", 16, "the Q tile must fit in one K/V stage: block_q <= 2 * block_k")
 
 
 def flash_attention_mma_fa2_lazy_build(head_dim: int, dtype: str = "float16", trace: bool = False,
@@ -491,8 +491,9 @@ def flash_attention_mma_fa2_lazy_build(head_dim: int, dtype: str = "float16", tr
 # ---------------------------------------------------------------------------
 
 #: head dim -> default (block_q, block_k, min_blocks) of ``flash_attention_mma_fa2_wide``: 128 query rows over
-#: 4 warps of 32; 64-key tiles at d = 64, 32 at d = 128 (FlashAttention-2's forward tile for an A100; the 64 it
-#: takes on an H100 is in the sweep: it spills on sm_80, and 128 keys at d = 64 spill everywhere)
+#: 4 warps of 32; 64-key tiles at d = 64, 32 at d = 128 (FlashAttention-2's forward tile on sm_86 / sm_89 GPUs;
+#: the 64 it takes on an A100 and an H100 is in the sweep: it spills on sm_80, and 128 keys at d = 64, which it
+#: takes on both, spill everywhere)
 FA2_WIDE_CONFIGS = {64: (128, 64, 2), 128: (128, 32, 2)}
 #: head dim -> every (block_q, block_k, min_blocks) the wide-warp rung takes (its tuning sweep): 64 or 128 query
 #: rows (2 or 4 warps of 32 rows), 32 or 64 keys, and the values of min_blocks for which NVRTC 12.9 spills
@@ -521,8 +522,10 @@ def flash_attention_mma_fa2_wide_config(head_dim: int, block_q: int | None = Non
     and ``block_k`` must be a pair of :func:`flash_attention_mma_fa2_wide_configs`, with the same rules for a
     missing one and for ``min_blocks`` as :func:`flash_attention_mma_fa2_lazy_config`. Raises TypeError for a
     non-integer (bools included), ValueError naming the argument and listing what it may be otherwise.
-    Source: Dao 2023 (FlashAttention-2), Sec. 3.3; the tiles of its forward kernel for sm_90."""
-    return _tile_config(head_dim, block_q, block_k, min_blocks, FA2_WIDE_CONFIGS, FA2_WIDE_SWEEP, "wide-warp", 32)
+    Source: Dao 2023 (FlashAttention-2), Sec. 3.3; its forward kernel's blocks of 128 query rows over 4 warps
+    (flash-attention repository, ``flash_fwd_launch_template.h``)."""
+    return _tile_config(head_dim, block_q, block_k, min_blocks, FA2_WIDE_CONFIGS, FA2_WIDE_SWEEP, "wide-warp", 32,
+                        "the others spill on sm_90")
 
 
 def flash_attention_mma_fa2_wide_smem_bytes(head_dim: int, block_q: int, block_k: int) -> int:

@@ -71,9 +71,10 @@
 //     d = 128). So Q no longer stays in registers: it keeps its own region of shared memory behind
 //     the two stages (BLOCK_Q x HEAD_DIM x 2 bytes), and step 3 loads its A fragments (ldmatrix.x4,
 //     one per m-tile and 16-wide slice of d) as it goes, as FlashAttention-2 does.
-//   FlashAttention-2 takes 128 x 128 tiles at d = 64 and 128 x 64 at d = 128 on an H100 (128 x 32 on an
-//   A100); here 128 keys at d = 64 spill (s alone is 128 floats per thread) and 128 x 64 at d = 128 spills
-//   on sm_80, so the defaults are 128 x 64 at d = 64 and 128 x 32 at d = 128 (128 x 64 is in the sweep).
+//   FlashAttention-2 takes 128 x 128 tiles at d = 64 and 128 x 64 at d = 128 on an A100 and an H100 (128 x 32
+//   at d = 128 only with dropout, or without causal masking on sm_86 / sm_89 GPUs); here 128 keys at d = 64
+//   spill (s alone is 128 floats per thread) and 128 x 64 at d = 128 spills on sm_80, so the defaults are
+//   128 x 64 at d = 64 and 128 x 32 at d = 128 (128 x 64 is in the sweep).
 //   Compile report (NVRTC 12.9, float16, no spills): d = 64, 128 x 64: 225 / 223 registers (sm_80 /
 //   sm_90) x 128 threads, 48 KiB; d = 128, 128 x 32: 254 / 255 x 128 threads, 64 KiB: 2 blocks (8 warps)
 //   per SM. The other legal tiles: lessons.gpu.source.FA2_WIDE_SWEEP.
