@@ -500,7 +500,8 @@ FA2_WIDE_CONFIGS = {64: (128, 64, 2), 128: (128, 32, 2)}
 #: nothing on sm_90 (the GPUs the rung is timed on), one per register cap that changes the code (1 and 2 are
 #: the same cap for blocks of 4 warps or fewer: 2 listed). Registers on sm_90 (float16): d = 64: (128, 64) 223,
 #: (128, 32) 187 at 2 and 168 at 3, (64, 64) 241, (64, 32) 184; d = 128: 255 for all three. On sm_80 the
-#: two d = 128 tiles spill a little: (128, 64) 120 bytes, (64, 32) 36 bytes.
+#: two d = 128 tiles spill a little: (128, 64) 120 bytes, (64, 32) 36 bytes (float16; 8 stored and 48 loaded in
+#: bfloat16), and (128, 64) at d = 128 (96 KiB) fits one block per SM there (164 KiB), not two.
 FA2_WIDE_SWEEP = {
     64: ((128, 64, 2), (128, 32, 2), (128, 32, 3), (64, 64, 2), (64, 32, 2)),
     128: ((128, 32, 2), (128, 64, 2), (64, 32, 2)),
