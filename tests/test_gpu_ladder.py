@@ -456,8 +456,9 @@ def test_a_target_counts_the_best_of_its_rungs_and_names_it():
     assert hopper["measured"] == pytest.approx({64: 0.8, 128: None}) and hopper["by"] == {64: "wgmma", 128: None}
     assert hopper["met"] is None and hopper["outcome"] == ladder.NOT_MEASURED and hopper["pending"] == ["wgmma_overlap"]
     md = ladder.targets_markdown(rows=rows, decode_rows=[])
-    assert "d = 64: 0.60x (mma_fa2_wide), d = 128: 0.55x (mma_fa2_lazy) | **met** |" in md
-    assert "`wgmma_pingpong`, `wgmma`, `wgmma_overlap` | d = 64: 0.80x (wgmma), d = 128: - |" in md
+    assert "| d = 64: 0.60x (mma_fa2_wide), d = 128: 0.55x (mma_fa2_lazy) | **met** |" in md
+    assert "| d = 64: 0.80x (wgmma), d = 128: - | **not yet measured on a GPU** |" in md
+    assert "| `wgmma_pingpong`, `wgmma`, `wgmma_overlap` | d = 64: 75 TFLOP/s (8% of peak), d = 128: 75 " in md
     assert "(not yet measured: `wgmma_overlap`)" not in md        # (said once: the outcome is "not yet measured")
 
 
@@ -795,3 +796,18 @@ def test_each_rungs_default_tiles_are_the_fastest_its_recorded_sweep_found(rung)
         pytest.skip(f"the recorded run ({ladder.RECORDED_DIR.name}) holds no timed sweep of {rung}")
     for d, row in best.items():
         assert row["x_best_default"] is not None and row["x_best_default"] <= 1.03, (rung, d, row)
+
+
+def test_what_each_forward_goal_asks_for_in_tflops():
+    # the goal times the recorded reference: naive CuPy in float32 for register tiling, SDPA for the tensor cores
+    out = {o["rung"]: o for o in ladder.target_outcomes()}
+    by = _csv_seconds()
+    for d in (64, 128):
+        naive32 = 4 * 8192**2 * d * 8 / by["naive", 8192, d, "float32"] / 1e12
+        sdpa = 4 * 8192**2 * d * 8 / by["torch", 8192, d, "float16"] / 1e12
+        assert out["regtile"]["needs"][d] == pytest.approx(3 * naive32, rel=1e-3)
+        assert out["regtile"]["needs_peak"][d] == pytest.approx(3 * naive32 / 67, rel=1e-3)        # 67 TFLOP/s fp32
+        assert out["mma_fa2"]["needs"][d] == pytest.approx(0.5 * sdpa, rel=1e-3)
+        assert out["wgmma_pingpong"]["needs_peak"][d] == pytest.approx(0.75 * sdpa / 989, rel=1e-3)   # dense 16-bit
+    assert out["paged_decode_split"]["needs"] is None
+    assert "d = 128: 48 TFLOP/s (72% of peak)" in ladder.targets_markdown()

@@ -858,7 +858,9 @@ def target_outcomes(n: int = 8192, rows=None, decode_rows=None) -> list[dict]:
     """Each of :data:`TARGETS` against a run: what, rung, metric, goal, measured (``{shape: value}``, the best of
     the target's rung and its ``also`` rungs, None where none of them was measured at that shape; None when the
     rung is not built), by (``{shape: the rung that gave it}``, None where not measured), pending (the ``also``
-    rungs measured at none of the shapes, in order), met (True, False, or
+    rungs measured at none of the shapes, in order), needs (forward targets: ``{d: the TFLOP/s the goal asks
+    for}``, the goal times naive CuPy's or SDPA's recorded TFLOP/s; None for decode), needs_peak (``{d: that
+    as a share of the H200's peak for the rung's arithmetic}``: fp32 CUDA cores or 16-bit tensor cores), met (True, False, or
     None when not built or not measured at every shape) and outcome (text: "met", "not met",
     "not built" or :data:`NOT_MEASURED`). ``rows``/``decode_rows``: default the recorded H200 run.
     Raises TypeError/ValueError as :func:`ladder_table` when ``rows`` has no rows at ``n`` with any
@@ -867,8 +869,15 @@ def target_outcomes(n: int = 8192, rows=None, decode_rows=None) -> list[dict]:
     n, _ = _check_shape(rows, n, sorted({d for t in TARGETS if t.metric != "pct_of_copy" for d in t.shapes}))
     out = []
     for t in TARGETS:
-        measured = by = None
+        measured = by = needs = needs_peak = None
         pending = []
+        if t.metric in ("x_naive", "x_sdpa"):
+            dtype = _rung(t.rung).dtype
+            base = {d: recorded("naive", n, d, dtype, rows=rows) if t.metric == "x_naive" else
+                    recorded("sdpa", n, d, rows=rows) for d in t.shapes}
+            needs = {d: None if b is None else t.goal * b["tflops"] for d, b in base.items()}
+            peak = H200.peak_flops["fp32" if dtype == "float32" else "bf16"] / 1e12
+            needs_peak = {d: None if v is None else v / peak for d, v in needs.items()}
         if t.rung is not None and t.metric == "pct_of_copy":
             pct = decode_recorded(t.rung, decode_rows) or {}
             measured = {s: pct.get(s) for s in t.shapes}
@@ -889,13 +898,14 @@ def target_outcomes(n: int = 8192, rows=None, decode_rows=None) -> list[dict]:
             met = all(v >= t.goal for v in measured.values())
             outcome = "met" if met else "not met"
         out.append(dict(what=t.what, rung=t.rung, metric=t.metric, goal=t.goal, measured=measured, by=by, pending=pending,
-                        met=met, outcome=outcome))
+                        needs=needs, needs_peak=needs_peak, met=met, outcome=outcome))
     return out
 
 
 def targets_markdown(n: int = 8192, rows=None, decode_rows=None) -> str:
-    """A Markdown table of :func:`target_outcomes`: target, rungs, measured value per shape (the rung that gave
-    it, where the target counts more than one), outcome."""
+    """A Markdown table of :func:`target_outcomes`: target, rungs, what the goal asks for (TFLOP/s and share of
+    the H200's peak, forward targets), measured value per shape (the rung that gave it, where the target counts
+    more than one), outcome."""
     def value(metric, v):
         return "-" if v is None else f"{v:.0f}%" if metric == "pct_of_copy" else f"{v:.2f}x"
 
@@ -903,7 +913,7 @@ def targets_markdown(n: int = 8192, rows=None, decode_rows=None) -> str:
         return f"d = {s}" if isinstance(s, int) else f"{s[0]} x {s[1]}"
 
     also = {t.rung: t.also for t in TARGETS}
-    lines = ["| target | rung | measured | outcome |", "| --- | --- | --- | --- |"]
+    lines = ["| target | rung | the goal asks for | measured | outcome |", "| --- | --- | --- | --- | --- |"]
     for o in target_outcomes(n, rows, decode_rows):
         several = bool(also.get(o["rung"]))
         got = "-" if o["measured"] is None else ", ".join(
@@ -912,7 +922,10 @@ def targets_markdown(n: int = 8192, rows=None, decode_rows=None) -> str:
         names = ", ".join(f"`{r}`" for r in (o["rung"], *also.get(o["rung"], ()))) if o["rung"] else "-"
         wait = (f" (not yet measured: {', '.join(f'`{r}`' for r in o['pending'])})"
                 if o["pending"] and o["outcome"] != NOT_MEASURED else "")
-        lines.append(f"| {o['what']} | {names} | {got} | **{o['outcome']}**{wait} |")
+        asks = "-" if not o["needs"] else ", ".join(
+            f"{shape(d)}: {v:.0f} TFLOP/s ({o['needs_peak'][d]:.0%} of peak)" if v is not None else f"{shape(d)}: -"
+            for d, v in o["needs"].items())
+        lines.append(f"| {o['what']} | {names} | {asks} | {got} | **{o['outcome']}**{wait} |")
     return "\n".join(lines)
 
 
