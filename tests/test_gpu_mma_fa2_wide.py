@@ -281,3 +281,11 @@ def test_the_pair_left_out_at_d128_spills_on_sm_90():
                              LAZY_RESCALE=1, FA2_DYNAMIC_SMEM=1, WARP_ROWS=32)
     res = gpu.compile_kernel(build, "sm_90").resources[ENTRY]
     assert res.spill_store_bytes > 0, res
+
+
+def test_a_trace_flag_that_is_not_a_bool_is_refused():
+    # a string would be true, and switch the trace build on
+    with pytest.raises(TypeError, match="trace must be True or False"):
+        gpu.flash_attention_mma_fa2_wide_build(64, "float16", "no")
+    with pytest.raises(TypeError, match="trace"):
+        gpu.flash_attention_mma_fa2_lazy_build(64, "float16", 1)

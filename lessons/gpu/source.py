@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from lessons.core.checks import check_int
+from lessons.core.checks import check_flag, check_int
 
 __all__ = [
     "KERNEL_DIR", "KERNELS", "DTYPES", "STATIC_SMEM_LIMIT", "NUM_THREADS", "MAX_HEAD_DIM",
@@ -985,7 +985,9 @@ class KernelBuild:
 
     @classmethod
     def make(cls, kernel: str, dtype: str = "float32", trace: bool = False, **defines) -> "KernelBuild":
-        return cls(kernel, dtype, bool(trace), tuple(sorted((k, int(v)) for k, v in defines.items())))
+        """A build of ``kernel`` in storage ``dtype`` with integer ``defines``; ``trace`` a bool (TypeError
+        naming it otherwise: a string such as "no" would switch the trace build on)."""
+        return cls(kernel, dtype, check_flag(trace, "trace"), tuple(sorted((k, int(v)) for k, v in defines.items())))
 
     @property
     def entries(self) -> tuple:
