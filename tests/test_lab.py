@@ -92,6 +92,8 @@ def test_learner_outputs_leave_git_status_and_the_clean_test_alone(tmp_path):
     dirty = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
                             "tests/test_notebooks_clean.py"], cwd=repo, capture_output=True, text=True)
     assert dirty.returncode == 1 and "a code cell holds outputs" in dirty.stdout
+    # the failure says how to keep the run and get the committed notebook back
+    assert f"git checkout -- notebooks/{NOTEBOOKS[0]}" in dirty.stdout and "my_notebooks/" in dirty.stdout
     assert _git(repo, "status", "--porcelain") == f" M notebooks/{NOTEBOOKS[0]}\n"
 
 
