@@ -278,10 +278,22 @@ class LabServer:
 
 
 def make_course_clone(dest: Path, source: Path = ROOT) -> Path:
-    """A git repository at DEST holding what `make lab` and the clean-notebook test need, all committed."""
+    """A git repository at DEST holding what `make lab` and the clean-notebook test need, all committed.
+
+    A file of ``notebooks/`` or ``exercises/`` that the source repository has committed is taken as committed
+    (``git show HEAD:...``), not as it is in the working tree: a learner who ran and saved a notebook in the
+    source checkout must not make the clone start dirty. Files git does not know yet are copied as they are."""
     dest = Path(dest)
     for name in ("notebooks", "exercises"):
         shutil.copytree(source / name, dest / name, ignore=shutil.ignore_patterns(".ipynb_checkpoints", "__pycache__"))
+        try:
+            committed = git(source, "ls-files", "--", name).split()
+        except (OSError, subprocess.CalledProcessError):
+            committed = []                       # (not a git checkout: the working tree is all there is)
+        for rel in committed:
+            blob = subprocess.run(["git", "-C", str(source), "show", f"HEAD:{rel}"], capture_output=True)
+            if blob.returncode == 0:             # (added but not yet committed: as it is)
+                (dest / rel).write_bytes(blob.stdout)
     for rel in ("scripts/lab.py", "tests/test_notebooks_clean.py", ".gitignore", "Makefile", "pyproject.toml"):
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(source / rel, dest / rel)
