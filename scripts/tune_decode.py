@@ -353,7 +353,8 @@ def main(argv=None) -> int:
                                       f"emulator (not timed): fp16, {g.num_heads} query heads on {g.num_kv_heads} "
                                       f"KV heads, d = {g.head_dim}, pages of {g.block_size}")
         print(markdown(rows, "decode split sweep (emulator)"))
-        print(f"{len(rows)} split counts " + ("all match NumPy" if ok else "NOT ALL MATCH NumPy (see the note column)")
+        counted = f"{len(rows)} split count" + ("" if len(rows) == 1 else "s")
+        print(f"{counted}: " + ("all match NumPy" if ok else "NOT ALL MATCH NumPy (see the note column)")
               + f"; results in {args.out}")
         return 0 if ok else 1
     if not gpu.device_available():

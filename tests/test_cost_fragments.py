@@ -73,3 +73,13 @@ def test_the_ladder_quotes_the_wide_rungs_bytes_per_product():
         block_k = FA2_WIDE_CONFIGS[d][1]
         ratio = fragment_traffic(d, block_k, 32).bytes_per_mma / fragment_traffic(d, block_k).bytes_per_mma
         assert quoted[block_k].startswith(f"{ratio:g}x") and quoted[block_k] in predicted, (d, ratio)
+
+
+def test_the_quiz_quotes_the_counts():
+    from lessons.course.quiz import QUIZZES
+
+    q = next(q for q in QUIZZES["06_kernel_ladder"] if "32 query rows" in q.question)
+    one, two = fragment_traffic(64, 64), fragment_traffic(64, 64, warp_rows=32)
+    assert f"{two.bytes_per_mma:.0f} bytes per product instead of {one.bytes_per_mma:.0f}" in q.explanation
+    assert f"allow {two.peak_share:.0%} of the tensor-core peak instead of {one.peak_share:.0%}" in q.explanation
+    assert "Each K and V fragment" in q.choices[q.answer]

@@ -92,7 +92,7 @@ def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
     (_, _, _, counts), = tune_decode.plan(tune_decode.EMULATOR_SHAPES, tune_decode.EMULATOR_GEOMETRY, 132)
     assert [int(r["num_splits"]) for r in rows] == counts
     assert (tmp_path / "decode_splits" / "decode_splits.md").is_file()
-    assert "split counts all match NumPy" in (tmp_path / "decode_splits" / "log.txt").read_text()
+    assert "split counts: all match NumPy" in (tmp_path / "decode_splits" / "log.txt").read_text()
     for kernel in sanitize.KERNELS:
         assert "all results match NumPy" in (tmp_path / "sanitizer" / f"emulator_{kernel}.txt").read_text()
     # the profiling driver ran each rung twice on the emulator (on a GPU: under ncu)

@@ -458,7 +458,7 @@ def test_a_target_counts_the_best_of_its_rungs_and_names_it():
     md = ladder.targets_markdown(rows=rows, decode_rows=[])
     assert "| d = 64: 0.60x (mma_fa2_wide), d = 128: 0.55x (mma_fa2_lazy) | **met** |" in md
     assert "| d = 64: 0.80x (wgmma), d = 128: - | **not yet measured on a GPU** |" in md
-    assert "| `wgmma_pingpong`, `wgmma`, `wgmma_overlap` | d = 64: 75 TFLOP/s (8% of peak), d = 128: 75 " in md
+    assert "| `wgmma_pingpong`, `wgmma`, `wgmma_overlap` | d = 64: 75 TFLOP/s (8% of the tensor-core peak), " in md
     assert "(not yet measured: `wgmma_overlap`)" not in md        # (said once: the outcome is "not yet measured")
 
 
@@ -810,4 +810,5 @@ def test_what_each_forward_goal_asks_for_in_tflops():
         assert out["mma_fa2"]["needs"][d] == pytest.approx(0.5 * sdpa, rel=1e-3)
         assert out["wgmma_pingpong"]["needs_peak"][d] == pytest.approx(0.75 * sdpa / 989, rel=1e-3)   # dense 16-bit
     assert out["paged_decode_split"]["needs"] is None
-    assert "d = 128: 48 TFLOP/s (72% of peak)" in ladder.targets_markdown()
+    md = ladder.targets_markdown()
+    assert "d = 128: 48 TFLOP/s (72% of the FP32 peak)" in md and "d = 64: 219 TFLOP/s (22% of the tensor-core peak)" in md

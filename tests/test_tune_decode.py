@@ -96,7 +96,7 @@ def test_the_emulator_sweep_agrees_with_numpy_and_writes_both_files(tmp_path, ca
         assert r["seconds"] == "" and r["note"].startswith("emulator: not timed")
     md = (tmp_path / "decode_splits.md").read_text()
     assert "| shape | splits | auto |" in md and md.splitlines()[-1] == "fastest: nothing was timed"
-    assert capsys.readouterr().out.splitlines()[-1] == f"7 split counts all match NumPy; results in {tmp_path}"
+    assert capsys.readouterr().out.splitlines()[-1] == f"7 split counts: all match NumPy; results in {tmp_path}"
 
 
 @needs_emulator

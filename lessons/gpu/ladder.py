@@ -922,9 +922,10 @@ def targets_markdown(n: int = 8192, rows=None, decode_rows=None) -> str:
         names = ", ".join(f"`{r}`" for r in (o["rung"], *also.get(o["rung"], ()))) if o["rung"] else "-"
         wait = (f" (not yet measured: {', '.join(f'`{r}`' for r in o['pending'])})"
                 if o["pending"] and o["outcome"] != NOT_MEASURED else "")
+        peak = "" if not o["needs"] else ("FP32" if _rung(o["rung"]).dtype == "float32" else "tensor-core")
         asks = "-" if not o["needs"] else ", ".join(
-            f"{shape(d)}: {v:.0f} TFLOP/s ({o['needs_peak'][d]:.0%} of peak)" if v is not None else f"{shape(d)}: -"
-            for d, v in o["needs"].items())
+            f"{shape(d)}: {v:.0f} TFLOP/s ({o['needs_peak'][d]:.0%} of the {peak} peak)" if v is not None
+            else f"{shape(d)}: -" for d, v in o["needs"].items())
         lines.append(f"| {o['what']} | {names} | {asks} | {got} | **{o['outcome']}**{wait} |")
     return "\n".join(lines)
 
