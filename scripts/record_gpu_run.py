@@ -149,7 +149,7 @@ def head_commit() -> str | None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("results", type=Path, nargs="+",
+    p.add_argument("results", type=Path, nargs="+", metavar="RESULTS_DIR",
                    help="the folder scripts/gpu_check.sh wrote (or, in order, the folders of a run split in parts)")
     p.add_argument("--commit", default=None, help="the commit the GPU machine ran (default: this checkout's HEAD)")
     p.add_argument("--into", type=Path, default=ROOT / "benchmarks" / "results",

@@ -82,12 +82,15 @@ SWEEPS = {LAZY: Sweep(LAZY, PLAIN, "float16", "fa2_configs", "lazy-rescaling FA-
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rung", choices=sorted(SWEEPS), default=LAZY, help="the rung whose tiles are swept")
-    p.add_argument("--out", type=Path, default=None, help="folder of the results (default benchmarks/results/<stem>)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="folder of the results (default benchmarks/results/<stem>: fa2_configs, fa2_wide_configs or "
+                        "regtile_configs, after the rung)")
     p.add_argument("--n", type=int, default=None, help="queries and keys (default 8192; 80 with --emulator)")
     p.add_argument("--heads", type=int, default=None, help="heads (default 8; 1 with --emulator)")
     p.add_argument("--head-dims", type=int, nargs="+", default=[64, 128], choices=(64, 128))
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--warmup", type=int, default=2, help="untimed runs of each configuration first (default 2)")
+    p.add_argument("--repeats", type=int, default=7,
+                   help="timed runs of each configuration; the median is reported (default 7)")
     p.add_argument("--emulator", action="store_true", help="run once per configuration on the CPU emulator")
     args = p.parse_args(argv)
     args.n = args.n if args.n is not None else (80 if args.emulator else 8192)
