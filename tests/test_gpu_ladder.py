@@ -809,6 +809,14 @@ def test_what_each_forward_goal_asks_for_in_tflops():
         assert out["regtile"]["needs_peak"][d] == pytest.approx(3 * naive32 / 67, rel=1e-3)        # 67 TFLOP/s fp32
         assert out["mma_fa2"]["needs"][d] == pytest.approx(0.5 * sdpa, rel=1e-3)
         assert out["wgmma_pingpong"]["needs_peak"][d] == pytest.approx(0.75 * sdpa / 989, rel=1e-3)   # dense 16-bit
-    assert out["paged_decode_split"]["needs"] is None
+    # decode: the goal times the recorded copy rate (each row's TB/s over its share of it)
+    with open(ladder.DECODE_RECORDED, newline="") as f:
+        copy = [float(r["tb_per_s"]) * 100 / float(r["pct_of_copy"]) for r in csv.DictReader(f)]
+    assert max(copy) - min(copy) < 1e-9 * max(copy)                    # one device copy rate for the whole run
+    dec = out["paged_decode_split"]
+    assert set(dec["needs"]) == {(64, 4096), (8, 32768), (1, 131072)}
+    assert all(v == pytest.approx(0.7 * copy[0]) for v in dec["needs"].values())
+    assert all(v == pytest.approx(0.7 * copy[0] / 4.8) for v in dec["needs_peak"].values())    # 4.8 TB/s HBM3e
     md = ladder.targets_markdown()
     assert "d = 128: 48 TFLOP/s (72% of the FP32 peak)" in md and "d = 64: 219 TFLOP/s (22% of the tensor-core peak)" in md
+    assert f"| {0.7 * copy[0]:.1f} TB/s of K/V read ({0.7 * copy[0] / 4.8:.0%} of the HBM peak) |" in md

@@ -859,8 +859,9 @@ def target_outcomes(n: int = 8192, rows=None, decode_rows=None) -> list[dict]:
     the target's rung and its ``also`` rungs, None where none of them was measured at that shape; None when the
     rung is not built), by (``{shape: the rung that gave it}``, None where not measured), pending (the ``also``
     rungs measured at none of the shapes, in order), needs (forward targets: ``{d: the TFLOP/s the goal asks
-    for}``, the goal times naive CuPy's or SDPA's recorded TFLOP/s; None for decode), needs_peak (``{d: that
-    as a share of the H200's peak for the rung's arithmetic}``: fp32 CUDA cores or 16-bit tensor cores), met (True, False, or
+    for}``, the goal times naive CuPy's or SDPA's recorded TFLOP/s; decode: ``{shape: the K/V read rate it asks
+    for, TB/s}``, the goal times the recorded copy rate; None where the run has no reference), needs_peak (``{shape:
+    that as a share of the H200's peak}``: fp32 CUDA cores, 16-bit tensor cores or HBM), met (True, False, or
     None when not built or not measured at every shape) and outcome (text: "met", "not met",
     "not built" or :data:`NOT_MEASURED`). ``rows``/``decode_rows``: default the recorded H200 run.
     Raises TypeError/ValueError as :func:`ladder_table` when ``rows`` has no rows at ``n`` with any
@@ -878,6 +879,11 @@ def target_outcomes(n: int = 8192, rows=None, decode_rows=None) -> list[dict]:
             needs = {d: None if b is None else t.goal * b["tflops"] for d, b in base.items()}
             peak = H200.peak_flops["fp32" if dtype == "float32" else "bf16"] / 1e12
             needs_peak = {d: None if v is None else v / peak for d, v in needs.items()}
+        elif t.metric == "pct_of_copy":
+            copy = [r["tb_per_s"] * 100 / r["pct"] for r in _decode_rows(decode_rows) if r["pct"] > 0]
+            if copy:                                   # (every row of a run shares the device's copy rate)
+                needs = {sh: t.goal / 100 * copy[0] for sh in t.shapes}
+                needs_peak = {sh: v / (H200.hbm_bytes_per_s / 1e12) for sh, v in needs.items()}
         if t.rung is not None and t.metric == "pct_of_copy":
             pct = decode_recorded(t.rung, decode_rows) or {}
             measured = {s: pct.get(s) for s in t.shapes}
@@ -922,10 +928,15 @@ def targets_markdown(n: int = 8192, rows=None, decode_rows=None) -> str:
         names = ", ".join(f"`{r}`" for r in (o["rung"], *also.get(o["rung"], ()))) if o["rung"] else "-"
         wait = (f" (not yet measured: {', '.join(f'`{r}`' for r in o['pending'])})"
                 if o["pending"] and o["outcome"] != NOT_MEASURED else "")
-        peak = "" if not o["needs"] else ("FP32" if _rung(o["rung"]).dtype == "float32" else "tensor-core")
-        asks = "-" if not o["needs"] else ", ".join(
-            f"{shape(d)}: {v:.0f} TFLOP/s ({o['needs_peak'][d]:.0%} of the {peak} peak)" if v is not None
-            else f"{shape(d)}: -" for d, v in o["needs"].items())
+        if not o["needs"]:
+            asks = "-"
+        elif o["metric"] == "pct_of_copy":         # the same rate at every shape: said once
+            v = next(iter(o["needs"].values()))
+            asks = f"{v:.1f} TB/s of K/V read ({next(iter(o['needs_peak'].values())):.0%} of the HBM peak)"
+        else:
+            peak = "FP32" if _rung(o["rung"]).dtype == "float32" else "tensor-core"
+            asks = ", ".join(f"{shape(d)}: {v:.0f} TFLOP/s ({o['needs_peak'][d]:.0%} of the {peak} peak)"
+                             if v is not None else f"{shape(d)}: -" for d, v in o["needs"].items())
         lines.append(f"| {o['what']} | {names} | {asks} | {got} | **{o['outcome']}**{wait} |")
     return "\n".join(lines)
 
