@@ -115,7 +115,7 @@ def record(sources, into: Path, commit: str) -> Path:
     dest = into / run_folder_name(env["gpu"], env["date"])
     if dest.exists():
         raise FileExistsError(f"{dest} exists already; a recorded run is never written into (move it away first)")
-    copies = {}                                        # where a file goes -> the file it comes from
+    copies = {}                                        # where a file goes -> the files it comes from, in part order
     for source in sources:
         for src_dir, dst_dir, patterns in LAYOUT:
             for f in sorted({f for pattern in patterns for f in (source / src_dir).glob(pattern) if f.is_file()}):

@@ -872,7 +872,7 @@ def target_outcomes(n: int = 8192, rows=None, decode_rows=None) -> list[dict]:
     for t in TARGETS:
         measured = by = needs = needs_peak = None
         pending = []
-        if t.metric in ("x_naive", "x_sdpa"):
+        if t.rung is not None and t.metric in ("x_naive", "x_sdpa"):
             dtype = _rung(t.rung).dtype
             base = {d: recorded("naive", n, d, dtype, rows=rows) if t.metric == "x_naive" else
                     recorded("sdpa", n, d, rows=rows) for d in t.shapes}
@@ -889,13 +889,13 @@ def target_outcomes(n: int = 8192, rows=None, decode_rows=None) -> list[dict]:
             measured = {s: pct.get(s) for s in t.shapes}
             by = {s: t.rung if v is not None else None for s, v in measured.items()}
         elif t.rung is not None:
+            figures = {d: [(e[t.metric], e["name"]) for e in _table(n, d, rows)
+                           if e["name"] in (t.rung, *t.also) and e[t.metric] is not None] for d in t.shapes}
             measured, by = {}, {}
-            for d in t.shapes:
-                figures = [(e[t.metric], e["name"]) for e in _table(n, d, rows)
-                           if e["name"] in (t.rung, *t.also) and e[t.metric] is not None]
-                measured[d], by[d] = max(figures) if figures else (None, None)
-            pending = [r for r in t.also if not any(e["name"] == r and e[t.metric] is not None
-                                                    for d in t.shapes for e in _table(n, d, rows))]
+            for d, here in figures.items():
+                measured[d], by[d] = max(here) if here else (None, None)
+            seen = {name for here in figures.values() for _, name in here}
+            pending = [r for r in t.also if r not in seen]
         if measured is None:
             met, outcome = None, "not built"
         elif any(v is None for v in measured.values()):
@@ -978,7 +978,11 @@ def best_tiles(rung: str, directory=None) -> dict | None:
     """Per head dim, the fastest timed configuration of ``rung``'s recorded sweep (a row of
     :func:`recorded_sweep`, with ``x_best_default``: the default row's seconds over the best's, 1.0 when the
     default is the fastest), or None when the run holds no sweep of it or timed none of the rung's rows."""
-    rows = recorded_sweep(rung, directory)
+    return _best_of(recorded_sweep(rung, directory), rung)
+
+
+def _best_of(rows, rung: str) -> dict | None:
+    """:func:`best_tiles` of the sweep ``rows`` (None or a list of :func:`recorded_sweep` rows)."""
     timed = [r for r in rows or () if r["impl"] == rung and r["seconds"]]
     if not timed:
         return None
@@ -996,10 +1000,10 @@ def sweep_markdown(rung: str, directory=None) -> str:
     reference), the fastest row per head dim in bold; a sentence saying it was not timed on a GPU yet where the
     recorded run holds no timed sweep of it."""
     rows = recorded_sweep(rung, directory)
-    if not rows or not any(r["seconds"] for r in rows if r["impl"] == rung):
+    best = _best_of(rows, rung)
+    if best is None:
         return (f"The tiles of `{rung}` have not been timed on a GPU yet: `scripts/tune_tiles.py --rung {rung}` "
                 f"times every legal choice, and `scripts/gpu_check.sh` runs it.")
-    best = best_tiles(rung, directory)
     lines = ["| d | implementation | block_q x block_k | min_blocks | ms | TFLOP/s | x default | x reference |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
@@ -1010,6 +1014,6 @@ def sweep_markdown(rung: str, directory=None) -> str:
                  "-" if r["tflops"] is None else f"{r['tflops']:.1f}",
                  "-" if r["x_default"] is None else f"{r['x_default']:.2f}",
                  "-" if r["x_reference"] is None else f"{r['x_reference']:.2f}"]
-        fastest = r["impl"] == rung and best and r["d"] in best and best[r["d"]]["seconds"] == r["seconds"]
+        fastest = r["impl"] == rung and r["d"] in best and best[r["d"]]["seconds"] == r["seconds"]
         lines.append("| " + " | ".join(f"**{c}**" if fastest else c for c in cells) + " |")
     return "\n".join(lines)
