@@ -217,46 +217,35 @@ bench forward "benchmark forward" benchmarks/gpu_attention.py benchmark --sizes 
 bench backward "benchmark backward" benchmarks/gpu_backward.py backward --sizes "${SIZES[@]}" --time-budget 90
 bench decode "benchmark decode" benchmarks/gpu_decode.py decode
 
-# ---- the split decode kernel at split counts around its automatic pick (on the dry run: a tiny shape on the
-# emulator, against NumPy); its own time budget ends the timing 20 s before the step's limit, so it writes its tables
-if ! off sweeps "decode split sweep" && ! late "decode split sweep"; then
-    mkdir -p "$RESULTS/decode_splits"
-    if [ $DRY -eq 1 ]; then SWEEP=(--emulator); else SWEEP=(); fi
-    limit="$(left $(( DRY == 1 ? 240 : 60 )))"        # (the emulator is slower, above all on a busy machine)
-    timeout "$limit" "$PY" scripts/tune_decode.py --out "$RESULTS/decode_splits" "${SWEEP[@]}" \
-        --time-budget $(( limit > 30 ? limit - 20 : limit / 2 )) > "$RESULTS/decode_splits/log.txt" 2>&1
-    rc=$?
-    if [ $rc -eq 0 ]; then
-        step "decode split sweep" ok "decode_splits/"
-    else
-        if [ $rc -eq 124 ]; then echo "gpu_check.sh: timed out after $limit s" >> "$RESULTS/decode_splits/log.txt"; fi
-        step "decode split sweep" FAIL "exit $rc$([ $rc -eq 124 ] && echo ", timed out after $limit s") (decode_splits/log.txt)"
-    fi
-fi
-
-# ---- the tile configurations of the wide-warp and the lazy FA-2 rung and of the register-tiled rung, timed one
-# after another
-# (on the dry run: each configuration once at a tiny N on the emulator, against NumPy)
-if [ $DRY -eq 1 ]; then TUNE=(--emulator); else TUNE=(); fi
-tune() {  # tune RUNG DIR SECONDS
-    local rung="$1" dir="$2" limit="$3"
-    if off sweeps "tune $rung tiles" || late "tune $rung tiles"; then return; fi
+# ---- the sweeps, timed one after another (on the dry run: each choice once at a tiny size on the emulator, against
+# NumPy, with four times the time: the emulator is slower, above all on a busy machine)
+if [ $DRY -eq 1 ]; then ON_CPU=(--emulator); else ON_CPU=(); fi
+sweep() {  # sweep NAME DIR SECONDS BUDGET SCRIPT ARGS...: BUDGET "budget" passes --time-budget (20 s short of the
+           # step's limit, so that the script writes its tables before the limit), "-" passes nothing
+    local name="$1" dir="$2" limit="$3" budget="$4" script="$5"
+    shift 5
+    if off sweeps "$name" || late "$name"; then return; fi
     mkdir -p "$RESULTS/$dir"
-    if [ $DRY -eq 1 ]; then limit=$(( limit * 4 )); fi    # (the emulator is slower, above all on a busy machine)
+    if [ $DRY -eq 1 ]; then limit=$(( limit * 4 )); fi
     limit="$(left "$limit")"
-    timeout "$limit" "$PY" scripts/tune_tiles.py --rung "$rung" --out "$RESULTS/$dir" "${TUNE[@]}" \
-        > "$RESULTS/$dir/log.txt" 2>&1
+    local extra=()
+    if [ "$budget" = "budget" ]; then extra=(--time-budget $(( limit > 30 ? limit - 20 : limit / 2 ))); fi
+    timeout "$limit" "$PY" "$script" --out "$RESULTS/$dir" "${ON_CPU[@]}" "$@" "${extra[@]}" > "$RESULTS/$dir/log.txt" 2>&1
     local rc=$?
     if [ $rc -eq 0 ]; then
-        step "tune $rung tiles" ok "$dir/"
+        step "$name" ok "$dir/"
     else
         if [ $rc -eq 124 ]; then echo "gpu_check.sh: timed out after $limit s" >> "$RESULTS/$dir/log.txt"; fi
-        step "tune $rung tiles" FAIL "exit $rc$([ $rc -eq 124 ] && echo ", timed out after $limit s") ($dir/log.txt)"
+        step "$name" FAIL "exit $rc$([ $rc -eq 124 ] && echo ", timed out after $limit s") ($dir/log.txt)"
     fi
 }
-tune mma_fa2_wide fa2_wide_configs 75
-tune mma_fa2_lazy fa2_configs 90
-tune regtile regtile_configs 75
+# the split decode kernel at split counts around its automatic pick; the tiles of the wide-warp and the lazy FA-2
+# rung and of the register-tiled rung
+sweep "decode split sweep" decode_splits 60 budget scripts/tune_decode.py
+for args in "mma_fa2_wide fa2_wide_configs 75" "mma_fa2_lazy fa2_configs 90" "regtile regtile_configs 75"; do
+    read -r rung dir seconds <<< "$args"
+    sweep "tune $rung tiles" "$dir" "$seconds" - scripts/tune_tiles.py --rung "$rung"
+done
 
 # ---- tests on the device ----------------------------------------------------------
 # several processes at once, as a busy machine compiles: NVRTC's compile cache, the emulator's

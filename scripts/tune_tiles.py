@@ -49,6 +49,11 @@ from lessons.gpu.measure import attention_flops, median_cuda_seconds, naive_atte
 COLUMNS = ("impl", "d", "block_q", "block_k", "min_blocks", "default", "n", "heads", "dtype", "seconds", "tflops",
            "x_default", "x_reference", "registers", "max_abs_diff", "note")
 LAZY, WIDE, PLAIN, REGTILE, NAIVE = "mma_fa2_lazy", "mma_fa2_wide", "mma_fa2", "regtile", "naive"
+#: the FA-2 rungs whose tiles are swept: their defaults, their legal configurations, their build and launcher
+FA2_TILED = {LAZY: (source.FA2_LAZY_CONFIGS, source.flash_attention_mma_fa2_lazy_configs,
+                    gpu.flash_attention_mma_fa2_lazy_build, gpu.flash_attention_mma_fa2_lazy_gpu),
+             WIDE: (source.FA2_WIDE_CONFIGS, source.flash_attention_mma_fa2_wide_configs,
+                    gpu.flash_attention_mma_fa2_wide_build, gpu.flash_attention_mma_fa2_wide_gpu)}
 
 
 class Sweep(NamedTuple):
@@ -62,11 +67,9 @@ class Sweep(NamedTuple):
     title: str
 
     def configs(self, d: int) -> list[tuple]:
-        if self.rung in (LAZY, WIDE):
-            default, legal = ((source.FA2_LAZY_CONFIGS[d], source.flash_attention_mma_fa2_lazy_configs(d))
-                              if self.rung == LAZY else
-                              (source.FA2_WIDE_CONFIGS[d], source.flash_attention_mma_fa2_wide_configs(d)))
-            return [default] + [c for c in legal if c != default]
+        if self.rung in FA2_TILED:
+            defaults, legal, _, _ = FA2_TILED[self.rung]
+            return [defaults[d]] + [c for c in legal(d) if c != defaults[d]]
         default = (*source.flash_attention_regtile_config(d), None)
         return [default] + [(bq, bk, None) for bq, bk in source.REGTILE_SWEEP[d] if (bq, bk, None) != default]
 
@@ -145,14 +148,10 @@ def _registers(build):
 def _launch(impl, d, config, q, k, v, backend, xp):
     """(build or None, a callable running one forward) of one row."""
     bq, bk, mb = config
-    if impl == LAZY:
-        return (gpu.flash_attention_mma_fa2_lazy_build(d, "float16", False, bq, bk, mb),
-                lambda: gpu.flash_attention_mma_fa2_lazy_gpu(q, k, v, block_q=bq, block_k=bk, min_blocks=mb,
-                                                             backend=backend))
-    if impl == WIDE:
-        return (gpu.flash_attention_mma_fa2_wide_build(d, "float16", False, bq, bk, mb),
-                lambda: gpu.flash_attention_mma_fa2_wide_gpu(q, k, v, block_q=bq, block_k=bk, min_blocks=mb,
-                                                             backend=backend))
+    if impl in FA2_TILED:
+        _, _, build, launch = FA2_TILED[impl]
+        return (build(d, "float16", False, bq, bk, mb),
+                lambda: launch(q, k, v, block_q=bq, block_k=bk, min_blocks=mb, backend=backend))
     if impl == PLAIN:
         return gpu.flash_attention_mma_fa2_build(d), lambda: gpu.flash_attention_mma_fa2_gpu(q, k, v, backend=backend)
     if impl == REGTILE:
