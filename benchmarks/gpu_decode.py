@@ -14,7 +14,9 @@ reads the cache at. Measured here:
   ``paged_decode`` (one block per sequence and head group), ``flash_decoding`` with 8 and 32 splits,
   ``paged_decode_split`` (one block per sequence, GQA group and split, 16-byte loads) with the
   split count :func:`lessons.gpu.source.decode_splits` picks, and with one split fewer and one more
-  (a check of the wave model that picks it: :func:`kernel_runs`).
+  (a check of the wave model that picks it: :func:`kernel_runs`); ``paged_decode_prefetch`` (the same
+  kernel, each lane group's next K/V rows loaded while it absorbs the current ones, 3 blocks per SM)
+  with its own pick.
 
 Bytes counted (:func:`kv_bytes`): every K and V value of the used tokens once, for each KV head
 (what a kernel must read at least; query, output and block tables are under 0.1% of it).
@@ -43,7 +45,10 @@ NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
 KERNELS = (("paged_decode", "paged_decode_gpu", None),
            ("flash_decoding s=8", "flash_decoding_gpu", 8),
            ("flash_decoding s=32", "flash_decoding_gpu", 32),
-           ("paged_decode_split auto", "paged_decode_split_gpu", None))
+           ("paged_decode_split auto", "paged_decode_split_gpu", None),
+           ("paged_decode_prefetch auto", "paged_decode_split_gpu", None))
+#: launcher keywords per rung (the first word of a label): the prefetch rung is the split launcher's prefetch build
+RUNG_OPTIONS = {"paged_decode_prefetch": dict(prefetch=True)}
 FIELDS = ("kernel", "num_seqs", "seq_len", "num_splits", "seconds", "kv_bytes", "tb_per_s", "pct_of_copy",
           "max_abs_diff")
 
@@ -206,6 +211,7 @@ def main(argv=None) -> int:
     import numpy as np
 
     import lessons.gpu as gpu
+    from lessons.gpu.source import DECODE_BLOCKS_PER_SM
 
     if not gpu.device_available():
         print("no CUDA device (or CuPy is not installed): nothing measured. On a GPU machine run "
@@ -229,14 +235,15 @@ def main(argv=None) -> int:
         for label, launcher, splits in kernel_runs(num_seqs, seq_len, sms):
             run = getattr(gpu, launcher)
             call_args = (q, k_cache, v_cache, tables, lens) + ((splits,) if splits else ())
-            fn = lambda: run(*call_args, check_tables=False)        # noqa: E731
+            options = RUNG_OPTIONS.get(label.split()[0], {})
+            fn = lambda: run(*call_args, check_tables=False, **options)        # noqa: E731
             out, _ = fn()
             diff = float(cupy.abs(out.astype(np.float32) - reference.astype(np.float32)).max())
             cupy.cuda.Device().synchronize()
             seconds = kernel_seconds(cupy, fn, args.target_seconds, args.repeats)
             if launcher == "paged_decode_split_gpu" and splits is None:
-                splits_used = gpu.decode_splits(num_seqs, NUM_KV_HEADS, seq_len, block_size=BLOCK_SIZE,
-                                                num_sms=sms)
+                splits_used = gpu.decode_splits(num_seqs, NUM_KV_HEADS, seq_len, block_size=BLOCK_SIZE, num_sms=sms,
+                                                blocks_per_sm=DECODE_BLOCKS_PER_SM[options.get("prefetch", False)])
             else:
                 splits_used = splits or 1
             row = result_row(label, num_seqs, seq_len, splits_used, seconds, copy_bps, diff)

@@ -4,12 +4,13 @@
         --launch-count 1 --section SpeedOfLight ... python scripts/profile_rung.py RUNG [--d 128]
 
 RUNG is a forward rung with a kernel of ours (``lessons.gpu.ladder.RUNGS``: scalar, regtile, mma,
-mma_async, mma_fa2, mma_fa2_lazy, mma_fa2_wide, wgmma, wgmma_overlap, wgmma_pingpong) or the decode rung ``paged_decode_split``.
+mma_async, mma_fa2, mma_fa2_lazy, mma_fa2_wide, wgmma, wgmma_overlap, wgmma_pingpong) or a decode rung, ``paged_decode_split`` or
+``paged_decode_prefetch``.
 The script runs the rung's launcher twice on random inputs: the first launch compiles and warms up,
 the second is the one to profile (``--launch-skip 1``). Forward rungs: N = ``--n`` queries and keys
 (default 8192), ``--heads`` heads (8), head dim ``--d`` (128), in the rung's dtype (float32 for the
 CUDA-core rungs, float16 for the tensor-core ones), as the recorded benchmark runs them. The decode
-rung: 64 sequences x 4096 tokens, fp16, 32 query heads on 8 KV heads, d = 128, pages of 16 scattered
+rungs: 64 sequences x 4096 tokens, fp16, 32 query heads on 8 KV heads, d = 128, pages of 16 scattered
 over the cache, as ``benchmarks/gpu_decode.py`` runs it. ``--entry`` prints the name of the kernel to
 filter on and exits. ``--emulator`` runs the same at a small size on the CPU emulator (a check of this
 script; it profiles nothing). ``scripts/gpu_check.sh`` runs it under ncu for the rungs it profiles.
@@ -29,7 +30,9 @@ import lessons.gpu as gpu  # noqa: E402
 from lessons.gpu import ladder  # noqa: E402
 
 #: the decode rungs this script can run, and the name of their kernel
-DECODE_ENTRIES = {"paged_decode_split": "paged_decode_gqa_split"}
+DECODE_ENTRIES = {"paged_decode_split": "paged_decode_gqa_split", "paged_decode_prefetch": "paged_decode_gqa_split"}
+#: launcher keywords of a decode rung that is another build of the same launcher
+DECODE_OPTIONS = {"paged_decode_prefetch": dict(prefetch=True)}
 FORWARD_RUNGS = tuple(r.name for r in ladder.RUNGS if r.kernel is not None)
 
 
@@ -92,7 +95,8 @@ def main(argv=None) -> int:
     if args.rung in DECODE_ENTRIES:
         inputs = decode_inputs(xp, num_seqs, seq_len)
         launch = getattr(gpu, ladder.decode_rung(args.rung).launcher.rsplit(".", 1)[1])
-        run = lambda: launch(*inputs, check_tables=False, backend=backend)      # noqa: E731
+        options = DECODE_OPTIONS.get(args.rung, {})
+        run = lambda: launch(*inputs, check_tables=False, backend=backend, **options)      # noqa: E731
     else:
         inputs = forward_inputs(xp, args.rung, n, heads, args.d)
         launch = getattr(gpu, ladder.rung(args.rung).launcher.rsplit(".", 1)[1])

@@ -56,7 +56,7 @@ def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
                 "tune mma_fa2_lazy tiles", "tune mma_fa2_wide tiles", "tune regtile tiles", "decode split sweep"}
     expected |= {f"hopper smoke {rung}" for rung in ("wgmma", "wgmma_overlap", "wgmma_pingpong")}
     expected |= {f"ncu {rung}" for rung in ("mma_fa2", "mma_fa2_lazy", "mma_fa2_wide", "wgmma", "wgmma_overlap", "wgmma_pingpong",
-                                           "paged_decode_split")}
+                                           "paged_decode_split", "paged_decode_prefetch")}
     expected |= {f"drivers (emulator) {k}" for k in sanitize.KERNELS}      # the script runs every driver
     assert set(steps) == expected and set(steps.values()) == {"ok"}, summary
     assert "passed" in summary and "failed" not in summary
@@ -96,8 +96,9 @@ def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
     for kernel in sanitize.KERNELS:
         assert "all results match NumPy" in (tmp_path / "sanitizer" / f"emulator_{kernel}.txt").read_text()
     # the profiling driver ran each rung twice on the emulator (on a GPU: under ncu)
-    assert "ran paged_decode_split (paged_decode_gqa_split) twice on emulator; output finite: True" in \
-        (tmp_path / "ncu" / "ncu_paged_decode_split.txt").read_text()
+    for rung in ("paged_decode_split", "paged_decode_prefetch"):
+        assert f"ran {rung} (paged_decode_gqa_split) twice on emulator; output finite: True" in \
+            (tmp_path / "ncu" / f"ncu_{rung}.txt").read_text()
 
 
 def test_a_folder_that_holds_a_run_is_never_written_over(tmp_path):
@@ -161,7 +162,7 @@ def test_the_profiling_driver_names_the_kernel_to_filter_on(capsys):
     want = {"scalar": "flash_attention_forward", "mma_fa2": "flash_attention_mma_fa2",
             "mma_fa2_lazy": "flash_attention_mma_fa2_lazy", "mma_fa2_wide": "flash_attention_mma_fa2_wide",
             "wgmma": "flash_attention_wgmma", "wgmma_pingpong": "flash_attention_wgmma_pingpong",
-            "paged_decode_split": "paged_decode_gqa_split"}
+            "paged_decode_split": "paged_decode_gqa_split", "paged_decode_prefetch": "paged_decode_gqa_split"}
     for rung, name in want.items():
         assert prof.main([rung, "--entry"]) == 0 and capsys.readouterr().out.strip() == name
     assert set(prof.FORWARD_RUNGS) == {r.name for r in prof.ladder.RUNGS if r.kernel}

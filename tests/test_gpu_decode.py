@@ -1,4 +1,4 @@
-"""The fast decode rung: paged_decode_split_gpu against NumPy (emulator, and the GPU where one is
+"""The fast decode rungs (paged_decode_split_gpu, and its prefetch build) against NumPy (emulator, and the GPU where one is
 present), its split count picked from the shape, its compiled code (16-byte loads, no spills),
 its place in the ladder, and the decode benchmark's arithmetic and no-device run."""
 import csv
@@ -222,7 +222,8 @@ def test_split_decode_keeps_nan_input_nan(backend, num_heads, d):
 
 @BOTH_SOFTMAX_PATHS
 @pytest.mark.parametrize("poison", [np.nan, np.inf, -np.inf])
-def test_split_decode_never_sees_slots_past_seq_len_or_unused_pages(backend, poison, num_heads, d):
+@pytest.mark.parametrize("prefetch", [False, True], ids=["plain", "prefetch"])
+def test_split_decode_never_sees_slots_past_seq_len_or_unused_pages(backend, poison, num_heads, d, prefetch):
     from types import SimpleNamespace
 
     from test_gpu_kernels import stored
@@ -237,10 +238,46 @@ def test_split_decode_never_sees_slots_past_seq_len_or_unused_pages(backend, poi
                                "tables": np.where(c.tables < 0, spare[0], c.tables).astype(np.int32)})
     dirty.k[spare[0]] = dirty.v[spare[0]] = bad[0]
     for num_splits in (1, 3):
-        out, lse = gpu.paged_decode_split_gpu(*decode_args(clean), num_splits, backend=backend)
-        out_p, lse_p = gpu.paged_decode_split_gpu(*decode_args(dirty), num_splits, backend=backend)
+        out, lse = gpu.paged_decode_split_gpu(*decode_args(clean), num_splits, prefetch=prefetch, backend=backend)
+        out_p, lse_p = gpu.paged_decode_split_gpu(*decode_args(dirty), num_splits, prefetch=prefetch,
+                                                  backend=backend)
         assert out_p.tobytes() == out.tobytes() and lse_p.tobytes() == lse.tobytes()
         assert_decode_close(out, lse, c)
+
+
+# the prefetch rung: the same keys in the same order per lane group, so the same bits; shapes where a
+# lane group's next step is past the split (prefetching nothing), pages of 1 and 3 keys (each key looks
+# its page up: 4 keys per step do not divide them), a step that straddles a split's end
+@pytest.mark.parametrize("d, block_size, dtype, num_heads, seq_lens", [
+    (128, 16, "float16", 8, [300, 0, 17]), (64, 16, "float16", 8, SEQ_LENS), (80, 32, "bfloat16", 8, SEQ_LENS),
+    (3, 3, "float16", 6, SEQ_LENS), (128, 16, "float32", 8, [77, 5]), (16, 1, "float32", 4, [9, 40, 1]),
+])
+def test_prefetch_decode_is_bitwise_the_plain_build(backend, d, block_size, dtype, num_heads, seq_lens):
+    c = paged_case(17, num_heads, 2, d, block_size, seq_lens, dtype)
+    for num_splits in (1, 2, 5):
+        kw = dict(bfloat16=dtype == "bfloat16", return_partials=True, backend=backend)
+        plain = gpu.paged_decode_split_gpu(*decode_args(c), num_splits, **kw)
+        ahead = gpu.paged_decode_split_gpu(*decode_args(c), num_splits, prefetch=True, **kw)
+        assert_decode_close(ahead[0], ahead[1], c)
+        assert ahead[0].tobytes() == plain[0].tobytes() and ahead[1].tobytes() == plain[1].tobytes()
+        assert all(ahead[2][k].tobytes() == plain[2][k].tobytes() for k in ("m", "l", "o"))
+
+
+def test_prefetch_decode_fills_a_wave_of_three_blocks_per_sm():
+    # 3 blocks per SM: one wave is 396 blocks; 1 x 131072 at 8 blocks per split -> 396 / 8 = 49 splits
+    # (the plain build: 528 / 8 = 66), read back from the partial states the launcher allocated
+    from lessons.gpu.source import DECODE_BLOCKS_PER_SM
+
+    assert DECODE_BLOCKS_PER_SM == {False: 4, True: 3}
+    assert decode_splits(1, 8, 131072, blocks_per_sm=3) == 49
+    # one sequence, 2 KV heads (2 blocks per split), its block table 400 pages wide (the launcher reads the
+    # longest sequence off the table's width): 264 splits fill the 4-block wave, 198 the 3-block one
+    c = paged_case(18, 8, 2, 16, 16, [16 * 400])
+    assert c.tables.shape[1] >= 400
+    parts = [gpu.paged_decode_split_gpu(*decode_args(c), prefetch=p, return_partials=True, backend="emulator")[2]
+             for p in (False, True)] if gpu.emulator_available() else None
+    if parts is not None:
+        assert parts[0]["m"].shape[-1] == 264 and parts[1]["m"].shape[-1] == 198
 
 
 def test_split_decode_refuses_bad_input():
@@ -256,6 +293,8 @@ def test_split_decode_refuses_bad_input():
         gpu.paged_decode_split_gpu(*decode_args(c), return_partials="yes", backend="emulator")
     with pytest.raises(ValueError, match="backend"):
         gpu.paged_decode_split_gpu(*decode_args(c), backend="cuda")
+    with pytest.raises(TypeError, match="prefetch"):
+        gpu.paged_decode_split_gpu(*decode_args(c), prefetch=1, backend="emulator")
 
 
 # ---------------------------------------------------------------------------
@@ -266,12 +305,15 @@ def test_split_decode_refuses_bad_input():
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("d, dtype", [(128, "float16"), (128, "bfloat16"), (128, "float32"), (64, "float16"),
                                       (256, "float16"), (80, "bfloat16")])
-def test_split_decode_compiles_without_spills(arch, d, dtype):
-    res = gpu.compile_kernel(gpu.paged_decode_split_build(d, 16, 32, 8, dtype), arch).resources
+@pytest.mark.parametrize("prefetch", [False, True], ids=["plain", "prefetch"])
+def test_split_decode_compiles_without_spills(arch, d, dtype, prefetch):
+    res = gpu.compile_kernel(gpu.paged_decode_split_build(d, 16, 32, 8, dtype, prefetch), arch).resources
+    # the launch bounds: 4 blocks of 128 threads per SM (<= 128 registers), 3 with prefetch (<= 168)
+    assert res["paged_decode_gqa_split"].registers <= 65536 // (128 * (3 if prefetch else 4))
     for entry in ("paged_decode_gqa_split", "merge_split_states"):
         assert res[entry].spill_store_bytes == 0 and res[entry].spill_load_bytes == 0, entry
         assert res[entry].stack_bytes == 0, entry
-    build = gpu.paged_decode_split_build(d, 16, 32, 8, dtype)
+    build = gpu.paged_decode_split_build(d, 16, 32, 8, dtype, prefetch)
     assert res["paged_decode_gqa_split"].smem_bytes == paged_decode_split_smem_bytes(d, 4, dtype)
     assert res["merge_split_states"].smem_bytes == build.entry_smem_bytes("merge_split_states") == 4 * 4 * (2 + d)
 
@@ -302,9 +344,10 @@ def test_decode_rungs_carry_the_recorded_csv():
     import csv
 
     names = [r.name for r in ladder.DECODE_RUNGS]
-    assert names == ["paged_decode", "flash_decoding", "paged_decode_split"]
-    top = ladder.decode_rung("paged_decode_split")
-    assert top.kernel == "paged_decode_split" and top.launcher == "lessons.gpu.paged_decode_split_gpu"
+    assert names == ["paged_decode", "flash_decoding", "paged_decode_split", "paged_decode_prefetch"]
+    for top in (ladder.decode_rung("paged_decode_split"), ladder.decode_rung("paged_decode_prefetch")):
+        assert top.kernel == "paged_decode_split" and top.launcher == "lessons.gpu.paged_decode_split_gpu"
+    measured, names = names[:3], names             # the recorded run predates the prefetch rung
     assert ladder.DECODE_RECORDED.parent.parent.name == "gpu_h200_2026-12-01"
     # the same file read with the csv module alone: the best split count per (kernel, shape)
     best = {}
@@ -314,7 +357,9 @@ def test_decode_rungs_carry_the_recorded_csv():
             if float(r["pct_of_copy"]) > best.get(key, (-1,))[0]:
                 best[key] = (float(r["pct_of_copy"]), int(r["num_splits"]))
     table = {e["name"]: e for e in ladder.decode_table()}
-    for name in names:
+    assert table["paged_decode_prefetch"]["figure"] == ladder.NOT_MEASURED
+    assert table["paged_decode_prefetch"]["pct"] is None
+    for name in measured:
         assert table[name]["figure"] != ladder.NOT_MEASURED
         assert table[name]["pct"] == {(s, n): p for (k, s, n), (p, _) in best.items() if k == name}
         assert table[name]["splits"] == {(s, n): c for (k, s, n), (_, c) in best.items() if k == name}
@@ -333,18 +378,33 @@ def test_decode_rungs_carry_the_recorded_csv():
     # a rung without rows in a run shows no number
     only_old = [r for r in rows if r["name"] != "paged_decode_split"]
     assert ladder.decode_recorded("paged_decode_split", only_old) is None
-    assert ladder.decode_table(only_old)[-1]["figure"] == ladder.NOT_MEASURED
+    assert {e["name"]: e["figure"] for e in ladder.decode_table(only_old)}["paged_decode_split"] == ladder.NOT_MEASURED
     with pytest.raises(ValueError, match="decode rung"):
         ladder.decode_rung("nope")
 
 
 @needs_nvrtc
-@pytest.mark.parametrize("name", ["paged_decode", "flash_decoding", "paged_decode_split"])
+@pytest.mark.parametrize("name", ["paged_decode", "flash_decoding", "paged_decode_split", "paged_decode_prefetch"])
 def test_each_decode_rung_holds_its_instruction(name):
     from lessons.gpu.compile import compile_ptx
 
     r = ladder.decode_rung(name)
     assert r.ptx_grep in compile_ptx(ladder.decode_rung_build(r), "sm_80")
+
+
+@needs_nvrtc
+def test_the_prefetch_rung_loads_a_step_ahead():
+    # d = 128 fp16: q is 4 vector loads (one per head), a step 8 (K and V of 4 keys). The plain build issues a
+    # step's loads in the loop only (4 + 8); the prefetch build also before the loop, the first step's (4 + 8 + 8)
+    from lessons.gpu.compile import compile_ptx
+
+    def loads(build):
+        return compile_ptx(build, "sm_80").split(".entry merge_split_states")[0].count("ld.global.nc.v4.u32")
+
+    assert loads(ladder.decode_rung_build("paged_decode_split")) == 12
+    assert loads(ladder.decode_rung_build("paged_decode_prefetch")) == 20
+    assert dict(ladder.decode_rung_build("paged_decode_prefetch").defines) == dict(
+        HEAD_DIM=128, BLOCK_SIZE=16, HEADS_PER_BLOCK=4, PREFETCH=1, MIN_BLOCKS=3)
 
 
 # ---------------------------------------------------------------------------
@@ -383,6 +443,10 @@ def test_benchmark_times_the_split_kernel_beside_its_pick():
     assert [r[2] for r in b.kernel_runs(64, 4096, 132)[len(b.KERNELS):]] == [2]     # auto 1: no s=0
     assert [r[2] for r in b.kernel_runs(1, 131072, 132)[len(b.KERNELS):]] == [65, 67]
     assert [r[2] for r in b.kernel_runs(1, 48, 132)[len(b.KERNELS):]] == [2]        # 3 pages: auto 3, no s=4
+    # the prefetch rung: the split launcher's prefetch build, at its own pick
+    assert ("paged_decode_prefetch auto", "paged_decode_split_gpu", None) in b.KERNELS
+    assert b.RUNG_OPTIONS == {"paged_decode_prefetch": dict(prefetch=True)}
+    assert {label.split()[0] for label, *_ in b.KERNELS} == {r.name for r in ladder.DECODE_RUNGS}
 
 
 def test_benchmark_writes_its_tables(tmp_path):

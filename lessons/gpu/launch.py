@@ -1055,7 +1055,7 @@ def _num_sms(run) -> int:
 
 def paged_decode_split_gpu(q, k_cache, v_cache, block_tables, seq_lens, num_splits: int | None = None, *,
                            scale=None, bfloat16: bool = False, return_partials: bool = False,
-                           check_tables: bool = True, backend: str = "cupy"):
+                           check_tables: bool = True, prefetch: bool = False, backend: str = "cupy"):
     """Paged GQA decode at memory speed: one block per (sequence, GQA group, split), 16-byte loads.
 
     Arguments as :func:`flash_decoding_gpu` (q (num_seqs, num_heads, d); k_cache, v_cache
@@ -1069,6 +1069,11 @@ def paged_decode_split_gpu(q, k_cache, v_cache, block_tables, seq_lens, num_spli
         Split ``s`` takes pages ``[s * per, (s + 1) * per)``, ``per = ceil(pages / num_splits)``,
         as flash_decoding_gpu's; with one split and no ``return_partials`` the block writes the
         output itself and no merge kernel runs.
+    prefetch : bool (default False). True runs the ``paged_decode_prefetch`` rung: each lane group issues
+        its next step's K and V loads before it absorbs this step's keys (software pipelining in
+        registers), built for 3 blocks per SM instead of 4 (:data:`lessons.gpu.source.DECODE_BLOCKS_PER_SM`),
+        and the automatic split count fills that wave. Output and lse bitwise those of ``prefetch=False``
+        with the same ``num_splits``.
     No ``trace_rows``: the keys of a split are spread over the block's warps, so there is no
     page-by-page state to record (flash_decoding_gpu has the traced version of this schedule).
 
@@ -1082,7 +1087,7 @@ def paged_decode_split_gpu(q, k_cache, v_cache, block_tables, seq_lens, num_spli
     Source: Dao, Haziza, Massa, Sizov 2023 (Flash-Decoding); Kwon et al. 2023 (PagedAttention),
     Sec. 4; Ainslie et al. 2023 (GQA); the fold of Dao 2023, FA-2 Alg. 1.
     """
-    from lessons.gpu.source import decode_splits, paged_decode_split_build
+    from lessons.gpu.source import DECODE_BLOCKS_PER_SM, decode_splits, paged_decode_split_build
 
     backend = _check_backend(backend)
     kind, dtype, num_seqs, num_heads, d, block_size, num_kv_heads, max_blocks = _check_paged(
@@ -1093,14 +1098,15 @@ def paged_decode_split_gpu(q, k_cache, v_cache, block_tables, seq_lens, num_spli
             raise ValueError(f"num_splits must be in 1..{_GRID_YZ_LIMIT} or None (auto), got {num_splits}")
     scale = _kernel_scale(scale, d)
     return_partials = check_flag(return_partials, "return_partials")
-    build = paged_decode_split_build(d, block_size, num_heads, num_kv_heads, dtype)
+    prefetch = check_flag(prefetch, "prefetch")
+    build = paged_decode_split_build(d, block_size, num_heads, num_kv_heads, dtype, prefetch)
     hpb = dict(build.defines)["HEADS_PER_BLOCK"]
 
     run = Runner(backend, kind)
     if num_splits is None:
         num_splits = decode_splits(num_seqs, num_kv_heads, max_blocks * block_size, block_size=block_size,
                                    heads_per_kv_head=num_heads // num_kv_heads // hpb, num_sms=_num_sms(run),
-                                   max_splits=_GRID_YZ_LIMIT)
+                                   blocks_per_sm=DECODE_BLOCKS_PER_SM[prefetch], max_splits=_GRID_YZ_LIMIT)
     q_d, k_d, v_d = (_aligned(run, run.put(x)) for x in (q, k_cache, v_cache))   # 16-byte loads
     tables_d, lens_d = run.put(block_tables), run.put(seq_lens)
     out = run.xp.empty(q.shape, dtype=q.dtype)

@@ -41,7 +41,7 @@ __all__ = [
     "flash_attention_wgmma_build", "wgmma_swizzle", "WGMMA_KERNELS", "WGMMA_OVERLAP_STAGES",
     "flash_attention_wgmma_overlap_build",
     "MAX_SPLIT_HEADS_PER_BLOCK", "paged_decode_split_layout", "paged_decode_split_smem_bytes",
-    "paged_decode_split_config", "paged_decode_split_build", "decode_splits", "decode_split_cost", "H200_NUM_SMS",
+    "paged_decode_split_config", "paged_decode_split_build", "DECODE_BLOCKS_PER_SM", "decode_splits", "decode_split_cost", "H200_NUM_SMS",
 ]
 
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
@@ -732,12 +732,25 @@ def paged_decode_split_config(head_dim: int, block_size: int, num_heads: int, nu
     return max(h for h in range(1, MAX_SPLIT_HEADS_PER_BLOCK + 1) if group % h == 0)
 
 
+#: blocks per SM of ``paged_decode_gqa_split`` without and with ``prefetch``: the launch bounds it is built with
+#: and the wave :func:`decode_splits` fills. Prefetching holds two steps' K/V rows in registers (168 registers at
+#: d = 128 in float16, NVRTC 12.9, against 128 at 4 blocks, where it would spill 224-280 bytes), so 3 blocks fit.
+DECODE_BLOCKS_PER_SM = {False: 4, True: 3}
+
+
 def paged_decode_split_build(head_dim: int, block_size: int, num_heads: int, num_kv_heads: int,
-                             dtype: str = "float16") -> "KernelBuild":
-    """The :class:`KernelBuild` of ``paged_decode_split.cu`` (see :func:`paged_decode_split_config`)."""
+                             dtype: str = "float16", prefetch: bool = False) -> "KernelBuild":
+    """The :class:`KernelBuild` of ``paged_decode_split.cu`` (see :func:`paged_decode_split_config`).
+
+    ``prefetch`` (bool): the ``paged_decode_prefetch`` rung's build (``PREFETCH=1``): each lane group issues
+    the loads of its next step's K/V rows before it absorbs this step's, so loads stay in flight while it
+    computes; built for :data:`DECODE_BLOCKS_PER_SM` ``[True]`` = 3 blocks per SM (``MIN_BLOCKS``). The output
+    is bitwise the plain build's (the same keys, in the same order, per lane group). TypeError naming
+    ``prefetch`` for a non-bool."""
     hpb = paged_decode_split_config(head_dim, block_size, num_heads, num_kv_heads)
+    extra = dict(PREFETCH=1, MIN_BLOCKS=DECODE_BLOCKS_PER_SM[True]) if check_flag(prefetch, "prefetch") else {}
     return KernelBuild.make("paged_decode_split", dtype, False, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-                            HEADS_PER_BLOCK=hpb)
+                            HEADS_PER_BLOCK=hpb, **extra)
 
 
 def decode_splits(num_seqs: int, num_kv_heads: int, seq_len: int, *, block_size: int = 16,

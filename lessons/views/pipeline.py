@@ -19,7 +19,7 @@ from lessons.gpu.hopper import OVERLAP_UNITS, OverlapEvent, PipelineEvent
 
 from lessons.views.plot import new_figure, tidy
 
-__all__ = ["STAGE_COLOURS", "pipeline_figure", "overlap_figure", "swizzle_figure"]
+__all__ = ["STAGE_COLOURS", "pipeline_figure", "prefetch_figure", "overlap_figure", "swizzle_figure"]
 
 #: one colour per shared-memory stage (a tile's copy and its work share their stage's colour; after 10
 #: stages the colours repeat, the tile numbers on the bars still tell them apart)
@@ -29,19 +29,28 @@ _LANES = (("producer", "TMA copy of $K_j$, $V_j$\n(producer warpgroup)"),
           ("consumers", "$Q K_j^\\top$, softmax, $P V_j$\n(consumer warpgroups)"))
 
 
-def pipeline_figure(schedules: dict, *, unit: str = "time"):
+def pipeline_figure(schedules: dict, *, unit: str = "time", lanes=None, item: str = "tile",
+                    stage_title: str = "colour: the shared-memory stage a tile occupies", stage_word: str = "stage"):
     """One panel per entry of ``schedules`` (title -> list of
     :class:`lessons.gpu.hopper.PipelineEvent`), top to bottom on a shared time axis: a lane for the
     producer's copies and one for the consumers' work, each bar labelled with its tile and
     coloured by its stage; the panel's title gets the schedule's total time. ``unit`` labels the
-    time axis. Returns a Figure. TypeError for ``schedules`` that is not a dict of lists of
+    time axis; ``lanes`` (default the Hopper rung's) the two lanes, ``(producer label, consumers label)``;
+    ``item`` what a bar is ("tile", or "step" for :func:`lessons.cost.latency.load_schedule`); ``stage_title``
+    the legend's title and ``stage_word`` its entries' ("stage 0", "stage 1", ...). Returns a Figure. TypeError for ``schedules`` that is not a dict of lists of
     PipelineEvent; ValueError for an empty ``schedules`` or schedule, an event whose ``who`` is neither
     "producer" nor "consumers", or one that starts before 0 or ends before it starts."""
     if not isinstance(schedules, Mapping):
         raise TypeError(f"schedules must be a dict of title -> events, got {type(schedules).__name__}")
     if not schedules:
         raise ValueError("schedules must hold at least one schedule")
-    roles = [who for who, _ in _LANES]
+    if lanes is None:
+        lane_rows = _LANES
+    elif isinstance(lanes, (list, tuple)) and len(lanes) == 2 and all(isinstance(x, str) for x in lanes):
+        lane_rows = (("producer", lanes[0]), ("consumers", lanes[1]))
+    else:
+        raise TypeError(f"lanes must be None or two strings (producer label, consumers label), got {lanes!r}")
+    roles = [who for who, _ in lane_rows]
     for title, events in schedules.items():
         if not isinstance(events, (list, tuple)) or not all(isinstance(e, PipelineEvent) for e in events):
             raise TypeError(f"schedule {title!r} must be a list of PipelineEvent (pipeline_schedule)")
@@ -56,26 +65,50 @@ def pipeline_figure(schedules: dict, *, unit: str = "time"):
     fig = new_figure((10.5, 1.9 * len(schedules) + 0.6))
     axes = fig.subplots(len(schedules), 1, sharex=True, squeeze=False)[:, 0]
     for ax, (title, events) in zip(axes, schedules.items()):
-        for row, (who, _) in enumerate(_LANES):
-            for e in (e for e in events if e.who == who):
-                ax.barh(1 - row, e.end - e.start, left=e.start, height=0.62,
+        for row, (who, _) in enumerate(lane_rows):
+            bars = [e for e in events if e.who == who]
+            # bars of one lane that overlap in time (two steps' loads in flight at once) get a sub-row per stage
+            overlapping = any(a.start < b.end and b.start < a.end for i, a in enumerate(bars) for b in bars[i + 1:])
+            n_sub = max(e.stage for e in bars) + 1 if overlapping and bars else 1
+            height = 0.62 / n_sub
+            for e in bars:
+                y = 1 - row + (0.31 - height * (e.stage % n_sub + 0.5) if n_sub > 1 else 0.0)
+                ax.barh(y, e.end - e.start, left=e.start, height=height,
                         color=STAGE_COLOURS[e.stage % len(STAGE_COLOURS)], edgecolor="white")
-                ax.text((e.start + e.end) / 2, 1 - row, f"tile {e.tile}", ha="center", va="center", fontsize=8,
-                        color="white")
+                ax.text((e.start + e.end) / 2, y, f"{item} {e.tile}", ha="center", va="center",
+                        fontsize=8 if n_sub == 1 else 7, color="white")
         total = max(e.end for e in events)
-        ax.set_yticks([1, 0], [label for _, label in _LANES])
-        ax.set_title(f"{title}: all tiles done at {total:g}", fontsize=10, loc="left")
+        ax.set_yticks([1, 0], [label for _, label in lane_rows])
+        ax.set_title(f"{title}: all {item}s done at {total:g}", fontsize=10, loc="left")
         ax.set_xlim(0, end * 1.02)
         ax.set_ylim(-0.6, 1.6)
         tidy(ax)
     stages = max(e.stage for events in schedules.values() for e in events) + 1
-    handles = [Patch(color=STAGE_COLOURS[s % len(STAGE_COLOURS)], label=f"stage {s}") for s in range(stages)]
+    handles = [Patch(color=STAGE_COLOURS[s % len(STAGE_COLOURS)], label=f"{stage_word} {s}") for s in range(stages)]
     axes[0].legend(handles=handles, loc="upper right", fontsize=8, ncols=min(stages, 6), frameon=False,
-                   bbox_to_anchor=(1.0, 1.35), title="colour: the shared-memory stage a tile occupies",
+                   bbox_to_anchor=(1.0, 1.35), title=stage_title,
                    title_fontsize=8)
     axes[-1].set_xlabel(unit)
     fig.subplots_adjust(left=0.22, right=0.98, top=0.88, bottom=0.12 + 0.05 / len(schedules), hspace=0.55)
     return fig
+
+
+def prefetch_figure(n_steps: int = 4, *, latency: float = 3.0, compute: float = 1.5):
+    """The decode split rung against its prefetch build, one lane group's steps in time: two panels of
+    :func:`pipeline_figure` over :func:`lessons.cost.latency.load_schedule` (loads from issue to landing,
+    one sub-row per register set where two steps' loads are in flight at once; absorbs below). A model,
+    labelled as one. Returns a Figure; TypeError/ValueError as load_schedule for bad arguments."""
+    from lessons.cost.latency import load_schedule
+
+    schedules = {"split rung (load, wait, absorb)": load_schedule(n_steps, latency=latency, compute=compute),
+                 "prefetch rung (the next step's loads issued before this step is absorbed)":
+                     load_schedule(n_steps, latency=latency, compute=compute, prefetch=True)}
+    return pipeline_figure(schedules, unit=f"model time: absorbing a step takes {compute:g}, a load lands {latency:g} "
+                                           f"after it is issued",
+                           lanes=("a step's K/V rows in flight\n(issued \u2192 landed)",
+                                  "absorb the step\n(dots, softmax, o += p v)"),
+                           item="step", stage_title="colour: the register set holding a step's rows",
+                           stage_word="register set")
 
 
 _UNIT_ROWS = (("tensor cores", "tensor cores\n($QK^\\top$ and $PV$)"), ("CUDA cores", "CUDA cores\n(softmax)"))

@@ -21,6 +21,10 @@
 // 3. Loads in flight. Each lane group takes UNROLL keys per step and issues all their K and V
 //    loads before it uses any of them. The block's 4 warps take different keys, and each lane
 //    group keeps its own running state (m, l, o) for its keys: NUM_STATES states per block.
+//    With PREFETCH=1 a group issues the loads of its next step before it absorbs this one, so a
+//    step's rows are always in flight, also while it computes (software pipelining in registers:
+//    two steps' rows live at once, so the build asks for MIN_BLOCKS = 3 blocks per SM, not 4). The
+//    same keys are absorbed in the same order: the output is bitwise that of PREFETCH=0.
 // 4. At the end the block merges its NUM_STATES states in shared memory, in a fixed order, by
 //    the rule of lessons.merge_states: m = max m_i, l = sum exp(m_i - m) l_i, o likewise.
 // 5. Split-KV (flash-decoding, Dao, Haziza, Massa, Sizov 2023): with few sequences a grid of one
@@ -44,7 +48,8 @@
 //
 // Launch: paged_decode_gqa_split  grid = (num_heads / HEADS_PER_BLOCK, num_seqs, num_splits), block = 128
 //         merge_split_states      grid = (num_heads, num_seqs),                               block = 128
-// Defines: HEAD_DIM (1..256), BLOCK_SIZE (1..32), HEADS_PER_BLOCK (1..4, divides the group), FA_DTYPE.
+// Defines: HEAD_DIM (1..256), BLOCK_SIZE (1..32), HEADS_PER_BLOCK (1..4, divides the group), FA_DTYPE,
+//          PREFETCH (0 or 1, default 0), MIN_BLOCKS (the launch bounds' blocks per SM, default 4).
 #include "common.cuh"
 
 #ifndef HEAD_DIM
@@ -55,6 +60,15 @@
 #endif
 #ifndef HEADS_PER_BLOCK
 #define HEADS_PER_BLOCK 1
+#endif
+// 1: load step i + 1's rows while step i is absorbed (software pipelining in registers)
+#ifndef PREFETCH
+#define PREFETCH 0
+#endif
+// blocks per SM the launch bounds ask for: 4 (<= 128 registers per thread), or fewer when the
+// prefetched rows need more registers
+#ifndef MIN_BLOCKS
+#define MIN_BLOCKS 4
 #endif
 #define NUM_THREADS 128
 #define NUM_WARPS (NUM_THREADS / 32)
@@ -85,6 +99,8 @@
 static_assert(HEAD_DIM >= 1 && HEAD_DIM <= 256, "HEAD_DIM must be in 1..256");
 static_assert(BLOCK_SIZE >= 1 && BLOCK_SIZE <= 32, "BLOCK_SIZE must be in 1..32");
 static_assert(HEADS_PER_BLOCK >= 1 && HEADS_PER_BLOCK <= 4, "HEADS_PER_BLOCK must be in 1..4");
+static_assert(PREFETCH == 0 || PREFETCH == 1, "PREFETCH must be 0 or 1");
+static_assert(MIN_BLOCKS >= 1 && MIN_BLOCKS <= 16, "MIN_BLOCKS must be in 1..16");
 static_assert(PER_LANE <= 8, "a lane holds at most 8 values of a row");
 
 // One load of a row: VEC values as raw words (16 bytes, or one value widened to a word).
@@ -135,6 +151,159 @@ __device__ __forceinline__ float row_value(const RowLoad& r, int j, int e) {
 #endif
 }
 
+// The K and V rows of one step of a lane group: UNROLL keys, all loads issued before any is used.
+struct StepRows {
+    RowLoad k[UNROLL], v[UNROLL];
+    bool valid[UNROLL];
+};
+
+// Issue the loads of keys key0 .. key0 + UNROLL - 1 that lie before key_end (the others load nothing).
+// When UNROLL divides BLOCK_SIZE the UNROLL keys share one page, `page`, looked up by the caller
+// ahead of time; otherwise each key looks its own page up here.
+__device__ __forceinline__ void load_step(StepRows& r, int key0, int key_end, int page,
+                                          const int* __restrict__ table, const scalar_t* __restrict__ k_cache,
+                                          const scalar_t* __restrict__ v_cache, int num_kv_heads, int kv_head,
+                                          int sub) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        const int key = key0 + u;
+        r.valid[u] = key < key_end;
+        long long off = 0;
+        if (r.valid[u]) {
+#if BLOCK_SIZE % UNROLL != 0
+            page = table[key / BLOCK_SIZE];
+#endif
+            off = (((long long)page * BLOCK_SIZE + key % BLOCK_SIZE) * num_kv_heads + kv_head) * HEAD_DIM;
+        }
+        load_row(r.k[u], k_cache + off, sub, r.valid[u]);
+        load_row(r.v[u], v_cache + off, sub, r.valid[u]);
+    }
+}
+
+// The page of key `key` (0 past key_end, and 0 when each key looks its page up in load_step).
+__device__ __forceinline__ int page_of(const int* __restrict__ table, int key, int key_end) {
+#if BLOCK_SIZE % UNROLL == 0
+    return key < key_end ? table[key / BLOCK_SIZE] : 0;
+#else
+    return 0;
+#endif
+}
+
+// Absorb one step's UNROLL keys (key0.., loaded in r) into this lane group's running states
+// (m, l, o) of its HEADS_PER_BLOCK heads: the online-softmax update of the header.
+__device__ __forceinline__ void absorb_step(const StepRows& r, int key0, int key_end, float scale,
+                                            const float (&qv)[HEADS_PER_BLOCK][PER_LANE],
+                                            float (&m)[HEADS_PER_BLOCK], float (&l)[HEADS_PER_BLOCK],
+                                            float (&o)[HEADS_PER_BLOCK][PER_LANE], int lane, int sub) {
+    // scores: each lane's partial dot over its part of the row, for every key and head
+    float s[UNROLL][HEADS_PER_BLOCK];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        float kf[PER_LANE];
+#pragma unroll
+        for (int j = 0; j < CHUNKS; ++j)
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) kf[j * VEC + e] = row_value(r.k[u], j, e);
+#pragma unroll
+        for (int h = 0; h < HEADS_PER_BLOCK; ++h) {
+            float dot = 0.f;
+#pragma unroll
+            for (int i = 0; i < PER_LANE; ++i) dot += qv[h][i] * kf[i];
+            s[u][h] = dot;
+        }
+    }
+#if SCATTER_SOFTMAX
+    // The group's LANES lanes hold partial dots of LANES (key, head) pairs: a reduce-scatter
+    // leaves lane `sub` with the whole dot of pair sub (head sub / UNROLL, key sub % UNROLL)
+    // in LANES - 1 shuffles (a butterfly per pair would take LANES * log2(LANES)). Each lane
+    // then does the softmax of its own pair (one exp instead of one per pair), the heads' max
+    // and sum over the group's UNROLL keys take log2(UNROLL) shuffles, and the results are
+    // broadcast back to every lane of the group for the P V update.
+    float v[LANES];
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+        for (int h = 0; h < HEADS_PER_BLOCK; ++h) v[h * UNROLL + u] = s[u][h];
+#pragma unroll
+    for (int off = LANES / 2; off > 0; off /= 2) {
+        const bool upper = (sub & off) != 0;       // keep the upper half of the pairs, send the lower
+#pragma unroll
+        for (int i = 0; i < off; ++i) {
+            const float send = upper ? v[i] : v[i + off];
+            const float keep = upper ? v[i + off] : v[i];
+            v[i] = keep + __shfl_xor_sync(0xffffffffu, send, off);
+        }
+    }
+    const int my_head = sub / UNROLL, group_lane = lane - sub;     // first lane of this row's group
+    const float s_mine = key0 + sub % UNROLL < key_end ? v[0] * scale : NEG_INF;
+    float m_old = m[0];
+#pragma unroll
+    for (int h = 1; h < HEADS_PER_BLOCK; ++h) m_old = my_head == h ? m[h] : m_old;
+    const float m_mine = fmaxf(m_old, group_max<UNROLL>(s_mine));  // max over this head's UNROLL keys
+    const float p_mine = expf(s_mine - safe_max(m_mine));
+    const float sum_mine = group_sum<UNROLL>(p_mine);
+#pragma unroll
+    for (int h = 0; h < HEADS_PER_BLOCK; ++h) {
+        const float m_new = __shfl_sync(0xffffffffu, m_mine, group_lane + h * UNROLL);
+        const float p_sum = __shfl_sync(0xffffffffu, sum_mine, group_lane + h * UNROLL);
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) s[u][h] = __shfl_sync(0xffffffffu, p_mine, group_lane + h * UNROLL + u);
+        if (m_new != m[h]) {                       // the max moved: rescale (else alpha = 1 exactly)
+            const float alpha = correction_factor(m[h], m_new);
+            l[h] *= alpha;
+#pragma unroll
+            for (int i = 0; i < PER_LANE; ++i) o[h][i] *= alpha;
+            m[h] = m_new;
+        }
+        l[h] += p_sum;
+    }
+#else
+    // each pair's dot summed by a butterfly over the row's LANES lanes (all 32 lanes shuffle),
+    // then one online-softmax update per head for the UNROLL keys
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u)
+#pragma unroll
+        for (int h = 0; h < HEADS_PER_BLOCK; ++h) {
+            const float dot = group_sum<LANES>(s[u][h]);
+            s[u][h] = r.valid[u] ? dot * scale : NEG_INF;
+        }
+#pragma unroll
+    for (int h = 0; h < HEADS_PER_BLOCK; ++h) {
+        float m_new = m[h];
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) m_new = fmaxf(m_new, s[u][h]);
+        if (m_new != m[h]) {                       // the max moved: rescale (else alpha = 1 exactly)
+            const float alpha = correction_factor(m[h], m_new);
+            l[h] *= alpha;
+#pragma unroll
+            for (int i = 0; i < PER_LANE; ++i) o[h][i] *= alpha;
+            m[h] = m_new;
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+            s[u][h] = expf(s[u][h] - safe_max(m_new));      // p
+            l[h] += s[u][h];
+        }
+    }
+#endif
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        float vf[PER_LANE];
+#pragma unroll
+        for (int j = 0; j < CHUNKS; ++j)
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) vf[j * VEC + e] = row_value(r.v[u], j, e);
+#pragma unroll
+        for (int h = 0; h < HEADS_PER_BLOCK; ++h) {
+            const float p = s[u][h];
+            if (p != 0.f) {                            // p = 0 adds nothing, never 0 * v
+#pragma unroll
+                for (int i = 0; i < PER_LANE; ++i) o[h][i] += p * vf[i];
+            }
+        }
+    }
+}
+
 struct SplitShared {
     float m[NUM_STATES][HEADS_PER_BLOCK];
     float l[NUM_STATES][HEADS_PER_BLOCK];
@@ -146,8 +315,8 @@ struct SplitShared {
 // ((seq * num_heads + head) * num_splits + split) when write_partials, else out and lse.
 // q, out: (num_seqs, num_heads, HEAD_DIM); lse: (num_seqs, num_heads) float32;
 // part_m, part_l: (num_seqs, num_heads, num_splits) float32; part_o: (..., HEAD_DIM) float32.
-// __launch_bounds__(128, 4): 4 blocks per SM, up to 128 registers per thread.
-extern "C" __global__ void __launch_bounds__(NUM_THREADS, 4)
+// __launch_bounds__(128, MIN_BLOCKS): MIN_BLOCKS blocks per SM (4: up to 128 registers per thread).
+extern "C" __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS)
 paged_decode_gqa_split(const scalar_t* __restrict__ q, const scalar_t* __restrict__ k_cache,
                        const scalar_t* __restrict__ v_cache, const int* __restrict__ block_tables,
                        const int* __restrict__ seq_lens, int max_blocks_per_seq, int num_heads,
@@ -195,147 +364,37 @@ paged_decode_gqa_split(const scalar_t* __restrict__ q, const scalar_t* __restric
     // Each step a warp takes KEYS_PER_WARP * UNROLL consecutive keys; lane group g takes keys
     // first + g * UNROLL + u. The loop bound is the same for every lane of a warp (shuffles inside).
     // When UNROLL divides BLOCK_SIZE a group's UNROLL keys lie in one page (they start at a multiple
-    // of UNROLL, and a split starts on a page), so the group looks up one page per step, and looks
-    // up the next step's page while this step's rows are in flight (the look-up is off the path
-    // from one step's loads to the next's).
+    // of UNROLL, and a split starts on a page), so the group looks up one page per step, one step
+    // ahead of its loads (the look-up is off the path from one step's loads to the next's).
     const int keys_per_step = NUM_WARPS * KEYS_PER_WARP * UNROLL;
     int first = key_begin + warp * KEYS_PER_WARP * UNROLL;
-#if BLOCK_SIZE % UNROLL == 0
-    int page = first + key_in_warp * UNROLL < key_end ? table[(first + key_in_warp * UNROLL) / BLOCK_SIZE] : 0;
-#endif
+#if PREFETCH
+    // Software pipelining in registers: the rows of step i + 1 are loaded while step i is absorbed,
+    // so a lane group always has a step's loads in flight (not only between its steps).
+    StepRows cur;
+    load_step(cur, first + key_in_warp * UNROLL, key_end, page_of(table, first + key_in_warp * UNROLL, key_end),
+              table, k_cache, v_cache, num_kv_heads, kv_head, sub);
+    int page = page_of(table, first + key_in_warp * UNROLL + keys_per_step, key_end);
     for (; first < key_end; first += keys_per_step) {
         const int key0 = first + key_in_warp * UNROLL;           // this group's first key
-#if BLOCK_SIZE % UNROLL == 0
-        const int next_key0 = key0 + keys_per_step;
-        const int next_page = next_key0 < key_end ? table[next_key0 / BLOCK_SIZE] : 0;
-#endif
-        RowLoad kr[UNROLL], vr[UNROLL];
-        bool valid[UNROLL];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {             // all loads first: 2 * UNROLL rows in flight
-            const int key = key0 + u;
-            valid[u] = key < key_end;
-            long long off = 0;
-            if (valid[u]) {
-#if BLOCK_SIZE % UNROLL != 0
-                const int page = table[key / BLOCK_SIZE];
-#endif
-                off = (((long long)page * BLOCK_SIZE + key % BLOCK_SIZE) * num_kv_heads + kv_head) * HEAD_DIM;
-            }
-            load_row(kr[u], k_cache + off, sub, valid[u]);
-            load_row(vr[u], v_cache + off, sub, valid[u]);
-        }
-#if BLOCK_SIZE % UNROLL == 0
-        page = next_page;
-#endif
-        // scores: each lane's partial dot over its part of the row, for every key and head
-        float s[UNROLL][HEADS_PER_BLOCK];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            float kf[PER_LANE];
-#pragma unroll
-            for (int j = 0; j < CHUNKS; ++j)
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) kf[j * VEC + e] = row_value(kr[u], j, e);
-#pragma unroll
-            for (int h = 0; h < HEADS_PER_BLOCK; ++h) {
-                float dot = 0.f;
-#pragma unroll
-                for (int i = 0; i < PER_LANE; ++i) dot += qv[h][i] * kf[i];
-                s[u][h] = dot;
-            }
-        }
-#if SCATTER_SOFTMAX
-        // The group's LANES lanes hold partial dots of LANES (key, head) pairs: a reduce-scatter
-        // leaves lane `sub` with the whole dot of pair sub (head sub / UNROLL, key sub % UNROLL)
-        // in LANES - 1 shuffles (a butterfly per pair would take LANES * log2(LANES)). Each lane
-        // then does the softmax of its own pair (one exp instead of one per pair), the heads' max
-        // and sum over the group's UNROLL keys take log2(UNROLL) shuffles, and the results are
-        // broadcast back to every lane of the group for the P V update.
-        float v[LANES];
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
-#pragma unroll
-            for (int h = 0; h < HEADS_PER_BLOCK; ++h) v[h * UNROLL + u] = s[u][h];
-#pragma unroll
-        for (int off = LANES / 2; off > 0; off /= 2) {
-            const bool upper = (sub & off) != 0;       // keep the upper half of the pairs, send the lower
-#pragma unroll
-            for (int i = 0; i < off; ++i) {
-                const float send = upper ? v[i] : v[i + off];
-                const float keep = upper ? v[i + off] : v[i];
-                v[i] = keep + __shfl_xor_sync(0xffffffffu, send, off);
-            }
-        }
-        const int my_head = sub / UNROLL, group_lane = lane - sub;     // first lane of this row's group
-        const float s_mine = key0 + sub % UNROLL < key_end ? v[0] * scale : NEG_INF;
-        float m_old = m[0];
-#pragma unroll
-        for (int h = 1; h < HEADS_PER_BLOCK; ++h) m_old = my_head == h ? m[h] : m_old;
-        const float m_mine = fmaxf(m_old, group_max<UNROLL>(s_mine));  // max over this head's UNROLL keys
-        const float p_mine = expf(s_mine - safe_max(m_mine));
-        const float sum_mine = group_sum<UNROLL>(p_mine);
-#pragma unroll
-        for (int h = 0; h < HEADS_PER_BLOCK; ++h) {
-            const float m_new = __shfl_sync(0xffffffffu, m_mine, group_lane + h * UNROLL);
-            const float p_sum = __shfl_sync(0xffffffffu, sum_mine, group_lane + h * UNROLL);
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) s[u][h] = __shfl_sync(0xffffffffu, p_mine, group_lane + h * UNROLL + u);
-            if (m_new != m[h]) {                       // the max moved: rescale (else alpha = 1 exactly)
-                const float alpha = correction_factor(m[h], m_new);
-                l[h] *= alpha;
-#pragma unroll
-                for (int i = 0; i < PER_LANE; ++i) o[h][i] *= alpha;
-                m[h] = m_new;
-            }
-            l[h] += p_sum;
-        }
-#else
-        // each pair's dot summed by a butterfly over the row's LANES lanes (all 32 lanes shuffle),
-        // then one online-softmax update per head for the UNROLL keys
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u)
-#pragma unroll
-            for (int h = 0; h < HEADS_PER_BLOCK; ++h) {
-                const float dot = group_sum<LANES>(s[u][h]);
-                s[u][h] = valid[u] ? dot * scale : NEG_INF;
-            }
-#pragma unroll
-        for (int h = 0; h < HEADS_PER_BLOCK; ++h) {
-            float m_new = m[h];
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) m_new = fmaxf(m_new, s[u][h]);
-            if (m_new != m[h]) {                       // the max moved: rescale (else alpha = 1 exactly)
-                const float alpha = correction_factor(m[h], m_new);
-                l[h] *= alpha;
-#pragma unroll
-                for (int i = 0; i < PER_LANE; ++i) o[h][i] *= alpha;
-                m[h] = m_new;
-            }
-#pragma unroll
-            for (int u = 0; u < UNROLL; ++u) {
-                s[u][h] = expf(s[u][h] - safe_max(m_new));      // p
-                l[h] += s[u][h];
-            }
-        }
-#endif
-#pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
-            float vf[PER_LANE];
-#pragma unroll
-            for (int j = 0; j < CHUNKS; ++j)
-#pragma unroll
-                for (int e = 0; e < VEC; ++e) vf[j * VEC + e] = row_value(vr[u], j, e);
-#pragma unroll
-            for (int h = 0; h < HEADS_PER_BLOCK; ++h) {
-                const float p = s[u][h];
-                if (p != 0.f) {                            // p = 0 adds nothing, never 0 * v
-#pragma unroll
-                    for (int i = 0; i < PER_LANE; ++i) o[h][i] += p * vf[i];
-                }
-            }
-        }
+        const int page_after = page_of(table, key0 + 2 * keys_per_step, key_end);
+        StepRows next;
+        load_step(next, key0 + keys_per_step, key_end, page, table, k_cache, v_cache, num_kv_heads, kv_head, sub);
+        page = page_after;
+        absorb_step(cur, key0, key_end, scale, qv, m, l, o, lane, sub);
+        cur = next;
     }
+#else
+    int page = page_of(table, first + key_in_warp * UNROLL, key_end);
+    for (; first < key_end; first += keys_per_step) {
+        const int key0 = first + key_in_warp * UNROLL;           // this group's first key
+        const int next_page = page_of(table, key0 + keys_per_step, key_end);
+        StepRows r;                                              // all loads first: 2 * UNROLL rows in flight
+        load_step(r, key0, key_end, page, table, k_cache, v_cache, num_kv_heads, kv_head, sub);
+        page = next_page;
+        absorb_step(r, key0, key_end, scale, qv, m, l, o, lane, sub);
+    }
+#endif
 
     // the block's NUM_STATES states into shared memory
 #pragma unroll
