@@ -469,3 +469,25 @@ def test_benchmark_without_a_device_says_so_and_exits_0(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "no CUDA device" in proc.stdout
     assert not (tmp_path / "o").exists()
+
+
+@needs_nvrtc
+def test_the_prefetch_rungs_text_quotes_the_compiler():
+    # the rung's text and notebook 06 quote 168 registers at 3 blocks per SM; at 4 it would spill 224 / 248 bytes
+    import json
+
+    from lessons.gpu.compile import nvrtc_version
+    from lessons.gpu.source import KernelBuild
+
+    text = ladder.decode_rung("paged_decode_prefetch").predicted
+    notebook = "".join("".join(c["source"]) for c in json.loads(
+        (ROOT / "notebooks" / "06_kernel_ladder.ipynb").read_text())["cells"])
+    assert "168 registers" in text and "168 registers" in notebook and "3 blocks per SM" in notebook
+    if nvrtc_version()[:2] == (12, 9):                # the version the texts name
+        build = ladder.decode_rung_build("paged_decode_prefetch")
+        at_four = KernelBuild.make("paged_decode_split", "float16", False, **{**dict(build.defines), "MIN_BLOCKS": 4})
+        spills = []
+        for arch in ("sm_80", "sm_90"):
+            assert gpu.compile_kernel(build, arch).resources["paged_decode_gqa_split"].registers == 168
+            spills.append(gpu.compile_kernel(at_four, arch).resources["paged_decode_gqa_split"].spill_bytes)
+        assert f"{spills[0]} / {spills[1]} bytes of spill" in text and spills == [224, 248]

@@ -734,7 +734,8 @@ def paged_decode_split_config(head_dim: int, block_size: int, num_heads: int, nu
 
 #: blocks per SM of ``paged_decode_gqa_split`` without and with ``prefetch``: the launch bounds it is built with
 #: and the wave :func:`decode_splits` fills. Prefetching holds two steps' K/V rows in registers (168 registers at
-#: d = 128 in float16, NVRTC 12.9, against 128 at 4 blocks, where it would spill 224-280 bytes), so 3 blocks fit.
+#: d = 128 in float16, NVRTC 12.9; capped at 128 for 4 blocks it would spill 224 / 248 bytes on sm_80 / sm_90),
+#: so 3 blocks fit.
 DECODE_BLOCKS_PER_SM = {False: 4, True: 3}
 
 
