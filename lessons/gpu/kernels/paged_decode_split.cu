@@ -151,6 +151,14 @@ __device__ __forceinline__ float row_value(const RowLoad& r, int j, int e) {
 #endif
 }
 
+// All PER_LANE values of a lane's part of a row, as float32 (value j * VEC + e: row_value(r, j, e)).
+__device__ __forceinline__ void row_values(const RowLoad& r, float (&x)[PER_LANE]) {
+#pragma unroll
+    for (int j = 0; j < CHUNKS; ++j)
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) x[j * VEC + e] = row_value(r, j, e);
+}
+
 // The K and V rows of one step of a lane group: UNROLL keys, all loads issued before any is used.
 struct StepRows {
     RowLoad k[UNROLL], v[UNROLL];
@@ -200,10 +208,7 @@ __device__ __forceinline__ void absorb_step(const StepRows& r, int key0, int key
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
         float kf[PER_LANE];
-#pragma unroll
-        for (int j = 0; j < CHUNKS; ++j)
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) kf[j * VEC + e] = row_value(r.k[u], j, e);
+        row_values(r.k[u], kf);
 #pragma unroll
         for (int h = 0; h < HEADS_PER_BLOCK; ++h) {
             float dot = 0.f;
@@ -289,10 +294,7 @@ __device__ __forceinline__ void absorb_step(const StepRows& r, int key0, int key
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
         float vf[PER_LANE];
-#pragma unroll
-        for (int j = 0; j < CHUNKS; ++j)
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) vf[j * VEC + e] = row_value(r.v[u], j, e);
+        row_values(r.v[u], vf);
 #pragma unroll
         for (int h = 0; h < HEADS_PER_BLOCK; ++h) {
             const float p = s[u][h];
@@ -346,10 +348,7 @@ paged_decode_gqa_split(const scalar_t* __restrict__ q, const scalar_t* __restric
     for (int h = 0; h < HEADS_PER_BLOCK; ++h) {
         RowLoad r;
         load_row(r, q + ((long long)seq * num_heads + head0 + h) * HEAD_DIM, sub, true);
-#pragma unroll
-        for (int j = 0; j < CHUNKS; ++j)
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) qv[h][j * VEC + e] = row_value(r, j, e);
+        row_values(r, qv[h]);
     }
 
     float m[HEADS_PER_BLOCK], l[HEADS_PER_BLOCK], o[HEADS_PER_BLOCK][PER_LANE];
