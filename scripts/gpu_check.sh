@@ -22,6 +22,7 @@
 #      K/V read rate                                                  -> benchmark/, backward/, decode/
 #      then the split decode kernel at split counts around its automatic pick, per decode shape
 #      (scripts/tune_decode.py, 60 s at most)                          -> decode_splits/
+#      and its prefetch build's (--prefetch, 45 s at most)             -> decode_splits_prefetch/
 #      then every legal tile configuration of the wide-warp FA-2 rung (32 rows per warp) at N = 8192,
 #      d = 64 and 128 (scripts/tune_tiles.py, 75 s at most), beside the FA-2 rung -> fa2_wide_configs/
 #      the same for the lazy-rescaling FA-2 rung (90 s)                  -> fa2_configs/
@@ -242,6 +243,7 @@ sweep() {  # sweep NAME DIR SECONDS BUDGET SCRIPT ARGS...: BUDGET "budget" passe
 # the split decode kernel at split counts around its automatic pick; the tiles of the wide-warp and the lazy FA-2
 # rung and of the register-tiled rung
 sweep "decode split sweep" decode_splits 60 budget scripts/tune_decode.py
+sweep "decode split sweep (prefetch)" decode_splits_prefetch 45 budget scripts/tune_decode.py --prefetch
 for args in "mma_fa2_wide fa2_wide_configs 75" "mma_fa2_lazy fa2_configs 90" "regtile regtile_configs 75"; do
     read -r rung dir seconds <<< "$args"
     sweep "tune $rung tiles" "$dir" "$seconds" - scripts/tune_tiles.py --rung "$rung"

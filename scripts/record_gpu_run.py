@@ -6,7 +6,8 @@
 ``backward/``, ...). The recorded run goes to a new folder ``<into>/gpu_<gpu>_<date>/`` (for example
 ``benchmarks/results/gpu_h200_2026-12-02/``), laid out as :mod:`lessons.gpu.recorded` and
 :mod:`lessons.gpu.ladder` read it: ``forward/`` (from ``benchmark/``), ``backward/``, ``decode/``, the sweeps
-(``decode_splits/``, ``fa2_configs/``, ``fa2_wide_configs/``, ``regtile_configs/``), the Nsight Compute reports, the Hopper rungs' first
+(``decode_splits/``, which also takes ``decode_splits_prefetch/``'s tables, ``fa2_configs/``, ``fa2_wide_configs/``,
+``regtile_configs/``), the Nsight Compute reports, the Hopper rungs' first
 checks, the compile report, the test and environment logs, and a ``README.md`` whose title and driver line give
 every figure its label (:func:`lessons.gpu.recorded.recorded_label`: machine, date, driver, CUDA, commit).
 Result files only: the JUnit XML and the benchmarks' logs stay behind. ``--commit`` is the commit the GPU machine
@@ -34,6 +35,7 @@ LAYOUT = (
     ("backward", "backward", ("results.csv", "results.md", "*.png")),
     ("decode", "decode", ("results.csv", "results.md")),
     ("decode_splits", "decode_splits", ("*.csv", "*.md")),
+    ("decode_splits_prefetch", "decode_splits", ("*.csv", "*.md")),
     ("fa2_configs", "fa2_configs", ("*.csv", "*.md")),
     ("fa2_wide_configs", "fa2_wide_configs", ("*.csv", "*.md")),
     ("regtile_configs", "regtile_configs", ("*.csv", "*.md")),
@@ -46,7 +48,7 @@ WHAT = {
     "backward": "the backward kernels against naive CuPy and torch SDPA (`benchmarks/gpu_backward.py`)",
     "decode": "the decode kernels' K/V read rate against the device copy rate (`benchmarks/gpu_decode.py`)",
     "decode_splits": "the split decode kernel at split counts around its automatic pick, per decode shape "
-                     "(`scripts/tune_decode.py`)",
+                     "(`scripts/tune_decode.py`; its prefetch build in `decode_splits_prefetch.*`, `--prefetch`)",
     "fa2_configs": "every tile configuration of the lazy-rescaling FA-2 rung (`scripts/tune_tiles.py`)",
     "fa2_wide_configs": "every tile configuration of the wide-warp FA-2 rung, 32 rows per warp "
                         "(`scripts/tune_tiles.py --rung mma_fa2_wide`)",

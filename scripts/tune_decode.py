@@ -3,6 +3,7 @@
     python scripts/tune_decode.py [--out DIR] [--shapes 64x4096 8x32768 1x131072] [--repeats 3]
                                   [--target-seconds 0.05] [--copy-mib 2048] [--time-budget 40]
     python scripts/tune_decode.py --emulator [--out DIR] [--shapes 2x64]
+    python scripts/tune_decode.py --prefetch ...   (the same sweep for the prefetch build)
 
 For each shape (``SEQSxTOKENS``: sequences x tokens, every sequence full length)
 :func:`lessons.gpu.paged_decode_split_gpu` runs with ``num_splits=None`` (the launcher's own pick,
@@ -16,8 +17,10 @@ batch of back-to-back launches, median of ``--repeats``; one launch between two 
 so its rows read like that benchmark's. Per row:
 seconds, TB/s of K/V read, % of the device copy rate, ``x_auto`` (the automatic pick's seconds over the
 row's: above 1 is faster than the pick) and the largest difference from the automatic pick's output.
-Only the split count is swept: the kernel's other knobs (heads per block, keys in flight) are fixed by its
-build and source.
+Only the split count is swept: the kernel's other knobs (heads per block, keys per step) are fixed by its
+build and source. ``--prefetch`` sweeps the ``paged_decode_prefetch`` rung instead (``prefetch=True``: each lane
+group's next K/V rows loaded while it absorbs the current ones, 3 blocks per SM, so its automatic pick fills a
+wave of 3 blocks per SM) and writes ``decode_splits_prefetch.csv`` / ``.md``.
 
 Writes ``decode_splits.csv`` and ``decode_splits.md`` (its last line names the fastest count per shape) into
 ``--out``, after each shape, so a run cut short keeps what it measured; a count that would start after
@@ -44,7 +47,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import lessons  # noqa: E402
 import lessons.gpu as gpu  # noqa: E402
-from lessons.gpu.source import H200_NUM_SMS, decode_splits, paged_decode_split_config  # noqa: E402
+from lessons.gpu.source import (DECODE_BLOCKS_PER_SM, H200_NUM_SMS, decode_splits,  # noqa: E402
+                                paged_decode_split_config)
 
 import gpu_decode  # noqa: E402  (benchmarks/gpu_decode.py: the decode benchmark's cache, bytes and timing)
 
@@ -85,21 +89,26 @@ def parse_shape(text: str) -> tuple[int, int]:
     return int(parts[0]), int(parts[1])
 
 
+def build_name(prefetch: bool) -> str:
+    """What a sweep's title calls the kernel it times."""
+    return "split decode kernel's prefetch build" if prefetch else "split decode kernel"
+
+
 def shape_name(num_seqs: int, seq_len: int) -> str:
     return f"{num_seqs}x{seq_len}"
 
 
-def auto_splits(num_seqs: int, seq_len: int, geometry: Geometry, num_sms: int) -> int:
-    """The split count ``paged_decode_split_gpu(..., num_splits=None)`` picks for full sequences of
-    ``seq_len`` tokens: :func:`decode_splits` called as the launcher calls it (the table's
+def auto_splits(num_seqs: int, seq_len: int, geometry: Geometry, num_sms: int, prefetch: bool = False) -> int:
+    """The split count ``paged_decode_split_gpu(..., num_splits=None, prefetch=prefetch)`` picks for full
+    sequences of ``seq_len`` tokens: :func:`decode_splits` called as the launcher calls it (the table's
     ``ceil(seq_len / block_size)`` pages, the blocks per GQA group from the kernel's heads per block,
-    ``num_sms`` SMs; the launcher uses the H200's 132 on the emulator)."""
+    ``num_sms`` SMs, the build's blocks per SM; the launcher uses the H200's 132 SMs on the emulator)."""
     g = geometry
     hpb = paged_decode_split_config(g.head_dim, g.block_size, g.num_heads, g.num_kv_heads)
     pages = -(-seq_len // g.block_size)
     return decode_splits(num_seqs, g.num_kv_heads, pages * g.block_size, block_size=g.block_size,
                          heads_per_kv_head=g.num_heads // g.num_kv_heads // hpb, num_sms=num_sms,
-                         max_splits=MAX_SPLITS)
+                         blocks_per_sm=DECODE_BLOCKS_PER_SM[prefetch], max_splits=MAX_SPLITS)
 
 
 def split_counts(auto: int, pages: int) -> list[int]:
@@ -115,11 +124,12 @@ def split_counts(auto: int, pages: int) -> list[int]:
     return sorted(s for s in near | wide if 1 <= s <= min(pages, MAX_SPLITS))
 
 
-def plan(shapes, geometry: Geometry, num_sms: int) -> list[tuple[int, int, int, list[int]]]:
-    """``(num_seqs, seq_len, auto, split counts)`` per shape, in the order given."""
+def plan(shapes, geometry: Geometry, num_sms: int, prefetch: bool = False) -> list[tuple[int, int, int, list[int]]]:
+    """``(num_seqs, seq_len, auto, split counts)`` per shape, in the order given (``prefetch``: the prefetch
+    build's automatic pick)."""
     out = []
     for num_seqs, seq_len in shapes:
-        auto = auto_splits(num_seqs, seq_len, geometry, num_sms)
+        auto = auto_splits(num_seqs, seq_len, geometry, num_sms, prefetch)
         out.append((num_seqs, seq_len, auto, split_counts(auto, -(-seq_len // geometry.block_size))))
     return out
 
@@ -183,34 +193,41 @@ def markdown(rows, title: str) -> str:
     return "\n".join(lines + ["", best_line(rows)]) + "\n"
 
 
-def write_results(rows, out: Path, title: str) -> None:
-    """``decode_splits.csv`` (:data:`COLUMNS`) and ``decode_splits.md`` (:func:`markdown`) in ``out``."""
+def stem(prefetch: bool = False) -> str:
+    """The results' file stem: ``decode_splits``, or ``decode_splits_prefetch`` for the prefetch build."""
+    return f"{STEM}_prefetch" if prefetch else STEM
+
+
+def write_results(rows, out: Path, title: str, prefetch: bool = False) -> None:
+    """``decode_splits.csv`` (:data:`COLUMNS`) and ``decode_splits.md`` (:func:`markdown`) in ``out``
+    (``decode_splits_prefetch.*`` with ``prefetch``)."""
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / f"{STEM}.csv", "w", newline="") as f:
+    with open(out / f"{stem(prefetch)}.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(COLUMNS))
         writer.writeheader()
         writer.writerows({c: r[c] for c in COLUMNS} for r in rows)
-    (out / f"{STEM}.md").write_text(markdown(rows, title))
+    (out / f"{stem(prefetch)}.md").write_text(markdown(rows, title))
 
 
-def _launch(inputs, num_splits, backend: str, **kwargs):
+def _launch(inputs, num_splits, backend: str, prefetch: bool = False, **kwargs):
     """One ``paged_decode_split_gpu`` call on ``inputs`` (q, k_cache, v_cache, block_tables, seq_lens)."""
-    return gpu.paged_decode_split_gpu(*inputs, num_splits, check_tables=False, backend=backend, **kwargs)
+    return gpu.paged_decode_split_gpu(*inputs, num_splits, check_tables=False, prefetch=prefetch, backend=backend,
+                                      **kwargs)
 
 
-def picked_splits(inputs, backend: str) -> int:
+def picked_splits(inputs, backend: str, prefetch: bool = False) -> int:
     """The split count the launcher picks itself on ``inputs``: the last axis of its partial states."""
-    return int(_launch(inputs, None, backend, return_partials=True)[2]["m"].shape[-1])
+    return int(_launch(inputs, None, backend, prefetch=prefetch, return_partials=True)[2]["m"].shape[-1])
 
 
 def sweep_shape(inputs, num_seqs: int, seq_len: int, auto: int, counts, backend: str, measure=None,
-                check=None, progress=None, budget_spent=lambda: False) -> tuple[list[dict], bool]:
+                check=None, progress=None, budget_spent=lambda: False, prefetch: bool = False) -> tuple[list[dict], bool]:
     """The rows of one shape (ascending split count) and whether all went well. The automatic pick runs
     first (``num_splits=None``; its row holds the count the launcher picked, with a note and ``ok`` False
     when that is not ``auto``); each row's output is compared with its. ``measure(row, fn)`` times
     ``fn`` into the row (None: untimed); ``check(row, out)``: False when the float64 output ``out``
     (num_seqs, num_heads, d) is wrong; ``progress(label)`` before each run; once ``budget_spent()``
-    the remaining counts are not run (noted)."""
+    the remaining counts are not run (noted). ``prefetch``: run the prefetch build."""
     rows, ok, auto_out = [], True, None
     for s in [auto] + [s for s in counts if s != auto]:
         row = new_row(num_seqs, seq_len, s, s == auto)
@@ -220,9 +237,10 @@ def sweep_shape(inputs, num_seqs: int, seq_len: int, auto: int, counts, backend:
             add_note(row, "skipped: time budget spent")
             rows.append(row)
             continue
-        fn = (lambda: _launch(inputs, None, backend)) if row["auto"] else (lambda s=s: _launch(inputs, s, backend))
+        fn = (lambda: _launch(inputs, None, backend, prefetch=prefetch)) if row["auto"] else (
+            lambda s=s: _launch(inputs, s, backend, prefetch=prefetch))
         try:
-            picked = picked_splits(inputs, backend) if row["auto"] else s
+            picked = picked_splits(inputs, backend, prefetch) if row["auto"] else s
             if picked != s:
                 row["num_splits"] = picked
                 add_note(row, f"the launcher picked {picked} splits, auto_splits {auto}")
@@ -266,7 +284,7 @@ def run_emulator(args) -> tuple[list[dict], bool]:
     """Every split count of each shape once on the CPU emulator, each output against NumPy's paged decode
     (float64; at most :data:`EMULATOR_TOLERANCE` apart)."""
     rows, ok = [], True
-    for num_seqs, seq_len, auto, counts in plan(args.shapes, EMULATOR_GEOMETRY, H200_NUM_SMS):
+    for num_seqs, seq_len, auto, counts in plan(args.shapes, EMULATOR_GEOMETRY, H200_NUM_SMS, args.prefetch):
         inputs = host_inputs(num_seqs, seq_len, EMULATOR_GEOMETRY)
         reference = lessons.paged_decode(*(x.astype(np.float64) for x in inputs[:3]), *inputs[3:])
 
@@ -275,7 +293,8 @@ def run_emulator(args) -> tuple[list[dict], bool]:
             add_note(row, f"emulator: not timed; max abs diff from NumPy {err:.1e}")
             return err <= EMULATOR_TOLERANCE
 
-        shape_rows, shape_ok = sweep_shape(inputs, num_seqs, seq_len, auto, counts, "emulator", check=check)
+        shape_rows, shape_ok = sweep_shape(inputs, num_seqs, seq_len, auto, counts, "emulator", check=check,
+                                           prefetch=args.prefetch)
         rows += shape_rows
         ok = ok and shape_ok
     return rows, ok
@@ -291,7 +310,7 @@ def run_gpu(args, sms: int, progress=None) -> tuple[list[dict], bool]:
     import cupy
 
     copy_bps = gpu_decode.device_copy_rate(cupy, args.copy_mib, args.repeats)
-    title = (f"The split decode kernel at split counts around its pick, on {gpu.device_name()} ({sms} SMs): fp16, "
+    title = (f"The {build_name(args.prefetch)} at split counts around its pick, on {gpu.device_name()} ({sms} SMs): fp16, "
              f"{GPU_GEOMETRY.num_heads} query heads on {GPU_GEOMETRY.num_kv_heads} KV heads, "
              f"d = {GPU_GEOMETRY.head_dim}, pages of {GPU_GEOMETRY.block_size}; device copy rate (read + write) "
              f"{copy_bps / 1e12:.2f} TB/s")
@@ -299,7 +318,7 @@ def run_gpu(args, sms: int, progress=None) -> tuple[list[dict], bool]:
     host_rng = np.random.default_rng(0)
     t0 = time.perf_counter()
     rows, ok = [], True
-    for num_seqs, seq_len, auto, counts in plan(args.shapes, GPU_GEOMETRY, sms):
+    for num_seqs, seq_len, auto, counts in plan(args.shapes, GPU_GEOMETRY, sms, args.prefetch):
         q, tables, lens = gpu_decode.shape_inputs(cupy, host_rng, k_cache.shape[0], num_seqs, seq_len)
         nbytes = gpu_decode.kv_bytes(num_seqs, seq_len)
 
@@ -310,10 +329,11 @@ def run_gpu(args, sms: int, progress=None) -> tuple[list[dict], bool]:
 
         shape_rows, shape_ok = sweep_shape((q, k_cache, v_cache, tables, lens), num_seqs, seq_len, auto, counts,
                                            "cupy", measure=measure, progress=progress,
-                                           budget_spent=lambda: time.perf_counter() - t0 > args.time_budget)
+                                           budget_spent=lambda: time.perf_counter() - t0 > args.time_budget,
+                                           prefetch=args.prefetch)
         rows += add_ratios(shape_rows)
         ok = ok and shape_ok
-        write_results(rows, args.out, title)
+        write_results(rows, args.out, title, args.prefetch)
         del q, tables, lens
         cupy.get_default_memory_pool().free_all_blocks()
     return rows, ok
@@ -331,6 +351,8 @@ def parse_args(argv=None):
     p.add_argument("--time-budget", type=float, default=40.0,
                    help="seconds after which the counts not yet timed are skipped")
     p.add_argument("--emulator", action="store_true", help="run each count once on the CPU emulator")
+    p.add_argument("--prefetch", action="store_true",
+                   help="sweep the prefetch build (paged_decode_prefetch) instead of the plain split kernel")
     args = p.parse_args(argv)
     if args.out.exists() and not args.out.is_dir():
         p.error(f"--out must be a folder (it is made if missing), but {args.out} is a file")
@@ -349,9 +371,9 @@ def main(argv=None) -> int:
     if args.emulator:
         rows, ok = run_emulator(args)
         g = EMULATOR_GEOMETRY
-        write_results(rows, args.out, f"The split decode kernel at split counts around its pick, on the CPU "
+        write_results(rows, args.out, f"The {build_name(args.prefetch)} at split counts around its pick, on the CPU "
                                       f"emulator (not timed): fp16, {g.num_heads} query heads on {g.num_kv_heads} "
-                                      f"KV heads, d = {g.head_dim}, pages of {g.block_size}")
+                                      f"KV heads, d = {g.head_dim}, pages of {g.block_size}", args.prefetch)
         print(markdown(rows, "decode split sweep (emulator)"))
         counted = f"{len(rows)} split count" + ("" if len(rows) == 1 else "s")
         print(f"{counted}: " + ("all match NumPy" if ok else "NOT ALL MATCH NumPy (see the note column)")
@@ -366,7 +388,7 @@ def main(argv=None) -> int:
     from lessons.gpu.measure import progress_steps
 
     sms = device_sms(cupy)
-    total = sum(len(counts) for *_, counts in plan(args.shapes, GPU_GEOMETRY, sms))
+    total = sum(len(counts) for *_, counts in plan(args.shapes, GPU_GEOMETRY, sms, args.prefetch))
     with progress_steps(total, "split counts") as step:
         rows, ok = run_gpu(args, sms, step)
     print(markdown(rows, "decode split sweep"))

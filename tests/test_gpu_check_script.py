@@ -53,7 +53,8 @@ def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
     decode = steps.pop("benchmark decode")                              # present once its script is in the tree
     assert decode == ("ok" if (ROOT / "benchmarks" / "gpu_decode.py").exists() else "skip")
     expected = {"compile report", "pytest pass 1 (-n 2)", "benchmark forward", "benchmark backward", "total",
-                "tune mma_fa2_lazy tiles", "tune mma_fa2_wide tiles", "tune regtile tiles", "decode split sweep"}
+                "tune mma_fa2_lazy tiles", "tune mma_fa2_wide tiles", "tune regtile tiles", "decode split sweep",
+                "decode split sweep (prefetch)"}
     expected |= {f"hopper smoke {rung}" for rung in ("wgmma", "wgmma_overlap", "wgmma_pingpong")}
     expected |= {f"ncu {rung}" for rung in ("mma_fa2", "mma_fa2_lazy", "mma_fa2_wide", "wgmma", "wgmma_overlap", "wgmma_pingpong",
                                            "paged_decode_split", "paged_decode_prefetch")}
@@ -93,6 +94,10 @@ def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
     assert [int(r["num_splits"]) for r in rows] == counts
     assert (tmp_path / "decode_splits" / "decode_splits.md").is_file()
     assert "split counts: all match NumPy" in (tmp_path / "decode_splits" / "log.txt").read_text()
+    # and the prefetch build's, into its own folder and file stem
+    with open(tmp_path / "decode_splits_prefetch" / "decode_splits_prefetch.csv", newline="") as f:
+        assert [int(r["num_splits"]) for r in csv.DictReader(f)] == counts        # (2 x 64: 4 pages, the same counts)
+    assert "split counts: all match NumPy" in (tmp_path / "decode_splits_prefetch" / "log.txt").read_text()
     for kernel in sanitize.KERNELS:
         assert "all results match NumPy" in (tmp_path / "sanitizer" / f"emulator_{kernel}.txt").read_text()
     # the profiling driver ran each rung twice on the emulator (on a GPU: under ncu)
@@ -263,7 +268,8 @@ def test_steps_left_out_of_gpu_check_steps_are_named_and_do_not_fail_the_run(tmp
     off = {name for name, (status, detail) in steps.items()
            if status == "skip" and detail.strip() == "not in GPU_CHECK_STEPS"}
     assert off == {"compile report", "hopper smoke", "benchmark forward", "benchmark decode",
-                   "decode split sweep", "tune mma_fa2_wide tiles", "tune mma_fa2_lazy tiles", "tune regtile tiles",
+                   "decode split sweep", "decode split sweep (prefetch)", "tune mma_fa2_wide tiles",
+                   "tune mma_fa2_lazy tiles", "tune regtile tiles",
                    "pytest (GPU cases)", "compute-sanitizer"}, summary
     assert steps["ncu wgmma"] == ["skip", "left out after its first check"]
     assert steps["ring on the GPU (MPI)"][0] == "skip" and steps["total"][0] == "ok"

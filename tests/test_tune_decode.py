@@ -99,6 +99,25 @@ def test_the_emulator_sweep_agrees_with_numpy_and_writes_both_files(tmp_path, ca
     assert capsys.readouterr().out.splitlines()[-1] == f"7 split counts: all match NumPy; results in {tmp_path}"
 
 
+def test_the_prefetch_sweep_picks_from_a_wave_of_three_blocks_per_sm():
+    # 1 x 131072 on an H200: 8 blocks per split, 396 / 8 -> 49 splits with prefetch (528 / 8 -> 66 without)
+    (_, _, auto, counts), = tune.plan([(1, 131072)], tune.GPU_GEOMETRY, 132, True)
+    assert auto == decode_splits(1, 8, 131072, blocks_per_sm=3) == 49 and counts == documented_counts(49, 8192)
+    assert tune.auto_splits(1, 131072, tune.GPU_GEOMETRY, 132) == 66
+    assert (tune.stem(), tune.stem(True)) == ("decode_splits", "decode_splits_prefetch")
+
+
+@needs_emulator
+def test_the_emulator_prefetch_sweep_agrees_with_numpy_in_its_own_files(tmp_path, capsys):
+    assert tune.main(["--emulator", "--prefetch", "--out", str(tmp_path), "--shapes", "1x48"]) == 0
+    rows = read_csv(tmp_path / "decode_splits_prefetch.csv")
+    (_, _, auto, counts), = tune.plan([(1, 48)], tune.EMULATOR_GEOMETRY, 132, True)
+    assert [int(r["num_splits"]) for r in rows] == counts
+    assert all(float(r["max_abs_diff"]) <= tune.EMULATOR_TOLERANCE for r in rows)
+    assert not (tmp_path / "decode_splits.csv").exists()
+    assert "prefetch build" in (tmp_path / "decode_splits_prefetch.md").read_text().splitlines()[0]
+
+
 @needs_emulator
 def test_the_emulator_sweep_fails_when_an_output_differs_from_numpy(tmp_path, monkeypatch, capsys):
     real = tune.lessons.paged_decode
