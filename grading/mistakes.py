@@ -77,6 +77,21 @@ MISTAKES = {
         "dV uses P instead of P^T",
         "dV = P^T dO: key j collects the dO_i of every row i that attended to it, weighted by P_ij; "
         "dV_j += P^T dO_i has shape (block_k, dv)"),
+    "tie_counted_as_move": (
+        "a tie counted as a move",
+        "a max moves only when it strictly grows: a tile whose max equals the row's running max "
+        "(-inf = -inf included, a row that has seen no key yet) leaves m as it was and alpha exactly 1; "
+        "compare with >, not >="),
+    "nan_alpha_counted_as_move": (
+        "NaN alpha counted as a move",
+        "a row that has seen only masked keys keeps m = -inf, so alpha = exp(m_old - m_new) is "
+        "exp(-inf - -inf) = NaN, and NaN != 1 is True; its max did not move. Compare the maxes "
+        "(m_new > m_old is False for -inf and -inf), or take alpha = 1 where m_new is still -inf"),
+    "one_max_per_block": (
+        "one max for the whole block",
+        "each row has its own running max and its own alpha: a row whose max grows must rescale even "
+        "when another row of the block holds a larger score; take the max per row (axis=1), then ask "
+        "whether any row moved"),
 }
 
 

@@ -19,7 +19,7 @@ notebook             schedule              view              kernel             
                      cost.backward
 05 IO awareness      cost.traffic,         views.traffic,    flash_attention.cu,                peak_memory
                      cost.memory           views.gpu         flash_attention_mma.cu
-06 kernel ladder     gpu.ladder,           views.ladder,     flash_attention.cu,                (none)
+06 kernel ladder     gpu.ladder,           views.ladder,     flash_attention.cu,                rescale_tiles
                      gpu.hopper,           views.pipeline,   flash_attention_regtile.cu,
                      cost.rescale,         views.rescale     flash_attention_mma.cu,
                      cost.fragments                          flash_attention_mma_async.cu,

@@ -137,6 +137,44 @@ def test_shipped_exercise_is_the_stub(name):
         pytest.skip(f"exercises/{name}.py has been edited (your work); its stub is grading/stubs/{name}.py")
 
 
+def _exercises_readme_rows():
+    """[(notebook number, module name)] of the table in exercises/README.md, in its order."""
+    text = (ROOT / "exercises" / "README.md").read_text()
+    return re.findall(r"^\| (\d\d) \| `(\w+)\.py` \|", text, re.M)
+
+
+def test_exercises_readme_table_is_the_registry():
+    rows = _exercises_readme_rows()
+    assert rows == [(ex.notebook[:2], ex.name) for ex in EXERCISES], (
+        f"exercises/README.md lists {rows}; lessons.course.grade.EXERCISES has "
+        f"{[(ex.notebook[:2], ex.name) for ex in EXERCISES]}")
+
+
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_notebook_ends_with_its_exercise(path):
+    """Just before the self-test: a "Your turn" cell naming the exercise files, then a cell grading exactly
+    the exercises the registry files under this notebook."""
+    cells = json.loads(path.read_text())["cells"]
+    texts = ["".join(c["source"]) for c in cells]
+    selftest = next((i for i, t in enumerate(texts) if t.startswith("## Self-test")), None)
+    assert selftest is not None and selftest >= 2, f"{path.name}: no self-test after an exercise"
+    task, grader = cells[selftest - 2], cells[selftest - 1]
+    assert task["cell_type"] == "markdown" and texts[selftest - 2].startswith("## Your turn"), (
+        f"{path.name}: the cell before the grading cell is not \"## Your turn\"")
+    names = {ex.name for ex in EXERCISES if ex.notebook == path.stem}
+    assert names, f"{path.name}: no exercise in lessons.course.grade.EXERCISES"
+    for name in names:
+        assert f"exercises/{name}.py" in texts[selftest - 2], f"{path.name}: \"Your turn\" never names exercises/{name}.py"
+    code = texts[selftest - 1]
+    assert grader["cell_type"] == "code" and "from lessons.course.grade import check" in code, (
+        f"{path.name}: the cell after \"Your turn\" does not grade")
+    graded = set(re.findall(r'"(\w+)"', code)) & set(NAMES)
+    assert graded == names, f"{path.name}: its grading cell checks {sorted(graded)}, the registry {sorted(names)}"
+
+
 def test_every_classic_mistake_has_a_mutant():
     assert MUTANTS, "mutants/ is empty"
     for path, exercise, mistake in MUTANTS:

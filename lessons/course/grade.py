@@ -65,6 +65,8 @@ EXERCISES: tuple[Exercise, ...] = (
              "the backward pass tile by tile: recompute P from L, D = rowsum(dO * O)"),
     Exercise("peak_memory", "05_io_awareness",
              "peak memory of textbook vs flash: quadratic vs linear"),
+    Exercise("rescale_tiles", "06_kernel_ladder",
+             "lazy rescaling: the key tiles where a block of rows must still rescale"),
     Exercise("paged", "07_paged_attention",
              "paged lookup through a block table, partial last block"),
     Exercise("flash_decoding", "08_flash_decoding_and_ring",
