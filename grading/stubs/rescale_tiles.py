@@ -26,7 +26,7 @@ def rescale_tiles(scores, block_k):
         The scores of one block of R query rows against Nk keys, already scaled; ``-inf``
         marks a masked key (a row may see no key at all).
     block_k : int >= 1
-        Keys per tile: tile 1 holds keys ``0 .. block_k - 1``, and so on; the last tile
+        Keys per tile: tile 0 holds keys ``0 .. block_k - 1``, tile 1 the next ``block_k``, and so on; the last tile
         holds what is left and may be shorter.
 
     Returns
