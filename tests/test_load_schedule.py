@@ -75,3 +75,16 @@ def test_the_prefetch_picture_draws_each_step_once_per_lane():
     assert loads[0][0] == loads[1][0] == 0 and loads[0][1] != loads[1][1]
     with pytest.raises(TypeError, match="lanes"):
         pipeline_figure({"x": load_schedule(2)}, lanes=("only one",))
+
+
+def test_the_prefetch_picture_needs_a_step_and_says_so():
+    # load_schedule(0) is an empty schedule; the picture of it would have no bars, so prefetch_figure refuses
+    # n_steps = 0 itself, naming the argument (not an internal schedule title)
+    from lessons.views.pipeline import prefetch_figure
+
+    with pytest.raises(ValueError, match="n_steps"):
+        prefetch_figure(0)
+    with pytest.raises(TypeError, match="n_steps"):
+        prefetch_figure(2.0)
+    fig = prefetch_figure(1, latency=3, compute=1)
+    assert "all steps done at 4" in fig.axes[1].get_title(loc="left")

@@ -97,9 +97,12 @@ def prefetch_figure(n_steps: int = 4, *, latency: float = 3.0, compute: float = 
     """The decode split rung against its prefetch build, one lane group's steps in time: two panels of
     :func:`pipeline_figure` over :func:`lessons.cost.latency.load_schedule` (loads from issue to landing,
     one sub-row per register set where two steps' loads are in flight at once; absorbs below). A model,
-    labelled as one. Returns a Figure; TypeError/ValueError as load_schedule for bad arguments."""
+    labelled as one. Returns a Figure; TypeError/ValueError as load_schedule for bad arguments, and a
+    ValueError naming ``n_steps`` for 0 steps (nothing to draw)."""
+    from lessons.core.checks import check_int
     from lessons.cost.latency import load_schedule
 
+    check_int(n_steps, "n_steps", min=1)
     schedules = {"split rung (load, wait, absorb)": load_schedule(n_steps, latency=latency, compute=compute),
                  "prefetch rung (the next step's loads issued before this step is absorbed)":
                      load_schedule(n_steps, latency=latency, compute=compute, prefetch=True)}
