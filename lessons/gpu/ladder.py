@@ -91,8 +91,8 @@ RUNGS = (
     Rung("regtile", "CUDA cores, register-tiled", "regtile", "flash_attention_regtile",
          "lessons.gpu.flash_attention_regtile_gpu", "float32",
          "each thread owns a block of S (4 rows x 4 keys at d = 64) and of O (4 rows x 8 columns), "
-         "and reads shared memory 16 bytes at a time (ld.shared.v4); since the measured build also exp2 with "
-         "log2(e) in the scale, and plain FMAs for P V in a tile whose V is all finite (the guard against "
+         "and reads shared memory 16 bytes at a time (ld.shared.v4); since the measured build it also uses exp2 "
+         "with log2(e) in the scale, and plain FMAs for P V in a tile whose V is all finite (the guard against "
          "0 x NaN only where V holds inf or NaN)",
          "shared loads per FMA in S: (TM + TN) / (4 TM TN) = 8 / 64 = 1/8 at d = 64, 6 / 32 at d = 128 "
          "(the scalar rung: 1); 118-128 registers per thread, no spills (4 blocks of 128 threads per SM); "
@@ -126,7 +126,7 @@ RUNGS = (
          "only where one is found",
          "compile report (NVRTC 12.9, sm_80 and sm_90, no spills): d = 64: 128 registers x 256 threads and "
          "32768 bytes of shared memory, so 2 blocks of 8 warps fit an SM (16 warps, occupancy 25% against "
-         "the mma rung's 12.5%); d = 128: 202-208 registers x 128 threads, 32768 bytes, 2 blocks per SM; "
+         "the mma rung's 12.5%); d = 128: 204-208 registers x 128 threads, 32768 bytes, 2 blocks per SM; "
          "half the ldmatrix instructions of the .x2 rung; one ex2 per probability instead of expf; K and V "
          "read from HBM once per 128 query rows at d = 64 (half the mma rung's traffic); "
          "aim: >= 0.5x SDPA. Measured (2026-12-01): 1.9x / 2.0x the mma rung at d = 64 / 128, "
