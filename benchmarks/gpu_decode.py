@@ -38,6 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from lessons.gpu.ladder import DECODE_LAUNCH_OPTIONS  # noqa: E402
+
 #: (num_seqs, seq_len) of the measured shapes
 SHAPES = ((64, 4096), (8, 32768), (1, 131072))
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
@@ -47,10 +49,20 @@ KERNELS = (("paged_decode", "paged_decode_gpu", None),
            ("flash_decoding s=32", "flash_decoding_gpu", 32),
            ("paged_decode_split auto", "paged_decode_split_gpu", None),
            ("paged_decode_prefetch auto", "paged_decode_split_gpu", None))
-#: launcher keywords per rung (the first word of a label): the prefetch rung is the split launcher's prefetch build
-RUNG_OPTIONS = {"paged_decode_prefetch": dict(prefetch=True)}
+#: launcher keywords per rung (the first word of a label): the ladder's, so the prefetch rung is the split
+#: launcher's prefetch build
+RUNG_OPTIONS = DECODE_LAUNCH_OPTIONS
 FIELDS = ("kernel", "num_seqs", "seq_len", "num_splits", "seconds", "kv_bytes", "tb_per_s", "pct_of_copy",
           "max_abs_diff")
+
+
+def auto_splits(num_seqs: int, seq_len: int, num_sms: int, prefetch: bool = False) -> int:
+    """The split count the split launcher picks itself at one shape (its own function,
+    :func:`lessons.gpu.source.paged_decode_split_auto_splits`), with or without ``prefetch``."""
+    from lessons.gpu.source import paged_decode_split_auto_splits
+
+    return paged_decode_split_auto_splits(num_seqs, seq_len, HEAD_DIM, BLOCK_SIZE, NUM_HEADS, NUM_KV_HEADS,
+                                          num_sms=num_sms, prefetch=prefetch)
 
 
 def kernel_runs(num_seqs: int, seq_len: int, num_sms: int) -> list[tuple]:
@@ -58,9 +70,7 @@ def kernel_runs(num_seqs: int, seq_len: int, num_sms: int) -> list[tuple]:
     ``paged_decode_split`` with the split count ``decode_splits`` picks minus one and plus one
     (``"paged_decode_split s=N"``; none below 1 or above the sequence's pages), so a run shows
     whether the pick was the fastest of its neighbours. 8 x 32768 on 132 SMs: s=7 and s=9 (auto is 8)."""
-    from lessons.gpu.source import decode_splits
-
-    auto = decode_splits(num_seqs, NUM_KV_HEADS, seq_len, block_size=BLOCK_SIZE, num_sms=num_sms)
+    auto = auto_splits(num_seqs, seq_len, num_sms)
     pages = -(-seq_len // BLOCK_SIZE)
     near = [s for s in (auto - 1, auto + 1) if 1 <= s <= pages]
     return list(KERNELS) + [(f"paged_decode_split s={s}", "paged_decode_split_gpu", s) for s in near]
@@ -211,7 +221,6 @@ def main(argv=None) -> int:
     import numpy as np
 
     import lessons.gpu as gpu
-    from lessons.gpu.source import DECODE_BLOCKS_PER_SM
 
     if not gpu.device_available():
         print("no CUDA device (or CuPy is not installed): nothing measured. On a GPU machine run "
@@ -242,8 +251,7 @@ def main(argv=None) -> int:
             cupy.cuda.Device().synchronize()
             seconds = kernel_seconds(cupy, fn, args.target_seconds, args.repeats)
             if launcher == "paged_decode_split_gpu" and splits is None:
-                splits_used = gpu.decode_splits(num_seqs, NUM_KV_HEADS, seq_len, block_size=BLOCK_SIZE, num_sms=sms,
-                                                blocks_per_sm=DECODE_BLOCKS_PER_SM[options.get("prefetch", False)])
+                splits_used = auto_splits(num_seqs, seq_len, sms, **options)
             else:
                 splits_used = splits or 1
             row = result_row(label, num_seqs, seq_len, splits_used, seconds, copy_bps, diff)

@@ -31,8 +31,6 @@ from lessons.gpu import ladder  # noqa: E402
 
 #: the decode rungs this script can run, and the name of their kernel
 DECODE_ENTRIES = {"paged_decode_split": "paged_decode_gqa_split", "paged_decode_prefetch": "paged_decode_gqa_split"}
-#: launcher keywords of a decode rung that is another build of the same launcher
-DECODE_OPTIONS = {"paged_decode_prefetch": dict(prefetch=True)}
 FORWARD_RUNGS = tuple(r.name for r in ladder.RUNGS if r.kernel is not None)
 
 
@@ -95,7 +93,7 @@ def main(argv=None) -> int:
     if args.rung in DECODE_ENTRIES:
         inputs = decode_inputs(xp, num_seqs, seq_len)
         launch = getattr(gpu, ladder.decode_rung(args.rung).launcher.rsplit(".", 1)[1])
-        options = DECODE_OPTIONS.get(args.rung, {})
+        options = ladder.DECODE_LAUNCH_OPTIONS.get(args.rung, {})
         run = lambda: launch(*inputs, check_tables=False, backend=backend, **options)      # noqa: E731
     else:
         inputs = forward_inputs(xp, args.rung, n, heads, args.d)

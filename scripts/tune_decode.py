@@ -47,8 +47,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import lessons  # noqa: E402
 import lessons.gpu as gpu  # noqa: E402
-from lessons.gpu.source import (DECODE_BLOCKS_PER_SM, H200_NUM_SMS, decode_splits,  # noqa: E402
-                                paged_decode_split_config)
+from lessons.gpu.source import H200_NUM_SMS, paged_decode_split_auto_splits  # noqa: E402
 
 import gpu_decode  # noqa: E402  (benchmarks/gpu_decode.py: the decode benchmark's cache, bytes and timing)
 
@@ -100,15 +99,13 @@ def shape_name(num_seqs: int, seq_len: int) -> str:
 
 def auto_splits(num_seqs: int, seq_len: int, geometry: Geometry, num_sms: int, prefetch: bool = False) -> int:
     """The split count ``paged_decode_split_gpu(..., num_splits=None, prefetch=prefetch)`` picks for full
-    sequences of ``seq_len`` tokens: :func:`decode_splits` called as the launcher calls it (the table's
-    ``ceil(seq_len / block_size)`` pages, the blocks per GQA group from the kernel's heads per block,
-    ``num_sms`` SMs, the build's blocks per SM; the launcher uses the H200's 132 SMs on the emulator)."""
+    sequences of ``seq_len`` tokens: :func:`lessons.gpu.source.paged_decode_split_auto_splits`, the function the
+    launcher asks, for the table's ``ceil(seq_len / block_size)`` pages and ``num_sms`` SMs (the launcher uses the
+    H200's 132 SMs on the emulator)."""
     g = geometry
-    hpb = paged_decode_split_config(g.head_dim, g.block_size, g.num_heads, g.num_kv_heads)
     pages = -(-seq_len // g.block_size)
-    return decode_splits(num_seqs, g.num_kv_heads, pages * g.block_size, block_size=g.block_size,
-                         heads_per_kv_head=g.num_heads // g.num_kv_heads // hpb, num_sms=num_sms,
-                         blocks_per_sm=DECODE_BLOCKS_PER_SM[prefetch], max_splits=MAX_SPLITS)
+    return paged_decode_split_auto_splits(num_seqs, pages * g.block_size, g.head_dim, g.block_size, g.num_heads,
+                                          g.num_kv_heads, num_sms=num_sms, prefetch=prefetch)
 
 
 def split_counts(auto: int, pages: int) -> list[int]:

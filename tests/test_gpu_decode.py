@@ -270,6 +270,13 @@ def test_prefetch_decode_fills_a_wave_of_three_blocks_per_sm():
 
     assert DECODE_BLOCKS_PER_SM == {False: 4, True: 3}
     assert decode_splits(1, 8, 131072, blocks_per_sm=3) == 49
+    # the one function the launcher, the benchmark and the sweep ask (32 query heads on 8, d = 128, pages of 16)
+    from lessons.gpu.source import paged_decode_split_auto_splits as auto
+    assert [auto(1, 131072, 128, 16, 32, 8, prefetch=p) for p in (False, True)] == [66, 49]
+    assert auto(8, 32768, 128, 16, 32, 8) == 8 and auto(64, 4096, 128, 16, 32, 8, prefetch=True) == 1
+    assert auto(1, 131072, 128, 16, 64, 8) == 33    # groups of 8 heads: 2 blocks of 4 each, 16 per split -> 528 / 16
+    with pytest.raises(TypeError, match="prefetch"):
+        auto(1, 4096, 128, 16, 32, 8, prefetch="yes")
     # one sequence, 2 KV heads (2 blocks per split), its block table 400 pages wide (the launcher reads the
     # longest sequence off the table's width): 264 splits fill the 4-block wave, 198 the 3-block one
     c = paged_case(18, 8, 2, 16, 16, [16 * 400])

@@ -30,7 +30,7 @@ __all__ = ["Rung", "RUNGS", "RECORDED_DIR", "RECORDED_CSV", "RECORDED_LABEL", "P
            "rung_intensity", "rung_build", "measure_ladder", "ladder_points", "speedup_claim", "CLAIM",
            "ladder_markdown", "rung_evidence", "overlap_evidence", "SERIALISED_WGMMA", "Target", "TARGETS",
            "target_outcomes", "targets_markdown",
-           "DECODE_RUNGS", "DECODE_RECORDED", "decode_rung", "decode_rung_build", "decode_recorded_rows",
+           "DECODE_RUNGS", "DECODE_LAUNCH_OPTIONS", "DECODE_RECORDED", "decode_rung", "decode_rung_build", "decode_recorded_rows",
            "decode_recorded", "decode_table", "decode_markdown", "sdpa_backends", "sdpa_kernels",
            "SWEEP_FILES", "recorded_sweep", "best_tiles", "sweep_markdown"]
 
@@ -722,6 +722,12 @@ DECODE_RUNGS = (
          "ld.global.nc.v4.u32", "not yet measured on a GPU"),
 )
 
+#: launcher keywords of a decode rung that is another build of the same launcher (its name -> keywords): the
+#: prefetch rung is ``paged_decode_split_gpu(..., prefetch=True)``; the rung's build, the decode benchmark and
+#: the profiling script all read this
+DECODE_LAUNCH_OPTIONS = {"paged_decode_prefetch": {"prefetch": True}}
+
+
 def decode_rung(name: str) -> Rung:
     """The decode rung called ``name`` (one of ``[r.name for r in DECODE_RUNGS]``); ValueError otherwise."""
     for r in DECODE_RUNGS:
@@ -738,7 +744,7 @@ def decode_rung_build(r: Rung | str, d: int = 128):
     r = decode_rung(r) if isinstance(r, str) else r
     if r.kernel == "paged_decode":
         return source.paged_decode_build(d, 16, 32, 8, r.dtype)
-    return source.paged_decode_split_build(d, 16, 32, 8, r.dtype, prefetch=r.name == "paged_decode_prefetch")
+    return source.paged_decode_split_build(d, 16, 32, 8, r.dtype, **DECODE_LAUNCH_OPTIONS.get(r.name, {}))
 
 
 def decode_recorded_rows(path: Path | None = None) -> list[dict]:

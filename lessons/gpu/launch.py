@@ -1087,7 +1087,7 @@ def paged_decode_split_gpu(q, k_cache, v_cache, block_tables, seq_lens, num_spli
     Source: Dao, Haziza, Massa, Sizov 2023 (Flash-Decoding); Kwon et al. 2023 (PagedAttention),
     Sec. 4; Ainslie et al. 2023 (GQA); the fold of Dao 2023, FA-2 Alg. 1.
     """
-    from lessons.gpu.source import DECODE_BLOCKS_PER_SM, decode_splits, paged_decode_split_build
+    from lessons.gpu.source import paged_decode_split_auto_splits, paged_decode_split_build
 
     backend = _check_backend(backend)
     kind, dtype, num_seqs, num_heads, d, block_size, num_kv_heads, max_blocks = _check_paged(
@@ -1103,10 +1103,9 @@ def paged_decode_split_gpu(q, k_cache, v_cache, block_tables, seq_lens, num_spli
     hpb = dict(build.defines)["HEADS_PER_BLOCK"]
 
     run = Runner(backend, kind)
-    if num_splits is None:
-        num_splits = decode_splits(num_seqs, num_kv_heads, max_blocks * block_size, block_size=block_size,
-                                   heads_per_kv_head=num_heads // num_kv_heads // hpb, num_sms=_num_sms(run),
-                                   blocks_per_sm=DECODE_BLOCKS_PER_SM[prefetch], max_splits=_GRID_YZ_LIMIT)
+    if num_splits is None:                 # (at most decode_splits' 65535 = _GRID_YZ_LIMIT)
+        num_splits = paged_decode_split_auto_splits(num_seqs, max_blocks * block_size, d, block_size, num_heads,
+                                                    num_kv_heads, num_sms=_num_sms(run), prefetch=prefetch)
     q_d, k_d, v_d = (_aligned(run, run.put(x)) for x in (q, k_cache, v_cache))   # 16-byte loads
     tables_d, lens_d = run.put(block_tables), run.put(seq_lens)
     out = run.xp.empty(q.shape, dtype=q.dtype)

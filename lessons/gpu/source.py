@@ -41,7 +41,8 @@ __all__ = [
     "flash_attention_wgmma_build", "wgmma_swizzle", "WGMMA_KERNELS", "WGMMA_OVERLAP_STAGES",
     "flash_attention_wgmma_overlap_build",
     "MAX_SPLIT_HEADS_PER_BLOCK", "paged_decode_split_layout", "paged_decode_split_smem_bytes",
-    "paged_decode_split_config", "paged_decode_split_build", "DECODE_BLOCKS_PER_SM", "decode_splits", "decode_split_cost", "H200_NUM_SMS",
+    "paged_decode_split_config", "paged_decode_split_build", "DECODE_BLOCKS_PER_SM", "paged_decode_split_auto_splits",
+    "decode_splits", "decode_split_cost", "H200_NUM_SMS",
 ]
 
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
@@ -752,6 +753,21 @@ def paged_decode_split_build(head_dim: int, block_size: int, num_heads: int, num
     extra = dict(PREFETCH=1, MIN_BLOCKS=DECODE_BLOCKS_PER_SM[True]) if check_flag(prefetch, "prefetch") else {}
     return KernelBuild.make("paged_decode_split", dtype, False, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
                             HEADS_PER_BLOCK=hpb, **extra)
+
+
+def paged_decode_split_auto_splits(num_seqs: int, seq_len: int, head_dim: int, block_size: int, num_heads: int,
+                                   num_kv_heads: int, *, num_sms: int = H200_NUM_SMS, prefetch: bool = False) -> int:
+    """The split count ``paged_decode_split_gpu(..., num_splits=None)`` runs: :func:`decode_splits` for one block per
+    ``heads_per_block`` query heads of a group (:func:`paged_decode_split_config`), ``num_sms`` SMs and the build's
+    :data:`DECODE_BLOCKS_PER_SM` (3 with ``prefetch``, else 4). ``seq_len``: the longest sequence in tokens (the
+    launcher passes its block table's width times ``block_size``). The launcher, the decode benchmark and the split
+    sweep all ask this one function. Errors as decode_splits and paged_decode_split_config; TypeError naming
+    ``prefetch`` for a non-bool. At 32 query heads on 8 KV heads, d = 128, pages of 16, an H200: 1 x 131072 ->
+    66 splits, 49 with prefetch."""
+    hpb = paged_decode_split_config(head_dim, block_size, num_heads, num_kv_heads)
+    return decode_splits(num_seqs, num_kv_heads, seq_len, block_size=block_size,
+                         heads_per_kv_head=num_heads // num_kv_heads // hpb, num_sms=num_sms,
+                         blocks_per_sm=DECODE_BLOCKS_PER_SM[check_flag(prefetch, "prefetch")])
 
 
 def decode_splits(num_seqs: int, num_kv_heads: int, seq_len: int, *, block_size: int = 16,
