@@ -22,8 +22,8 @@ notebook             schedule              view              kernel             
 06 kernel ladder     gpu.ladder,           views.ladder,     flash_attention.cu,                rescale_tiles
                      gpu.hopper,           views.pipeline,   flash_attention_regtile.cu,
                      cost.rescale,         views.rescale     flash_attention_mma.cu,
-                     cost.fragments                          flash_attention_mma_async.cu,
-                                                             flash_attention_mma_fa2.cu,
+                     cost.fragments,                         flash_attention_mma_async.cu,
+                     cost.register_tiles                     flash_attention_mma_fa2.cu,
                                                              flash_attention_wgmma.cu,
                                                              flash_attention_wgmma_overlap.cu
 07 paged attention   schedules.paged       views.paged       paged_decode.cu                    paged

@@ -378,13 +378,13 @@ def test_ladder_figure_draws_every_measured_rung_and_labels_the_rest():
     assert dots == pytest.approx(sorted(p["tflops"] for p in measured))
     assert sorted(b.get_width() for b in bars.patches) == pytest.approx(sorted(p["tflops"] for p in measured))
     unmeasured = [r.name for r in ladder.RUNGS if r.impl is None]
-    assert unmeasured == ["mma_fa2_lazy", "mma_fa2_wide", "wgmma", "wgmma_overlap", "wgmma_pingpong"]
+    assert unmeasured == ["regtile_wide", "mma_fa2_lazy", "mma_fa2_wide", "wgmma", "wgmma_overlap", "wgmma_pingpong"]
     assert sum(ladder.NOT_MEASURED in t.get_text() for t in bars.texts) == 2 * len(unmeasured)    # d = 64, 128
     assert ladder.RECORDED_LABEL in fig._suptitle.get_text()
     # a run without some rungs: each of them is labelled, never drawn
     old = ladder.ladder_points(8192, (64, 128), rows=ladder.recorded_rows(ladder.PROFILED_DIR / "results.csv"))
     fig = ladder_figure(old, label="x")
-    assert sum(ladder.NOT_MEASURED in t.get_text() for t in fig.axes[1].texts) == 16  # 8 rungs x 2 head dims
+    assert sum(ladder.NOT_MEASURED in t.get_text() for t in fig.axes[1].texts) == 18  # 9 rungs x 2 head dims
     with pytest.raises(ValueError):
         ladder_figure([], label="x")
 
@@ -465,13 +465,15 @@ def test_a_target_counts_the_best_of_its_rungs_and_names_it():
 @needs_nvrtc
 def test_rung_evidence_is_the_compiler_report():
     ev = {e["name"]: e for e in ladder.rung_evidence(64, "sm_80")}
-    assert set(ev) == {"scalar", "regtile", "mma", "mma_async", "mma_fa2", "mma_fa2_lazy", "mma_fa2_wide", "wgmma",
-                       "wgmma_overlap", "wgmma_pingpong"}
+    assert set(ev) == {"scalar", "regtile", "regtile_wide", "mma", "mma_async", "mma_fa2", "mma_fa2_lazy",
+                       "mma_fa2_wide", "wgmma", "wgmma_overlap", "wgmma_pingpong"}
     assert ev["wgmma_pingpong"]["count"] == 6          # bar.arrive: 5 hand-overs (2 per warpgroup, 1 at the end) + the first
     assert ev["wgmma_overlap"]["arch"] == "sm_90a" and ev["wgmma_overlap"]["spill_bytes"] == 0
     assert ev["wgmma"]["arch"] == "sm_90a" and ev["regtile"]["arch"] == "sm_80" and ev["wgmma"]["spill_bytes"] == 0
     res = gpu.compile_kernel(gpu.flash_attention_regtile_build(64), "sm_80").resources["flash_attention_regtile"]
     assert ev["regtile"]["registers"] == res.registers and ev["regtile"]["spill_bytes"] == 0
+    wide = gpu.compile_kernel(gpu.flash_attention_regtile_wide_build(64), "sm_80").resources["flash_attention_regtile_wide"]
+    assert ev["regtile_wide"]["registers"] == wide.registers and ev["regtile_wide"]["spill_bytes"] == 0
     assert all(e["count"] > 0 for e in ev.values())
 
 

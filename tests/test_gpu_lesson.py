@@ -102,9 +102,12 @@ def test_reported_shared_memory_is_what_the_tiles_need(results, nb):
             expected = 2 * 2 * d["BLOCK_K"] * (d["HEAD_DIM"] + 8)                # float16 k, v tiles, +8 padding
         elif res.entry == "flash_attention_mma_async":
             expected = 2 * 2 * 2 * d["BLOCK_K"] * (d["HEAD_DIM"] + 8)            # the same tiles, twice (two stages)
-        elif res.entry == "flash_attention_regtile":
+        elif res.entry in ("flash_attention_regtile", "flash_attention_regtile_wide"):
             hd, bq, bk = d["HEAD_DIM"], d["BLOCK_Q"], d["BLOCK_K"]
-            expected = 4 * (bq * (hd + 4) + bk * (hd + 4) + bq * (bk + 4))       # q, k-then-v, p tiles, +4 padding
+            tiles = 4 * (bq * (hd + 4) + bk * (hd + 4) + bq * (bk + 4))          # q, k-then-v, p tiles, +4 padding
+            dynamic = d.get("REGTILE_DYNAMIC_SMEM", 0) == 1                    # (over 48 KiB: asked for at launch)
+            expected = 0 if dynamic else tiles
+            assert res.dynamic_smem_bytes == (tiles if dynamic else 0), res
         elif res.entry == "flash_attention_mma_fa2":
             expected = 2 * 2 * 2 * d["BLOCK_K"] * d["HEAD_DIM"]                 # K, V tiles, two stages, swizzled
         elif res.entry == "flash_attention_mma_fa2_lazy":                      # the same stages, dynamic
@@ -144,7 +147,8 @@ def test_each_section_reports_only_the_entry_points_it_runs(results):
                                                           "paged_decode_split", "merge_splits", "flash_attention_mma",
                                                           "mma_probe", "flash_attention_backward_preprocess",
                                                           "flash_attention_backward_dkdv", "flash_attention_backward_dq",
-                                                          "flash_attention_regtile", "flash_attention_mma_async",
+                                                          "flash_attention_regtile", "flash_attention_regtile_wide",
+                                                          "flash_attention_mma_async",
                                                           "paged_decode_gqa_split", "merge_split_states",
                                                           "flash_attention_mma_fa2", "flash_attention_mma_fa2_lazy",
                                                           "flash_attention_mma_fa2_wide",

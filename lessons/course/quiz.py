@@ -243,6 +243,22 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           "Same fold, same bytes from HBM; what changes is the ratio of shared loads to FMAs (1/8 at "
           "d = 64 instead of 1). Reread the register-tiled row of 'The rungs' (its predicted effect) and "
           "'The register-tiled rung, run on the CPU'."),
+        Q("At d = 128 the plain register-tiled kernel gives a thread 2 rows x 4 keys of S. Why not simply 8 rows, "
+          "and how does the wide build get there?",
+          ("8 rows would need more shared memory than a block may have on any GPU; the wide build keeps Q in "
+           "registers instead of shared memory, which frees the room",
+           "With 8 lanes per row a thread keeps 16 columns of each of its output rows, so 8 rows would be 128 "
+           "floats of o alone; 16 lanes per row halve that, and 8 rows x 4 keys fit in 168 registers",
+           "A thread's FMAs can only feed 2 rows at a time from one shared load; the wide build reads each "
+           "value of K twice as often so that more rows can use it",
+           "Causal masking needs a thread's rows to lie within 2 of the diagonal; the wide build masks whole "
+           "tiles instead, so its rows may be further apart"),
+          1,
+          "A thread's o is its rows times its share of the head dim, and that share is d / lanes: 128 / 8 = 16 "
+          "columns. With 16 lanes it is 8, so 8 rows cost 64 floats of o, and each 4 columns of S need 8 + 4 "
+          "loads for 128 FMAs instead of 2 + 4 for 32. The price is shared memory (64 x 64 tiles: 85 KiB, 2 blocks "
+          "per SM instead of 4), so whether it is faster is for a GPU run to say. Reread 'Wider rows: 8 rows x 4 "
+          "keys per thread'."),
         Q("A warp skips o *= alpha for all 16 of its rows at a key tile and leaves everything else as the FA-2 "
           "rung does. When is its output still bitwise the FA-2 rung's?",
           ("Whenever alpha is close to 1, as it is after the first few tiles",
@@ -279,8 +295,9 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           1,
           "Every rung up to the FA-2 recipe was timed on 2026-12-01: the FA-2 recipe rung is 20x / 12x naive "
           "CuPy, but register tiling reached 2.7x / 1.4x (aim 3x), the FA-2 rung 0.43x / 0.30x SDPA (aim 0.5x) "
-          "and the split decode kernel 51-68% of the copy rate (aim 70%); the rungs built later (the lazy and "
-          "wide FA-2 rungs, the three Hopper rungs, the prefetch decode build) are not yet timed. "
+          "and the split decode kernel 51-68% of the copy rate (aim 70%); the rungs built later (the wide "
+          "register-tiled rung, the lazy and wide FA-2 rungs, the three Hopper rungs, the prefetch decode build) "
+          "are not yet timed. "
           "Reread 'The targets, met or not'."),
         Q("In the Hopper rung, what tells the producer warpgroup that it may copy the next K and V tile into "
           "a shared-memory stage?",

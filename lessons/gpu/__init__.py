@@ -6,6 +6,7 @@ Kernels (CUDA C in ``lessons/gpu/kernels/``, one launcher each):
 * :func:`flash_attention_gpu` - FlashAttention-2 forward, causal bottom-right, fp32/fp16/bf16;
 * :func:`flash_attention_mma_gpu` - the same on tensor cores (``mma.sync``), fp16/bf16, sm_80+;
 * :func:`flash_attention_regtile_gpu` - the CUDA-core forward register-tiled (16-byte shared loads), fp32;
+* :func:`flash_attention_regtile_wide_gpu` - the same with 16 lanes per row group (8 rows x 4 keys per thread), P read 4 keys at a time;
 * :func:`flash_attention_mma_async_gpu` - the tensor-core forward with ``cp.async`` double buffering and ``ldmatrix``;
 * :func:`flash_attention_mma_fa2_gpu` - the tensor-core forward along FlashAttention-2's recipe (big blocks, ldmatrix.x4, swizzle, exp2);
 * :func:`flash_attention_mma_fa2_lazy_gpu` - the same with lazy rescaling (o rescaled only when a max moves) and 64-key tiles at d = 128;
@@ -39,9 +40,10 @@ from lessons.gpu.source import (KERNELS, KernelBuild, default_builds, flash_atte
                      paged_decode_build, paged_decode_config)
 from lessons.gpu.backward import GpuBackwardTrace, flash_attention_backward_gpu
 from lessons.gpu.source import flash_attention_backward_build, flash_attention_backward_config
-from lessons.gpu.launch import flash_attention_mma_async_gpu, flash_attention_regtile_gpu
+from lessons.gpu.launch import flash_attention_mma_async_gpu, flash_attention_regtile_gpu, flash_attention_regtile_wide_gpu
 from lessons.gpu.source import flash_attention_mma_async_build, flash_attention_mma_async_config
 from lessons.gpu.source import flash_attention_regtile_build, flash_attention_regtile_config
+from lessons.gpu.source import flash_attention_regtile_wide_build, flash_attention_regtile_wide_config
 from lessons.gpu.launch import flash_attention_mma_fa2_gpu, flash_attention_mma_fa2_lazy_gpu, flash_attention_mma_fa2_wide_gpu
 from lessons.gpu.source import flash_attention_mma_fa2_build, flash_attention_mma_fa2_config
 from lessons.gpu.source import (flash_attention_mma_fa2_lazy_build, flash_attention_mma_fa2_lazy_config,
@@ -70,6 +72,7 @@ __all__ = [
     "to_bfloat16_bits", "from_bfloat16_bits", "emulator_available", "EmulatorError", "EmulatorMemoryError",
     "flash_attention_backward_gpu", "GpuBackwardTrace", "flash_attention_backward_config", "flash_attention_backward_build",
     "flash_attention_regtile_gpu", "flash_attention_regtile_config", "flash_attention_regtile_build",
+    "flash_attention_regtile_wide_gpu", "flash_attention_regtile_wide_config", "flash_attention_regtile_wide_build",
     "flash_attention_mma_async_gpu", "flash_attention_mma_async_config", "flash_attention_mma_async_build",
     "flash_attention_mma_fa2_gpu", "flash_attention_mma_fa2_config", "flash_attention_mma_fa2_build",
     "flash_attention_mma_fa2_lazy_gpu", "flash_attention_mma_fa2_lazy_config", "flash_attention_mma_fa2_lazy_configs",

@@ -100,6 +100,21 @@ RUNGS = (
          "aim: >= 3x naive CuPy. Measured (2026-12-01, before exp2 and the plain P V loop): 1.9x the scalar "
          "rung at both head dims, but only 2.7x naive at d = 64 and 1.4x at d = 128: the aim is not met",
          "ld.shared.v4.f32", "not profiled yet (the Nsight Compute run of 2026-11-30 predates it)"),
+    Rung("regtile_wide", "CUDA cores, register-tiled, 8 rows x 4 keys per thread", None, "flash_attention_regtile_wide",
+         "lessons.gpu.flash_attention_regtile_wide_gpu", "float32",
+         "the register-tiled kernel with one switch (REGTILE_WIDE): a row group is 16 lanes instead of 8, so each "
+         "thread holds half as many columns of an output row and owns 8 rows x 4 keys of S (the plain build: "
+         "4 x 4 at d = 64, 2 x 4 at d = 128) in 64-row, 64-key tiles; P is read 4 keys at a time (one 16-byte "
+         "load per row) instead of one",
+         "shared loads per FMA: in S (TM + TN) / (4 TM TN) = 12 / 128 at both head dims (the plain build: 8 / 64 at "
+         "d = 64, 6 / 32 at d = 128); in P V (TM + 4 NC) / (16 TM NC) = 12 / 128 at d = 64 and 16 / 256 at d = 128 "
+         "(the plain build: 6 / 32 at both); no 4-byte shared loads left (the plain build has 2-4); K and V read "
+         "from L2 once per 64 query rows (the plain build at d = 128: per 32). Compile report (NVRTC 12.9, sm_80 / "
+         "sm_90, no spills): d = 64: 160 / 164 registers, 52 224 bytes of dynamic shared memory: 3 blocks of 128 "
+         "threads per SM; d = 128: 168 / 168 registers, 84 992 bytes: 2 blocks per SM (the plain build: 4). The "
+         "other tiles (scripts/tune_tiles.py --rung regtile_wide times them all) are in "
+         "lessons.gpu.source.REGTILE_WIDE_SWEEP; aim: >= 3x naive CuPy",
+         "ld.shared.v4.f32", "not yet run on a GPU: built and checked on the CPU emulator only"),
     Rung("mma", "tensor cores, mma.sync", "mma", "flash_attention_mma", "lessons.gpu.flash_attention_mma_gpu",
          "float16",
          "both products (Q K^T and P V) on tensor cores, mma.sync.m16n8k16, float16 in, float32 accumulate",
@@ -382,6 +397,9 @@ def rung_intensity(r: Rung | str, n: int = 8192, d: int = 64) -> float:
     elif r.name == "regtile":
         from lessons.gpu.source import flash_attention_regtile_config
         bq, bk = flash_attention_regtile_config(d)
+    elif r.name == "regtile_wide":
+        from lessons.gpu.source import flash_attention_regtile_wide_config
+        bq, bk = flash_attention_regtile_wide_config(d)
     else:
         from lessons.gpu.source import flash_attention_config
         bq, bk = flash_attention_config(d)
@@ -399,6 +417,7 @@ def rung_build(r: Rung | str, d: int = 64):
         raise ValueError(f"rung {r.name!r} has no kernel of ours to build")
     return {"scalar": lambda: source.flash_attention_build(d, r.dtype),
             "regtile": lambda: source.flash_attention_regtile_build(d, r.dtype),
+            "regtile_wide": lambda: source.flash_attention_regtile_wide_build(d, r.dtype),
             "mma": lambda: source.flash_attention_mma_build(d, r.dtype),
             "mma_async": lambda: source.flash_attention_mma_async_build(d, r.dtype),
             "mma_fa2": lambda: source.flash_attention_mma_fa2_build(d, r.dtype),
@@ -440,6 +459,7 @@ def measure_ladder(n: int = 8192, d: int = 64, heads: int = 8, warmup: int = 2, 
                  "scalar": lambda: gpu.flash_attention_gpu(q, k, v)}
         if dtype == "float32":
             calls["regtile"] = lambda: gpu.flash_attention_regtile_gpu(q, k, v)
+            calls["regtile_wide"] = lambda: gpu.flash_attention_regtile_wide_gpu(q, k, v)
         else:
             calls["mma"] = lambda: gpu.flash_attention_mma_gpu(q, k, v)
             calls["mma_async"] = lambda: gpu.flash_attention_mma_async_gpu(q, k, v)
@@ -863,7 +883,8 @@ class Target:
 
 
 TARGETS = (
-    Target("fp32 CUDA-core forward: >= 3x naive CuPy (register tiling)", "regtile", "x_naive", 3.0, (64, 128)),
+    Target("fp32 CUDA-core forward: >= 3x naive CuPy (register tiling)", "regtile", "x_naive", 3.0, (64, 128),
+           also=("regtile_wide",)),
     Target("fp16 tensor-core forward (mma.sync): >= 0.5x torch SDPA", "mma_fa2", "x_sdpa", 0.5, (64, 128),
            also=("mma_fa2_lazy", "mma_fa2_wide")),
     Target("Hopper rung (wgmma + TMA, sm_90a): >= 0.75x torch SDPA", "wgmma_pingpong", "x_sdpa", 0.75, (64, 128),
@@ -969,7 +990,8 @@ def targets_markdown(n: int = 8192, rows=None, decode_rows=None) -> str:
 
 #: rung -> its tuning sweep's CSV within a recorded run's folder (``scripts/tune_tiles.py --rung RUNG``)
 SWEEP_FILES = {"mma_fa2_wide": "fa2_wide_configs/fa2_wide_configs.csv", "mma_fa2_lazy": "fa2_configs/fa2_configs.csv",
-               "regtile": "regtile_configs/regtile_configs.csv"}
+               "regtile": "regtile_configs/regtile_configs.csv",
+               "regtile_wide": "regtile_wide_configs/regtile_wide_configs.csv"}
 #: the sweep CSV's columns and how each is read (``default`` as its text, "True"/"False")
 _SWEEP_TYPES = dict(impl=str, d=int, block_q=int, block_k=int, min_blocks=int, default=str, n=int, heads=int,
                     dtype=str, seconds=float, tflops=float, x_default=float, x_reference=float, note=str)

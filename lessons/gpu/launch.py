@@ -31,6 +31,7 @@ from lessons.gpu.source import (MAX_HEAD_DIM, MMA_BLOCK_Q, MMA_DTYPES, flash_att
                      flash_attention_mma_build, flash_attention_mma_config, kernel_signature,
                      online_softmax_build, paged_decode_build)
 from lessons.gpu.source import flash_attention_regtile_build, flash_attention_regtile_config
+from lessons.gpu.source import flash_attention_regtile_wide_build, flash_attention_regtile_wide_config
 from lessons.gpu.source import flash_attention_mma_async_build, flash_attention_mma_async_config
 from lessons.gpu.source import flash_attention_mma_fa2_build, flash_attention_mma_fa2_config
 from lessons.gpu.source import (flash_attention_mma_fa2_lazy_build, flash_attention_mma_fa2_lazy_config,
@@ -42,7 +43,7 @@ from lessons.gpu.trace_compare import GpuTrace
 __all__ = ["flash_attention_gpu", "flash_attention_mma_gpu", "mma_probe_gpu", "online_softmax_gpu", "paged_decode_gpu",
            "flash_decoding_gpu",
            "SplitTraces", "BACKENDS", "MAX_TRACE_ROWS", "Runner"]
-__all__ += ["flash_attention_regtile_gpu", "flash_attention_mma_async_gpu", "paged_decode_split_gpu"]
+__all__ += ["flash_attention_regtile_gpu", "flash_attention_regtile_wide_gpu", "flash_attention_mma_async_gpu", "paged_decode_split_gpu"]
 __all__ += ["flash_attention_mma_fa2_gpu", "flash_attention_mma_fa2_lazy_gpu", "flash_attention_mma_fa2_wide_gpu", "open_device", "kernel_row_trace", "flash_attention_wgmma_gpu",
             "flash_attention_wgmma_overlap_gpu", "flash_attention_wgmma_pingpong_gpu", "wgmma_probe_gpu"]
 
@@ -496,6 +497,46 @@ def flash_attention_regtile_gpu(q, k, v, *, scale=None, causal: bool = False, bl
     run = Runner(backend, f.kind)
     return _launch_forward(run, build, "flash_attention_regtile", f, [_aligned(run, run.put(x)) for x in (q, k, v)],
                            block_q, block_k, rows)
+
+
+def flash_attention_regtile_wide_gpu(q, k, v, *, scale=None, causal: bool = False, block_q: int | None = None,
+                                     block_k: int | None = None, trace_rows=None, backend: str = "cupy"):
+    """:func:`flash_attention_regtile_gpu` with wider rows: 16 lanes per row group, P read 4 keys at a time.
+
+    The same kernel file built with ``REGTILE_WIDE=1`` (entry point ``flash_attention_regtile_wide``): 8 row
+    groups of 16 lanes instead of 16 of 8, so a thread holds half as many columns of each output row and can
+    own 8 rows x 4 keys of S at d = 128 (the plain build: 2 x 4); and one 16-byte load of P gives 4 keys of
+    P V. Per 4 columns of S, 12 shared loads feed 128 FMAs (plain, d = 128: 6 feed 32).
+
+    Parameters
+    ----------
+    q, k, v : as :func:`flash_attention_regtile_gpu`: float32, head dim d a multiple of 4 in 4..256.
+    scale, causal, trace_rows, backend : as :func:`flash_attention_gpu`.
+    block_q, block_k : tile sizes Br (8, 16, 32, 64) and Bc (16, 32, 64, 128); default per d from
+        :func:`lessons.gpu.source.flash_attention_regtile_wide_config` ((64, 64) at d = 64 and 128).
+
+    Returns ``(out, lse)`` or ``(out, lse, trace)`` as :func:`flash_attention_gpu`; the trace compares with
+    ``lessons.flash_attention(q, k, v, tile=block_k, block_q=block_q, return_trace=True)``.
+    Raises TypeError for 16-bit input, ValueError naming the argument for bad shapes, a head dim that is
+    not a multiple of 4, or bad tiles; RuntimeError with backend "cupy" and no CUDA device.
+    Source: Dao 2023 (FlashAttention-2), Alg. 1; register tiling as in Volkov & Demmel 2008 (a thread's
+    block of the product grows until its loads are a small share of its instructions).
+    """
+    backend = _check_backend(backend)
+    dtype = getattr(q, "dtype", None)
+    if dtype is not None and np.dtype(dtype) != np.float32:
+        raise TypeError(f"the register-tiled kernel takes float32 q, k, v, got {np.dtype(dtype)}; "
+                        f"use flash_attention_gpu or flash_attention_mma_gpu for 16-bit inputs")
+    if len(getattr(q, "shape", ())) >= 2:
+        flash_attention_regtile_wide_config(int(q.shape[-1]), block_q, block_k)
+    f = _check_flash(q, k, v, scale, causal, False)
+    block_q, block_k = flash_attention_regtile_wide_config(f.d, block_q, block_k)
+    tracing = trace_rows is not None
+    rows = _check_rows(trace_rows, "trace_rows", f.n_q) if tracing else []
+    build = flash_attention_regtile_wide_build(f.d, f.dtype, tracing, block_q, block_k)
+    run = Runner(backend, f.kind)
+    return _launch_forward(run, build, "flash_attention_regtile_wide", f,
+                           [_aligned(run, run.put(x)) for x in (q, k, v)], block_q, block_k, rows)
 
 
 def flash_attention_mma_async_gpu(q, k, v, *, scale=None, causal: bool = False, block_k: int | None = None,

@@ -28,7 +28,8 @@ __all__ = [
     "MAX_BACKWARD_HEAD_DIM", "flash_attention_backward_config", "flash_attention_backward_smem_bytes",
     "flash_attention_backward_build",
     "REGTILE_TILES", "REGTILE_DYNAMIC_LIMIT", "REGTILE_SWEEP", "flash_attention_regtile_config", "flash_attention_regtile_smem_bytes",
-    "flash_attention_regtile_build", "flash_attention_mma_async_config", "flash_attention_mma_async_build",
+    "flash_attention_regtile_build", "REGTILE_WIDE_TILES", "REGTILE_WIDE_SWEEP", "flash_attention_regtile_wide_config",
+    "flash_attention_regtile_wide_build", "flash_attention_mma_async_config", "flash_attention_mma_async_build",
     "BACKWARD_MMA_HEAD_DIMS", "flash_attention_backward_mma_config", "flash_attention_backward_mma_smem_bytes",
     "flash_attention_backward_mma_build",
     "FA2_CONFIGS", "flash_attention_mma_fa2_config", "flash_attention_mma_fa2_smem_bytes",
@@ -54,6 +55,7 @@ KERNELS = {
     "flash_attention": ("flash_attention_forward",),
     "flash_attention_mma": ("flash_attention_mma", "mma_probe"),
     "flash_attention_regtile": ("flash_attention_regtile",),
+    "flash_attention_regtile_wide": ("flash_attention_regtile_wide",),
     "flash_attention_mma_async": ("flash_attention_mma_async",),
     "flash_attention_mma_fa2": ("flash_attention_mma_fa2",),
     "flash_attention_mma_fa2_lazy": ("flash_attention_mma_fa2_lazy",),
@@ -70,9 +72,11 @@ KERNELS = {
 #: kernel -> the file it is compiled from, where that is not ``<kernel>.cu``: the lazy-rescaling rung is
 #: ``flash_attention_mma_fa2.cu`` with ``LAZY_RESCALE`` and ``FA2_DYNAMIC_SMEM`` set (its entry point is
 #: then named ``flash_attention_mma_fa2_lazy``), the wide-warp rung the same with ``WARP_ROWS=32`` as well
-#: (entry point ``flash_attention_mma_fa2_wide``)
+#: (entry point ``flash_attention_mma_fa2_wide``); the wide register-tiled rung is ``flash_attention_regtile.cu``
+#: with ``REGTILE_WIDE=1`` (entry point ``flash_attention_regtile_wide``)
 KERNEL_FILES = {"flash_attention_mma_fa2_lazy": "flash_attention_mma_fa2",
-                "flash_attention_mma_fa2_wide": "flash_attention_mma_fa2"}
+                "flash_attention_mma_fa2_wide": "flash_attention_mma_fa2",
+                "flash_attention_regtile_wide": "flash_attention_regtile"}
 
 #: storage dtype name -> value of the FA_DTYPE define (arithmetic is always float32)
 DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2}
@@ -303,6 +307,67 @@ def flash_attention_regtile_build(head_dim: int, dtype: str = "float32", trace: 
         else {}
     return KernelBuild.make("flash_attention_regtile", dtype, trace, HEAD_DIM=head_dim, BLOCK_Q=bq, BLOCK_K=bk,
                             **dynamic)
+
+
+# the same with 16 lanes per row group and P read 4 keys at a time (flash_attention_regtile_wide)
+
+#: (block_q, block_k) of the wide register-tiled rung, largest first: the first whose tiles fit
+#: :data:`REGTILE_DYNAMIC_LIMIT` is the default (8 rows x 4 keys per thread up to d = 160, then 8 x 2 up to
+#: d = 236, then 4 x 2)
+REGTILE_WIDE_TILES = ((64, 64), (64, 32), (32, 32))
+#: head dim -> the (block_q, block_k) the tuning sweep of the wide rung times (``scripts/tune_tiles.py --rung
+#: regtile_wide``): the default first, then fewer rows (4 per thread) or more keys (8 per thread) or fewer keys
+REGTILE_WIDE_SWEEP = {64: ((64, 64), (64, 128), (32, 128), (32, 64), (64, 32)),
+                      128: ((64, 64), (32, 128), (32, 64), (64, 32), (64, 16))}
+
+
+def flash_attention_regtile_wide_config(head_dim: int, block_q: int | None = None,
+                                        block_k: int | None = None) -> tuple[int, int]:
+    """Tile sizes ``(block_q, block_k)`` of the wide register-tiled rung at head dim ``d``.
+
+    ``head_dim`` must be a multiple of 4 in 4..256. 128 threads = 8 row groups x 16 lanes, so ``block_q``
+    is 8, 16, 32 or 64 (1, 2, 4 or 8 rows per thread) and ``block_k`` 16, 32, 64 or 128 (1..8 keys per
+    thread). Both None: the first pair of :data:`REGTILE_WIDE_TILES` that fits :data:`REGTILE_DYNAMIC_LIMIT`
+    (99 KiB): (64, 64) up to d = 160, (64, 32) up to d = 236, then (32, 32). One None: the default's value
+    for it. The shared memory is :func:`flash_attention_regtile_smem_bytes` (the same three arrays); past
+    48 KiB the build puts it in dynamic shared memory. Raises TypeError / ValueError naming the argument.
+    """
+    d = _check_int(head_dim, "head_dim", 4, MAX_HEAD_DIM)
+    if d % 4:
+        raise ValueError(f"head_dim must be a multiple of 4 for the register-tiled kernel (16-byte loads), "
+                         f"got {d}; flash_attention_gpu takes any head dim")
+    default = next(t for t in REGTILE_WIDE_TILES
+                   if flash_attention_regtile_smem_bytes(d, *t) <= REGTILE_DYNAMIC_LIMIT)
+    bq = default[0] if block_q is None else _check_int(block_q, "block_q", 1, 1024)
+    bk = default[1] if block_k is None else _check_int(block_k, "block_k", 1, 1024)
+    if bq not in (8, 16, 32, 64):
+        raise ValueError(f"block_q must be 8, 16, 32 or 64 for the wide register-tiled rung (1, 2, 4 or 8 rows "
+                         f"per thread), got {bq}")
+    if bk not in (16, 32, 64, 128):
+        raise ValueError(f"block_k must be 16, 32, 64 or 128 for the wide register-tiled rung (1..8 keys per "
+                         f"thread), got {bk}")
+    smem = flash_attention_regtile_smem_bytes(d, bq, bk)
+    if smem > REGTILE_DYNAMIC_LIMIT:
+        raise ValueError(f"block_q={bq}, block_k={bk} with head_dim={d} need {smem} bytes of shared memory, "
+                         f"more than the {REGTILE_DYNAMIC_LIMIT} a block may have on every sm_80+ GPU; use "
+                         f"smaller tiles")
+    return bq, bk
+
+
+def flash_attention_regtile_wide_build(head_dim: int, dtype: str = "float32", trace: bool = False,
+                                       block_q: int | None = None, block_k: int | None = None) -> "KernelBuild":
+    """The :class:`KernelBuild` of the wide register-tiled rung: ``flash_attention_regtile.cu`` with
+    ``REGTILE_WIDE=1`` (entry point ``flash_attention_regtile_wide``), float32 only, tiles from
+    :func:`flash_attention_regtile_wide_config`; tiles over 48 KiB in dynamic shared memory
+    (``REGTILE_DYNAMIC_SMEM=1``)."""
+    if dtype != "float32":
+        raise ValueError(f"the register-tiled kernel takes dtype float32, got {dtype!r}; "
+                         f"use flash_attention_gpu or flash_attention_mma_gpu for 16-bit inputs")
+    bq, bk = flash_attention_regtile_wide_config(head_dim, block_q, block_k)
+    dynamic = {"REGTILE_DYNAMIC_SMEM": 1} if flash_attention_regtile_smem_bytes(head_dim, bq, bk) > STATIC_SMEM_LIMIT \
+        else {}
+    return KernelBuild.make("flash_attention_regtile_wide", dtype, trace, HEAD_DIM=head_dim, BLOCK_Q=bq, BLOCK_K=bk,
+                            REGTILE_WIDE=1, **dynamic)
 
 
 def flash_attention_mma_async_config(head_dim: int, block_k: int | None = None) -> int:
@@ -1049,7 +1114,7 @@ class KernelBuild:
             return flash_attention_mma_fa2_smem_bytes(d["HEAD_DIM"], d["BLOCK_K"])
         if self.kernel in WGMMA_KERNELS or self.kernel in ("flash_attention_mma_fa2_lazy", "flash_attention_mma_fa2_wide"):
             return 0                                         # (all of it dynamic: dynamic_smem_bytes)
-        if self.kernel == "flash_attention_regtile":
+        if self.kernel in ("flash_attention_regtile", "flash_attention_regtile_wide"):
             return 0 if d.get("REGTILE_DYNAMIC_SMEM") else flash_attention_regtile_smem_bytes(d["HEAD_DIM"],
                                                                                               d["BLOCK_Q"], d["BLOCK_K"])
         if self.kernel == "flash_attention_backward_mma":
@@ -1084,7 +1149,8 @@ class KernelBuild:
         if self.kernel == "flash_attention_mma_fa2_wide":
             d = dict(self.defines)
             return flash_attention_mma_fa2_wide_smem_bytes(d["HEAD_DIM"], d["BLOCK_Q"], d["BLOCK_K"])
-        if self.kernel == "flash_attention_regtile" and dict(self.defines).get("REGTILE_DYNAMIC_SMEM"):
+        if self.kernel in ("flash_attention_regtile", "flash_attention_regtile_wide") and \
+                dict(self.defines).get("REGTILE_DYNAMIC_SMEM"):
             d = dict(self.defines)
             return flash_attention_regtile_smem_bytes(d["HEAD_DIM"], d["BLOCK_Q"], d["BLOCK_K"])
         return 0
@@ -1153,6 +1219,7 @@ def default_builds(head_dim: int = 128, dtype: str = "float16", trace: bool = Fa
         builds.append(flash_attention_mma_async_build(head_dim, dtype, trace))
     if head_dim % 4 == 0:                    # the register-tiled rung (float32 storage whatever dtype says)
         builds.append(flash_attention_regtile_build(head_dim, "float32", trace))
+        builds.append(flash_attention_regtile_wide_build(head_dim, "float32", trace))
     if dtype in MMA_DTYPES and head_dim in FA2_CONFIGS:
         builds.append(flash_attention_mma_fa2_build(head_dim, dtype, trace))
     if dtype in MMA_DTYPES and head_dim in FA2_LAZY_CONFIGS:

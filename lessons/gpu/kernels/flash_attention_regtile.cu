@@ -41,10 +41,20 @@
 //     16-byte piece for inf/NaN, one barrier tells the block (__syncthreads_or), and a tile whose V is all
 //     finite (nearly every tile) runs the FMAs unguarded; only a tile with inf or NaN in V selects per row.
 //
+// One switch, REGTILE_WIDE = 1, makes the next rung (entry point flash_attention_regtile_wide):
+//   * 16 lanes per row group instead of 8 (8 row groups x 16 lanes): a thread's share of an output row
+//     halves (4*NC columns with NC = ceil(HEAD_DIM/64)), so it can own 8 rows (TM = 8) and 4 keys (TN = 4)
+//     of S at d = 128 (the plain build: 2 x 4 there) in about as many registers;
+//   * P read 4 keys at a time: one 16-byte load of p_s per row feeds 4 keys of P V (the plain build reads
+//     p one key at a time, a 4-byte load per row and key).
+// Per 4 columns of S: TM + TN = 12 loads feed TM * TN * 4 = 128 FMAs (the plain build at d = 128: 6 feed 32);
+// per 4 keys of P V: TM + 4 * NC = 16 loads feed TM * NC * 16 = 256 FMAs (plain: 24 feed 128).
+//
 // Storage is float32 only (the rung is about CUDA-core FMAs; the tensor-core rungs take
 // 16-bit inputs); HEAD_DIM must be a multiple of 4 so that every row starts 16-byte aligned.
 // Launch: grid = (ceil(n_q / BLOCK_Q), batch * heads), block = (128). Defines: HEAD_DIM,
-// BLOCK_Q (16, 32, 64 or 128), BLOCK_K (8, 16, 32 or 64), FA_TRACE, REGTILE_DYNAMIC_SMEM (0 or 1).
+// BLOCK_Q (16, 32, 64 or 128; wide: 8, 16, 32 or 64), BLOCK_K (8, 16, 32 or 64; wide: 16, 32, 64 or 128),
+// FA_TRACE, REGTILE_DYNAMIC_SMEM (0 or 1), REGTILE_WIDE (0 or 1).
 #include "common.cuh"
 
 #ifndef HEAD_DIM
@@ -59,8 +69,15 @@
 #ifndef REGTILE_DYNAMIC_SMEM
 #define REGTILE_DYNAMIC_SMEM 0
 #endif
+#ifndef REGTILE_WIDE
+#define REGTILE_WIDE 0
+#endif
 #define NUM_THREADS 128
-#define LANES 8                                   // lanes per row group (tx)
+#if REGTILE_WIDE
+#define LANES 16                                  // lanes per row group (tx)
+#else
+#define LANES 8
+#endif
 #define GROUPS (NUM_THREADS / LANES)              // row groups (ty)
 #define TM (BLOCK_Q / GROUPS)                     // rows per thread
 #define TN (BLOCK_K / LANES)                      // keys per thread
@@ -75,8 +92,10 @@
 #error "the register-tiled kernel stores float32 only"
 #endif
 static_assert(HEAD_DIM >= 4 && HEAD_DIM <= 256 && HEAD_DIM % 4 == 0, "HEAD_DIM must be a multiple of 4 in 4..256");
-static_assert(BLOCK_Q % GROUPS == 0 && TM >= 1 && TM <= 8, "BLOCK_Q must be 16, 32, 64 or 128");
-static_assert(BLOCK_K % LANES == 0 && TN >= 1 && TN <= 8, "BLOCK_K must be 8, 16, 32 or 64");
+static_assert(BLOCK_Q % GROUPS == 0 && TM >= 1 && TM <= 8,
+              "BLOCK_Q must be 16, 32, 64 or 128 (REGTILE_WIDE: 8, 16, 32 or 64)");
+static_assert(BLOCK_K % LANES == 0 && TN >= 1 && TN <= 8,
+              "BLOCK_K must be 8, 16, 32 or 64 (REGTILE_WIDE: 16, 32, 64 or 128)");
 
 // Four floats moved as one 16-byte access (ld.global.v4.f32 / ld.shared.v4.f32).
 struct __align__(16) vec4 { float x, y, z, w; };
@@ -115,44 +134,84 @@ __device__ __forceinline__ bool load_tile_non_finite(float* dst, const float* __
     return bad;
 }
 
-// o += P V_j for this thread's TM rows and NC 4-column chunks: per key, TM broadcast loads of p and NC
-// 16-byte loads of v. GUARD: p == 0 adds nothing whatever v holds (select, not multiply), for a tile whose V
-// has inf or NaN; without it, the FMAs alone (0 * v is 0 for every finite v).
+// o += p v for one key j: this thread's TM rows (p[i] their probabilities for key j) and NC 4-column chunks
+// (NC 16-byte loads of v). GUARD: p == 0 adds nothing whatever v holds (select, not multiply), for a tile
+// whose V has inf or NaN; without it, the FMAs alone (0 * v is 0 for every finite v).
 template <bool GUARD>
-__device__ __forceinline__ void accumulate_pv(float (&o)[TM][NC][4], const float* p_s, const float* kv_s, int ty,
-                                              int tx) {
-    for (int j = 0; j < BLOCK_K; ++j) {                 // runtime loop; the block inside unrolls
-        float p[TM];
+__device__ __forceinline__ void absorb_key(float (&o)[TM][NC][4], const float (&p)[TM], const float* kv_s, int j,
+                                           int tx) {
 #pragma unroll
-        for (int i = 0; i < TM; ++i) p[i] = p_s[(ty * TM + i) * K_PAD + j];
+    for (int c = 0; c < NC; ++c) {
+        const int c4 = tx + LANES * c;
+        if (c4 < D4) {
+            const vec4 b = load4(kv_s + j * D_PAD + 4 * c4);
 #pragma unroll
-        for (int c = 0; c < NC; ++c) {
-            const int c4 = tx + LANES * c;
-            if (c4 < D4) {
-                const vec4 b = load4(kv_s + j * D_PAD + 4 * c4);
-#pragma unroll
-                for (int i = 0; i < TM; ++i) {
-                    if (!GUARD || p[i] != 0.f) {
-                        o[i][c][0] = fmaf(p[i], b.x, o[i][c][0]);
-                        o[i][c][1] = fmaf(p[i], b.y, o[i][c][1]);
-                        o[i][c][2] = fmaf(p[i], b.z, o[i][c][2]);
-                        o[i][c][3] = fmaf(p[i], b.w, o[i][c][3]);
-                    }
+            for (int i = 0; i < TM; ++i) {
+                if (!GUARD || p[i] != 0.f) {
+                    o[i][c][0] = fmaf(p[i], b.x, o[i][c][0]);
+                    o[i][c][1] = fmaf(p[i], b.y, o[i][c][1]);
+                    o[i][c][2] = fmaf(p[i], b.z, o[i][c][2]);
+                    o[i][c][3] = fmaf(p[i], b.w, o[i][c][3]);
                 }
             }
         }
     }
 }
 
+// o += P V_j, keys in order. The plain build reads p one key at a time (TM broadcast 4-byte loads per key);
+// the wide one 4 keys at a time (TM broadcast 16-byte loads per 4 keys). Either way each o element adds
+// the keys in the same order, 0 .. BLOCK_K - 1.
+template <bool GUARD>
+__device__ __forceinline__ void accumulate_pv(float (&o)[TM][NC][4], const float* p_s, const float* kv_s, int ty,
+                                              int tx) {
+#if REGTILE_WIDE
+    for (int j0 = 0; j0 < BLOCK_K; j0 += 4) {           // runtime loop; the block inside unrolls
+        vec4 p4[TM];
+#pragma unroll
+        for (int i = 0; i < TM; ++i) p4[i] = load4(p_s + (ty * TM + i) * K_PAD + j0);
+        float p[TM];
+#pragma unroll
+        for (int i = 0; i < TM; ++i) p[i] = p4[i].x;
+        absorb_key<GUARD>(o, p, kv_s, j0, tx);
+#pragma unroll
+        for (int i = 0; i < TM; ++i) p[i] = p4[i].y;
+        absorb_key<GUARD>(o, p, kv_s, j0 + 1, tx);
+#pragma unroll
+        for (int i = 0; i < TM; ++i) p[i] = p4[i].z;
+        absorb_key<GUARD>(o, p, kv_s, j0 + 2, tx);
+#pragma unroll
+        for (int i = 0; i < TM; ++i) p[i] = p4[i].w;
+        absorb_key<GUARD>(o, p, kv_s, j0 + 3, tx);
+    }
+#else
+    for (int j = 0; j < BLOCK_K; ++j) {                 // runtime loop; the block inside unrolls
+        float p[TM];
+#pragma unroll
+        for (int i = 0; i < TM; ++i) p[i] = p_s[(ty * TM + i) * K_PAD + j];
+        absorb_key<GUARD>(o, p, kv_s, j, tx);
+    }
+#endif
+}
+
 // q, k, v: (batch*heads, n, HEAD_DIM) float32, C-contiguous, 16-byte aligned; out like q;
 // lse (batch*heads, n_q). causal != 0: query i sees key j iff j <= i + n_k - n_q.
 // Trace: as flash_attention.cu, (m, alpha, l) after each tile for the rows in trace_rows.
+// (One body, two names: the entry point is flash_attention_regtile_wide when REGTILE_WIDE is 1.)
+#if REGTILE_WIDE
+extern "C" __global__ void __launch_bounds__(NUM_THREADS, 2)
+flash_attention_regtile_wide(const float* __restrict__ q, const float* __restrict__ k,
+                             const float* __restrict__ v, float* __restrict__ out,
+                             float* __restrict__ lse, int n_q, int n_k, float scale, int causal,
+                             const int* __restrict__ trace_rows, int n_trace_rows, int trace_tiles,
+                             float* __restrict__ trace) {
+#else
 extern "C" __global__ void __launch_bounds__(NUM_THREADS, 2)
 flash_attention_regtile(const float* __restrict__ q, const float* __restrict__ k,
                         const float* __restrict__ v, float* __restrict__ out,
                         float* __restrict__ lse, int n_q, int n_k, float scale, int causal,
                         const int* __restrict__ trace_rows, int n_trace_rows, int trace_tiles,
                         float* __restrict__ trace) {
+#endif
 #if REGTILE_DYNAMIC_SMEM && !defined(FA_CPU_EMULATION)
     extern __shared__ __align__(16) float regtile_smem[];   // q_s | kv_s | p_s, asked for at launch
     float* q_s = regtile_smem;
