@@ -105,12 +105,13 @@ RUNGS = (
          "the register-tiled kernel with one switch (REGTILE_WIDE): a row group is 16 lanes instead of 8, so each "
          "thread holds half as many columns of an output row and owns 8 rows x 4 keys of S (the plain build: "
          "4 x 4 at d = 64, 2 x 4 at d = 128) in 64-row, 64-key tiles; P is read 4 keys at a time (one 16-byte "
-         "load per row) instead of one",
+         "load per row) instead of one; a thread's 8 rows are interleaved (ty, ty + 8, ...), so the two row groups "
+         "of a warp read adjacent rows, which start in different shared-memory banks",
          "shared loads per FMA: in S (TM + TN) / (4 TM TN) = 12 / 128 at both head dims (the plain build: 8 / 64 at "
          "d = 64, 6 / 32 at d = 128); in P V (TM + 4 NC) / (16 TM NC) = 12 / 128 at d = 64 and 16 / 256 at d = 128 "
          "(the plain build: 6 / 32 at both); no 4-byte shared loads left (the plain build has 2-4); K and V read "
          "from L2 once per 64 query rows (the plain build at d = 128: per 32). Compile report (NVRTC 12.9, sm_80 / "
-         "sm_90, no spills): d = 64: 160 / 164 registers, 52 224 bytes of dynamic shared memory: 3 blocks of 128 "
+         "sm_90, no spills): d = 64: 166 / 164 registers, 52 224 bytes of dynamic shared memory: 3 blocks of 128 "
          "threads per SM; d = 128: 168 / 168 registers, 84 992 bytes: 2 blocks per SM (the plain build: 4). The "
          "other tiles (scripts/tune_tiles.py --rung regtile_wide times them all) are in "
          "lessons.gpu.source.REGTILE_WIDE_SWEEP; aim: >= 3x naive CuPy",

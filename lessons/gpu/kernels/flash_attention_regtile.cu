@@ -46,7 +46,9 @@
 //     halves (4*NC columns with NC = ceil(HEAD_DIM/64)), so it can own 8 rows (TM = 8) and 4 keys (TN = 4)
 //     of S at d = 128 (the plain build: 2 x 4 there) in about as many registers;
 //   * P read 4 keys at a time: one 16-byte load of p_s per row feeds 4 keys of P V (the plain build reads
-//     p one key at a time, a 4-byte load per row and key).
+//     p one key at a time, a 4-byte load per row and key);
+//   * a thread's rows interleaved (ty, ty + 8, ..., not 8 consecutive rows), so the two row groups of a warp
+//     read rows that start in different banks (ROW below).
 // Per 4 columns of S: TM + TN = 12 loads feed TM * TN * 4 = 128 FMAs (the plain build at d = 128: 6 feed 32);
 // per 4 keys of P V: TM + 4 * NC = 16 loads feed TM * NC * 16 = 256 FMAs (plain: 24 feed 128).
 //
@@ -83,6 +85,14 @@
 #define TN (BLOCK_K / LANES)                      // keys per thread
 #define D4 (HEAD_DIM / 4)                         // 16-byte chunks per row
 #define NC ((D4 + LANES - 1) / LANES)             // output chunks per thread
+// The block row of a thread's i-th row. Plain: a row group's rows are consecutive. Wide: interleaved, so the two
+// row groups of a warp own adjacent rows (r and r + 1), which start 4 banks apart in q_s and p_s: their 16-byte
+// broadcast loads share one shared-memory wavefront (consecutive rows, 8 apart, would hit the same banks).
+#if REGTILE_WIDE
+#define ROW(ty, i) ((ty) + GROUPS * (i))
+#else
+#define ROW(ty, i) ((ty) * TM + (i))
+#endif
 #define D_PAD (HEAD_DIM + 4)
 #define K_PAD (BLOCK_K + 4)
 #define LOG2E 1.4426950408889634f
@@ -168,7 +178,7 @@ __device__ __forceinline__ void accumulate_pv(float (&o)[TM][NC][4], const float
     for (int j0 = 0; j0 < BLOCK_K; j0 += 4) {           // runtime loop; the block inside unrolls
         vec4 p4[TM];
 #pragma unroll
-        for (int i = 0; i < TM; ++i) p4[i] = load4(p_s + (ty * TM + i) * K_PAD + j0);
+        for (int i = 0; i < TM; ++i) p4[i] = load4(p_s + ROW(ty, i) * K_PAD + j0);
         float p[TM];
 #pragma unroll
         for (int i = 0; i < TM; ++i) p[i] = p4[i].x;
@@ -187,7 +197,7 @@ __device__ __forceinline__ void accumulate_pv(float (&o)[TM][NC][4], const float
     for (int j = 0; j < BLOCK_K; ++j) {                 // runtime loop; the block inside unrolls
         float p[TM];
 #pragma unroll
-        for (int i = 0; i < TM; ++i) p[i] = p_s[(ty * TM + i) * K_PAD + j];
+        for (int i = 0; i < TM; ++i) p[i] = p_s[ROW(ty, i) * K_PAD + j];
         absorb_key<GUARD>(o, p, kv_s, j, tx);
     }
 #endif
@@ -251,7 +261,7 @@ flash_attention_regtile(const float* __restrict__ q, const float* __restrict__ k
 #pragma unroll
     for (int i = 0; i < TM; ++i) {
         trace_slot[i] = -1;
-        const int row = q_start + ty * TM + i;
+        const int row = q_start + ROW(ty, i);
         if (row < n_q)
             for (int t = 0; t < n_trace_rows; ++t)
                 if (trace_rows[t] == row) trace_slot[i] = t;
@@ -274,7 +284,7 @@ flash_attention_regtile(const float* __restrict__ q, const float* __restrict__ k
         for (int c4 = 0; c4 < D4; ++c4) {                   // runtime loop; the block inside unrolls
             vec4 a[TM], b[TN];
 #pragma unroll
-            for (int i = 0; i < TM; ++i) a[i] = load4(q_s + (ty * TM + i) * D_PAD + 4 * c4);
+            for (int i = 0; i < TM; ++i) a[i] = load4(q_s + ROW(ty, i) * D_PAD + 4 * c4);
 #pragma unroll
             for (int j = 0; j < TN; ++j) b[j] = load4(kv_s + (tx + LANES * j) * D_PAD + 4 * c4);
 #pragma unroll
@@ -290,7 +300,7 @@ flash_attention_regtile(const float* __restrict__ q, const float* __restrict__ k
         float alpha[TM];
 #pragma unroll
         for (int i = 0; i < TM; ++i) {
-            const int row = q_start + ty * TM + i;
+            const int row = q_start + ROW(ty, i);
             const int diagonal = row + n_k - n_q;           // last key this row sees when causal
             float tile_max = NEG_INF;
 #pragma unroll
@@ -307,7 +317,7 @@ flash_attention_regtile(const float* __restrict__ q, const float* __restrict__ k
 #pragma unroll
             for (int j = 0; j < TN; ++j) {
                 const float p = exp2f(s[i][j] - safe_max(m_new));  // masked: 2^(-inf) = 0
-                p_s[(ty * TM + i) * K_PAD + tx + LANES * j] = p;
+                p_s[ROW(ty, i) * K_PAD + tx + LANES * j] = p;
                 row_sum += p;
             }
             row_sum = group_sum<LANES>(row_sum);
@@ -342,7 +352,7 @@ flash_attention_regtile(const float* __restrict__ q, const float* __restrict__ k
     // ---- finalize: one division per row; rows past n_q write nothing --------------------
 #pragma unroll
     for (int i = 0; i < TM; ++i) {
-        const int row = q_start + ty * TM + i;
+        const int row = q_start + ROW(ty, i);
         if (row >= n_q) continue;
         float* out_row = out + (bh * n_q + row) * HEAD_DIM;
         const bool seen = l[i] != 0.f;                      // nothing visible -> out 0, lse -inf
