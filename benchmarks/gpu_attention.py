@@ -10,6 +10,8 @@ head dim d (batch 1, ``--heads`` heads):
   on CUDA cores, no tensor cores: a lesson, not a tuned kernel);
 * ``regtile`` - :func:`lessons.gpu.flash_attention_regtile_gpu` (the same loop register-tiled:
   each thread a block of S and O, 16-byte shared loads; float32 only);
+* ``regtile_wide`` - :func:`lessons.gpu.flash_attention_regtile_wide_gpu` (``regtile`` with 16 lanes per row
+  group: each thread 8 rows x 4 keys of S, P read 4 keys at a time; float32 only);
 * ``mma_async`` - :func:`lessons.gpu.flash_attention_mma_async_gpu` (the tensor-core kernel with
   cp.async double-buffered K/V tiles and ldmatrix fragment loads; float16 only);
 * ``mma_fa2`` - :func:`lessons.gpu.flash_attention_mma_fa2_gpu` (the tensor-core kernel along
@@ -55,8 +57,8 @@ from lessons.gpu.ladder import HOPPER_RUNGS, hopper_rungs_left_out  # noqa: E402
 from lessons.gpu.measure import attention_flops  # noqa: E402  (4 N^2 d per head, half when causal)
 
 #: (torch SDPA, the reference every ratio is taken against, comes second: a spent time budget skips the last rows)
-IMPLS = ("naive", "torch", "kernel", "regtile", "mma", "mma_async", "mma_fa2", "mma_fa2_lazy", "mma_fa2_wide", "wgmma",
-         "wgmma_overlap", "wgmma_pingpong")
+IMPLS = ("naive", "torch", "kernel", "regtile", "regtile_wide", "mma", "mma_async", "mma_fa2", "mma_fa2_lazy",
+         "mma_fa2_wide", "wgmma", "wgmma_overlap", "wgmma_pingpong")
 DTYPES = ("float16", "float32")
 
 
@@ -105,6 +107,7 @@ def run_size(args, cupy, torch, torch_reason, rng, dtype, d, n, t0):
         "kernel": lambda: gpu.flash_attention_gpu(q, k, v, causal=args.causal),
         "mma": lambda: gpu.flash_attention_mma_gpu(q, k, v, causal=args.causal),
         "regtile": lambda: gpu.flash_attention_regtile_gpu(q, k, v, causal=args.causal),
+        "regtile_wide": lambda: gpu.flash_attention_regtile_wide_gpu(q, k, v, causal=args.causal),
         "mma_async": lambda: gpu.flash_attention_mma_async_gpu(q, k, v, causal=args.causal),
         "mma_fa2": lambda: gpu.flash_attention_mma_fa2_gpu(q, k, v, causal=args.causal),
         "mma_fa2_lazy": lambda: gpu.flash_attention_mma_fa2_lazy_gpu(q, k, v, causal=args.causal),
@@ -127,7 +130,7 @@ def run_size(args, cupy, torch, torch_reason, rng, dtype, d, n, t0):
             return "this Hopper rung failed its first check on this machine (scripts/hopper_smoke.py)"
         if (impl in ("mma_fa2", "mma_fa2_lazy", "mma_fa2_wide") or hopper) and d not in (64, 128):
             return "this kernel takes head dims 64 and 128"
-        if impl == "regtile" and dtype != "float32":
+        if impl in ("regtile", "regtile_wide") and dtype != "float32":
             return "the register-tiled kernel takes float32"
         return None
 
@@ -146,6 +149,7 @@ def plot_results(rows, path: Path, meta: dict) -> None:
              "kernel": ("tab:blue", "s", "RawKernel, CUDA cores"),
              "mma": ("tab:purple", "D", "RawKernel, tensor cores"),
              "regtile": ("tab:cyan", "v", "RawKernel, CUDA cores, register-tiled"),
+             "regtile_wide": ("#9edae5", ">", "RawKernel, CUDA cores, register-tiled, 16-lane row groups"),
              "mma_async": ("tab:olive", "P", "RawKernel, tensor cores + ldmatrix + cp.async"),
              "mma_fa2": ("tab:brown", "X", "RawKernel, tensor cores, FA-2 recipe"),
              "mma_fa2_lazy": ("gold", "d", "RawKernel, tensor cores, FA-2 + lazy rescaling"),

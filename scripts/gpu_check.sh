@@ -6,8 +6,8 @@
 #   scripts/gpu_check.sh --dry-run DIR        the same steps on the CPU, to check this script
 #                                             itself: a few emulator tests, the sanitizer
 #                                             drivers on the emulator without compute-sanitizer,
-#                                             the benchmark saying there is no device, the FA-2
-#                                             tuning sweep at a tiny N on the emulator, the decode
+#                                             the benchmark saying there is no device, the tile
+#                                             tuning sweeps at a tiny N on the emulator, the decode
 #                                             split sweep at a tiny shape on the emulator
 #
 #   1. environment: nvidia-smi, Python, CuPy, NVRTC versions         -> env.txt
@@ -26,7 +26,8 @@
 #      then every legal tile configuration of the wide-warp FA-2 rung (32 rows per warp) at N = 8192,
 #      d = 64 and 128 (scripts/tune_tiles.py, 75 s at most), beside the FA-2 rung -> fa2_wide_configs/
 #      the same for the lazy-rescaling FA-2 rung (90 s)                  -> fa2_configs/
-#      and the register-tiled rung's tiles beside naive CuPy (75 s)      -> regtile_configs/
+#      the register-tiled rung's tiles beside naive CuPy (75 s)          -> regtile_configs/
+#      and the wide register-tiled rung's (16 lanes per row group) (75 s) -> regtile_wide_configs/
 #   4. the GPU cases of every kernel test (tests/test_gpu_*.py), once per entry of
 #      GPU_CHECK_PASSES (worker counts, 0 = one process; default "8": 8 processes at once with
 #      pytest-xdist; "0 8 0 8" runs serially and with -n 8, twice each) -> pytest_<i>_n<W>.txt/.xml
@@ -241,10 +242,11 @@ sweep() {  # sweep NAME DIR SECONDS BUDGET SCRIPT ARGS...: BUDGET "budget" passe
     fi
 }
 # the split decode kernel at split counts around its automatic pick; the tiles of the wide-warp and the lazy FA-2
-# rung and of the register-tiled rung
+# rung and of the register-tiled rung and its wide build
 sweep "decode split sweep" decode_splits 60 budget scripts/tune_decode.py
 sweep "decode split sweep (prefetch)" decode_splits_prefetch 45 budget scripts/tune_decode.py --prefetch
-for args in "mma_fa2_wide fa2_wide_configs 75" "mma_fa2_lazy fa2_configs 90" "regtile regtile_configs 75"; do
+for args in "mma_fa2_wide fa2_wide_configs 75" "mma_fa2_lazy fa2_configs 90" "regtile regtile_configs 75" \
+            "regtile_wide regtile_wide_configs 75"; do
     read -r rung dir seconds <<< "$args"
     sweep "tune $rung tiles" "$dir" "$seconds" - scripts/tune_tiles.py --rung "$rung"
 done

@@ -7,7 +7,7 @@
 ``benchmarks/results/gpu_h200_2026-12-02/``), laid out as :mod:`lessons.gpu.recorded` and
 :mod:`lessons.gpu.ladder` read it: ``forward/`` (from ``benchmark/``), ``backward/``, ``decode/``, the sweeps
 (``decode_splits/``, which also takes ``decode_splits_prefetch/``'s tables, ``fa2_configs/``, ``fa2_wide_configs/``,
-``regtile_configs/``), the Nsight Compute reports, the Hopper rungs' first
+``regtile_configs/``, ``regtile_wide_configs/``), the Nsight Compute reports, the Hopper rungs' first
 checks, the compile report, the test and environment logs, and a ``README.md`` whose title and driver line give
 every figure its label (:func:`lessons.gpu.recorded.recorded_label`: machine, date, driver, CUDA, commit).
 Result files only: the JUnit XML and the benchmarks' logs stay behind. ``--commit`` is the commit the GPU machine
@@ -39,6 +39,7 @@ LAYOUT = (
     ("fa2_configs", "fa2_configs", ("*.csv", "*.md")),
     ("fa2_wide_configs", "fa2_wide_configs", ("*.csv", "*.md")),
     ("regtile_configs", "regtile_configs", ("*.csv", "*.md")),
+    ("regtile_wide_configs", "regtile_wide_configs", ("*.csv", "*.md")),
     ("ncu", "ncu", ("*.txt",)),
     (".", ".", ("env.txt", "summary.txt", "compile_report.txt", "hopper_smoke_*.txt", "pytest_*.txt", "ring.txt")),
 )
@@ -53,6 +54,8 @@ WHAT = {
     "fa2_wide_configs": "every tile configuration of the wide-warp FA-2 rung, 32 rows per warp "
                         "(`scripts/tune_tiles.py --rung mma_fa2_wide`)",
     "regtile_configs": "the register-tiled rung's tiles against naive CuPy (`scripts/tune_tiles.py --rung regtile`)",
+    "regtile_wide_configs": "the wide register-tiled rung's tiles, 16 lanes per row group, against naive CuPy "
+                            "(`scripts/tune_tiles.py --rung regtile_wide`)",
     "ncu": "Nsight Compute, one launch per rung (`scripts/profile_rung.py`)",
 }
 

@@ -23,9 +23,10 @@ from lessons import attention
 from lessons.gpu import launch
 from lessons.gpu.compile import device_available
 
-KERNELS = ("online_softmax", "flash_attention", "flash_attention_regtile", "flash_attention_mma",
-           "flash_attention_mma_async", "paged_decode", "flash_decoding", "flash_backward", "paged_decode_split",
-           "flash_attention_mma_fa2", "flash_attention_mma_fa2_lazy", "flash_attention_mma_fa2_wide", "flash_backward_mma", "flash_attention_wgmma",
+KERNELS = ("online_softmax", "flash_attention", "flash_attention_regtile", "flash_attention_regtile_wide",
+           "flash_attention_mma", "flash_attention_mma_async", "paged_decode", "flash_decoding", "flash_backward",
+           "paged_decode_split", "flash_attention_mma_fa2", "flash_attention_mma_fa2_lazy",
+           "flash_attention_mma_fa2_wide", "flash_backward_mma", "flash_attention_wgmma",
            "flash_attention_wgmma_overlap", "flash_attention_wgmma_pingpong")
 
 
@@ -98,6 +99,20 @@ def run_flash_attention_regtile(cp, backend) -> bool:
         big = functools.partial(launch.flash_attention_regtile_gpu, block_q=block_q, block_k=block_k)
         ok &= _forward(cp, backend, big, f"regtile {block_q}x{block_k} (dynamic)", rng,
                        [((2,), 70, 150, d, True, np.float32)], {"float32": 1e-5})
+    return ok
+
+
+def run_flash_attention_regtile_wide(cp, backend) -> bool:
+    # the wide build (16 lanes per row group, P read 4 keys at a time) with its default tiles, 64 x 64 in dynamic
+    # shared memory at d = 64 and 128, then 32 rows x 128 keys (8 keys per thread) on partial blocks, causal
+    rng = np.random.default_rng(9)
+    ok = _forward(cp, backend, launch.flash_attention_regtile_wide_gpu, "regtile_wide", rng,
+                  [((2,), 70, 45, 64, True, np.float32), ((), 33, 100, 128, False, np.float32),
+                   ((), 5, 3, 4, True, np.float32)], {"float32": 1e-5})
+    for d in (64, 128):
+        other = functools.partial(launch.flash_attention_regtile_wide_gpu, block_q=32, block_k=128)
+        ok &= _forward(cp, backend, other, "regtile_wide 32x128", rng, [((2,), 70, 300, d, True, np.float32)],
+                       {"float32": 1e-5})
     return ok
 
 

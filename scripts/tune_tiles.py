@@ -1,7 +1,7 @@
 """Time every tile configuration of one forward rung on the GPU: the tuning sweep.
 
-    python scripts/tune_tiles.py [--rung mma_fa2_lazy|mma_fa2_wide|regtile] [--out DIR] [--n 8192] [--heads 8]
-                                 [--head-dims 64 128] [--warmup 2] [--repeats 7]
+    python scripts/tune_tiles.py [--rung mma_fa2_lazy|mma_fa2_wide|regtile|regtile_wide] [--out DIR] [--n 8192]
+                                 [--heads 8] [--head-dims 64 128] [--warmup 2] [--repeats 7]
     python scripts/tune_tiles.py --emulator [--rung ...] [--out DIR]
 
 ``--rung mma_fa2_lazy`` (the default): each ``(block_q, block_k, min_blocks)`` of
@@ -15,6 +15,10 @@ float16; the reference row is the FA-2 rung (``flash_attention_mma_fa2_gpu``, it
 first: :func:`lessons.gpu.source.flash_attention_regtile_config`) through
 :func:`lessons.gpu.flash_attention_regtile_gpu`, float32; the reference row is naive CuPy attention in float32
 (S in device memory: the rung's target is a multiple of its speed).
+``--rung regtile_wide``: the same for the wide register-tiled rung (16 lanes per row group, 8 rows x 4 keys
+per thread), each ``(block_q, block_k)`` of :data:`lessons.gpu.source.REGTILE_WIDE_SWEEP` (default one first:
+:func:`lessons.gpu.source.flash_attention_regtile_wide_config`) through
+:func:`lessons.gpu.flash_attention_regtile_wide_gpu`, beside the same naive CuPy row.
 
 Each runs on batch 1, ``--heads`` heads, N = ``--n`` queries and keys, not causal, and reports the median of
 ``--repeats`` CUDA-event timings after ``--warmup`` runs (:func:`lessons.gpu.measure.median_cuda_seconds`,
@@ -22,10 +26,11 @@ as the benchmarks time), TFLOP/s (4 N^2 d per head), ``x_default`` (the default 
 this one's, per head dim), ``x_reference`` (the reference row's seconds over this one's), the registers per
 thread (from the kernel loaded on the device) and the largest difference from the default configuration's output.
 
-Writes ``<stem>.csv`` and ``<stem>.md`` into ``--out`` (stem ``fa2_configs``, ``fa2_wide_configs`` or ``regtile_configs``). Without a
-CUDA device it says so and exits 0. ``--emulator`` runs every configuration once at a tiny N on the CPU emulator
-(a check of this script: nothing is timed, and each output is compared with NumPy's attention). Exit status 0,
-or 1 when an output is not finite or (on the emulator) differs from NumPy.
+Writes ``<stem>.csv`` and ``<stem>.md`` into ``--out`` (stem ``fa2_configs``, ``fa2_wide_configs``,
+``regtile_configs`` or ``regtile_wide_configs``). Without a CUDA device it says so and exits 0. ``--emulator`` runs
+every configuration once at a tiny N on the CPU emulator (a check of this script: nothing is timed, and each output
+is compared with NumPy's attention). Exit status 0, or 1 when an output is not finite or (on the emulator) differs
+from NumPy.
 """
 from __future__ import annotations
 
@@ -49,11 +54,18 @@ from lessons.gpu.measure import attention_flops, median_cuda_seconds, naive_atte
 COLUMNS = ("impl", "d", "block_q", "block_k", "min_blocks", "default", "n", "heads", "dtype", "seconds", "tflops",
            "x_default", "x_reference", "registers", "max_abs_diff", "note")
 LAZY, WIDE, PLAIN, REGTILE, NAIVE = "mma_fa2_lazy", "mma_fa2_wide", "mma_fa2", "regtile", "naive"
+REGTILE_WIDE = "regtile_wide"
 #: the FA-2 rungs whose tiles are swept: their defaults, their legal configurations, their build and launcher
 FA2_TILED = {LAZY: (source.FA2_LAZY_CONFIGS, source.flash_attention_mma_fa2_lazy_configs,
                     gpu.flash_attention_mma_fa2_lazy_build, gpu.flash_attention_mma_fa2_lazy_gpu),
              WIDE: (source.FA2_WIDE_CONFIGS, source.flash_attention_mma_fa2_wide_configs,
                     gpu.flash_attention_mma_fa2_wide_build, gpu.flash_attention_mma_fa2_wide_gpu)}
+#: the register-tiled (CUDA-core, float32) rungs whose tiles are swept: their default tiles per head dim, the tiles
+#: swept per head dim, their build and launcher
+REGTILE_TILED = {REGTILE: (source.flash_attention_regtile_config, source.REGTILE_SWEEP,
+                           gpu.flash_attention_regtile_build, gpu.flash_attention_regtile_gpu),
+                 REGTILE_WIDE: (source.flash_attention_regtile_wide_config, source.REGTILE_WIDE_SWEEP,
+                                gpu.flash_attention_regtile_wide_build, gpu.flash_attention_regtile_wide_gpu)}
 
 
 class Sweep(NamedTuple):
@@ -70,8 +82,9 @@ class Sweep(NamedTuple):
         if self.rung in FA2_TILED:
             defaults, legal, _, _ = FA2_TILED[self.rung]
             return [defaults[d]] + [c for c in legal(d) if c != defaults[d]]
-        default = (*source.flash_attention_regtile_config(d), None)
-        return [default] + [(bq, bk, None) for bq, bk in source.REGTILE_SWEEP[d] if (bq, bk, None) != default]
+        config, sweep, _, _ = REGTILE_TILED[self.rung]
+        default = (*config(d), None)
+        return [default] + [(bq, bk, None) for bq, bk in sweep[d] if (bq, bk, None) != default]
 
     def reference_config(self, d: int) -> tuple:
         return gpu.flash_attention_mma_fa2_config(d) if self.reference == PLAIN else (None, None, None)
@@ -79,15 +92,17 @@ class Sweep(NamedTuple):
 
 SWEEPS = {LAZY: Sweep(LAZY, PLAIN, "float16", "fa2_configs", "lazy-rescaling FA-2 rung"),
           WIDE: Sweep(WIDE, PLAIN, "float16", "fa2_wide_configs", "wide-warp FA-2 rung (32 rows per warp)"),
-          REGTILE: Sweep(REGTILE, NAIVE, "float32", "regtile_configs", "register-tiled CUDA-core rung")}
+          REGTILE: Sweep(REGTILE, NAIVE, "float32", "regtile_configs", "register-tiled CUDA-core rung"),
+          REGTILE_WIDE: Sweep(REGTILE_WIDE, NAIVE, "float32", "regtile_wide_configs",
+                              "wide register-tiled CUDA-core rung")}
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rung", choices=sorted(SWEEPS), default=LAZY, help="the rung whose tiles are swept")
     p.add_argument("--out", type=Path, default=None,
-                   help="folder of the results (default benchmarks/results/<stem>: fa2_configs, fa2_wide_configs or "
-                        "regtile_configs, after the rung)")
+                   help="folder of the results (default benchmarks/results/<stem>: fa2_configs, fa2_wide_configs, "
+                        "regtile_configs or regtile_wide_configs, after the rung)")
     p.add_argument("--n", type=int, default=None, help="queries and keys (default 8192; 80 with --emulator)")
     p.add_argument("--heads", type=int, default=None, help="heads (default 8; 1 with --emulator)")
     p.add_argument("--head-dims", type=int, nargs="+", default=[64, 128], choices=(64, 128))
@@ -113,7 +128,7 @@ def parse_args(argv=None):
 def runs(head_dims, rung: str = LAZY):
     """(impl, d, (block_q, block_k, min_blocks)) to run, in order: per head dim the rung's default configuration
     first (the others are compared with it), then the rest, then the reference row (min_blocks None for the
-    register-tiled rung; all None for naive CuPy)."""
+    register-tiled rungs; all None for naive CuPy)."""
     sweep = SWEEPS[rung]
     out = []
     for d in head_dims:
@@ -154,9 +169,10 @@ def _launch(impl, d, config, q, k, v, backend, xp):
                 lambda: launch(q, k, v, block_q=bq, block_k=bk, min_blocks=mb, backend=backend))
     if impl == PLAIN:
         return gpu.flash_attention_mma_fa2_build(d), lambda: gpu.flash_attention_mma_fa2_gpu(q, k, v, backend=backend)
-    if impl == REGTILE:
-        return (gpu.flash_attention_regtile_build(d, "float32", False, bq, bk),
-                lambda: gpu.flash_attention_regtile_gpu(q, k, v, block_q=bq, block_k=bk, backend=backend))
+    if impl in REGTILE_TILED:
+        _, _, build, launch = REGTILE_TILED[impl]
+        return (build(d, "float32", False, bq, bk),
+                lambda: launch(q, k, v, block_q=bq, block_k=bk, backend=backend))
     return None, lambda: (naive_attention(xp, q, k, v),)
 
 

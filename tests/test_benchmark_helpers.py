@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from lessons.cost.memory import CaseResult, measure_case, peak_bytes, time_call
+from lessons.gpu import emulator_available
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -104,6 +105,57 @@ def test_gpu_benchmark_writes_its_table_and_plot_from_rows(tmp_path):
     assert rows[0]["tflops"] == pytest.approx(4 * 1024**2 * 64 * 8 / 1e-3 / 1e12)
     line = bench.format_row(rows[0])
     assert line.split()[:2] == ["naive", "float16"] and "N=  1024" in line and "2.15 TFLOP/s" in line
+
+
+def _gpu_attention():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_attention", ROOT / "benchmarks" / "gpu_attention.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_forward_benchmark_draws_the_wide_register_tiled_rung_in_its_own_style(tmp_path, monkeypatch):
+    bench = _gpu_attention()
+    assert bench.IMPLS.index("regtile_wide") == bench.IMPLS.index("regtile") + 1
+    seen = {}
+    monkeypatch.setattr(bench._common, "plot_results", lambda rows, path, **kw: seen.update(kw))
+    bench.plot_results([], tmp_path / "x.png", dict(device="test device", heads=8, causal=False))
+    style = seen["style"]
+    assert style["regtile_wide"] == ("#9edae5", ">", "RawKernel, CUDA cores, register-tiled, 16-lane row groups")
+    assert set(bench.IMPLS) <= set(style)
+    markers = [marker for _, marker, _ in style.values()]
+    assert len(set(markers)) == len(markers)                                  # one marker per line
+
+
+@pytest.mark.skipif(not emulator_available(), reason="no C++ compiler (g++) for the CPU emulation")
+def test_the_forward_benchmark_runs_the_wide_register_tiled_rung_in_float32_only(monkeypatch):
+    """run_size's call and skip rule for regtile_wide: the rung's own launcher (here on the emulator, NumPy for
+    CuPy), causal as asked; float16 skipped with the register-tiled rung's reason."""
+    import types
+
+    import lessons.gpu as gpu
+    from lessons import attention
+
+    bench = _gpu_attention()
+    seen = {}
+    monkeypatch.setattr(bench, "timed_rows", lambda args, cupy, torch, impls, calls, *, dtype, skip, **kw:
+                        seen.update({dtype: (impls, calls, skip)}) or [])
+    args = types.SimpleNamespace(heads=2, causal=True)
+    for dtype in ("float16", "float32"):
+        bench.run_size(args, np, None, "no torch", np.random.default_rng(0), dtype, 64, 40, 0.0)
+    assert seen["float16"][2]("regtile_wide") == "the register-tiled kernel takes float32"
+    assert seen["float32"][2]("regtile_wide") is None and "regtile_wide" in seen["float32"][0]
+    launched = []
+    wide = gpu.flash_attention_regtile_wide_gpu
+    monkeypatch.setattr(gpu, "flash_attention_regtile_wide_gpu",
+                        lambda q, k, v, **kw: launched.append((q, k, v, kw)) or wide(q, k, v, backend="emulator", **kw))
+    out, lse = seen["float32"][1]["regtile_wide"]()
+    (q, k, v, kw), = launched
+    assert kw == {"causal": True} and q.shape == (2, 40, 64) and q.dtype == np.float32
+    ref = np.stack([attention(*(x[h].astype(np.float64) for x in (q, k, v)), causal=True) for h in range(2)])
+    assert np.abs(out - ref).max() < 1e-5
 
 
 def test_the_gpu_benchmarks_run_loop_times_skips_and_notes_failures(monkeypatch, capsys):

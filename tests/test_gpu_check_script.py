@@ -3,7 +3,8 @@
 ``--dry-run`` runs every step of the script with the kernels on the CPU emulator: the
 environment report, the compile report, a few kernel tests, each kernel's sanitizer
 driver (without compute-sanitizer), the benchmark (which says there is no device), the
-tuning sweeps of the lazy FA-2 and register-tiled rungs (each configuration once on the emulator)
+tuning sweeps of the wide-warp and lazy FA-2 rungs and of the register-tiled rung and its wide build (each
+configuration once on the emulator)
 and the decode split sweep (each split count of a tiny shape once on the emulator, against NumPy).
 What it cannot check is the GPU itself; the plumbing (steps, files, summary, exit
 status, the list of kernels against the drivers) it can.
@@ -53,8 +54,8 @@ def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
     decode = steps.pop("benchmark decode")                              # present once its script is in the tree
     assert decode == ("ok" if (ROOT / "benchmarks" / "gpu_decode.py").exists() else "skip")
     expected = {"compile report", "pytest pass 1 (-n 2)", "benchmark forward", "benchmark backward", "total",
-                "tune mma_fa2_lazy tiles", "tune mma_fa2_wide tiles", "tune regtile tiles", "decode split sweep",
-                "decode split sweep (prefetch)"}
+                "tune mma_fa2_lazy tiles", "tune mma_fa2_wide tiles", "tune regtile tiles", "tune regtile_wide tiles",
+                "decode split sweep", "decode split sweep (prefetch)"}
     expected |= {f"hopper smoke {rung}" for rung in ("wgmma", "wgmma_overlap", "wgmma_pingpong")}
     expected |= {f"ncu {rung}" for rung in ("mma_fa2", "mma_fa2_lazy", "mma_fa2_wide", "wgmma", "wgmma_overlap", "wgmma_pingpong",
                                            "paged_decode_split", "paged_decode_prefetch")}
@@ -70,6 +71,7 @@ def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
     assert "flash_attention_mma" in report and report.count("flash_attention_mma_fa2_lazy") >= 2 * 8
     assert report.count("flash_attention_mma_fa2_wide") >= len(tune.SWEEPS[tune.WIDE].configs(64)) + \
         len(tune.SWEEPS[tune.WIDE].configs(128))
+    assert "REGTILE_WIDE=1" in report          # the wide register-tiled rung's default build (its name cut short there)
     # the tuning sweep ran every legal configuration of the lazy rung (and the FA-2 rung per head dim)
     with open(tmp_path / "fa2_configs" / "fa2_configs.csv", newline="") as f:
         rows = list(csv.DictReader(f))
@@ -85,6 +87,15 @@ def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
     with open(tmp_path / "regtile_configs" / "regtile_configs.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert [(r["impl"], int(r["d"])) for r in rows] == [(impl, d) for impl, d, _ in tune.runs([64, 128], "regtile")]
+    # and the wide register-tiled rung's tiles (the default first, then REGTILE_WIDE_SWEEP), beside naive CuPy
+    with open(tmp_path / "regtile_wide_configs" / "regtile_wide_configs.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["impl"], int(r["d"]), r["block_q"], r["block_k"]) for r in rows] == \
+        [(impl, d, str(bq or ""), str(bk or "")) for impl, d, (bq, bk, _) in tune.runs([64, 128], "regtile_wide")]
+    assert [r["impl"] for r in rows].count("naive") == 2 and rows[0]["impl"] == "regtile_wide"
+    assert all(r["note"] == "emulator: not timed" for r in rows)
+    assert "wide register-tiled CUDA-core rung" in \
+        (tmp_path / "regtile_wide_configs" / "regtile_wide_configs.md").read_text()
     for folder in ("benchmark", "backward"):
         assert "GPU benchmark not run" in (tmp_path / folder / "log.txt").read_text()
     # the decode split sweep ran each split count of its tiny shape on the emulator, each matching NumPy
@@ -164,7 +175,8 @@ def test_the_profiling_driver_names_the_kernel_to_filter_on(capsys):
     _spec = importlib.util.spec_from_file_location("profile_rung", ROOT / "scripts" / "profile_rung.py")
     prof = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(prof)
-    want = {"scalar": "flash_attention_forward", "mma_fa2": "flash_attention_mma_fa2",
+    want = {"scalar": "flash_attention_forward", "regtile": "flash_attention_regtile",
+            "regtile_wide": "flash_attention_regtile_wide", "mma_fa2": "flash_attention_mma_fa2",
             "mma_fa2_lazy": "flash_attention_mma_fa2_lazy", "mma_fa2_wide": "flash_attention_mma_fa2_wide",
             "wgmma": "flash_attention_wgmma", "wgmma_pingpong": "flash_attention_wgmma_pingpong",
             "paged_decode_split": "paged_decode_gqa_split", "paged_decode_prefetch": "paged_decode_gqa_split"}
@@ -192,20 +204,40 @@ def test_the_tuning_sweep_takes_every_legal_configuration_and_the_fa2_rung():
     assert [r["x_reference"] for r in rows] == [2.0, 4.0, 1.0, None]          # the FA-2 rung's seconds over the row's
 
 
-def test_the_regtile_sweep_takes_its_default_first_then_the_others_then_naive():
-    from lessons.gpu.source import REGTILE_SWEEP, flash_attention_regtile_config
+@pytest.mark.parametrize("rung, sweep_name, config_name", [
+    ("regtile", "REGTILE_SWEEP", "flash_attention_regtile_config"),
+    ("regtile_wide", "REGTILE_WIDE_SWEEP", "flash_attention_regtile_wide_config"),
+])
+def test_the_regtile_sweep_takes_its_default_first_then_the_others_then_naive(rung, sweep_name, config_name):
+    from lessons.gpu import source
 
-    order = tune.runs([64, 128], "regtile")
+    sweep, config = getattr(source, sweep_name), getattr(source, config_name)
+    order = tune.runs([64, 128], rung)
+    assert {impl for impl, _, _ in order} == {rung, tune.NAIVE}
     for d in (64, 128):
-        mine = [c for impl, dd, c in order if dd == d and impl == tune.REGTILE]
-        assert mine[0] == (*flash_attention_regtile_config(d), None)                      # the default first
-        assert {c[:2] for c in mine} == set(REGTILE_SWEEP[d]) | {flash_attention_regtile_config(d)}
+        mine = [c for impl, dd, c in order if dd == d and impl == rung]
+        assert mine[0] == (*config(d), None)                                            # the default first
+        assert {c[:2] for c in mine} == set(sweep[d]) | {config(d)}
         assert len(mine) == len(set(mine))
         assert order[[i for i, (_, dd, _) in enumerate(order) if dd == d][-1]] == (tune.NAIVE, d, (None, None, None))
     # naive CuPy as the reference: the rung's target is a multiple of its speed
     rows = [dict(impl=tune.REGTILE, d=64, default=True, seconds=5.0), dict(impl=tune.NAIVE, d=64, default=False,
                                                                            seconds=15.0)]
     assert [r["x_reference"] for r in tune.add_ratios(rows)] == [3.0, 1.0]
+
+
+def test_the_wide_regtile_sweep_times_its_64_by_64_default_then_its_sweep_in_order():
+    from lessons.gpu.source import REGTILE_WIDE_SWEEP
+
+    order = tune.runs([64, 128], tune.REGTILE_WIDE)
+    assert tune.SWEEPS[tune.REGTILE_WIDE].stem == "regtile_wide_configs"
+    assert tune.SWEEPS[tune.REGTILE_WIDE].dtype == "float32"
+    for d in (64, 128):
+        mine = [(impl, c) for impl, dd, c in order if dd == d]
+        assert mine[0] == ("regtile_wide", (64, 64, None))            # 8 rows x 4 keys per thread at both head dims
+        assert mine[1:-1] == [("regtile_wide", (bq, bk, None)) for bq, bk in REGTILE_WIDE_SWEEP[d][1:]]
+        assert mine[-1] == ("naive", (None, None, None)) and len(mine) == 6
+    assert ("regtile_wide", 64, (32, 128, None)) in order and ("regtile_wide", 128, (64, 16, None)) in order
 
 
 @pytest.mark.skipif(gpu.device_available(), reason="checks what happens without a device")
@@ -238,6 +270,24 @@ def test_the_regtile_sweep_runs_on_the_emulator_with_tiles_over_48_kib(tmp_path)
     assert "register-tiled CUDA-core rung" in (tmp_path / "regtile_configs.md").read_text()
 
 
+def test_the_wide_regtile_sweep_runs_on_the_emulator(tmp_path):
+    assert tune.main(["--rung", "regtile_wide", "--emulator", "--out", str(tmp_path), "--n", "70",
+                      "--head-dims", "128"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["regtile_wide_configs.csv", "regtile_wide_configs.md"]
+    with open(tmp_path / "regtile_wide_configs.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == list(tune.COLUMNS)
+    assert [(r["impl"], r["d"], r["block_q"], r["block_k"], r["default"]) for r in rows] == [
+        ("regtile_wide", "128", "64", "64", "True"), ("regtile_wide", "128", "32", "128", "False"),
+        ("regtile_wide", "128", "32", "64", "False"), ("regtile_wide", "128", "64", "32", "False"),
+        ("regtile_wide", "128", "64", "16", "False"), ("naive", "128", "", "", "False")]
+    assert all(r["note"] == "emulator: not timed" and r["dtype"] == "float32" for r in rows)   # (each matched NumPy)
+    assert float(rows[0]["max_abs_diff"]) == 0.0
+    assert all(float(r["max_abs_diff"]) < 1e-5 for r in rows[1:])       # other tiles: other sums, the same output
+    text = (tmp_path / "regtile_wide_configs.md").read_text()
+    assert "wide register-tiled CUDA-core rung, every configuration swept, on the CPU emulator" in text
+
+
 def test_a_run_past_its_deadline_skips_the_rest_names_them_and_fails(tmp_path):
     env = {name: value for name, value in os.environ.items() if not name.startswith("GPU_CHECK_")}
     env["GPU_CHECK_DEADLINE"] = "03"                 # (leading zero: still decimal)
@@ -250,7 +300,7 @@ def test_a_run_past_its_deadline_skips_the_rest_names_them_and_fails(tmp_path):
             if status == "skip" and detail.strip() == "past the deadline (GPU_CHECK_DEADLINE=3 s)"]
     # the compile report's 180 s were cut to 3: everything after it found the deadline passed
     assert {"benchmark forward", "decode split sweep", "tune mma_fa2_lazy tiles", "tune mma_fa2_wide tiles",
-            "pytest pass 1 (-n 2)",
+            "tune regtile tiles", "tune regtile_wide tiles", "pytest pass 1 (-n 2)",
             "compute-sanitizer", "ncu mma_fa2"} <= set(late), summary
     assert steps["total"][0] == "FAIL" and int(steps["total"][1].split()[0]) < 120
 
@@ -269,7 +319,7 @@ def test_steps_left_out_of_gpu_check_steps_are_named_and_do_not_fail_the_run(tmp
            if status == "skip" and detail.strip() == "not in GPU_CHECK_STEPS"}
     assert off == {"compile report", "hopper smoke", "benchmark forward", "benchmark decode",
                    "decode split sweep", "decode split sweep (prefetch)", "tune mma_fa2_wide tiles",
-                   "tune mma_fa2_lazy tiles", "tune regtile tiles",
+                   "tune mma_fa2_lazy tiles", "tune regtile tiles", "tune regtile_wide tiles",
                    "pytest (GPU cases)", "compute-sanitizer"}, summary
     assert steps["ncu wgmma"] == ["skip", "left out after its first check"]
     assert steps["ring on the GPU (MPI)"][0] == "skip" and steps["total"][0] == "ok"

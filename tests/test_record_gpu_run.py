@@ -37,6 +37,10 @@ def gpu_check_folder(tmp_path):
     (src / "decode_splits").mkdir()
     for name in ("decode_splits.csv", "decode_splits.md", "log.txt"):                  # (the log stays behind)
         (src / "decode_splits" / name).write_text(f"{name}\n")
+    for sweep in ("regtile_configs", "regtile_wide_configs"):                           # the register-tiled sweeps
+        (src / sweep).mkdir()
+        for name in (f"{sweep}.csv", f"{sweep}.md", "log.txt"):                       # (the log stays behind)
+            (src / sweep / name).write_text(f"{sweep}/{name}\n")
     (src / "ncu").mkdir()
     (src / "ncu" / "ncu_mma_fa2.txt").write_text("Duration 1 ms\n")
     return src
@@ -61,9 +65,15 @@ def test_a_run_is_laid_out_as_the_course_reads_it(gpu_check_folder, tmp_path):
         assert (dest / kept).is_file(), kept
     assert not (dest / "pytest_1_n8.xml").exists() and not (dest / "forward" / "log.txt").exists()
     assert not (dest / "decode_splits" / "log.txt").exists()
+    for sweep in ("regtile_configs", "regtile_wide_configs"):                   # each in its own folder, as it was
+        assert sorted(p.name for p in (dest / sweep).iterdir()) == [f"{sweep}.csv", f"{sweep}.md"]
+        assert (dest / sweep / f"{sweep}.csv").read_text() == f"{sweep}/{sweep}.csv\n"
     text = (dest / "README.md").read_text()
     assert "| `forward/` |" in text and "| `ncu/` |" in text and "| `fa2_configs/` |" not in text   # what is there
     assert "| `decode_splits/` | the split decode kernel at split counts around its automatic pick" in text
+    assert "| `regtile_configs/` | the register-tiled rung's tiles against naive CuPy" in text
+    assert "| `regtile_wide_configs/` | the wide register-tiled rung's tiles, 16 lanes per row group, against naive " \
+           "CuPy (`scripts/tune_tiles.py --rung regtile_wide`) |" in text
 
 
 def test_a_recorded_run_is_never_written_into(gpu_check_folder, tmp_path, capsys):
