@@ -482,20 +482,27 @@ def flash_attention_regtile_gpu(q, k, v, *, scale=None, causal: bool = False, bl
     that is not a multiple of 4, or bad tiles; RuntimeError with backend "cupy" and no CUDA device.
     Source: Dao 2023 (FlashAttention-2), Alg. 1; register tiling as in Volkov & Demmel 2008.
     """
+    return _launch_regtile(q, k, v, scale, causal, block_q, block_k, trace_rows, backend,
+                           flash_attention_regtile_config, flash_attention_regtile_build)
+
+
+def _launch_regtile(q, k, v, scale, causal, block_q, block_k, trace_rows, backend, config, make_build):
+    """The checks and launch shared by the register-tiled builds: ``config`` resolves the tiles (it raises for bad
+    ones, before the inputs' other checks when the head dim is readable), ``make_build`` makes the build."""
     backend = _check_backend(backend)
     dtype = getattr(q, "dtype", None)
     if dtype is not None and np.dtype(dtype) != np.float32:
         raise TypeError(f"the register-tiled kernel takes float32 q, k, v, got {np.dtype(dtype)}; "
                         f"use flash_attention_gpu or flash_attention_mma_gpu for 16-bit inputs")
     if len(getattr(q, "shape", ())) >= 2:
-        flash_attention_regtile_config(int(q.shape[-1]), block_q, block_k)
+        config(int(q.shape[-1]), block_q, block_k)
     f = _check_flash(q, k, v, scale, causal, False)
-    block_q, block_k = flash_attention_regtile_config(f.d, block_q, block_k)
+    block_q, block_k = config(f.d, block_q, block_k)
     tracing = trace_rows is not None
     rows = _check_rows(trace_rows, "trace_rows", f.n_q) if tracing else []
-    build = flash_attention_regtile_build(f.d, f.dtype, tracing, block_q, block_k)
+    build = make_build(f.d, f.dtype, tracing, block_q, block_k)
     run = Runner(backend, f.kind)
-    return _launch_forward(run, build, "flash_attention_regtile", f, [_aligned(run, run.put(x)) for x in (q, k, v)],
+    return _launch_forward(run, build, build.kernel, f, [_aligned(run, run.put(x)) for x in (q, k, v)],
                            block_q, block_k, rows)
 
 
@@ -522,21 +529,8 @@ def flash_attention_regtile_wide_gpu(q, k, v, *, scale=None, causal: bool = Fals
     Source: Dao 2023 (FlashAttention-2), Alg. 1; register tiling as in Volkov & Demmel 2008 (a thread's
     block of the product grows until its loads are a small share of its instructions).
     """
-    backend = _check_backend(backend)
-    dtype = getattr(q, "dtype", None)
-    if dtype is not None and np.dtype(dtype) != np.float32:
-        raise TypeError(f"the register-tiled kernel takes float32 q, k, v, got {np.dtype(dtype)}; "
-                        f"use flash_attention_gpu or flash_attention_mma_gpu for 16-bit inputs")
-    if len(getattr(q, "shape", ())) >= 2:
-        flash_attention_regtile_wide_config(int(q.shape[-1]), block_q, block_k)
-    f = _check_flash(q, k, v, scale, causal, False)
-    block_q, block_k = flash_attention_regtile_wide_config(f.d, block_q, block_k)
-    tracing = trace_rows is not None
-    rows = _check_rows(trace_rows, "trace_rows", f.n_q) if tracing else []
-    build = flash_attention_regtile_wide_build(f.d, f.dtype, tracing, block_q, block_k)
-    run = Runner(backend, f.kind)
-    return _launch_forward(run, build, "flash_attention_regtile_wide", f,
-                           [_aligned(run, run.put(x)) for x in (q, k, v)], block_q, block_k, rows)
+    return _launch_regtile(q, k, v, scale, causal, block_q, block_k, trace_rows, backend,
+                           flash_attention_regtile_wide_config, flash_attention_regtile_wide_build)
 
 
 def flash_attention_mma_async_gpu(q, k, v, *, scale=None, causal: bool = False, block_k: int | None = None,

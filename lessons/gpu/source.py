@@ -273,19 +273,34 @@ def flash_attention_regtile_config(head_dim: int, block_q: int | None = None,
     build puts them in dynamic shared memory (:func:`flash_attention_regtile_build`).
     Raises TypeError / ValueError naming the argument.
     """
+    d = _regtile_head_dim(head_dim)
+    if block_q is None and block_k is None:
+        fits = [t for t in REGTILE_TILES if flash_attention_regtile_smem_bytes(d, *t) <= STATIC_SMEM_LIMIT]
+        return fits[0]
+    return _regtile_tiles(d, 32 if block_q is None else block_q, 16 if block_k is None else block_k, 16, 8, "")
+
+
+def _regtile_head_dim(head_dim) -> int:
+    """``head_dim`` checked for the register-tiled builds: an int, a multiple of 4 in 4..256."""
     d = _check_int(head_dim, "head_dim", 4, MAX_HEAD_DIM)
     if d % 4:
         raise ValueError(f"head_dim must be a multiple of 4 for the register-tiled kernel (16-byte loads), "
                          f"got {d}; flash_attention_gpu takes any head dim")
-    if block_q is None and block_k is None:
-        fits = [t for t in REGTILE_TILES if flash_attention_regtile_smem_bytes(d, *t) <= STATIC_SMEM_LIMIT]
-        return fits[0]
-    bq = 32 if block_q is None else _check_int(block_q, "block_q", 1, 1024)
-    bk = 16 if block_k is None else _check_int(block_k, "block_k", 1, 1024)
-    if bq not in (16, 32, 64, 128):
-        raise ValueError(f"block_q must be 16, 32, 64 or 128 (1, 2, 4 or 8 rows per thread), got {bq}")
-    if bk not in (8, 16, 32, 64):
-        raise ValueError(f"block_k must be 8, 16, 32 or 64 (1..8 keys per thread), got {bk}")
+    return d
+
+
+def _regtile_tiles(d: int, block_q, block_k, groups: int, lanes: int, which: str) -> tuple[int, int]:
+    """``(block_q, block_k)`` checked for a register-tiled build of ``groups`` row groups x ``lanes`` lanes:
+    1, 2, 4 or 8 rows and keys per thread, shared memory within :data:`REGTILE_DYNAMIC_LIMIT`. ``which``
+    names the build in the messages ("" for the plain one)."""
+    bq, bk = _check_int(block_q, "block_q", 1, 1024), _check_int(block_k, "block_k", 1, 1024)
+    legal_q, legal_k = [groups * t for t in (1, 2, 4, 8)], [lanes * t for t in (1, 2, 4, 8)]
+    if bq not in legal_q:
+        raise ValueError(f"block_q must be {', '.join(map(str, legal_q[:3]))} or {legal_q[3]}{which} "
+                         f"(1, 2, 4 or 8 rows per thread), got {bq}")
+    if bk not in legal_k:
+        raise ValueError(f"block_k must be {', '.join(map(str, legal_k[:3]))} or {legal_k[3]}{which} "
+                         f"(1..8 keys per thread), got {bk}")
     smem = flash_attention_regtile_smem_bytes(d, bq, bk)
     if smem > REGTILE_DYNAMIC_LIMIT:
         raise ValueError(f"block_q={bq}, block_k={bk} with head_dim={d} need {smem} bytes of shared memory, "
@@ -294,19 +309,24 @@ def flash_attention_regtile_config(head_dim: int, block_q: int | None = None,
     return bq, bk
 
 
+def _regtile_build(kernel: str, head_dim: int, dtype: str, trace: bool, bq: int, bk: int, **switches) -> "KernelBuild":
+    """The build of a register-tiled ``kernel`` (float32 only) with checked tiles: dynamic shared memory past
+    48 KiB (``REGTILE_DYNAMIC_SMEM=1``), else static."""
+    if dtype != "float32":
+        raise ValueError(f"the register-tiled kernel takes dtype float32, got {dtype!r}; "
+                         f"use flash_attention_gpu or flash_attention_mma_gpu for 16-bit inputs")
+    dynamic = {"REGTILE_DYNAMIC_SMEM": 1} if flash_attention_regtile_smem_bytes(head_dim, bq, bk) > STATIC_SMEM_LIMIT \
+        else {}
+    return KernelBuild.make(kernel, dtype, trace, HEAD_DIM=head_dim, BLOCK_Q=bq, BLOCK_K=bk, **switches, **dynamic)
+
+
 def flash_attention_regtile_build(head_dim: int, dtype: str = "float32", trace: bool = False,
                                   block_q: int | None = None, block_k: int | None = None) -> "KernelBuild":
     """The :class:`KernelBuild` of the register-tiled forward kernel (float32 storage only). Tiles over 48 KiB
     (given by hand) are built with ``REGTILE_DYNAMIC_SMEM=1``: :attr:`KernelBuild.dynamic_smem_bytes` then
     holds all of them."""
-    if dtype != "float32":
-        raise ValueError(f"the register-tiled kernel takes dtype float32, got {dtype!r}; "
-                         f"use flash_attention_gpu or flash_attention_mma_gpu for 16-bit inputs")
     bq, bk = flash_attention_regtile_config(head_dim, block_q, block_k)
-    dynamic = {"REGTILE_DYNAMIC_SMEM": 1} if flash_attention_regtile_smem_bytes(head_dim, bq, bk) > STATIC_SMEM_LIMIT \
-        else {}
-    return KernelBuild.make("flash_attention_regtile", dtype, trace, HEAD_DIM=head_dim, BLOCK_Q=bq, BLOCK_K=bk,
-                            **dynamic)
+    return _regtile_build("flash_attention_regtile", head_dim, dtype, trace, bq, bk)
 
 
 # the same with 16 lanes per row group and P read 4 keys at a time (flash_attention_regtile_wide)
@@ -332,26 +352,11 @@ def flash_attention_regtile_wide_config(head_dim: int, block_q: int | None = Non
     for it. The shared memory is :func:`flash_attention_regtile_smem_bytes` (the same three arrays); past
     48 KiB the build puts it in dynamic shared memory. Raises TypeError / ValueError naming the argument.
     """
-    d = _check_int(head_dim, "head_dim", 4, MAX_HEAD_DIM)
-    if d % 4:
-        raise ValueError(f"head_dim must be a multiple of 4 for the register-tiled kernel (16-byte loads), "
-                         f"got {d}; flash_attention_gpu takes any head dim")
+    d = _regtile_head_dim(head_dim)
     default = next(t for t in REGTILE_WIDE_TILES
                    if flash_attention_regtile_smem_bytes(d, *t) <= REGTILE_DYNAMIC_LIMIT)
-    bq = default[0] if block_q is None else _check_int(block_q, "block_q", 1, 1024)
-    bk = default[1] if block_k is None else _check_int(block_k, "block_k", 1, 1024)
-    if bq not in (8, 16, 32, 64):
-        raise ValueError(f"block_q must be 8, 16, 32 or 64 for the wide register-tiled rung (1, 2, 4 or 8 rows "
-                         f"per thread), got {bq}")
-    if bk not in (16, 32, 64, 128):
-        raise ValueError(f"block_k must be 16, 32, 64 or 128 for the wide register-tiled rung (1..8 keys per "
-                         f"thread), got {bk}")
-    smem = flash_attention_regtile_smem_bytes(d, bq, bk)
-    if smem > REGTILE_DYNAMIC_LIMIT:
-        raise ValueError(f"block_q={bq}, block_k={bk} with head_dim={d} need {smem} bytes of shared memory, "
-                         f"more than the {REGTILE_DYNAMIC_LIMIT} a block may have on every sm_80+ GPU; use "
-                         f"smaller tiles")
-    return bq, bk
+    return _regtile_tiles(d, default[0] if block_q is None else block_q, default[1] if block_k is None else block_k,
+                          8, 16, " for the wide register-tiled rung")
 
 
 def flash_attention_regtile_wide_build(head_dim: int, dtype: str = "float32", trace: bool = False,
@@ -360,14 +365,8 @@ def flash_attention_regtile_wide_build(head_dim: int, dtype: str = "float32", tr
     ``REGTILE_WIDE=1`` (entry point ``flash_attention_regtile_wide``), float32 only, tiles from
     :func:`flash_attention_regtile_wide_config`; tiles over 48 KiB in dynamic shared memory
     (``REGTILE_DYNAMIC_SMEM=1``)."""
-    if dtype != "float32":
-        raise ValueError(f"the register-tiled kernel takes dtype float32, got {dtype!r}; "
-                         f"use flash_attention_gpu or flash_attention_mma_gpu for 16-bit inputs")
     bq, bk = flash_attention_regtile_wide_config(head_dim, block_q, block_k)
-    dynamic = {"REGTILE_DYNAMIC_SMEM": 1} if flash_attention_regtile_smem_bytes(head_dim, bq, bk) > STATIC_SMEM_LIMIT \
-        else {}
-    return KernelBuild.make("flash_attention_regtile_wide", dtype, trace, HEAD_DIM=head_dim, BLOCK_Q=bq, BLOCK_K=bk,
-                            REGTILE_WIDE=1, **dynamic)
+    return _regtile_build("flash_attention_regtile_wide", head_dim, dtype, trace, bq, bk, REGTILE_WIDE=1)
 
 
 def flash_attention_mma_async_config(head_dim: int, block_k: int | None = None) -> int:
