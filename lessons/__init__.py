@@ -7,30 +7,30 @@ and :func:`flash_attention` (the tiled, one-pass version).
 Where each notebook's code lives (modules under ``lessons/``, kernels under
 ``lessons/gpu/kernels/``, exercises under ``exercises/``):
 
-===================  ====================  ================  =================================  =========================
-notebook             schedule              view              kernel                             exercise
-===================  ====================  ================  =================================  =========================
-01 online softmax    schedules.softmax     views.softmax     online_softmax.cu                  online_softmax
-02 flash attention   schedules.flash       views.flash,      flash_attention.cu,                absorb
-                                           views.stepper     flash_attention_mma.cu
-03 query blocks,     schedules.causal      views.causal      flash_attention.cu                 causal
-   causal            (core.causal_rule)                      (causal=True)
-04 backward pass     schedules.backward,   views.backward    flash_attention_backward.cu        backward
+===================  ====================  ====================  =================================  =========================
+notebook             schedule              view                  kernel                             exercise
+===================  ====================  ====================  =================================  =========================
+01 online softmax    schedules.softmax     views.softmax         online_softmax.cu                  online_softmax
+02 flash attention   schedules.flash       views.flash,          flash_attention.cu,                absorb
+                                           views.stepper         flash_attention_mma.cu
+03 query blocks,     schedules.causal      views.causal          flash_attention.cu                 causal
+   causal            (core.causal_rule)                          (causal=True)
+04 backward pass     schedules.backward,   views.backward        flash_attention_backward.cu        backward
                      cost.backward
-05 IO awareness      cost.traffic,         views.traffic,    flash_attention.cu,                peak_memory
-                     cost.memory           views.gpu         flash_attention_mma.cu
-06 kernel ladder     gpu.ladder,           views.ladder,     flash_attention.cu,                rescale_tiles
-                     gpu.hopper,           views.pipeline,   flash_attention_regtile.cu,
-                     cost.rescale,         views.rescale     flash_attention_mma.cu,
-                     cost.fragments,                         flash_attention_mma_async.cu,
-                     cost.register_tiles                     flash_attention_mma_fa2.cu,
-                                                             flash_attention_wgmma.cu,
-                                                             flash_attention_wgmma_overlap.cu
-07 paged attention   schedules.paged       views.paged       paged_decode.cu                    paged
-08 flash-decoding,   schedules.split_kv,   views.split_kv,   paged_decode.cu                    merge_states,
-   ring              schedules.ring        views.ring        (num_splits)                       flash_decoding, ring_step
-09 paged GQA decode  schedules.gqa_decode  views.paged       paged_decode.cu                    gqa_decode
-===================  ====================  ================  =================================  =========================
+05 IO awareness      cost.traffic,         views.traffic,        flash_attention.cu,                peak_memory
+                     cost.memory           views.gpu             flash_attention_mma.cu
+06 kernel ladder     gpu.ladder,           views.ladder,         flash_attention.cu,                rescale_tiles
+                     gpu.hopper,           views.pipeline,       flash_attention_regtile.cu,
+                     cost.rescale,         views.rescale,        flash_attention_mma.cu,
+                     cost.fragments,                             flash_attention_mma_async.cu,
+                     cost.register_tiles   views.register_tiles  flash_attention_mma_fa2.cu,
+                                                                 flash_attention_wgmma.cu,
+                                                                 flash_attention_wgmma_overlap.cu
+07 paged attention   schedules.paged       views.paged           paged_decode.cu                    paged
+08 flash-decoding,   schedules.split_kv,   views.split_kv,       paged_decode.cu                    merge_states,
+   ring              schedules.ring        views.ring            (num_splits)                       flash_decoding, ring_step
+09 paged GQA decode  schedules.gqa_decode  views.paged           paged_decode.cu                    gqa_decode
+===================  ====================  ====================  =================================  =========================
 
 Real multi-process ring attention (MPI ranks, notebook 08) lives in :mod:`lessons.distributed`.
 

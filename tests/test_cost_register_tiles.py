@@ -1,5 +1,6 @@
 """lessons.cost.register_tiles: a thread's tile in the register-tiled rungs, counted by hand and held to the
 kernel's tiles and to the loads in its PTX."""
+import numpy as np
 import pytest
 
 import lessons.gpu as gpu
@@ -80,3 +81,46 @@ def test_the_wide_builds_ptx_holds_the_loads_counted_here(d):
     t = register_tile(d, *source.flash_attention_regtile_wide_config(d), wide=True)
     ptx = compile_ptx(source.flash_attention_regtile_wide_build(d), "sm_80")
     assert ptx.count("ld.shared.v4.f32") == (t.rows + t.keys) + 2 * (t.rows + 4 * t.chunks)
+
+
+@pytest.mark.parametrize("d, block_q, block_k, wide", [(128, 32, 32, False), (64, 64, 32, False), (36, 32, 16, False),
+                                                        (128, 64, 64, True), (64, 32, 128, True), (36, 16, 32, True)])
+def test_the_threads_own_every_cell_once(d, block_q, block_k, wide):
+    # over the 128 threads, each score of the tile and each output element of the block has exactly one owner
+    t = register_tile(d, block_q, block_k, wide=wide)
+    s_owner, o_owner = np.zeros((block_q, block_k), int), np.zeros((block_q, d), int)
+    for ty in range(t.groups):
+        for tx in range(t.lanes):
+            rows = t.thread_rows(ty)
+            assert len(rows) == t.rows and len(t.thread_keys(tx)) == t.keys
+            assert len(t.thread_columns(tx)) <= 4 * t.chunks
+            s_owner[np.ix_(rows, t.thread_keys(tx))] += 1
+            o_owner[np.ix_(rows, t.thread_columns(tx))] += 1
+    assert (s_owner == 1).all() and (o_owner == 1).all()
+
+
+def test_the_wide_builds_warp_owns_adjacent_rows():
+    # the kernel's ROW rule: plain row groups own consecutive rows; wide ones interleave, so the two row groups
+    # of a warp (ty = 0 and 1) own rows r and r + 1
+    plain, wide = register_tile(128, 32, 32), register_tile(128, 64, 64, wide=True)
+    assert plain.thread_rows(0) == (0, 1) and plain.thread_rows(1) == (2, 3)
+    assert wide.thread_rows(0) == (0, 8, 16, 24, 32, 40, 48, 56) and wide.thread_rows(1) == (1, 9, 17, 25, 33, 41, 49, 57)
+    assert wide.thread_keys(3) == (3, 19, 35, 51) and wide.thread_columns(1) == (4, 5, 6, 7, 68, 69, 70, 71)
+    with pytest.raises(ValueError, match="ty"):
+        wide.thread_rows(8)
+    with pytest.raises(ValueError, match="tx"):
+        wide.thread_keys(16)
+
+
+def test_ownership_figure_marks_thread_0_and_its_warp():
+    from lessons.views.register_tiles import _owners, ownership_figure
+
+    wide = register_tile(128, 64, 64, wide=True)
+    s, o = _owners(wide, "s"), _owners(wide, "o")
+    assert (s == 2).sum() == 8 * 4 and (s >= 1).sum() == 32 * 8 * 4          # thread 0; its warp of 32
+    assert (o == 2).sum() == 8 * 8 and (o >= 1).sum() == 2 * 8 * 128          # 2 row groups x 8 rows, whole rows
+    fig = ownership_figure({"plain": register_tile(128, 32, 32), "wide": wide})
+    assert len(fig.axes) == 4 and "thread 0 owns 8 x 4" in fig.axes[2].get_title(loc="left")
+    assert "16 lanes share a row" in fig.axes[3].get_title(loc="left")
+    with pytest.raises(TypeError, match="RegisterTile"):
+        ownership_figure({"x": 1})

@@ -58,6 +58,30 @@ class RegisterTile:
         return (self.rows / self.p_keys_per_load + self.chunks) / (4 * self.rows * self.chunks)
 
     @property
+    def groups(self) -> int:
+        """Row groups of the block: ``128 / lanes``."""
+        return REGTILE_THREADS // self.lanes
+
+    def thread_rows(self, ty: int) -> tuple:
+        """The block rows row group ``ty`` owns: consecutive in the plain build (``ty * rows + i``), interleaved in
+        the wide one (``ty + groups * i``, so the two row groups of a warp own adjacent rows)."""
+        ty = check_int(ty, "ty", min=0, max=self.groups - 1)
+        if self.p_keys_per_load == 4:
+            return tuple(ty + self.groups * i for i in range(self.rows))
+        return tuple(ty * self.rows + i for i in range(self.rows))
+
+    def thread_keys(self, tx: int) -> tuple:
+        """The tile keys lane ``tx`` owns: ``tx, tx + lanes, ...``."""
+        tx = check_int(tx, "tx", min=0, max=self.lanes - 1)
+        return tuple(tx + self.lanes * j for j in range(self.keys))
+
+    def thread_columns(self, tx: int) -> tuple:
+        """The output columns lane ``tx`` owns: the 4-column chunks ``tx, tx + lanes, ...`` below ``d / 4``."""
+        tx = check_int(tx, "tx", min=0, max=self.lanes - 1)
+        chunks = [tx + self.lanes * c for c in range(self.chunks) if tx + self.lanes * c < self.head_dim // 4]
+        return tuple(4 * c + e for c in chunks for e in range(4))
+
+    @property
     def accumulators(self) -> int:
         """Floats of S and o the thread keeps in registers: ``rows x keys + rows x 4 chunks``."""
         return self.rows * self.keys + 4 * self.rows * self.chunks
