@@ -180,3 +180,14 @@ def test_the_rungs_text_quotes_the_compiler():
                 for arch in ("sm_80", "sm_90")]
         assert f"d = {d}: {regs[0]} / {regs[1]} registers" in text
         assert f"{build.dynamic_smem_bytes:,} bytes".replace(",", " ") in text
+
+
+def test_a_wrong_dtype_gets_a_hint_that_fits_it():
+    x = np.zeros((8, 16), np.float32)
+    with pytest.raises(TypeError, match="flash_attention_mma_gpu for 16-bit"):
+        wide(x.astype(np.float16), x.astype(np.float16), x.astype(np.float16), backend="emulator")
+    for other in (np.float64, np.dtype(">f4")):
+        with pytest.raises(TypeError, match=r"astype\(np.float32\)"):
+            wide(x.astype(other), x.astype(other), x.astype(other), backend="emulator")
+        with pytest.raises(TypeError, match=r"astype\(np.float32\)"):
+            gpu.flash_attention_regtile_gpu(x.astype(other), x.astype(other), x.astype(other), backend="emulator")

@@ -492,8 +492,10 @@ def _launch_regtile(q, k, v, scale, causal, block_q, block_k, trace_rows, backen
     backend = _check_backend(backend)
     dtype = getattr(q, "dtype", None)
     if dtype is not None and np.dtype(dtype) != np.float32:
-        raise TypeError(f"the register-tiled kernel takes float32 q, k, v, got {np.dtype(dtype)}; "
-                        f"use flash_attention_gpu or flash_attention_mma_gpu for 16-bit inputs")
+        given = np.dtype(dtype)
+        hint = ("use flash_attention_gpu or flash_attention_mma_gpu for 16-bit inputs" if given.itemsize == 2
+                else "convert with q.astype(np.float32) (native byte order)")
+        raise TypeError(f"the register-tiled kernel takes float32 q, k, v, got {given}; {hint}")
     if len(getattr(q, "shape", ())) >= 2:
         config(int(q.shape[-1]), block_q, block_k)
     f = _check_flash(q, k, v, scale, causal, False)
