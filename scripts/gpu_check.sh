@@ -35,7 +35,8 @@
 #      (python scripts/sanitize.py --list), initcheck on the decode kernels, the runs
 #      GPU_CHECK_SANITIZER_JOBS (default 8) at a time                  -> sanitizer/*.txt
 #   6. Nsight Compute (ncu --clock-control none, 7 sections) of one launch of each rung in
-#      GPU_CHECK_NCU_RUNGS (default: mma_fa2, mma_fa2_lazy, mma_fa2_wide, the three Hopper rungs, the two fast decode rungs; d = 128,
+#      GPU_CHECK_NCU_RUNGS (default: mma_fa2, mma_fa2_lazy, mma_fa2_wide, the three Hopper rungs, the two fast decode rungs,
+#      then the wide register-tiled rung; d = 128,
 #      N = 8192, 8 heads), where ncu is installed; "none" skips it     -> ncu/ncu_<rung>.txt
 #   7. the MPI ring on the GPU (4 ranks), where mpi4py and mpiexec are installed -> ring.txt
 #   and a one-line-per-step summary                                   -> summary.txt
@@ -345,7 +346,7 @@ else
 fi
 
 # ---- Nsight Compute, one launch per rung --------------------------------------------------
-read -r -a NCU_RUNGS <<< "${GPU_CHECK_NCU_RUNGS:-mma_fa2 mma_fa2_lazy mma_fa2_wide wgmma wgmma_overlap wgmma_pingpong paged_decode_split paged_decode_prefetch}"
+read -r -a NCU_RUNGS <<< "${GPU_CHECK_NCU_RUNGS:-mma_fa2 mma_fa2_lazy mma_fa2_wide wgmma wgmma_overlap wgmma_pingpong paged_decode_split paged_decode_prefetch regtile_wide}"
 NCU=""
 for candidate in ncu /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu; do
     if command -v "$candidate" >/dev/null 2>&1; then NCU="$(command -v "$candidate")"; break; fi
