@@ -58,7 +58,7 @@ def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
                 "decode split sweep", "decode split sweep (prefetch)"}
     expected |= {f"hopper smoke {rung}" for rung in ("wgmma", "wgmma_overlap", "wgmma_pingpong")}
     expected |= {f"ncu {rung}" for rung in ("mma_fa2", "mma_fa2_lazy", "mma_fa2_wide", "wgmma", "wgmma_overlap", "wgmma_pingpong",
-                                           "paged_decode_split", "paged_decode_prefetch")}
+                                           "paged_decode_split", "paged_decode_prefetch", "regtile_wide")}
     expected |= {f"drivers (emulator) {k}" for k in sanitize.KERNELS}      # the script runs every driver
     assert set(steps) == expected and set(steps.values()) == {"ok"}, summary
     assert "passed" in summary and "failed" not in summary
@@ -115,6 +115,8 @@ def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
     for rung in ("paged_decode_split", "paged_decode_prefetch"):
         assert f"ran {rung} (paged_decode_gqa_split) twice on emulator; output finite: True" in \
             (tmp_path / "ncu" / f"ncu_{rung}.txt").read_text()
+    assert "ran regtile_wide (flash_attention_regtile_wide) twice on emulator; output finite: True" in \
+        (tmp_path / "ncu" / "ncu_regtile_wide.txt").read_text()
 
 
 def test_a_folder_that_holds_a_run_is_never_written_over(tmp_path):
