@@ -73,7 +73,8 @@ def test_bad_arguments_are_named():
 @pytest.mark.parametrize("d", [64, 128])
 def test_the_wide_builds_ptx_holds_the_loads_counted_here(d):
     # 16-byte shared loads in the wide build's PTX: the S loop's body (rows + keys) and the P V loop's body
-    # (rows loads of p + 4 keys x chunks loads of v), the latter twice (the guarded and the plain P V loop)
+    # (rows loads of p + 4 keys x chunks loads of v), the latter twice (the guarded and the plain P V loop).
+    # (NVRTC 12.9 now and then adds a 4-byte load split off one of them; the 16-byte ones stay.)
     from lessons.gpu.compile import compile_ptx, nvrtc_version
 
     if nvrtc_version()[:2] != (12, 9):
@@ -120,7 +121,7 @@ def test_ownership_figure_marks_thread_0_and_its_warp():
     assert (s == 2).sum() == 8 * 4 and (s >= 1).sum() == 32 * 8 * 4          # thread 0; its warp of 32
     assert (o == 2).sum() == 8 * 8 and (o >= 1).sum() == 2 * 8 * 128          # 2 row groups x 8 rows, whole rows
     fig = ownership_figure({"plain": register_tile(128, 32, 32), "wide": wide})
-    assert len(fig.axes) == 4 and "thread 0 owns 8 x 4" in fig.axes[2].get_title(loc="left")
+    assert len(fig.axes) == 4 and "thread 0 owns 8 rows x 4 keys" in fig.axes[2].get_title(loc="left")
     assert "16 lanes share a row" in fig.axes[3].get_title(loc="left")
     with pytest.raises(TypeError, match="RegisterTile"):
         ownership_figure({"x": 1})

@@ -156,13 +156,19 @@ def test_every_swept_tile_pair_compiles_without_spills(d, block_q, block_k):
 @needs_nvrtc
 @pytest.mark.parametrize("d", [64, 128])
 def test_wide_build_reads_p_four_keys_at_a_time(d):
-    # the plain build reads P one key per load (ld.shared.f32); the wide one has no 4-byte shared load left
+    # The plain build reads P one key per load: 4-byte shared loads, one per row of a thread. The wide build
+    # reads it 16 bytes at a time; were it to read P one key at a time, its P V loop would hold at least one
+    # 4-byte load per row of a thread (8). NVRTC 12.9 does not always emit the same PTX for the same source:
+    # now and then it splits one 4-byte piece off a 16-byte load it marks with a used_bytes_mask pragma, so
+    # the test allows fewer than a thread's rows, not none.
+    from lessons.cost.register_tiles import register_tile
     from lessons.gpu.compile import compile_ptx
 
     plain = compile_ptx(source.flash_attention_regtile_build(d), "sm_80")
     mine = compile_ptx(source.flash_attention_regtile_wide_build(d), "sm_80")
+    rows = register_tile(d, *gpu.flash_attention_regtile_wide_config(d), wide=True).rows
     assert len(re.findall(r"ld\.shared\.f32\b", plain)) >= 1
-    assert len(re.findall(r"ld\.shared\.f32\b", mine)) == 0
+    assert len(re.findall(r"ld\.shared\.f32\b", mine)) < rows
     assert mine.count("ld.shared.v4.f32") > plain.count("ld.shared.v4.f32")
     assert ".entry flash_attention_regtile_wide(" in mine and ".entry flash_attention_regtile(" not in mine
 
@@ -171,14 +177,18 @@ def test_wide_build_reads_p_four_keys_at_a_time(d):
 def test_the_rungs_text_quotes_the_compiler():
     from lessons.gpu.compile import nvrtc_version
 
+    # The text gives a range where NVRTC 12.9 is not repeatable (the same source compiled twice may take 164
+    # or 166 registers at d = 64); every count the compiler reports must lie in the range the text quotes.
     text = ladder.rung("regtile_wide").predicted
     if nvrtc_version()[:2] != (12, 9):                  # the version the text names
         pytest.skip("the rung's text quotes NVRTC 12.9")
     for d in (64, 128):
         build = ladder.rung_build("regtile_wide", d)
-        regs = [gpu.compile_kernel(build, arch).resources["flash_attention_regtile_wide"].registers
-                for arch in ("sm_80", "sm_90")]
-        assert f"d = {d}: {regs[0]} / {regs[1]} registers" in text
+        quoted = re.search(rf"d = {d}: (\d+)(?:-(\d+))? registers", text)
+        low, high = int(quoted[1]), int(quoted[2] or quoted[1])
+        for arch in ("sm_80", "sm_90"):
+            res = gpu.compile_kernel(build, arch).resources["flash_attention_regtile_wide"]
+            assert low <= res.registers <= high and res.spill_bytes == 0, (d, arch, res.registers)
         assert f"{build.dynamic_smem_bytes:,} bytes".replace(",", " ") in text
 
 

@@ -256,7 +256,7 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           1,
           "A thread's o is its rows times its share of the head dim, and that share is d / lanes: 128 / 8 = 16 "
           "columns. With 16 lanes it is 8, so 8 rows cost 64 floats of o, and each 4 columns of S need 8 + 4 "
-          "loads for 128 FMAs instead of 2 + 4 for 32. The price is shared memory (64 x 64 tiles: 85 KiB, 2 blocks "
+          "loads for 128 FMAs instead of 2 + 4 for 32. The price is shared memory (64 x 64 tiles: 83 KiB, 2 blocks "
           "per SM instead of 4), so whether it is faster is for a GPU run to say. Reread 'Wider rows: 8 rows x 4 "
           "keys per thread'."),
         Q("A warp skips o *= alpha for all 16 of its rows at a key tile and leaves everything else as the FA-2 "

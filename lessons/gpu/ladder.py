@@ -109,12 +109,12 @@ RUNGS = (
          "of a warp read adjacent rows, which start in different shared-memory banks",
          "shared loads per FMA: in S (TM + TN) / (4 TM TN) = 12 / 128 at both head dims (the plain build: 8 / 64 at "
          "d = 64, 6 / 32 at d = 128); in P V (TM + 4 NC) / (16 TM NC) = 12 / 128 at d = 64 and 16 / 256 at d = 128 "
-         "(the plain build: 6 / 32 at both); no 4-byte shared loads left (the plain build has 2-4); K and V read "
-         "from L2 once per 64 query rows (the plain build at d = 128: per 32). Compile report (NVRTC 12.9, sm_80 / "
-         "sm_90, no spills): d = 64: 166 / 164 registers, 52 224 bytes of dynamic shared memory: 3 blocks of 128 "
-         "threads per SM; d = 128: 168 / 168 registers, 84 992 bytes: 2 blocks per SM (the plain build: 4). The "
-         "other tiles (scripts/tune_tiles.py --rung regtile_wide times them all) are in "
-         "lessons.gpu.source.REGTILE_WIDE_SWEEP; aim: >= 3x naive CuPy",
+         "(the plain build: 6 / 32 at both); P read by 16-byte loads (the plain build reads it 4 bytes at a "
+         "time); K and V read from L2 once per 64 query rows (the plain build at d = 128: per 32). Compile report "
+         "(NVRTC 12.9, sm_80 and sm_90, no spills): d = 64: 164-166 registers (the count varies between compiles "
+         "of the same source), 52 224 bytes of dynamic shared memory: 3 blocks of 128 threads per SM; d = 128: "
+         "168 registers, 84 992 bytes: 2 blocks per SM (the plain build: 4). The other tiles (scripts/tune_tiles.py "
+         "--rung regtile_wide times them all) are in lessons.gpu.source.REGTILE_WIDE_SWEEP; aim: >= 3x naive CuPy",
          "ld.shared.v4.f32", "not yet run on a GPU: built and checked on the CPU emulator only"),
     Rung("mma", "tensor cores, mma.sync", "mma", "flash_attention_mma", "lessons.gpu.flash_attention_mma_gpu",
          "float16",

@@ -478,8 +478,9 @@ def flash_attention_regtile_gpu(q, k, v, *, scale=None, causal: bool = False, bl
 
     Returns ``(out, lse)`` or ``(out, lse, trace)`` as :func:`flash_attention_gpu`; the trace
     compares with ``lessons.flash_attention(q, k, v, tile=block_k, block_q=block_q, return_trace=True)``.
-    Raises TypeError for 16-bit input, ValueError naming the argument for bad shapes, a head dim
-    that is not a multiple of 4, or bad tiles; RuntimeError with backend "cupy" and no CUDA device.
+    Raises TypeError for input that is not float32 (16-bit, float64, integers, mixed) or a tile that is not
+    an int, ValueError naming the argument for bad shapes, a head dim that is not a multiple of 4, or bad
+    tiles; RuntimeError with backend "cupy" and no CUDA device.
     Source: Dao 2023 (FlashAttention-2), Alg. 1; register tiling as in Volkov & Demmel 2008.
     """
     return _launch_regtile(q, k, v, scale, causal, block_q, block_k, trace_rows, backend,
@@ -514,8 +515,9 @@ def flash_attention_regtile_wide_gpu(q, k, v, *, scale=None, causal: bool = Fals
 
     The same kernel file built with ``REGTILE_WIDE=1`` (entry point ``flash_attention_regtile_wide``): 8 row
     groups of 16 lanes instead of 16 of 8, so a thread holds half as many columns of each output row and can
-    own 8 rows x 4 keys of S at d = 128 (the plain build: 2 x 4); and one 16-byte load of P gives 4 keys of
-    P V. Per 4 columns of S, 12 shared loads feed 128 FMAs (plain, d = 128: 6 feed 32).
+    own 8 rows x 4 keys of S at d = 64 and 128 (the plain build at d = 128: 2 x 4), its 8 rows interleaved so
+    that the two row groups of a warp read rows in different banks; and one 16-byte load of P gives 4 keys of
+    P V. In S = Q K^T, per 4 columns of the head dim, 12 shared loads feed 128 FMAs (plain, d = 128: 6 feed 32).
 
     Parameters
     ----------
@@ -526,8 +528,9 @@ def flash_attention_regtile_wide_gpu(q, k, v, *, scale=None, causal: bool = Fals
 
     Returns ``(out, lse)`` or ``(out, lse, trace)`` as :func:`flash_attention_gpu`; the trace compares with
     ``lessons.flash_attention(q, k, v, tile=block_k, block_q=block_q, return_trace=True)``.
-    Raises TypeError for 16-bit input, ValueError naming the argument for bad shapes, a head dim that is
-    not a multiple of 4, or bad tiles; RuntimeError with backend "cupy" and no CUDA device.
+    Raises TypeError for input that is not float32 (16-bit, float64, integers, mixed) or a tile that is not an
+    int, ValueError naming the argument for bad shapes, a head dim that is not a multiple of 4, or bad tiles;
+    RuntimeError with backend "cupy" and no CUDA device.
     Source: Dao 2023 (FlashAttention-2), Alg. 1; register tiling as in Volkov & Demmel 2008 (a thread's
     block of the product grows until its loads are a small share of its instructions).
     """

@@ -293,7 +293,7 @@ def _regtile_tiles(d: int, block_q, block_k, groups: int, lanes: int, which: str
     """``(block_q, block_k)`` checked for a register-tiled build of ``groups`` row groups x ``lanes`` lanes:
     1, 2, 4 or 8 rows and keys per thread, shared memory within :data:`REGTILE_DYNAMIC_LIMIT`. ``which``
     names the build in the messages ("" for the plain one)."""
-    bq, bk = _check_int(block_q, "block_q", 1, 1024), _check_int(block_k, "block_k", 1, 1024)
+    bq, bk = check_int(block_q, "block_q"), check_int(block_k, "block_k")
     legal_q, legal_k = [groups * t for t in (1, 2, 4, 8)], [lanes * t for t in (1, 2, 4, 8)]
     if bq not in legal_q:
         raise ValueError(f"block_q must be {', '.join(map(str, legal_q[:3]))} or {legal_q[3]}{which} "
@@ -304,7 +304,7 @@ def _regtile_tiles(d: int, block_q, block_k, groups: int, lanes: int, which: str
     smem = flash_attention_regtile_smem_bytes(d, bq, bk)
     if smem > REGTILE_DYNAMIC_LIMIT:
         raise ValueError(f"block_q={bq}, block_k={bk} with head_dim={d} need {smem} bytes of shared memory, "
-                         f"more than the {REGTILE_DYNAMIC_LIMIT} a block may have on every sm_80+ GPU; use "
+                         f"more than the {REGTILE_DYNAMIC_LIMIT} bytes every sm_80+ GPU lets a block have; use "
                          f"smaller tiles")
     return bq, bk
 

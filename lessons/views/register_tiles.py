@@ -34,39 +34,53 @@ def _owners(tile: RegisterTile, what: str) -> np.ndarray:
 
 
 def ownership_figure(tiles: dict):
-    """One row of two panels per entry of ``tiles`` (title -> :class:`lessons.cost.register_tiles.RegisterTile`):
-    the ``block_q x block_k`` score tile and the ``block_q x d`` output, with thread 0's cells dark, the other
-    threads of its warp light. All panels share one scale (a cell is one score or one output element), so the
-    tiles' sizes compare at a glance. Returns a Figure. TypeError for ``tiles`` not a non-empty dict of
-    RegisterTile."""
+    """One column per entry of ``tiles`` (title -> :class:`lessons.cost.register_tiles.RegisterTile`): on top the
+    ``block_q x block_k`` score tile, below it the ``block_q x d`` output, with thread 0's cells dark (and outlined,
+    so that one cell still shows), the other threads of its warp light, and the tile's edge drawn. All panels of a
+    row share one scale (a cell is one score or one output element), so the tiles' sizes compare at a glance.
+    Returns a Figure. TypeError for ``tiles`` not a non-empty dict of RegisterTile."""
+    from matplotlib.patches import Rectangle
+
     if not isinstance(tiles, dict) or not tiles or not all(isinstance(t, RegisterTile) for t in tiles.values()):
         raise TypeError("tiles must be a non-empty dict of title -> RegisterTile (lessons.cost.register_tiles)")
     rows_max = max(t.block_q for t in tiles.values())
     keys_max = max(t.block_k for t in tiles.values())
     d_max = max(t.head_dim for t in tiles.values())
-    fig = new_figure((10.5, 0.9 + 2.3 * len(tiles) * rows_max / 64))
-    grid = fig.add_gridspec(len(tiles), 2, width_ratios=[keys_max, d_max], hspace=0.45, wspace=0.12,
-                            left=0.07, right=0.98, top=0.86, bottom=0.1)
+    n = len(tiles)
+    width = 10.5
+    panel = (width - 1.0) / n                                  # inches per panel, across
+    height = 1.3 + panel * rows_max / keys_max + panel * rows_max / d_max
+    fig = new_figure((width, height))
+    grid = fig.add_gridspec(2, n, height_ratios=[rows_max / keys_max, rows_max / d_max], hspace=0.35, wspace=0.15,
+                            left=0.06, right=0.98, top=1 - 0.75 / height, bottom=0.45 / height)
     cmap = ListedColormap(OWNER_COLOURS)
-    for i, (title, t) in enumerate(tiles.items()):
-        for j, (what, label, width) in enumerate((("s", "keys of the tile", keys_max), ("o", "output columns", d_max))):
+    for j, (title, t) in enumerate(tiles.items()):
+        for i, (what, label, cols, cols_max) in enumerate((("s", "keys of the tile", t.block_k, keys_max),
+                                                           ("o", "output columns", t.head_dim, d_max))):
             ax = fig.add_subplot(grid[i, j])
-            ax.imshow(_owners(t, what), cmap=cmap, vmin=0, vmax=2, interpolation="nearest",
-                      extent=(0, t.block_k if what == "s" else t.head_dim, t.block_q, 0))
-            ax.set_xlim(0, width)
-            ax.set_ylim(rows_max, 0)
+            owners = _owners(t, what)
+            ax.imshow(owners, cmap=cmap, vmin=0, vmax=2, interpolation="nearest", extent=(0, cols, t.block_q, 0))
+            for r, c in zip(*np.nonzero(owners == 2)):
+                ax.add_patch(Rectangle((c, r), 1, 1, fill=False, edgecolor=OWNER_COLOURS[2], lw=1.2))
+            ax.add_patch(Rectangle((0, 0), cols, t.block_q, fill=False, edgecolor="black", lw=1))
+            ax.set_xlim(-0.5, cols_max + 0.5)
+            ax.set_ylim(rows_max + 0.5, -0.5)
             ax.set_aspect("equal")
+            for side in ("top", "right", "bottom", "left"):
+                ax.spines[side].set_visible(False)
             ax.tick_params(labelsize=7)
             ax.set_xlabel(label, fontsize=8)
             if j == 0:
                 ax.set_ylabel("query rows", fontsize=8)
-                ax.set_title(f"{title}: S, {t.block_q} x {t.block_k}; thread 0 owns {t.rows} x {t.keys}",
+            if what == "s":
+                ax.set_title(f"{title}\nS tile {t.block_q} x {t.block_k}: thread 0 owns {t.rows} rows x {t.keys} keys",
                              fontsize=9, loc="left")
             else:
-                ax.set_title(f"o: thread 0 owns {t.rows} rows x {4 * t.chunks} columns "
-                             f"({t.lanes} lanes share a row)", fontsize=9, loc="left")
+                ax.set_title(f"o: thread 0 owns {t.rows} rows x {4 * t.chunks} columns ({t.lanes} lanes share a row)",
+                             fontsize=9, loc="left")
     fig.legend(handles=[Patch(color=OWNER_COLOURS[2], label="thread 0"),
                         Patch(color=OWNER_COLOURS[1], label="the other 31 threads of its warp"),
-                        Patch(color=OWNER_COLOURS[0], label="other warps")],
-               loc="upper center", ncol=3, fontsize=8, frameon=False)
+                        Patch(color=OWNER_COLOURS[0], label="other warps"),
+                        Patch(facecolor="white", edgecolor="black", label="the block's tile (white: outside it)")],
+               loc="upper center", ncol=4, fontsize=8, frameon=False)
     return fig
