@@ -220,9 +220,11 @@ def replot(csv_path: Path, plot, png_name: str) -> Path:
     return path
 
 
-def benchmark(args, cupy, run_size):
+def benchmark(args, cupy, run_size, on_group=None):
     """Every row: ``run_size(args, cupy, torch, torch_reason, rng, dtype, d, n, t0)`` for each of
-    ``args.dtypes`` x ``args.head_dims`` x ``args.sizes``, CuPy's pool emptied after each."""
+    ``args.dtypes`` x ``args.head_dims`` x ``args.sizes``, CuPy's pool emptied after each. ``on_group``: called
+    with the rows so far after each (dtype, d, N), so that a run cut short (a time limit, a kernel that hangs)
+    leaves what it measured on disk."""
     import numpy as np
 
     torch, torch_reason = load_torch()
@@ -234,6 +236,8 @@ def benchmark(args, cupy, run_size):
             for n in args.sizes:
                 rows.extend(run_size(args, cupy, torch, torch_reason, rng, dtype, d, n, t0))
                 cupy.get_default_memory_pool().free_all_blocks()
+                if on_group is not None:
+                    on_group(list(rows))
     return rows
 
 
@@ -250,7 +254,7 @@ def main(args, run_size, write_results, *, kernels: str = "kernels") -> int:
     meta = dict(device=gpu.device_name(), heads=args.heads, causal=args.causal, warmup=args.warmup,
                 repeats=args.repeats, cupy=cupy.__version__)
     print(f"device: {meta['device']}")
-    rows = benchmark(args, cupy, run_size)
+    rows = benchmark(args, cupy, run_size, on_group=lambda so_far: write_results(so_far, args.out, meta))
     write_results(rows, args.out, meta)
     print(f"results in {args.out}")
     return 0

@@ -192,6 +192,37 @@ def test_the_gpu_benchmarks_run_loop_times_skips_and_notes_failures(monkeypatch,
     assert late[0]["note"] == "skipped: time budget spent"
 
 
+def test_a_benchmark_cut_short_leaves_the_groups_it_finished_on_disk(monkeypatch, tmp_path):
+    """benchmarks/_common.benchmark writes after each (dtype, d, N): a kernel that never returns in the third
+    group (here: an exception standing in for the time limit that would kill it) leaves the first two groups'
+    rows in results.csv."""
+    import types
+
+    monkeypatch.syspath_prepend(str(ROOT))
+    from benchmarks import _common
+
+    monkeypatch.setattr(_common, "load_torch", lambda: (None, "no torch here"))
+    cupy = types.SimpleNamespace(get_default_memory_pool=lambda: types.SimpleNamespace(free_all_blocks=lambda: None))
+    args = types.SimpleNamespace(dtypes=["float16", "float32"], head_dims=[64, 128], sizes=[1024], heads=8,
+                                 causal=False, out=tmp_path)
+
+    def run_size(args, cupy, torch, torch_reason, rng, dtype, d, n, t0):
+        if (dtype, d) == ("float32", 64):
+            raise TimeoutError("the step's time limit")
+        return [dict(impl="k", n=n, d=d, heads=8, causal=False, dtype=dtype, seconds=1e-3, tflops=1.0,
+                     peak_bytes=0, note="")]
+
+    def write(rows, out, meta):
+        _common.write_results(rows, out, meta, what="a test")
+
+    meta = dict(device="none", heads=8, causal=False)
+    with pytest.raises(TimeoutError):
+        _common.benchmark(args, cupy, run_size, on_group=lambda rows: write(rows, args.out, meta))
+    with open(tmp_path / "results.csv", newline="") as f:
+        got = [(r["dtype"], int(r["d"])) for r in csv.DictReader(f)]
+    assert got == [("float16", 64), ("float16", 128)]
+
+
 def test_the_sweeps_progress_bar_takes_a_count_of_runs():
     from lessons.gpu.measure import progress_steps
 
