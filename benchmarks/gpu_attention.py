@@ -38,6 +38,9 @@ Reported: median time of ``--repeats`` runs after ``--warmup`` runs, measured wi
 events (seconds); TFLOP/s counting 4 N^2 d flops per head (2 for Q K^T, 2 for P V;
 halved when causal); peak device memory allocated during one call beyond the inputs
 (bytes: CuPy through a memory hook on its pool, torch through max_memory_allocated).
+A rung named in ``$GPU_CHECK_LEFT_OUT`` (:func:`lessons.gpu.ladder.rungs_left_out`: ``scripts/gpu_check.sh``
+names each rung whose first run on this machine failed) is not run: its rows say why, so that a kernel that
+hangs or faults cannot take the CUDA context, and the timings of every rung after it, with it.
 Writes results.json, results.csv, results.md and gpu_attention.png into ``--out``.
 Without a CUDA device it prints why and exits 0. ``--replot CSV`` draws the plot again from a
 recorded ``results.csv`` (no GPU needed).
@@ -53,13 +56,15 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import _common  # noqa: E402
 from benchmarks._common import format_row, timed_rows, torch_seconds_and_peak  # noqa: E402,F401
-from lessons.gpu.ladder import HOPPER_RUNGS, hopper_rungs_left_out  # noqa: E402  (gpu_check.sh's smoke check)
+from lessons.gpu.ladder import HOPPER_RUNGS, LEFT_OUT_REASON, RUNGS, rungs_left_out  # noqa: E402
 from lessons.gpu.measure import attention_flops  # noqa: E402  (4 N^2 d per head, half when causal)
 
 #: (torch SDPA, the reference every ratio is taken against, comes second: a spent time budget skips the last rows)
 IMPLS = ("naive", "torch", "kernel", "regtile", "regtile_wide", "mma", "mma_async", "mma_fa2", "mma_fa2_lazy",
          "mma_fa2_wide", "wgmma", "wgmma_overlap", "wgmma_pingpong")
 DTYPES = ("float16", "float32")
+#: the ladder's name of each implementation timed here where the two differ ("kernel" is the scalar rung)
+RUNG_OF_IMPL = {r.impl: r.name for r in RUNGS if r.impl is not None and r.impl != r.name}
 
 
 def parse_args(argv=None):
@@ -126,12 +131,12 @@ def run_size(args, cupy, torch, torch_reason, rng, dtype, d, n, t0):
             return "tensor cores take float16/bfloat16"
         if hopper and gpu.device_arch() != "sm_90":
             return "the Hopper rungs (wgmma, TMA) run on compute capability 9.0 only"
-        if hopper and impl in hopper_rungs_left_out():
-            return "this Hopper rung failed its first check on this machine (scripts/hopper_smoke.py)"
         if (impl in ("mma_fa2", "mma_fa2_lazy", "mma_fa2_wide") or hopper) and d not in (64, 128):
             return "this kernel takes head dims 64 and 128"
         if impl in ("regtile", "regtile_wide") and dtype != "float32":
             return "the register-tiled kernel takes float32"
+        if RUNG_OF_IMPL.get(impl, impl) in rungs_left_out():       # (gpu_check.sh's first run failed here)
+            return LEFT_OUT_REASON
         return None
 
     return timed_rows(args, cupy, torch, IMPLS, calls, dtype=dtype, d=d, n=n, flops=flops, t0=t0, skip=skip)

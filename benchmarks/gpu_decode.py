@@ -24,7 +24,9 @@ Time: CUDA events around ``calls`` back-to-back launches (one launch already que
 first event, so Python's launch overhead hides behind the GPU's work), median of ``--repeats``,
 divided by ``calls``. The launchers run with ``check_tables=False`` (no host copy inside the
 timed region). Each kernel's output is checked against ``flash_decoding`` with 32 splits
-(max |diff| in the table). Writes results.md and results.csv into ``--out``. Without a CUDA
+(max |diff| in the table). A rung named in ``$GPU_CHECK_LEFT_OUT`` (:func:`lessons.gpu.ladder.rungs_left_out`:
+``scripts/gpu_check.sh`` names each rung whose first run on this machine failed) is not run, and results.md says
+why (:func:`skip_reason`). Writes results.md and results.csv into ``--out``. Without a CUDA
 device it prints why and exits 0.
 """
 from __future__ import annotations
@@ -38,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lessons.gpu.ladder import DECODE_LAUNCH_OPTIONS  # noqa: E402
+from lessons.gpu.ladder import DECODE_LAUNCH_OPTIONS, LEFT_OUT_REASON, rungs_left_out  # noqa: E402
 
 #: (num_seqs, seq_len) of the measured shapes
 SHAPES = ((64, 4096), (8, 32768), (1, 131072))
@@ -74,6 +76,12 @@ def kernel_runs(num_seqs: int, seq_len: int, num_sms: int) -> list[tuple]:
     pages = -(-seq_len // BLOCK_SIZE)
     near = [s for s in (auto - 1, auto + 1) if 1 <= s <= pages]
     return list(KERNELS) + [(f"paged_decode_split s={s}", "paged_decode_split_gpu", s) for s in near]
+
+
+def skip_reason(label: str, environ=None) -> str | None:
+    """Why the run ``label`` (its first word is its rung) is not run on this machine, or None: the rung is in
+    ``$GPU_CHECK_LEFT_OUT`` (``environ``: a mapping, default ``os.environ``), its first run here failed."""
+    return LEFT_OUT_REASON if label.split()[0] in rungs_left_out(environ) else None
 
 
 def kv_bytes(num_seqs: int, seq_len: int, num_kv_heads: int = NUM_KV_HEADS, head_dim: int = HEAD_DIM,
@@ -114,8 +122,9 @@ def format_row(r: dict) -> str:
             f"(max |diff| {r['max_abs_diff']:.1e})")
 
 
-def markdown(rows, copy_tb_per_s: float, device: str) -> str:
-    """The results as a Markdown table, headed by the device and its copy rate."""
+def markdown(rows, copy_tb_per_s: float, device: str, skipped=()) -> str:
+    """The results as a Markdown table, headed by the device and its copy rate; then one line per
+    ``(label, reason)`` of ``skipped``, the runs left out."""
     lines = [f"# Decode kernels on {device}", "",
              f"Device copy rate (read + write): {copy_tb_per_s:.2f} TB/s. fp16, {NUM_HEADS} query heads on "
              f"{NUM_KV_HEADS} KV heads, d = {HEAD_DIM}, pages of {BLOCK_SIZE}.", "",
@@ -125,18 +134,22 @@ def markdown(rows, copy_tb_per_s: float, device: str) -> str:
         lines.append(f"| {r['kernel']} | {r['num_seqs']} x {r['seq_len']} | {r['num_splits']} | "
                      f"{r['seconds'] * 1e3:.3f} | {r['kv_bytes'] / 2**30:.2f} | {r['tb_per_s']:.2f} | "
                      f"{r['pct_of_copy']:.0f}% | {r['max_abs_diff']:.1e} |")
+    if skipped:
+        lines.append("")
+        lines += [f"Not run: {label}: {why}." for label, why in skipped]
     return "\n".join(lines) + "\n"
 
 
-def write_results(rows, out: Path, copy_tb_per_s: float, device: str) -> None:
-    """results.csv (one row per kernel and shape, :data:`FIELDS`) and results.md into ``out``."""
+def write_results(rows, out: Path, copy_tb_per_s: float, device: str, skipped=()) -> None:
+    """results.csv (one row per kernel and shape, :data:`FIELDS`) and results.md (with the runs ``skipped``,
+    ``(label, reason)`` pairs, named below its table) into ``out``."""
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "results.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=FIELDS)
         w.writeheader()
         for r in rows:
             w.writerow({k: r[k] for k in FIELDS})
-    (out / "results.md").write_text(markdown(rows, copy_tb_per_s, device))
+    (out / "results.md").write_text(markdown(rows, copy_tb_per_s, device, skipped))
 
 
 def stream_seconds(cupy, fn, calls: int, repeats: int) -> float:
@@ -237,11 +250,16 @@ def main(argv=None) -> int:
     # one cache for every shape: as many pages as the largest shape uses, scattered by random tables
     k_cache, v_cache = random_caches(cupy, SHAPES)
     host_rng = np.random.default_rng(0)
-    rows = []
+    rows, skipped = [], {}
     for num_seqs, seq_len in SHAPES:
         q, tables, lens = shape_inputs(cupy, host_rng, k_cache.shape[0], num_seqs, seq_len)
         reference, _ = gpu.flash_decoding_gpu(q, k_cache, v_cache, tables, lens, 32, check_tables=False)
         for label, launcher, splits in kernel_runs(num_seqs, seq_len, sms):
+            why = skip_reason(label)
+            if why is not None:
+                print(f"{label:<24} seqs={num_seqs} len={seq_len}: skipped: {why}", flush=True)
+                skipped[label] = why
+                continue
             run = getattr(gpu, launcher)
             call_args = (q, k_cache, v_cache, tables, lens) + ((splits,) if splits else ())
             options = RUNG_OPTIONS.get(label.split()[0], {})
@@ -258,7 +276,7 @@ def main(argv=None) -> int:
             rows.append(row)
             print(format_row(row), flush=True)
         del tables, lens, q, reference
-    write_results(rows, args.out, copy_bps / 1e12, device)
+    write_results(rows, args.out, copy_bps / 1e12, device, list(skipped.items()))
     print(f"wrote {args.out / 'results.md'} and results.csv")
     return 0
 

@@ -13,10 +13,12 @@
 #   1. environment: nvidia-smi, Python, CuPy, NVRTC versions         -> env.txt
 #   2. compile report: registers and shared memory per kernel/arch, and of every legal tile
 #      configuration of the lazy-rescaling and the wide-warp FA-2 rung -> compile_report.txt
-#      then each Hopper rung's first contact (scripts/hopper_smoke.py --rung NAME, 75 s at most each,
-#      in its own process): a rung that fails or hangs is named in GPU_CHECK_SKIP_WGMMA and the later
-#      steps leave it out, so that one wrong layout or barrier cannot spend the time of every other
-#      check                                                         -> hopper_smoke_<rung>.txt
+#      then the first contact of each rung that has never run on a GPU (lessons.gpu.ladder.first_run_rungs():
+#      the forward rungs without a recorded row, the Hopper ones among them, and the decode rungs the recorded
+#      run lacks; scripts/first_run.py --rung NAME, 75 s at most each, each in its own process): a rung that
+#      fails, hangs or cannot run on this device is named in GPU_CHECK_LEFT_OUT and every later step leaves
+#      it out (lessons.gpu.ladder.rungs_left_out), so that one wrong layout, barrier or address cannot spend
+#      the time, or lose the results, of every other check                  -> smoke_<rung>.txt
 #   3. the benchmarks first, alone on the device, at N in GPU_CHECK_SIZES (default "4096 8192"):
 #      the forward (naive CuPy vs every rung vs torch SDPA), the backward, the decode kernels'
 #      K/V read rate                                                  -> benchmark/, backward/, decode/
@@ -28,6 +30,8 @@
 #      the same for the lazy-rescaling FA-2 rung (90 s)                  -> fa2_configs/
 #      the register-tiled rung's tiles beside naive CuPy (75 s)          -> regtile_configs/
 #      and the wide register-tiled rung's (16 lanes per row group) (75 s) -> regtile_wide_configs/
+#      (a rung in GPU_CHECK_LEFT_OUT: its benchmark rows say why it was not timed, its sweeps are skipped; the
+#      tests' GPU cases, the sanitizer drivers and ncu leave it out as well)
 #   4. the GPU cases of every kernel test (tests/test_gpu_*.py), once per entry of
 #      GPU_CHECK_PASSES (worker counts, 0 = one process; default "8": 8 processes at once with
 #      pytest-xdist; "0 8 0 8" runs serially and with -n 8, twice each) -> pytest_<i>_n<W>.txt/.xml
@@ -37,16 +41,19 @@
 #   6. Nsight Compute (ncu --clock-control none, 7 sections) of one launch of each rung in
 #      GPU_CHECK_NCU_RUNGS (default: mma_fa2, mma_fa2_lazy, mma_fa2_wide, the three Hopper rungs, the two fast decode rungs,
 #      then the wide register-tiled rung; d = 128,
-#      N = 8192, 8 heads), where ncu is installed; "none" skips it     -> ncu/ncu_<rung>.txt
+#      N = 8192, 8 heads; a rung in GPU_CHECK_LEFT_OUT is skipped), where ncu is installed; "none" skips it
+#                                                                     -> ncu/ncu_<rung>.txt
 #   7. the MPI ring on the GPU (4 ranks), where mpi4py and mpiexec are installed -> ring.txt
 #   and a one-line-per-step summary                                   -> summary.txt
 #
 # GPU_CHECK_STEPS names the groups of steps to run (default all, always in this order): compile (2), smoke (the
-# Hopper rungs' first contact), forward, backward and decode (3, the benchmarks), sweeps (3, the decode and tile
-# sweeps), pytest (4), sanitizer (5), ncu (6), ring (7); the environment (1) is always written. A group left out is
-# named in the summary and does not fail the run, so a short GPU session can split the work over two runs, e.g.
+# first runs, end of 2), forward, backward and decode (3, the benchmarks), sweeps (3, the decode and tile sweeps),
+# pytest (4), sanitizer (5), ncu (6), ring (7); the environment (1) is always written. A group left out is named in
+# the summary and does not fail the run, so a short GPU session can split the work over two runs, e.g.
 #   GPU_CHECK_STEPS="smoke forward decode sweeps" and then GPU_CHECK_STEPS="compile pytest sanitizer ncu"
-# (the second with GPU_CHECK_SKIP_WGMMA set to the Hopper rungs the first one's smoke step left out).
+# (the second with GPU_CHECK_LEFT_OUT set to the rungs the first one's smoke steps left out: the names after "first
+# run" in its summary.txt that did not say ok; "all" leaves out every rung of first_run_rungs()). A GPU_CHECK_LEFT_OUT
+# given is honoured only when the smoke group is left out; with it, the first runs decide.
 #
 # Sized to finish in under 8 minutes on one H200; each step has its own time limit, cut to what is left
 # of GPU_CHECK_DEADLINE (seconds from the start; default 480, 1800 on the dry run): a step that would
@@ -106,8 +113,12 @@ for group in $WANTED; do
         *) echo "gpu_check.sh: GPU_CHECK_STEPS may name only these groups: $STEP_GROUPS; got '$group'" >&2; exit 2 ;;
     esac
 done
+wanted() {  # wanted GROUP: true when GROUP is in GPU_CHECK_STEPS
+    case " $WANTED " in *" $1 "*) return 0 ;; esac
+    return 1
+}
 off() {  # off GROUP NAME: true, and NAME skipped in the summary, when GROUP is not in GPU_CHECK_STEPS
-    case " $WANTED " in *" $1 "*) return 1 ;; esac
+    if wanted "$1"; then return 1; fi
     step "$2" skip "not in GPU_CHECK_STEPS"
     return 0
 }
@@ -129,6 +140,25 @@ done
 if [ -z "$PY" ]; then
     step "python with cupy" FAIL "no Python here can import cupy (pip install -e '.[test]')"
     exit 1
+fi
+# the rungs to leave out when the smoke group is not run (the second half of a split run): the names given in
+# GPU_CHECK_LEFT_OUT, checked by the ladder, "all" spelled out, in ladder order
+GIVEN_LEFT_OUT=""
+if ! wanted smoke; then
+    if ! GIVEN_LEFT_OUT="$("$PY" - <<'EOF'
+import sys
+from lessons.gpu.ladder import kernel_rungs, rungs_left_out
+try:
+    left = rungs_left_out()
+except ValueError as err:
+    print(err)
+    sys.exit(1)
+print(" ".join(name for name in kernel_rungs() if name in left))
+EOF
+)"; then
+        echo "gpu_check.sh: $GIVEN_LEFT_OUT" >&2
+        exit 2
+    fi
 fi
 
 {
@@ -180,27 +210,44 @@ print(resources_text(gpu.compile_report(builds=[gpu.flash_attention_mma_fa2_wide
 EOF
 then step "compile report" ok "compile_report.txt"; else step "compile report" FAIL "compile_report.txt"; fi
 
-# ---- the Hopper rungs' first contact, one process and one time limit per rung -------------------
-# (75 s on a GPU: a few compiles and six small launches; on the emulator the compiles alone take longer)
+# ---- the first contact of each rung that has never run on a GPU, one process and one time limit per rung ----------
+# (75 s on a GPU: a few compiles and a few small launches; on the emulator the compiles alone take longer)
 if [ $DRY -eq 1 ]; then SMOKE=(--emulator); SMOKE_LIMIT=300; else SMOKE=(); SMOKE_LIMIT=75; fi
-if off smoke "hopper smoke"; then
-    LEFT_OUT="${GPU_CHECK_SKIP_WGMMA:-}"          # not run here: the rungs left out are those given
-else
+if off smoke "first run"; then
+    LEFT_OUT="$GIVEN_LEFT_OUT"                    # not run here: the rungs left out are those given
+elif ! FIRST_RUN="$("$PY" -c 'from lessons.gpu.ladder import first_run_rungs; print(" ".join(first_run_rungs()))' \
+                     2> "$RESULTS/smoke.txt")"; then
+    step "first run" FAIL "could not list the rungs (lessons.gpu.ladder.first_run_rungs; smoke.txt)"
     LEFT_OUT=""
-    for rung in wgmma wgmma_overlap wgmma_pingpong; do
-        log="$RESULTS/hopper_smoke_$rung.txt"
-        if late "hopper smoke $rung"; then LEFT_OUT="$LEFT_OUT $rung"; continue; fi
-        timeout "$(left "$SMOKE_LIMIT")" "$PY" scripts/hopper_smoke.py --rung "$rung" "${SMOKE[@]}" > "$log" 2>&1
+else
+    rm -f "$RESULTS/smoke.txt"
+    LEFT_OUT=""
+    for rung in $FIRST_RUN; do
+        log="$RESULTS/smoke_$rung.txt"
+        if late "first run $rung"; then LEFT_OUT="$LEFT_OUT $rung"; continue; fi
+        timeout "$(left "$SMOKE_LIMIT")" "$PY" scripts/first_run.py --rung "$rung" "${SMOKE[@]}" > "$log" 2>&1
         rc=$?
         case $rc in
-            0) step "hopper smoke $rung" ok "$(tail -n 1 "$log")" ;;
-            2) step "hopper smoke $rung" skip "$(tail -n 1 "$log")"; LEFT_OUT="$LEFT_OUT $rung" ;;
-            *) step "hopper smoke $rung" FAIL "exit $rc$([ $rc -eq 124 ] && echo ', timed out') ($(basename "$log")); later steps leave it out"
+            0) step "first run $rung" ok "$(tail -n 1 "$log")" ;;
+            2) step "first run $rung" skip "$(tail -n 1 "$log" | cut -c1-100); later steps leave it out"
+               LEFT_OUT="$LEFT_OUT $rung" ;;
+            *) step "first run $rung" FAIL \
+                   "exit $rc$([ $rc -eq 124 ] && echo ', timed out') ($(basename "$log")); later steps leave it out"
                LEFT_OUT="$LEFT_OUT $rung" ;;
         esac
     done
 fi
-export GPU_CHECK_SKIP_WGMMA="${LEFT_OUT# }"     # read by lessons.gpu.ladder.hopper_rungs_left_out
+export GPU_CHECK_LEFT_OUT="${LEFT_OUT# }"       # read by lessons.gpu.ladder.rungs_left_out
+left_out() {  # left_out RUNG: true when the first runs (or the caller) left RUNG out
+    case " $GPU_CHECK_LEFT_OUT " in *" $1 "*) return 0 ;; esac
+    return 1
+}
+LEFT_OUT_WHY="in GPU_CHECK_LEFT_OUT: failed its first run on this machine (scripts/first_run.py)"
+skip_left_out() {  # skip_left_out GROUP NAME RUNG: true, and NAME skipped in the summary with the reason, when RUNG
+                   # is left out (unless GROUP is not run or the deadline has passed: the step itself says so then)
+    if wanted "$1" && [ "$(rest)" -gt 0 ] && left_out "$3"; then step "$2" skip "$LEFT_OUT_WHY"; return 0; fi
+    return 1
+}
 
 # ---- benchmarks, each alone on the device ------------------------------------------------
 read -r -a SIZES <<< "${GPU_CHECK_SIZES:-4096 8192}"
@@ -244,11 +291,17 @@ sweep() {  # sweep NAME DIR SECONDS BUDGET SCRIPT ARGS...: BUDGET "budget" passe
 }
 # the split decode kernel at split counts around its automatic pick; the tiles of the wide-warp and the lazy FA-2
 # rung and of the register-tiled rung and its wide build
-sweep "decode split sweep" decode_splits 60 budget scripts/tune_decode.py
-sweep "decode split sweep (prefetch)" decode_splits_prefetch 45 budget scripts/tune_decode.py --prefetch
+# (a sweep of a rung left out after its first run is skipped here, and by the script itself)
+if ! skip_left_out sweeps "decode split sweep" paged_decode_split; then
+    sweep "decode split sweep" decode_splits 60 budget scripts/tune_decode.py
+fi
+if ! skip_left_out sweeps "decode split sweep (prefetch)" paged_decode_prefetch; then
+    sweep "decode split sweep (prefetch)" decode_splits_prefetch 45 budget scripts/tune_decode.py --prefetch
+fi
 for args in "mma_fa2_wide fa2_wide_configs 75" "mma_fa2_lazy fa2_configs 90" "regtile regtile_configs 75" \
             "regtile_wide regtile_wide_configs 75"; do
     read -r rung dir seconds <<< "$args"
+    if skip_left_out sweeps "tune $rung tiles" "$rung"; then continue; fi
     sweep "tune $rung tiles" "$dir" "$seconds" - scripts/tune_tiles.py --rung "$rung"
 done
 
@@ -258,8 +311,8 @@ done
 SELECT="not emulator"
 PASSES="${GPU_CHECK_PASSES:-8}"
 if [ $DRY -eq 1 ]; then SELECT="emulator and (instruction or keeps_nan)"; PASSES="${GPU_CHECK_PASSES:-2}"; fi
-# (a rung left out is skipped inside the tests; all three left out: their files are not even collected)
-if [ "$GPU_CHECK_SKIP_WGMMA" = "wgmma wgmma_overlap wgmma_pingpong" ]; then SELECT="$SELECT and not wgmma"; fi
+# (a rung left out is skipped inside the tests; all three Hopper rungs left out: their tests are not even selected)
+if left_out wgmma && left_out wgmma_overlap && left_out wgmma_pingpong; then SELECT="$SELECT and not wgmma"; fi
 TESTS=(tests/test_gpu_*.py)
 if off pytest "pytest (GPU cases)"; then
     :
@@ -361,8 +414,7 @@ else
     mkdir -p "$RESULTS/ncu"
     for rung in "${NCU_RUNGS[@]}"; do
         log="$RESULTS/ncu/ncu_$rung.txt"
-        case " $GPU_CHECK_SKIP_WGMMA " in *" $rung "*) step "ncu $rung" skip "left out after its first check"; continue ;; esac
-        if late "ncu $rung"; then continue; fi
+        if late "ncu $rung" || skip_left_out ncu "ncu $rung" "$rung"; then continue; fi
         if [ $DRY -eq 1 ]; then         # the driver alone, on the emulator
             timeout "$(left 240)" "$PY" scripts/profile_rung.py "$rung" --emulator > "$log" 2>&1
         else

@@ -7,9 +7,11 @@
 ``benchmarks/results/gpu_h200_2026-12-02/``), laid out as :mod:`lessons.gpu.recorded` and
 :mod:`lessons.gpu.ladder` read it: ``forward/`` (from ``benchmark/``), ``backward/``, ``decode/``, the sweeps
 (``decode_splits/``, which also takes ``decode_splits_prefetch/``'s tables, ``fa2_configs/``, ``fa2_wide_configs/``,
-``regtile_configs/``, ``regtile_wide_configs/``), the Nsight Compute reports, the Hopper rungs' first
-checks, the compile report, the test and environment logs, and a ``README.md`` whose title and driver line give
-every figure its label (:func:`lessons.gpu.recorded.recorded_label`: machine, date, driver, CUDA, commit).
+``regtile_configs/``, ``regtile_wide_configs/``), the Nsight Compute reports, the first-run logs of the rungs
+that had never run on a GPU (``smoke_<rung>.txt``; ``hopper_smoke_<rung>.txt`` in older runs, whose first runs
+were of the Hopper rungs only), the compile report, the test and environment logs, and a ``README.md`` whose title
+and driver line give every figure its label (:func:`lessons.gpu.recorded.recorded_label`: machine, date, driver,
+CUDA, commit).
 Result files only: the JUnit XML and the benchmarks' logs stay behind. ``--commit`` is the commit the GPU machine
 ran (default: this checkout's HEAD); the date and the machine come from ``env.txt``.
 
@@ -41,7 +43,8 @@ LAYOUT = (
     ("regtile_configs", "regtile_configs", ("*.csv", "*.md")),
     ("regtile_wide_configs", "regtile_wide_configs", ("*.csv", "*.md")),
     ("ncu", "ncu", ("*.txt",)),
-    (".", ".", ("env.txt", "summary.txt", "compile_report.txt", "hopper_smoke_*.txt", "pytest_*.txt", "ring.txt")),
+    (".", ".", ("env.txt", "summary.txt", "compile_report.txt", "smoke_*.txt", "hopper_smoke_*.txt", "pytest_*.txt",
+                "ring.txt")),
 )
 #: what each folder of the recorded run holds, for its README
 WHAT = {

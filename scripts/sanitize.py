@@ -10,6 +10,9 @@ an allocation and memcheck sees it. For the paged kernels the unused slots of th
 cache are left *uninitialised* (never written), so initcheck reports any read past
 ``seq_len``. Exit status 0 when every result matches, 1 otherwise, 2 without a device.
 ``--emulator`` runs the same drivers on the CPU (NumPy arrays), a dry run of this script.
+On a GPU, the driver of a rung named in ``$GPU_CHECK_LEFT_OUT`` (:func:`lessons.gpu.ladder.rungs_left_out`:
+``scripts/gpu_check.sh`` names each rung whose first run on this machine failed, ``scripts/first_run.py``) launches
+nothing: it prints ``skipped:`` and why, and passes.
 """
 from __future__ import annotations
 
@@ -28,6 +31,28 @@ KERNELS = ("online_softmax", "flash_attention", "flash_attention_regtile", "flas
            "paged_decode_split", "flash_attention_mma_fa2", "flash_attention_mma_fa2_lazy",
            "flash_attention_mma_fa2_wide", "flash_backward_mma", "flash_attention_wgmma",
            "flash_attention_wgmma_overlap", "flash_attention_wgmma_pingpong")
+
+
+def left_out(backend: str, rung: str) -> bool:
+    """True, after printing why, when ``rung`` is not to run here: on a GPU (``backend`` "cupy"), a rung named in
+    ``$GPU_CHECK_LEFT_OUT`` (its first run on this machine failed). On the emulator every rung runs."""
+    from lessons.gpu.ladder import LEFT_OUT_REASON, rungs_left_out
+
+    if backend == "cupy" and rung in rungs_left_out():
+        print(f"  skipped: the {rung} rung {LEFT_OUT_REASON}")
+        return True
+    return False
+
+
+def of_rung(rung: str):
+    """A driver of the ladder's rung ``rung``: skipped (and passing) where :func:`left_out` says so."""
+    def wrap(driver):
+        @functools.wraps(driver)
+        def run(cp, backend) -> bool:
+            return True if left_out(backend, rung) else driver(cp, backend)
+        run.rung = rung
+        return run
+    return wrap
 
 
 def host(x) -> np.ndarray:
@@ -73,12 +98,14 @@ def _forward(cp, backend, launcher, label, rng, cases, atol) -> bool:
     return ok
 
 
+@of_rung("scalar")
 def run_flash_attention(cp, backend) -> bool:
     return _forward(cp, backend, launch.flash_attention_gpu, "flash", np.random.default_rng(1),
                     [((2,), 70, 45, 64, True, np.float16), ((), 33, 100, 80, False, np.float32),
                      ((), 5, 3, 3, True, np.float32)], {"float16": 2e-3, "float32": 1e-5})
 
 
+@of_rung("mma")
 def run_flash_attention_mma(cp, backend) -> bool:
     rng = np.random.default_rng(2)
     a, b = rng.standard_normal((16, 16)).astype(np.float16), rng.standard_normal((16, 8)).astype(np.float16)
@@ -89,6 +116,7 @@ def run_flash_attention_mma(cp, backend) -> bool:
                           ((), 5, 3, 16, True, np.float16), ((), 20, 40, 256, False, np.float16)], {"float16": 3e-3})
 
 
+@of_rung("regtile")
 def run_flash_attention_regtile(cp, backend) -> bool:
     rng = np.random.default_rng(5)
     ok = _forward(cp, backend, launch.flash_attention_regtile_gpu, "regtile", rng,
@@ -102,6 +130,7 @@ def run_flash_attention_regtile(cp, backend) -> bool:
     return ok
 
 
+@of_rung("regtile_wide")
 def run_flash_attention_regtile_wide(cp, backend) -> bool:
     # the wide build (16 lanes per row group, P read 4 keys at a time) with its default tiles, 64 x 64 in dynamic
     # shared memory at d = 64 and 128, then 32 rows x 128 keys (8 keys per thread) on partial blocks, causal
@@ -116,12 +145,14 @@ def run_flash_attention_regtile_wide(cp, backend) -> bool:
     return ok
 
 
+@of_rung("mma_async")
 def run_flash_attention_mma_async(cp, backend) -> bool:
     return _forward(cp, backend, launch.flash_attention_mma_async_gpu, "mma_async", np.random.default_rng(6),
                     [((2,), 70, 45, 64, True, np.float16), ((), 33, 100, 128, False, np.float16),
                      ((), 5, 3, 16, True, np.float16)], {"float16": 3e-3})
 
 
+@of_rung("mma_fa2")
 def run_flash_attention_mma_fa2(cp, backend) -> bool:
     # partial query and key blocks, causal with Nq > Nk (empty rows) and Nq < Nk, both head dims, the trace build
     return _forward(cp, backend, launch.flash_attention_mma_fa2_gpu, "mma_fa2", np.random.default_rng(7),
@@ -129,6 +160,7 @@ def run_flash_attention_mma_fa2(cp, backend) -> bool:
                      ((), 33, 100, 128, True, np.float16), ((), 5, 3, 128, False, np.float16)], {"float16": 3e-3})
 
 
+@of_rung("mma_fa2_lazy")
 def run_flash_attention_mma_fa2_lazy(cp, backend) -> bool:
     # the FA-2 rung's cases with the default tiles (at d = 128: 64-key tiles in 64 KiB of dynamic shared
     # memory), then every other legal (block_q, block_k, min_blocks) on partial blocks, causal, 3 key tiles
@@ -138,6 +170,7 @@ def run_flash_attention_mma_fa2_lazy(cp, backend) -> bool:
                       flash_attention_mma_fa2_lazy_configs, 9)
 
 
+@of_rung("mma_fa2_wide")
 def run_flash_attention_mma_fa2_wide(cp, backend) -> bool:
     # the same cases for the wide-warp rung (32 rows per warp, Q in its own shared-memory region: 64 KiB at
     # d = 128 by default, 96 KiB with 64-key tiles), then every other legal configuration
@@ -194,12 +227,14 @@ def _paged(cp, rng, seq_lens, num_heads=8, num_kv_heads=2, d=64, block_size=16):
     return args, ref
 
 
+@of_rung("paged_decode")
 def run_paged_decode(cp, backend) -> bool:
     args, ref = _paged(cp, np.random.default_rng(2), [37, 0, 16, 1])
     out, _, _ = launch.paged_decode_gpu(*args, trace_rows=[(0, 0), (3, 7)], backend=backend)
     return _close("paged_decode", out, ref, 1e-5)
 
 
+@of_rung("flash_decoding")
 def run_flash_decoding(cp, backend) -> bool:
     args, ref = _paged(cp, np.random.default_rng(3), [37, 0, 16, 1])
     ok = True
@@ -213,6 +248,8 @@ def run_paged_decode_split(cp, backend) -> bool:
     args, ref = _paged(cp, np.random.default_rng(5), [37, 0, 16, 1], d=128)
     ok = True
     for prefetch in (False, True):                       # the split rung and the prefetch rung
+        if left_out(backend, "paged_decode_prefetch" if prefetch else "paged_decode_split"):
+            continue
         for num_splits in (None, 1, 3, 8):               # auto, one pass, splits, empty splits
             out, _ = launch.paged_decode_split_gpu(*args, num_splits, prefetch=prefetch, backend=backend)
             ok &= _close(f"paged_decode_split num_splits={num_splits} prefetch={prefetch}", out, ref, 1e-5)
@@ -265,14 +302,9 @@ def run_flash_backward_mma(cp, backend) -> bool:
 
 def _hopper_forward(cp, backend, rung: str, launcher) -> bool:
     """One Hopper rung on HOPPER_CASES (with its trace build), unless it cannot run here: not compute
-    capability 9.0, or its first check failed on this machine (then it says why and passes)."""
-    from lessons.gpu.ladder import hopper_rungs_left_out
-
+    capability 9.0 (then it says why and passes; a rung left out after its first run never gets here)."""
     if backend == "cupy" and cp.cuda.Device().compute_capability != "90":
         print("  skipped: the Hopper rungs run on compute capability 9.0 only")
-        return True
-    if backend == "cupy" and rung in hopper_rungs_left_out():
-        print(f"  skipped: the {rung} rung failed its first check here (scripts/hopper_smoke.py)")
         return True
     return _forward(cp, backend, launcher, rung, np.random.default_rng(8), HOPPER_CASES, {"float16": 3e-3})
 
@@ -282,16 +314,19 @@ HOPPER_CASES = [((2,), 70, 45, 64, True, np.float16), ((), 150, 300, 64, False, 
                 ((), 33, 200, 128, True, np.float16), ((), 5, 3, 128, False, np.float16)]
 
 
+@of_rung("wgmma")
 def run_flash_attention_wgmma(cp, backend) -> bool:
     # the Hopper rung
     return _hopper_forward(cp, backend, "wgmma", launch.flash_attention_wgmma_gpu)
 
 
+@of_rung("wgmma_overlap")
 def run_flash_attention_wgmma_overlap(cp, backend) -> bool:
     # the Hopper rung with softmax overlapped with the products (two wgmma groups in flight, 3 stages)
     return _hopper_forward(cp, backend, "wgmma_overlap", launch.flash_attention_wgmma_overlap_gpu)
 
 
+@of_rung("wgmma_pingpong")
 def run_flash_attention_wgmma_pingpong(cp, backend) -> bool:
     # the overlapped rung with the consumers taking turns (named barriers bar.sync / bar.arrive)
     return _hopper_forward(cp, backend, "wgmma_pingpong", launch.flash_attention_wgmma_pingpong_gpu)

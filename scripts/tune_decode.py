@@ -24,7 +24,10 @@ wave of 3 blocks per SM) and writes ``decode_splits_prefetch.csv`` / ``.md``.
 
 Writes ``decode_splits.csv`` and ``decode_splits.md`` (its last line names the fastest count per shape) into
 ``--out``, after each shape, so a run cut short keeps what it measured; a count that would start after
-``--time-budget`` seconds is skipped (noted). Without a CUDA device it says so and exits 0. ``--emulator``
+``--time-budget`` seconds is skipped (noted). Without a CUDA device it says so and exits 0; so it does, writing
+nothing, when the rung swept (``paged_decode_split``, or ``paged_decode_prefetch`` with ``--prefetch``) is named in
+``$GPU_CHECK_LEFT_OUT`` (:func:`lessons.gpu.ladder.rungs_left_out`: its first run on this machine failed,
+``scripts/first_run.py``). ``--emulator``
 runs a tiny shape (default 2 x 64, 4 query heads on 2 KV heads, d = 128, pages of 16) at each of its split
 counts once on the CPU emulator, untimed, and compares each output with NumPy's :func:`lessons.paged_decode`.
 Exit status 0, or 1 when a launch failed, an output was not finite, the launcher picked another count than
@@ -47,6 +50,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import lessons  # noqa: E402
 import lessons.gpu as gpu  # noqa: E402
+from lessons.gpu.ladder import LEFT_OUT_REASON, rungs_left_out  # noqa: E402
 from lessons.gpu.source import H200_NUM_SMS, paged_decode_split_auto_splits  # noqa: E402
 
 import gpu_decode  # noqa: E402  (benchmarks/gpu_decode.py: the decode benchmark's cache, bytes and timing)
@@ -86,6 +90,11 @@ def parse_shape(text: str) -> tuple[int, int]:
     if len(parts) != 2 or not all(p.isdigit() for p in parts) or min(int(p) for p in parts) < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not SEQSxTOKENS with both at least 1 (e.g. 64x4096)")
     return int(parts[0]), int(parts[1])
+
+
+def rung_name(prefetch: bool) -> str:
+    """The ladder's decode rung a sweep times: ``paged_decode_split``, or ``paged_decode_prefetch``."""
+    return "paged_decode_prefetch" if prefetch else "paged_decode_split"
 
 
 def build_name(prefetch: bool) -> str:
@@ -376,6 +385,10 @@ def main(argv=None) -> int:
         print(f"{counted}: " + ("all match NumPy" if ok else "NOT ALL MATCH NumPy (see the note column)")
               + f"; results in {args.out}")
         return 0 if ok else 1
+    if rung_name(args.prefetch) in rungs_left_out():
+        print(f"decode split sweep not run: the {rung_name(args.prefetch)} rung {LEFT_OUT_REASON} (it is in "
+              f"GPU_CHECK_LEFT_OUT); nothing written")
+        return 0
     if not gpu.device_available():
         print("decode split sweep not run: no CUDA device (CuPy sees none). Run this script with --emulator to "
               "check it on the CPU")

@@ -27,10 +27,12 @@ this one's, per head dim), ``x_reference`` (the reference row's seconds over thi
 thread (from the kernel loaded on the device) and the largest difference from the default configuration's output.
 
 Writes ``<stem>.csv`` and ``<stem>.md`` into ``--out`` (stem ``fa2_configs``, ``fa2_wide_configs``,
-``regtile_configs`` or ``regtile_wide_configs``). Without a CUDA device it says so and exits 0. ``--emulator`` runs
-every configuration once at a tiny N on the CPU emulator (a check of this script: nothing is timed, and each output
-is compared with NumPy's attention). Exit status 0, or 1 when an output is not finite or (on the emulator) differs
-from NumPy.
+``regtile_configs`` or ``regtile_wide_configs``). Without a CUDA device it says so and exits 0. So it does, writing
+nothing, for a rung named in ``$GPU_CHECK_LEFT_OUT`` (:func:`lessons.gpu.ladder.rungs_left_out`: the rung's first run
+on this machine failed, ``scripts/first_run.py``); only the swept rung counts, the FA-2 sweeps' mma_fa2 reference
+row is not left out. ``--emulator`` runs every configuration once at a tiny N on the CPU emulator (a check of this
+script: nothing is timed, and each output is compared with NumPy's attention). Exit status 0, or 1 when an output
+is not finite or (on the emulator) differs from NumPy.
 """
 from __future__ import annotations
 
@@ -48,6 +50,7 @@ sys.path.insert(0, str(ROOT))
 import lessons  # noqa: E402
 import lessons.gpu as gpu  # noqa: E402
 from lessons.gpu import source  # noqa: E402
+from lessons.gpu.ladder import LEFT_OUT_REASON, rungs_left_out  # noqa: E402
 from lessons.gpu.measure import attention_flops, median_cuda_seconds, naive_attention, progress_steps  # noqa: E402
 
 #: the columns of the CSV
@@ -270,6 +273,10 @@ def write_results(rows, out: Path, title: str, stem: str = SWEEPS[LAZY].stem) ->
 def main(argv=None) -> int:
     args = parse_args(argv)
     sweep = SWEEPS[args.rung]
+    if not args.emulator and args.rung in rungs_left_out():
+        print(f"GPU tuning not run: the {args.rung} rung {LEFT_OUT_REASON} (it is in GPU_CHECK_LEFT_OUT); "
+              f"nothing written")
+        return 0
     if not args.emulator and not gpu.device_available():
         print("GPU tuning not run: no CUDA device (CuPy sees none). The configurations still compile without one: "
               "tests/test_gpu_mma_fa2_lazy.py, tests/test_gpu_ladder.py; run this script with --emulator to check "

@@ -158,6 +158,31 @@ def test_the_forward_benchmark_runs_the_wide_register_tiled_rung_in_float32_only
     assert np.abs(out - ref).max() < 1e-5
 
 
+def test_the_forward_benchmark_leaves_out_the_rungs_whose_first_run_failed(monkeypatch):
+    """A rung in GPU_CHECK_LEFT_OUT (scripts/gpu_check.sh's first runs) is skipped with the reason, so a kernel
+    that faults cannot take the CUDA context, and every later row's timing, with it; the others still run."""
+    import types
+
+    bench = _gpu_attention()
+    seen = {}
+    monkeypatch.setattr(bench, "timed_rows", lambda args, cupy, torch, impls, calls, *, dtype, skip, **kw:
+                        seen.update({dtype: skip}) or [])
+    monkeypatch.delenv("GPU_CHECK_LEFT_OUT", raising=False)
+    args = types.SimpleNamespace(heads=1, causal=False)
+    for dtype in ("float16", "float32"):
+        bench.run_size(args, np, None, "no torch", np.random.default_rng(0), dtype, 64, 8, 0.0)
+    assert seen["float32"]("regtile_wide") is None and seen["float16"]("mma_fa2_lazy") is None
+    monkeypatch.setenv("GPU_CHECK_LEFT_OUT", "regtile_wide mma_fa2_lazy scalar")
+    why = "failed its first run on this machine (scripts/first_run.py)"
+    assert seen["float32"]("regtile_wide") == why and seen["float16"]("mma_fa2_lazy") == why
+    assert seen["float32"]("kernel") == why                          # the scalar rung, timed as "kernel"
+    assert seen["float32"]("regtile") is None and seen["float16"]("mma_fa2_wide") is None
+    assert seen["float16"]("mma_fa2") is None and seen["float16"]("naive") is None
+    # a rung that cannot run in a dtype keeps that reason, the more telling one
+    assert seen["float16"]("regtile_wide") == "the register-tiled kernel takes float32"
+    assert seen["float32"]("mma_fa2_lazy") == "tensor cores take float16/bfloat16"
+
+
 def test_the_gpu_benchmarks_run_loop_times_skips_and_notes_failures(monkeypatch, capsys):
     """benchmarks/_common.timed_rows, shared by both GPU benchmarks, with stand-ins for CuPy's timing."""
     import types

@@ -5,7 +5,9 @@ environment report, the compile report, a few kernel tests, each kernel's saniti
 driver (without compute-sanitizer), the benchmark (which says there is no device), the
 tuning sweeps of the wide-warp and lazy FA-2 rungs and of the register-tiled rung and its wide build (each
 configuration once on the emulator)
-and the decode split sweep (each split count of a tiny shape once on the emulator, against NumPy).
+and the decode split sweep (each split count of a tiny shape once on the emulator, against NumPy), after the first
+run of each rung that has never run on a GPU (scripts/first_run.py, on the emulator). A rung left out after its
+first run (GPU_CHECK_LEFT_OUT) is left out by every later step: that is checked here step by step.
 What it cannot check is the GPU itself; the plumbing (steps, files, summary, exit
 status, the list of kernels against the drivers) it can.
 """
@@ -16,9 +18,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import lessons.gpu as gpu
+from lessons.gpu import ladder
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
@@ -32,6 +36,9 @@ _spec.loader.exec_module(tune)
 _spec = importlib.util.spec_from_file_location("tune_decode", ROOT / "scripts" / "tune_decode.py")
 tune_decode = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(tune_decode)
+_spec = importlib.util.spec_from_file_location("first_run", ROOT / "scripts" / "first_run.py")
+first_run = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(first_run)
 
 pytestmark = pytest.mark.skipif(
     not gpu.emulator_available() or (not gpu.nvrtc_available() and not os.environ.get("CI")),
@@ -56,14 +63,20 @@ def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
     expected = {"compile report", "pytest pass 1 (-n 2)", "benchmark forward", "benchmark backward", "total",
                 "tune mma_fa2_lazy tiles", "tune mma_fa2_wide tiles", "tune regtile tiles", "tune regtile_wide tiles",
                 "decode split sweep", "decode split sweep (prefetch)"}
-    expected |= {f"hopper smoke {rung}" for rung in ("wgmma", "wgmma_overlap", "wgmma_pingpong")}
+    expected |= {f"first run {rung}" for rung in ladder.first_run_rungs()}      # (seven today)
     expected |= {f"ncu {rung}" for rung in ("mma_fa2", "mma_fa2_lazy", "mma_fa2_wide", "wgmma", "wgmma_overlap", "wgmma_pingpong",
                                            "paged_decode_split", "paged_decode_prefetch", "regtile_wide")}
     expected |= {f"drivers (emulator) {k}" for k in sanitize.KERNELS}      # the script runs every driver
     assert set(steps) == expected and set(steps.values()) == {"ok"}, summary
     assert "passed" in summary and "failed" not in summary
-    for rung in ("wgmma", "wgmma_overlap", "wgmma_pingpong"):                             # (on the emulator)
-        assert f"works here: {rung}" in (tmp_path / f"hopper_smoke_{rung}.txt").read_text()
+    for rung in ladder.first_run_rungs():                         # each in its own process, on the emulator
+        log = (tmp_path / f"smoke_{rung}.txt").read_text().splitlines()
+        assert log[-1] == f"works here: {rung}" and len(log) >= 5, log
+        assert all(line.endswith(": ok") for line in log[:-1]), log
+        assert steps[f"first run {rung}"] == "ok"
+    assert "d=128 256 x 256, 1 head, float32 out" in (tmp_path / "smoke_regtile_wide.txt").read_text()
+    assert "auto splits lse" in (tmp_path / "smoke_paged_decode_prefetch.txt").read_text()
+    assert not (tmp_path / "smoke.txt").exists() and not list(tmp_path.glob("hopper_smoke_*"))
     for name in ("env.txt", "compile_report.txt", "pytest_1_n2.txt", "pytest_1_n2.xml", "benchmark/log.txt",
                  "backward/log.txt"):
         assert (tmp_path / name).stat().st_size > 0, name
@@ -147,30 +160,183 @@ def test_the_sanitizer_drivers_check_their_results(capsys):
     assert "paged_decode: ok" in capsys.readouterr().out
 
 
-def test_the_hopper_smoke_check_takes_one_rung_at_a_time(capsys):
-    _spec = importlib.util.spec_from_file_location("hopper_smoke", ROOT / "scripts" / "hopper_smoke.py")
-    smoke = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(smoke)
-    if not gpu.emulator_available():
-        pytest.skip("no C++ compiler for the emulator")
-    assert smoke.main(["--emulator", "--rung", "wgmma_pingpong"]) == 0
-    out = capsys.readouterr().out
-    assert "works here: wgmma_pingpong" in out and "probe" not in out and "wgmma_overlap" not in out
-    with pytest.raises(SystemExit):
-        smoke.main(["--emulator", "--rung", "nope"])
+def test_the_rungs_that_never_ran_on_a_gpu_come_from_the_registry_and_the_recorded_runs():
+    # forward: a kernel of ours and no recorded row (impl None); decode: no row of its impl in the recorded decode run
+    recorded_decode = {row["name"] for row in ladder.decode_recorded_rows()}
+    want = [r.name for r in ladder.RUNGS if r.kernel is not None and r.impl is None] + \
+        [r.name for r in ladder.DECODE_RUNGS if r.impl not in recorded_decode]
+    assert list(ladder.first_run_rungs()) == want
+    assert set(ladder.HOPPER_RUNGS) <= set(want) and "paged_decode_prefetch" in want and len(want) == 7
+    # none of them has a GPU figure: their texts say so, and the ladder's table has no number for them
+    for name in want:
+        r = ladder.decode_rung(name) if name == "paged_decode_prefetch" else ladder.rung(name)
+        assert r.limit.startswith("not yet") and "on a GPU" in r.limit, (name, r.limit)
+    table = {e["name"]: e for e in ladder.ladder_table()}
+    assert all(table[name]["ms"] is None for name in want if name in table)
+    # the measured ones are not among them
+    assert not {"scalar", "regtile", "mma", "mma_async", "mma_fa2", "paged_decode_split"} & set(want)
+    # the script checks exactly these, in this order
+    assert first_run.RUNGS == ladder.first_run_rungs()
+
+
+@pytest.mark.skipif(not gpu.emulator_available(), reason="no C++ compiler for the emulator")
+@pytest.mark.parametrize("rung, expect", [
+    ("wgmma_pingpong", ["wgmma_pingpong d=64 200 x 300", "wgmma_pingpong d=128 200 x 300"]),
+    ("regtile_wide", ["regtile_wide d=64 200 x 300, causal, 2 heads, float32 out",
+                      "regtile_wide d=128 200 x 300, causal, 2 heads, float32 lse",
+                      "regtile_wide d=128 256 x 256, 1 head, float32 out"]),
+    ("paged_decode_prefetch", ["paged_decode_prefetch 5 seqs, 32/8 heads, d=128, fp16, auto splits out",
+                               "paged_decode_prefetch 5 seqs, 32/8 heads, d=128, fp16, 3 splits lse"]),
+])
+def test_the_first_run_checks_one_rung_at_a_time_on_the_emulator(capsys, rung, expect):
+    assert first_run.main(["--emulator", "--rung", rung]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == f"works here: {rung}"
+    assert all(line.startswith(rung) and line.endswith(": ok") for line in lines[:-1]), lines
+    for want in expect:
+        assert any(line.startswith(want) for line in lines), (want, lines)
+    assert not any("probe" in line for line in lines)          # (the probe goes with wgmma only)
+    errors = [float(line.split("max |diff| ")[1].split()[0]) for line in lines[:-1]]
+    assert 0 < max(errors) < 5e-3
+
+
+def test_the_first_run_refuses_a_rung_it_does_not_know():
+    for bad in ("nope", "mma_fa2", "paged_decode_split"):          # measured rungs need no first run
+        with pytest.raises(SystemExit):
+            first_run.main(["--emulator", "--rung", bad])
+
+
+def test_the_first_run_says_wrong_when_a_result_is_off(capsys, monkeypatch):
+    # a launcher that answers with the wrong rows, then one that raises as a faulting kernel would
+    monkeypatch.setattr(first_run, "launcher", lambda name: (lambda q, k, v, **kw: (v[..., ::-1, :], None), {}))
+    assert first_run.main(["--emulator", "--rung", "mma_fa2_lazy"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == "WRONG HERE: mma_fa2_lazy" and "WRONG" in lines[0]
+
+    def fault(name):
+        def run(*args, **kwargs):
+            raise RuntimeError("an illegal memory access was encountered")
+        return run, {}
+    monkeypatch.setattr(first_run, "launcher", fault)
+    assert first_run.main(["--emulator", "--rung", "paged_decode_prefetch", "--rung", "regtile_wide"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["regtile_wide: raised RuntimeError: an illegal memory access was encountered",
+                     "paged_decode_prefetch: raised RuntimeError: an illegal memory access was encountered",
+                     "WRONG HERE: regtile_wide, paged_decode_prefetch"]
+
+
+def test_the_first_run_needs_compute_capability_9_for_hopper_and_8_for_the_rest(capsys):
+    assert first_run.why_not_here("wgmma", 90) is None and first_run.why_not_here("regtile_wide", 90) is None
+    assert first_run.why_not_here("regtile_wide", 80) is None
+    assert first_run.why_not_here("paged_decode_prefetch", 86) is None
+    assert first_run.why_not_here("wgmma", 80) == "needs a CUDA device of compute capability 9.0; this one is 8.0"
+    assert first_run.why_not_here("wgmma_overlap", 100) == \
+        "needs a CUDA device of compute capability 9.0; this one is 10.0"
+    assert first_run.why_not_here("mma_fa2_wide", 75) == \
+        "needs a CUDA device of compute capability 8.0 or newer; this one is 7.5"
+    assert first_run.why_not_here("mma_fa2_lazy", None) == \
+        "needs a CUDA device of compute capability 8.0 or newer; CuPy sees none"
+    if not gpu.device_available():                        # exit 2: nothing to check here
+        assert first_run.main(["--rung", "wgmma", "--rung", "regtile_wide"]) == 2
+        lines = capsys.readouterr().out.splitlines()
+        assert lines[-1] == ("cannot run here: regtile_wide (needs a CUDA device of compute capability 8.0 or newer; "
+                             "CuPy sees none); wgmma (needs a CUDA device of compute capability 9.0; CuPy sees none)")
 
 
 @pytest.mark.parametrize("value, left_out", [
     ("", set()), ("   ", set()), ("wgmma_pingpong", {"wgmma_pingpong"}),
-    ("wgmma  wgmma_overlap", {"wgmma", "wgmma_overlap"}), ("all", {"wgmma", "wgmma_overlap", "wgmma_pingpong"}),
+    ("wgmma  wgmma_overlap", {"wgmma", "wgmma_overlap"}),
+    ("regtile_wide paged_decode_prefetch", {"regtile_wide", "paged_decode_prefetch"}),
+    ("mma_fa2 paged_decode", {"mma_fa2", "paged_decode"}),          # any rung with a kernel of ours
+    ("all", set(ladder.first_run_rungs())), ("all scalar", set(ladder.first_run_rungs()) | {"scalar"}),
 ])
-def test_the_hopper_rungs_left_out_are_read_from_the_variable_gpu_check_sets(value, left_out):
-    from lessons.gpu.ladder import hopper_rungs_left_out
+def test_the_rungs_left_out_are_read_from_the_variable_gpu_check_sets(value, left_out):
+    assert ladder.LEFT_OUT_VARIABLE == "GPU_CHECK_LEFT_OUT"
+    assert ladder.rungs_left_out({"GPU_CHECK_LEFT_OUT": value}) == left_out
+    assert ladder.rungs_left_out({}) == set()
+    assert ladder.rungs_left_out({"GPU_CHECK_SKIP_WGMMA": "wgmma"}) == set()        # (the old name is not read)
 
-    assert hopper_rungs_left_out({"GPU_CHECK_SKIP_WGMMA": value}) == left_out
-    assert hopper_rungs_left_out({}) == set()
-    with pytest.raises(ValueError, match="GPU_CHECK_SKIP_WGMMA"):
-        hopper_rungs_left_out({"GPU_CHECK_SKIP_WGMMA": "wgmma 1"})
+
+@pytest.mark.parametrize("value, bad", [("wgmma 1", "['1']"), ("naive", "['naive']"), ("sdpa ALL", "['ALL', 'sdpa']"),
+                                        ("regtile_wide,mma_fa2_lazy", "['regtile_wide,mma_fa2_lazy']")])
+def test_a_left_out_value_that_names_no_rung_of_ours_is_refused_with_the_valid_names(value, bad):
+    with pytest.raises(ValueError) as err:
+        ladder.rungs_left_out({"GPU_CHECK_LEFT_OUT": value})
+    message = str(err.value)
+    assert message.startswith("GPU_CHECK_LEFT_OUT must hold names of rungs with a kernel of ours")
+    assert message.endswith(f"got {bad}") and "'all'" in message
+    assert str(list(ladder.kernel_rungs())) in message
+    assert ladder.kernel_rungs()[:3] == ("scalar", "regtile", "regtile_wide") and \
+        ladder.kernel_rungs()[-1] == "paged_decode_prefetch" and "naive" not in ladder.kernel_rungs()
+
+
+def test_a_left_out_rung_is_skipped_by_the_sweeps_and_the_sanitizer_drivers(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("GPU_CHECK_LEFT_OUT", "regtile_wide paged_decode_prefetch")
+    why = "failed its first run on this machine (scripts/first_run.py)"
+    assert ladder.LEFT_OUT_REASON == why
+    # the tile sweep: says why, writes nothing, exit 0 (before it would look for a device)
+    out = tmp_path / "sweep"
+    assert tune.main(["--rung", "regtile_wide", "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == (f"GPU tuning not run: the regtile_wide rung {why} (it is in "
+                                               "GPU_CHECK_LEFT_OUT); nothing written")
+    assert not out.exists()
+    # the decode split sweep of the prefetch build, likewise; the plain build's is not left out
+    assert tune_decode.main(["--prefetch", "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == (f"decode split sweep not run: the paged_decode_prefetch rung {why} (it "
+                                               "is in GPU_CHECK_LEFT_OUT); nothing written")
+    assert not out.exists()
+    # on the emulator nothing is left out: the variable speaks of this machine's GPU
+    assert tune.main(["--rung", "regtile_wide", "--emulator", "--out", str(out), "--n", "40", "--head-dims", "64"]) == 0
+    assert (out / "regtile_wide_configs.csv").is_file()
+    capsys.readouterr()
+    # the sanitizer: a driver of a left-out rung, on a GPU, launches nothing, says why and passes
+    assert sanitize.run_flash_attention_regtile_wide(None, "cupy") is True
+    assert capsys.readouterr().out == f"  skipped: the regtile_wide rung {why}\n"
+    # the split decode driver leaves out its prefetch build only (here the plain build runs on the emulator)
+    assert sanitize.left_out("cupy", "paged_decode_prefetch") and not sanitize.left_out("cupy", "paged_decode_split")
+    assert not sanitize.left_out("emulator", "regtile_wide")
+    capsys.readouterr()
+    if gpu.emulator_available():
+        monkeypatch.setattr(sanitize, "left_out", lambda backend, rung: rung == "paged_decode_prefetch")
+        assert sanitize.run_paged_decode_split(np, "emulator") is True
+        printed = capsys.readouterr().out
+        assert printed.count("prefetch=False") == 4 and "prefetch=True" not in printed
+
+
+def test_the_gpu_cases_of_a_left_out_rung_are_skipped_with_the_reason(monkeypatch):
+    import test_gpu_kernels as kernels
+
+    why = "failed its first run on this machine (scripts/first_run.py) (GPU_CHECK_LEFT_OUT)"
+    monkeypatch.setattr(kernels, "LEFT_OUT", frozenset({"regtile_wide", "paged_decode_prefetch"}))
+    mark = kernels.on_gpu("regtile_wide")
+    assert mark.name == "skip" and mark.kwargs == {"reason": f"the regtile_wide rung {why}"}
+    assert kernels.on_gpu("mma_fa2_lazy") is kernels.gpu_only             # (skipped only without a device)
+    with pytest.raises(pytest.skip.Exception, match="paged_decode_prefetch: failed its first run"):
+        kernels.skip_left_out("cupy", "paged_decode_split", "paged_decode_prefetch")
+    kernels.skip_left_out("emulator", "paged_decode_prefetch")             # the emulator's cases still run
+    kernels.skip_left_out("cupy", "paged_decode_split")
+    # the rungs' own test files, run as gpu_check.sh runs them: their GPU cases skipped with the reason
+    files = [str(ROOT / "tests" / f"test_gpu_{name}.py") for name in ("regtile_wide", "mma_fa2_lazy", "mma_fa2_wide")]
+    env = dict(os.environ, GPU_CHECK_LEFT_OUT="regtile_wide mma_fa2_lazy mma_fa2_wide")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "-n", "0",
+                           "-o", "addopts=", "-k", "cupy or on_the_gpu", *files], capture_output=True, text=True,
+                          timeout=300, env=env, cwd=ROOT)
+    assert proc.returncode == 0 and " passed" not in proc.stdout.splitlines()[-1], proc.stdout[-3000:]
+    skipped = [line for line in proc.stdout.splitlines() if line.startswith("SKIPPED")]
+    for rung in ("regtile_wide", "mma_fa2_lazy", "mma_fa2_wide"):
+        assert any(f"the {rung} rung {why}" in line for line in skipped), (rung, skipped)
+    assert all("first run" in line for line in skipped), skipped
+
+
+def test_each_sanitizer_driver_of_a_rung_names_it():
+    drivers = {k: getattr(sanitize, f"run_{k}") for k in sanitize.KERNELS}
+    rung_of = {k: driver.rung for k, driver in drivers.items() if hasattr(driver, "rung")}
+    # every forward rung with a kernel of ours has its driver, named after the rung's kernel
+    assert {k: r for k, r in rung_of.items() if r in {x.name for x in ladder.RUNGS}} == \
+        {r.kernel: r.name for r in ladder.RUNGS if r.kernel is not None}
+    assert rung_of["paged_decode"] == "paged_decode" and rung_of["flash_decoding"] == "flash_decoding"
+    assert set(rung_of.values()) <= set(ladder.kernel_rungs())
+    assert "paged_decode_split" not in rung_of                     # (both its builds: left out one by one)
 
 
 def test_the_profiling_driver_names_the_kernel_to_filter_on(capsys):
@@ -310,8 +476,8 @@ def test_a_run_past_its_deadline_skips_the_rest_names_them_and_fails(tmp_path):
 def test_steps_left_out_of_gpu_check_steps_are_named_and_do_not_fail_the_run(tmp_path):
     env = {name: value for name, value in os.environ.items() if not name.startswith("GPU_CHECK_")}
     # the second half of a split run: the Hopper rung the first half's smoke step left out stays left out
-    env.update(GPU_CHECK_STEPS="ncu ring backward", GPU_CHECK_SKIP_WGMMA="wgmma", GPU_CHECK_NCU_RUNGS="wgmma",
-               GPU_CHECK_SIZES="64")
+    env.update(GPU_CHECK_STEPS="ncu ring backward", GPU_CHECK_LEFT_OUT="wgmma regtile_wide",
+               GPU_CHECK_NCU_RUNGS="wgmma regtile_wide", GPU_CHECK_SIZES="64")
     proc = subprocess.run(["bash", str(SCRIPT), "--dry-run", str(tmp_path)], capture_output=True, text=True,
                           timeout=120, env=env)
     summary = (tmp_path / "summary.txt").read_text()
@@ -319,14 +485,40 @@ def test_steps_left_out_of_gpu_check_steps_are_named_and_do_not_fail_the_run(tmp
     steps = {line[:52].strip(): line[52:].split(None, 1) for line in summary.splitlines()}
     off = {name for name, (status, detail) in steps.items()
            if status == "skip" and detail.strip() == "not in GPU_CHECK_STEPS"}
-    assert off == {"compile report", "hopper smoke", "benchmark forward", "benchmark decode",
+    assert off == {"compile report", "first run", "benchmark forward", "benchmark decode",
                    "decode split sweep", "decode split sweep (prefetch)", "tune mma_fa2_wide tiles",
                    "tune mma_fa2_lazy tiles", "tune regtile tiles", "tune regtile_wide tiles",
                    "pytest (GPU cases)", "compute-sanitizer"}, summary
-    assert steps["ncu wgmma"] == ["skip", "left out after its first check"]
+    why = "in GPU_CHECK_LEFT_OUT: failed its first run on this machine (scripts/first_run.py)"
+    assert steps["ncu wgmma"] == ["skip", why] and steps["ncu regtile_wide"] == ["skip", why]
     assert steps["ring on the GPU (MPI)"][0] == "skip" and steps["total"][0] == "ok"
     assert steps["benchmark backward"][0] == "ok"                    # (no device: it says so and exits 0)
     assert not (tmp_path / "compile_report.txt").exists() and not (tmp_path / "benchmark" / "log.txt").exists()
+
+
+def test_a_left_out_given_for_a_second_run_is_checked_spelled_out_and_honoured(tmp_path):
+    env = {name: value for name, value in os.environ.items() if not name.startswith("GPU_CHECK_")}
+    # "all" and two measured rungs: every sweep and every ncu launch left out, each with its reason
+    env.update(GPU_CHECK_STEPS="sweeps ncu", GPU_CHECK_LEFT_OUT="all regtile paged_decode_split",
+               GPU_CHECK_NCU_RUNGS="mma_fa2_wide paged_decode_prefetch mma_fa2")
+    proc = subprocess.run(["bash", str(SCRIPT), "--dry-run", str(tmp_path)], capture_output=True, text=True,
+                          timeout=300, env=env)
+    summary = (tmp_path / "summary.txt").read_text()
+    assert proc.returncode == 0, summary + proc.stderr[-2000:]
+    steps = {line[:52].strip(): line[52:].split(None, 1) for line in summary.splitlines()}
+    why = "in GPU_CHECK_LEFT_OUT: failed its first run on this machine (scripts/first_run.py)"
+    left = {name for name, (status, detail) in steps.items() if status == "skip" and detail.strip() == why}
+    assert left == {"decode split sweep", "decode split sweep (prefetch)", "tune mma_fa2_wide tiles",
+                    "tune mma_fa2_lazy tiles", "tune regtile tiles", "tune regtile_wide tiles",
+                    "ncu mma_fa2_wide", "ncu paged_decode_prefetch"}, summary
+    assert steps["ncu mma_fa2"][0] == "ok" and steps["first run"] == ["skip", "not in GPU_CHECK_STEPS"]
+    assert not (tmp_path / "regtile_configs").exists() and not (tmp_path / "ncu" / "ncu_mma_fa2_wide.txt").exists()
+    # a name that is no rung of ours is refused before anything runs
+    env.update(GPU_CHECK_STEPS="ring", GPU_CHECK_LEFT_OUT="wgmma wgmma_pingpong_fast")
+    proc = subprocess.run(["bash", str(SCRIPT), "--dry-run", str(tmp_path / "bad")], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert proc.returncode == 2 and proc.stderr.startswith("gpu_check.sh: GPU_CHECK_LEFT_OUT must hold names of rungs")
+    assert proc.stderr.rstrip().endswith("got ['wgmma_pingpong_fast']") and not (tmp_path / "bad" / "env.txt").exists()
 
 
 def test_a_step_group_that_does_not_exist_is_refused(tmp_path):

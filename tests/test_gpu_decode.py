@@ -14,7 +14,7 @@ import lessons.gpu as gpu
 from lessons.gpu import ladder
 from lessons.gpu.source import decode_split_cost, decode_splits, paged_decode_split_layout, paged_decode_split_smem_bytes
 from test_gpu_kernels import (SEQ_LENS, assert_decode_close, decode_args, decode_reference, paged_case,
-                              sequence_kv, split_state_float32, values)
+                              sequence_kv, skip_left_out, split_state_float32, values)
 from kernel_tolerance import assert_within_baseline
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -226,6 +226,9 @@ def test_split_decode_keeps_nan_input_nan(backend, num_heads, d):
 def test_split_decode_never_sees_slots_past_seq_len_or_unused_pages(backend, poison, num_heads, d, prefetch):
     from types import SimpleNamespace
 
+    if prefetch:
+        skip_left_out(backend, "paged_decode_prefetch")        # (where gpu_check.sh left the rung out)
+
     from test_gpu_kernels import stored
 
     c = paged_case(16, num_heads, 2, d, 8, [20, 0, 8, 3])
@@ -253,6 +256,7 @@ def test_split_decode_never_sees_slots_past_seq_len_or_unused_pages(backend, poi
     (3, 3, "float16", 6, SEQ_LENS), (128, 16, "float32", 8, [77, 5]), (16, 1, "float32", 4, [9, 40, 1]),
 ])
 def test_prefetch_decode_is_bitwise_the_plain_build(backend, d, block_size, dtype, num_heads, seq_lens):
+    skip_left_out(backend, "paged_decode_prefetch")
     c = paged_case(17, num_heads, 2, d, block_size, seq_lens, dtype)
     for num_splits in (1, 2, 5):
         kw = dict(bfloat16=dtype == "bfloat16", return_partials=True, backend=backend)
@@ -467,6 +471,23 @@ def test_benchmark_writes_its_tables(tmp_path):
     assert float(got[0]["pct_of_copy"]) == pytest.approx(100 * 2**30 / 2.413e-3 / 4.2e12)   # 10.6%
     md = (tmp_path / "out" / "results.md").read_text()
     assert "TEST GPU" in md and "| paged_decode | 64 x 4096 | 1 | 2.413 | 1.00 | 0.44 | 11% |" in md
+
+
+def test_benchmark_leaves_out_the_prefetch_row_when_its_first_run_failed(tmp_path):
+    b = _benchmark()
+    env = {"GPU_CHECK_LEFT_OUT": "paged_decode_prefetch"}
+    why = "failed its first run on this machine (scripts/first_run.py)"
+    labels = [label for label, *_ in b.kernel_runs(8, 32768, 132)]
+    assert [label for label in labels if b.skip_reason(label, env)] == ["paged_decode_prefetch auto"]
+    assert b.skip_reason("paged_decode_prefetch auto", env) == why
+    assert all(b.skip_reason(label, {}) is None for label in labels)
+    assert b.skip_reason("paged_decode_split s=7", {"GPU_CHECK_LEFT_OUT": "paged_decode_split"}) == why
+    # results.md names what was not run, and why; the CSV holds only rows that ran
+    rows = [b.result_row("paged_decode_split auto", 8, 32768, 8, 0.2e-3, 4.2e12, 2e-3)]
+    b.write_results(rows, tmp_path, 4.2, "TEST GPU", [("paged_decode_prefetch auto", why)])
+    assert (tmp_path / "results.md").read_text().endswith(f"\nNot run: paged_decode_prefetch auto: {why}.\n")
+    with open(tmp_path / "results.csv") as f:
+        assert [r["kernel"] for r in csv.DictReader(f)] == ["paged_decode_split auto"]
 
 
 @pytest.mark.skipif(gpu.device_available(), reason="a CUDA device is present: the benchmark would measure")

@@ -24,6 +24,7 @@ import pytest
 
 import lessons
 import lessons.gpu as gpu
+from lessons.gpu import ladder
 from lessons.core.state import State, correction_factor, merge
 from kernel_tolerance import assert_within_baseline, baseline_attention, round_to
 
@@ -35,6 +36,24 @@ BACKENDS = [
     pytest.param("cupy", marks=pytest.mark.skipif(not gpu.device_available(), reason=NO_DEVICE)),
 ]
 gpu_only = pytest.mark.skipif(not gpu.device_available(), reason=NO_DEVICE)
+#: the rungs scripts/gpu_check.sh left out after their first run on this machine (scripts/first_run.py failed,
+#: hung or could not run them): their GPU cases are skipped, their emulator cases run
+LEFT_OUT = ladder.rungs_left_out()
+
+
+def on_gpu(rung: str):
+    """A mark for a GPU case of ``rung``: skipped without a device, and where gpu_check.sh left the rung out
+    (it is in GPU_CHECK_LEFT_OUT)."""
+    if rung in LEFT_OUT:
+        return pytest.mark.skip(reason=f"the {rung} rung {ladder.LEFT_OUT_REASON} (GPU_CHECK_LEFT_OUT)")
+    return gpu_only
+
+
+def skip_left_out(backend: str, *rungs: str) -> None:
+    """On a GPU (``backend`` "cupy"), skip a test of rungs that gpu_check.sh left out after their first run."""
+    out = sorted(LEFT_OUT & set(rungs))
+    if backend == "cupy" and out:
+        pytest.skip(f"{', '.join(out)}: {ladder.LEFT_OUT_REASON} (GPU_CHECK_LEFT_OUT)")
 
 TRACE_TOL = dict(rtol=2e-5, atol=1e-6)
 

@@ -14,11 +14,11 @@ import lessons.gpu as gpu
 from lessons.gpu.source import (FA2_LAZY_CONFIGS, FA2_LAZY_SWEEP, flash_attention_mma_fa2_lazy_config,
                                 flash_attention_mma_fa2_lazy_configs, flash_attention_mma_fa2_smem_bytes)
 from test_gpu_kernels import (POISONS, assert_attention_close, assert_nan_and_inf_reach_exactly_their_columns,
-                              assert_trace_follows_numpy, forward_poison_check, gpu_only, stored, values)
+                              assert_trace_follows_numpy, forward_poison_check, on_gpu, stored, values)
 
 BACKENDS = [
     pytest.param("emulator", marks=pytest.mark.skipif(not gpu.emulator_available(), reason="no C++ compiler")),
-    pytest.param("cupy", marks=pytest.mark.skipif(not gpu.device_available(), reason="no CUDA device")),
+    pytest.param("cupy", marks=on_gpu("mma_fa2_lazy")),          # (not where gpu_check.sh left the rung out)
 ]
 needs_nvrtc = pytest.mark.skipif(not gpu.nvrtc_available(), reason="CuPy/NVRTC not installed")
 needs_emulator = pytest.mark.skipif(not gpu.emulator_available(), reason="no C++ compiler")
@@ -326,7 +326,7 @@ def test_the_lazy_entry_votes_and_the_plain_one_does_not(d):
 # on a GPU
 # ---------------------------------------------------------------------------
 
-@gpu_only
+@on_gpu("mma_fa2_lazy")
 @pytest.mark.parametrize("d, config", LEGAL, ids=[f"d{d}-{c[0]}x{c[1]}-min{c[2]}" for d, c in LEGAL])
 def test_every_legal_configuration_on_larger_inputs_on_the_gpu(d, config):
     rng = np.random.default_rng(25)

@@ -13,12 +13,12 @@ from lessons.gpu.source import (FA2_WIDE_CONFIGS, FA2_WIDE_SWEEP, flash_attentio
                                 flash_attention_mma_fa2_wide_config, flash_attention_mma_fa2_wide_configs,
                                 flash_attention_mma_fa2_wide_smem_bytes)
 from test_gpu_kernels import (POISONS, assert_attention_close, assert_nan_and_inf_reach_exactly_their_columns,
-                              assert_trace_follows_numpy, forward_poison_check, gpu_only, stored)
+                              assert_trace_follows_numpy, forward_poison_check, on_gpu, stored)
 from test_gpu_mma_fa2_lazy import check_against_numpy
 
 BACKENDS = [
     pytest.param("emulator", marks=pytest.mark.skipif(not gpu.emulator_available(), reason="no C++ compiler")),
-    pytest.param("cupy", marks=pytest.mark.skipif(not gpu.device_available(), reason="no CUDA device")),
+    pytest.param("cupy", marks=on_gpu("mma_fa2_wide")),          # (not where gpu_check.sh left the rung out)
 ]
 needs_nvrtc = pytest.mark.skipif(not gpu.nvrtc_available(), reason="CuPy/NVRTC not installed")
 ENTRY = "flash_attention_mma_fa2_wide"
@@ -259,7 +259,7 @@ def test_each_k_and_v_fragment_feeds_twice_the_mmas_of_the_lazy_rung(d):
 # on a GPU
 # ---------------------------------------------------------------------------
 
-@gpu_only
+@on_gpu("mma_fa2_wide")
 @pytest.mark.parametrize("d, config", LEGAL, ids=IDS)
 def test_every_legal_configuration_on_larger_inputs_on_the_gpu(d, config):
     rng = np.random.default_rng(26)

@@ -21,10 +21,10 @@ from kernel_tolerance import assert_within_baseline, baseline_attention
 from test_gpu_kernels import (POISONS, assert_attention_close, assert_nan_and_inf_reach_exactly_their_columns,
                               assert_trace_follows_numpy, flash_reference, forward_poison_check, stored, values)
 
-from lessons.gpu.ladder import HOPPER_RUNGS, hopper_rungs_left_out  # noqa: E402
+from lessons.gpu.ladder import HOPPER_RUNGS, rungs_left_out  # noqa: E402
 
-# (scripts/gpu_check.sh leaves out a rung whose first check failed: GPU_CHECK_SKIP_WGMMA names it)
-LEFT_OUT = hopper_rungs_left_out()
+# (scripts/gpu_check.sh leaves out a rung whose first run failed: GPU_CHECK_LEFT_OUT names it)
+LEFT_OUT = rungs_left_out()
 on_hopper = gpu.device_available() and gpu.device_arch() == "sm_90" and "wgmma" not in LEFT_OUT
 BACKENDS = [
     pytest.param("emulator", marks=pytest.mark.skipif(not gpu.emulator_available(), reason="no C++ compiler")),
@@ -35,7 +35,7 @@ BACKENDS = [
 def skip_left_out(backend, *rungs):
     """On a GPU, skip a test of a rung that scripts/gpu_check.sh left out after its first check."""
     if backend == "cupy" and LEFT_OUT & set(rungs):
-        pytest.skip(f"left out after a failed first check: {sorted(LEFT_OUT & set(rungs))}")
+        pytest.skip(f"left out after a failed first run: {sorted(LEFT_OUT & set(rungs))}")
 needs_nvrtc = pytest.mark.skipif(not gpu.nvrtc_available(), reason="CuPy/NVRTC not installed")
 needs_emulator = pytest.mark.skipif(not gpu.emulator_available(), reason="no C++ compiler for the emulator")
 

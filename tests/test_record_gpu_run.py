@@ -33,7 +33,9 @@ def gpu_check_folder(tmp_path):
     (src / "benchmark" / "log.txt").write_text("progress bars\n")          # stays behind
     (src / "pytest_1_n8.txt").write_text("545 passed\n")
     (src / "pytest_1_n8.xml").write_text("<testsuites/>\n")               # stays behind
-    (src / "hopper_smoke_wgmma.txt").write_text("works here: wgmma\n")
+    (src / "hopper_smoke_wgmma.txt").write_text("works here: wgmma\n")              # (an older run's name)
+    (src / "smoke_regtile_wide.txt").write_text("works here: regtile_wide\n")
+    (src / "smoke_paged_decode_prefetch.txt").write_text("WRONG HERE: paged_decode_prefetch\n")
     (src / "decode_splits").mkdir()
     for name in ("decode_splits.csv", "decode_splits.md", "log.txt"):                  # (the log stays behind)
         (src / "decode_splits" / name).write_text(f"{name}\n")
@@ -60,9 +62,11 @@ def test_a_run_is_laid_out_as_the_course_reads_it(gpu_check_folder, tmp_path):
             open(RECORDED_DIR / "decode" / "results.csv", newline="") as g:
         assert list(csv.reader(f)) == list(csv.reader(g))
     for kept in ("env.txt", "summary.txt", "compile_report.txt", "pytest_1_n8.txt", "hopper_smoke_wgmma.txt",
+                 "smoke_regtile_wide.txt", "smoke_paged_decode_prefetch.txt",
                  "ncu/ncu_mma_fa2.txt", "forward/gpu_attention.png", "decode_splits/decode_splits.csv",
                  "decode_splits/decode_splits.md"):
         assert (dest / kept).is_file(), kept
+    assert (dest / "smoke_paged_decode_prefetch.txt").read_text() == "WRONG HERE: paged_decode_prefetch\n"
     assert not (dest / "pytest_1_n8.xml").exists() and not (dest / "forward" / "log.txt").exists()
     assert not (dest / "decode_splits" / "log.txt").exists()
     for sweep in ("regtile_configs", "regtile_wide_configs"):                   # each in its own folder, as it was

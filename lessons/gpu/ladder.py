@@ -32,7 +32,8 @@ __all__ = ["Rung", "RUNGS", "RECORDED_DIR", "RECORDED_CSV", "RECORDED_LABEL", "P
            "target_outcomes", "targets_markdown",
            "DECODE_RUNGS", "DECODE_LAUNCH_OPTIONS", "DECODE_RECORDED", "decode_rung", "decode_rung_build", "decode_recorded_rows",
            "decode_recorded", "decode_table", "decode_markdown", "sdpa_backends", "sdpa_kernels",
-           "SWEEP_FILES", "recorded_sweep", "best_tiles", "sweep_markdown"]
+           "SWEEP_FILES", "recorded_sweep", "best_tiles", "sweep_markdown",
+           "HOPPER_RUNGS", "LEFT_OUT_VARIABLE", "LEFT_OUT_REASON", "kernel_rungs", "first_run_rungs", "rungs_left_out"]
 
 ROOT = Path(__file__).resolve().parents[2]
 #: its forward table: every rung, naive CuPy and torch SDPA at N = 1024, 4096, 8192, d = 64, 128
@@ -231,26 +232,46 @@ RUNGS = (
 
 #: the Hopper rungs (sm_90a), in ladder order
 HOPPER_RUNGS = ("wgmma", "wgmma_overlap", "wgmma_pingpong")
-#: the variable through which ``scripts/gpu_check.sh`` tells its later steps which Hopper rungs to leave out
-SKIP_HOPPER_VARIABLE = "GPU_CHECK_SKIP_WGMMA"
+#: the variable through which ``scripts/gpu_check.sh`` tells its later steps which rungs to leave out
+LEFT_OUT_VARIABLE = "GPU_CHECK_LEFT_OUT"
+#: what a step says of a rung it leaves out
+LEFT_OUT_REASON = "failed its first run on this machine (scripts/first_run.py)"
 
 
-def hopper_rungs_left_out(environ=None) -> frozenset:
-    """The Hopper rungs that ``scripts/gpu_check.sh`` leaves out of its later steps on this machine
-    (benchmark, tests, sanitizer): the names in ``$GPU_CHECK_SKIP_WGMMA``, space-separated, which it sets
-    for each rung whose first run (``scripts/hopper_smoke.py --rung NAME``) failed or hung; ``all`` for every
-    one. ``environ``: a mapping, default ``os.environ``. Returns a frozenset of names from
-    :data:`HOPPER_RUNGS` (empty when the variable is unset or blank). ValueError naming an unknown rung."""
+def kernel_rungs() -> tuple:
+    """The names of every rung with a kernel of ours, forward rungs (:data:`RUNGS`) then decode rungs
+    (:data:`DECODE_RUNGS`), in ladder order: the names :func:`rungs_left_out` accepts."""
+    return tuple(r.name for r in RUNGS + DECODE_RUNGS if r.kernel is not None)
+
+
+def first_run_rungs() -> tuple:
+    """The rungs of ours that have never run on a GPU, in ladder order: the forward rungs with a kernel of
+    ours and no recorded row (``impl is None``), then the decode rungs the recorded decode run lacks
+    (:func:`decode_recorded` is None). ``scripts/gpu_check.sh`` gives each a first contact
+    (``scripts/first_run.py --rung NAME``, in its own process under its own time limit) before its other
+    steps, and leaves out of them every rung that fails, hangs or cannot run there."""
+    forward = tuple(r.name for r in RUNGS if r.kernel is not None and r.impl is None)
+    return forward + tuple(r.name for r in DECODE_RUNGS if decode_recorded(r) is None)
+
+
+def rungs_left_out(environ=None) -> frozenset:
+    """The rungs that ``scripts/gpu_check.sh`` leaves out of its later steps on this machine (benchmarks,
+    sweeps, tests, sanitizer, Nsight Compute): the names in ``$GPU_CHECK_LEFT_OUT``, space-separated, which it
+    sets for each rung whose first run (``scripts/first_run.py --rung NAME``) failed, hung or could not run;
+    ``all`` stands for every rung of :func:`first_run_rungs`. ``environ``: a mapping, default ``os.environ``.
+    Returns a frozenset of names from :func:`kernel_rungs` (empty when the variable is unset or blank).
+    ValueError naming the variable and the valid names for anything else."""
     import os
 
-    value = (os.environ if environ is None else environ).get(SKIP_HOPPER_VARIABLE, "")
+    value = (os.environ if environ is None else environ).get(LEFT_OUT_VARIABLE, "")
     names = set(value.split())
     if "all" in names:
-        return frozenset(HOPPER_RUNGS)
-    unknown = sorted(names - set(HOPPER_RUNGS))
+        names = (names - {"all"}) | set(first_run_rungs())
+    valid = kernel_rungs()
+    unknown = sorted(names - set(valid))
     if unknown:
-        raise ValueError(f"{SKIP_HOPPER_VARIABLE} must hold Hopper rung names from {list(HOPPER_RUNGS)} or 'all', "
-                         f"got {unknown}")
+        raise ValueError(f"{LEFT_OUT_VARIABLE} must hold names of rungs with a kernel of ours, {list(valid)}, "
+                         f"or 'all' (every rung of first_run_rungs()), space-separated; got {unknown}")
     return frozenset(names)
 
 
