@@ -324,8 +324,7 @@ else
         i=$((i + 1))
         name="pytest_${i}_n${workers}"
         if late "pytest pass $i (-n $workers)"; then continue; fi
-        xdist=(-n "$workers")
-        if [ "$workers" = "0" ]; then xdist=(-p no:xdist); fi
+        xdist=(-n "$workers")              # (-n 0: one process; the project's addopts need xdist loaded)
         if timeout "$(left 300)" "$PY" -m pytest -p no:nbval -p no:cacheprovider -o addopts="" -q -rs "${xdist[@]}" \
                 "${TESTS[@]}" -k "$SELECT" --junitxml="$RESULTS/$name.xml" > "$RESULTS/$name.txt" 2>&1; then
             step "pytest pass $i (-n $workers)" ok "$(tail -n 1 "$RESULTS/$name.txt")"

@@ -496,6 +496,20 @@ def test_steps_left_out_of_gpu_check_steps_are_named_and_do_not_fail_the_run(tmp
     assert not (tmp_path / "compile_report.txt").exists() and not (tmp_path / "benchmark" / "log.txt").exists()
 
 
+def test_a_serial_pytest_pass_runs(tmp_path):
+    # GPU_CHECK_PASSES "0" is one process: pytest must still parse the project's addopts (--dist=loadfile), which
+    # need pytest-xdist loaded, so the pass runs with -n 0, not with xdist switched off
+    env = {name: value for name, value in os.environ.items() if not name.startswith("GPU_CHECK_")}
+    env.update(GPU_CHECK_STEPS="pytest", GPU_CHECK_PASSES="0")
+    proc = subprocess.run(["bash", str(SCRIPT), "--dry-run", str(tmp_path)], capture_output=True, text=True,
+                          timeout=600, env=env)
+    summary = (tmp_path / "summary.txt").read_text()
+    assert proc.returncode == 0, summary
+    line = next(x for x in summary.splitlines() if x.startswith("pytest pass 1 (-n 0)"))
+    assert line[52:].split()[0] == "ok" and " passed" in line, summary
+    assert "unrecognized arguments" not in (tmp_path / "pytest_1_n0.txt").read_text()
+
+
 def test_a_left_out_given_for_a_second_run_is_checked_spelled_out_and_honoured(tmp_path):
     env = {name: value for name, value in os.environ.items() if not name.startswith("GPU_CHECK_")}
     # "all" and two measured rungs: every sweep and every ncu launch left out, each with its reason
