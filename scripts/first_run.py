@@ -147,33 +147,23 @@ def check_forward_rung(name: str, backend: str, rng) -> bool:
 
 def paged_cache(rng, seq_lens, num_heads, num_kv_heads, d, block_size):
     """``(q, k_cache, v_cache, tables, lens)`` in float16 and the float64 reference ``(out, lse)`` per sequence
-    and query head: every sequence's pages drawn at random from a cache with 3 pages to spare; each slot past a
-    sequence's end, each unused page and each table entry past a sequence's pages (-1) is never to be read, so
-    the cache holds NaN there."""
-    pages = [-(-n // block_size) for n in seq_lens]
-    num_blocks = sum(pages) + 3
-    k64 = np.full((num_blocks, block_size, num_kv_heads, d), np.nan)
-    v64 = np.full_like(k64, np.nan)
-    tables = np.full((len(seq_lens), max(pages) + 1), -1, np.int32)
-    free = iter(rng.permutation(num_blocks))
-    for s, n in enumerate(seq_lens):
-        for b in range(pages[s]):
-            page = int(next(free))
-            tables[s, b] = page
-            used = min(block_size, n - b * block_size)
-            k64[page, :used] = rng.standard_normal((used, num_kv_heads, d))
-            v64[page, :used] = rng.standard_normal((used, num_kv_heads, d))
-    q = rng.standard_normal((len(seq_lens), num_heads, d)).astype(np.float16)
-    k, v = k64.astype(np.float16), v64.astype(np.float16)
-    group = num_heads // num_kv_heads
-    out, lse = np.zeros(q.shape), np.zeros(q.shape[:2])
-    for s, n in enumerate(seq_lens):
-        t = np.arange(n)
-        slots = (tables[s, t // block_size], t % block_size)
-        for h in range(num_heads):
-            kk, vv = (x[slots[0], slots[1], h // group].astype(np.float64) for x in (k, v))
-            out[s, h], lse[s, h] = lessons.attention(q[s, h].astype(np.float64), kk, vv, return_lse=True)
-    return (q, k, v, tables, np.array(seq_lens, np.int32)), (out, lse)
+    and query head: the sequences stored in one shuffled page pool by
+    :func:`lessons.schedules.gqa_decode.write_paged_batch` (a quarter of spare pages), the reference from
+    :func:`lessons.paged_decode` on the same float16 values. Each slot past a sequence's end, each unused page
+    and each table entry past a sequence's pages (-1; every row has at least one) is never to be read, so the
+    cache holds NaN there."""
+    from lessons.schedules.gqa_decode import write_paged_batch
+
+    def stored(n, heads):                          # float16 values, held in float64 for the reference
+        return rng.standard_normal((n, heads, d)).astype(np.float16).astype(np.float64)
+
+    keys, values = [stored(n, num_kv_heads) for n in seq_lens], [stored(n, num_kv_heads) for n in seq_lens]
+    k64, v64, tables, lens = write_paged_batch(keys, values, block_size, seed=int(rng.integers(2**31)))
+    tables = np.pad(tables, ((0, 0), (0, 1)), constant_values=-1).astype(np.int32)
+    q64 = stored(len(seq_lens), num_heads)
+    out, lse = lessons.paged_decode(q64, k64, v64, tables, lens, return_lse=True)
+    args = (q64.astype(np.float16), k64.astype(np.float16), v64.astype(np.float16), tables, lens.astype(np.int32))
+    return args, (out, lse)
 
 
 def check_decode(name: str, backend: str, rng) -> bool:
