@@ -197,6 +197,18 @@ __device__ __forceinline__ int page_of(const int* __restrict__ table, int key, i
 #endif
 }
 
+// One head's running state (m, l, o) moved to the new max m_new: rescaled by alpha = exp(m - m_new) where the max
+// moved, left as it is where it did not (alpha would be exactly 1).
+__device__ __forceinline__ void move_max(float& m, float& l, float (&o)[PER_LANE], float m_new) {
+    if (m_new != m) {
+        const float alpha = correction_factor(m, m_new);
+        l *= alpha;
+#pragma unroll
+        for (int i = 0; i < PER_LANE; ++i) o[i] *= alpha;
+        m = m_new;
+    }
+}
+
 // Absorb one step's UNROLL keys (key0.., loaded in r) into this lane group's running states
 // (m, l, o) of its HEADS_PER_BLOCK heads: the online-softmax update of the header.
 __device__ __forceinline__ void absorb_step(const StepRows& r, int key0, int key_end, float scale,
@@ -253,13 +265,7 @@ __device__ __forceinline__ void absorb_step(const StepRows& r, int key0, int key
         const float p_sum = __shfl_sync(0xffffffffu, sum_mine, group_lane + h * UNROLL);
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) s[u][h] = __shfl_sync(0xffffffffu, p_mine, group_lane + h * UNROLL + u);
-        if (m_new != m[h]) {                       // the max moved: rescale (else alpha = 1 exactly)
-            const float alpha = correction_factor(m[h], m_new);
-            l[h] *= alpha;
-#pragma unroll
-            for (int i = 0; i < PER_LANE; ++i) o[h][i] *= alpha;
-            m[h] = m_new;
-        }
+        move_max(m[h], l[h], o[h], m_new);
         l[h] += p_sum;
     }
 #else
@@ -277,13 +283,7 @@ __device__ __forceinline__ void absorb_step(const StepRows& r, int key0, int key
         float m_new = m[h];
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) m_new = fmaxf(m_new, s[u][h]);
-        if (m_new != m[h]) {                       // the max moved: rescale (else alpha = 1 exactly)
-            const float alpha = correction_factor(m[h], m_new);
-            l[h] *= alpha;
-#pragma unroll
-            for (int i = 0; i < PER_LANE; ++i) o[h][i] *= alpha;
-            m[h] = m_new;
-        }
+        move_max(m[h], l[h], o[h], m_new);
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             s[u][h] = expf(s[u][h] - safe_max(m_new));      // p
