@@ -22,30 +22,51 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lessons.core.checks import check_flag, check_int
+from lessons.gpu.source import NUM_THREADS, REGTILE_LANES, regtile_legal_tiles
 
-__all__ = ["RegisterTile", "register_tile", "REGTILE_THREADS"]
-
-#: threads per block of the register-tiled kernels
-REGTILE_THREADS = 128
+__all__ = ["RegisterTile", "register_tile"]
 
 
 @dataclass(frozen=True)
 class RegisterTile:
-    """One thread's share of the work per key tile in a register-tiled build.
+    """One thread's share of the work per key tile in a register-tiled build: the build (``wide``) and its tiles
+    fix everything else.
 
-    ``rows``, ``keys``: the rows and keys of S it owns; ``chunks``: its 4-column chunks of an output row
-    (some threads own one fewer where d / 4 is not a multiple of ``lanes``: the counts are the busiest
-    thread's); ``p_keys_per_load``: keys of P one load of p gives (1 plain, 4 wide).
+    ``lanes``: threads per row group; ``rows``, ``keys``: the rows and keys of S a thread owns; ``chunks``: its
+    4-column chunks of an output row (some threads own one fewer where d / 4 is not a multiple of ``lanes``: the
+    counts are the busiest thread's); ``p_keys_per_load``: keys of P one load of p gives (1 plain, 4 wide).
     """
 
     head_dim: int
     block_q: int
     block_k: int
-    lanes: int
-    rows: int
-    keys: int
-    chunks: int
-    p_keys_per_load: int
+    wide: bool
+
+    @property
+    def lanes(self) -> int:
+        """Threads per row group: 8 in the plain build, 16 in the wide one."""
+        return REGTILE_LANES[self.wide]
+
+    @property
+    def groups(self) -> int:
+        """Row groups of the block: ``128 / lanes``."""
+        return NUM_THREADS // self.lanes
+
+    @property
+    def rows(self) -> int:
+        return self.block_q // self.groups
+
+    @property
+    def keys(self) -> int:
+        return self.block_k // self.lanes
+
+    @property
+    def chunks(self) -> int:
+        return -(-(self.head_dim // 4) // self.lanes)
+
+    @property
+    def p_keys_per_load(self) -> int:
+        return 4 if self.wide else 1
 
     @property
     def s_loads_per_fma(self) -> float:
@@ -57,16 +78,11 @@ class RegisterTile:
         """Shared loads per FMA of ``o += P V``: ``(rows / p_keys_per_load + chunks) / (4 rows chunks)``."""
         return (self.rows / self.p_keys_per_load + self.chunks) / (4 * self.rows * self.chunks)
 
-    @property
-    def groups(self) -> int:
-        """Row groups of the block: ``128 / lanes``."""
-        return REGTILE_THREADS // self.lanes
-
     def thread_rows(self, ty: int) -> tuple:
         """The block rows row group ``ty`` owns: consecutive in the plain build (``ty * rows + i``), interleaved in
         the wide one (``ty + groups * i``, so the two row groups of a warp own adjacent rows)."""
         ty = check_int(ty, "ty", min=0, max=self.groups - 1)
-        if self.p_keys_per_load == 4:
+        if self.wide:
             return tuple(ty + self.groups * i for i in range(self.rows))
         return tuple(ty * self.rows + i for i in range(self.rows))
 
@@ -101,13 +117,9 @@ def register_tile(head_dim: int, block_q: int, block_k: int, wide: bool = False)
     wide = check_flag(wide, "wide")
     if d % 4:
         raise ValueError(f"head_dim must be a multiple of 4 (16-byte rows), got {d}")
-    lanes = 16 if wide else 8
-    groups = REGTILE_THREADS // lanes
-    legal_q = tuple(groups * t for t in (1, 2, 4, 8))
-    legal_k = tuple(lanes * t for t in (1, 2, 4, 8))
+    legal_q, legal_k = regtile_legal_tiles(wide)
     if bq not in legal_q:
         raise ValueError(f"block_q must be one of {legal_q} for the {'wide' if wide else 'plain'} build, got {bq}")
     if bk not in legal_k:
         raise ValueError(f"block_k must be one of {legal_k} for the {'wide' if wide else 'plain'} build, got {bk}")
-    chunks = -(-(d // 4) // lanes)
-    return RegisterTile(d, bq, bk, lanes, bq // groups, bk // lanes, chunks, 4 if wide else 1)
+    return RegisterTile(d, bq, bk, wide)

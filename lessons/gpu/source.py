@@ -28,7 +28,7 @@ __all__ = [
     "MAX_BACKWARD_HEAD_DIM", "flash_attention_backward_config", "flash_attention_backward_smem_bytes",
     "flash_attention_backward_build",
     "REGTILE_TILES", "REGTILE_DYNAMIC_LIMIT", "REGTILE_SWEEP", "flash_attention_regtile_config", "flash_attention_regtile_smem_bytes",
-    "flash_attention_regtile_build", "REGTILE_WIDE_TILES", "REGTILE_WIDE_SWEEP", "flash_attention_regtile_wide_config",
+    "flash_attention_regtile_build", "REGTILE_LANES", "regtile_legal_tiles", "REGTILE_WIDE_TILES", "REGTILE_WIDE_SWEEP", "flash_attention_regtile_wide_config",
     "flash_attention_regtile_wide_build", "flash_attention_mma_async_config", "flash_attention_mma_async_build",
     "BACKWARD_MMA_HEAD_DIMS", "flash_attention_backward_mma_config", "flash_attention_backward_mma_smem_bytes",
     "flash_attention_backward_mma_build",
@@ -277,7 +277,7 @@ def flash_attention_regtile_config(head_dim: int, block_q: int | None = None,
     if block_q is None and block_k is None:
         fits = [t for t in REGTILE_TILES if flash_attention_regtile_smem_bytes(d, *t) <= STATIC_SMEM_LIMIT]
         return fits[0]
-    return _regtile_tiles(d, 32 if block_q is None else block_q, 16 if block_k is None else block_k, 16, 8, "")
+    return _regtile_tiles(d, 32 if block_q is None else block_q, 16 if block_k is None else block_k, False)
 
 
 def _regtile_head_dim(head_dim) -> int:
@@ -289,12 +289,25 @@ def _regtile_head_dim(head_dim) -> int:
     return d
 
 
-def _regtile_tiles(d: int, block_q, block_k, groups: int, lanes: int, which: str) -> tuple[int, int]:
-    """``(block_q, block_k)`` checked for a register-tiled build of ``groups`` row groups x ``lanes`` lanes:
-    1, 2, 4 or 8 rows and keys per thread, shared memory within :data:`REGTILE_DYNAMIC_LIMIT`. ``which``
-    names the build in the messages ("" for the plain one)."""
+#: threads per row group of the register-tiled kernel: the plain build (False) and the wide one (True,
+#: ``REGTILE_WIDE=1``); its 128 threads (:data:`NUM_THREADS`) make ``128 / lanes`` row groups
+REGTILE_LANES = {False: 8, True: 16}
+
+
+def regtile_legal_tiles(wide: bool = False) -> tuple[tuple, tuple]:
+    """``(block_q values, block_k values)`` the register-tiled kernel takes, plain or ``wide``: 1, 2, 4 or 8 rows
+    and keys per thread, over ``128 / lanes`` row groups of :data:`REGTILE_LANES` lanes (plain: (16, 32, 64, 128)
+    and (8, 16, 32, 64); wide: (8, 16, 32, 64) and (16, 32, 64, 128)). TypeError for a non-bool ``wide``."""
+    lanes = REGTILE_LANES[check_flag(wide, "wide")]
+    return tuple(NUM_THREADS // lanes * t for t in (1, 2, 4, 8)), tuple(lanes * t for t in (1, 2, 4, 8))
+
+
+def _regtile_tiles(d: int, block_q, block_k, wide: bool) -> tuple[int, int]:
+    """``(block_q, block_k)`` checked for the plain or ``wide`` register-tiled build: a pair of
+    :func:`regtile_legal_tiles`, shared memory within :data:`REGTILE_DYNAMIC_LIMIT`."""
     bq, bk = check_int(block_q, "block_q"), check_int(block_k, "block_k")
-    legal_q, legal_k = [groups * t for t in (1, 2, 4, 8)], [lanes * t for t in (1, 2, 4, 8)]
+    legal_q, legal_k = regtile_legal_tiles(wide)
+    which = " for the wide register-tiled rung" if wide else ""
     if bq not in legal_q:
         raise ValueError(f"block_q must be {', '.join(map(str, legal_q[:3]))} or {legal_q[3]}{which} "
                          f"(1, 2, 4 or 8 rows per thread), got {bq}")
@@ -356,7 +369,7 @@ def flash_attention_regtile_wide_config(head_dim: int, block_q: int | None = Non
     default = next(t for t in REGTILE_WIDE_TILES
                    if flash_attention_regtile_smem_bytes(d, *t) <= REGTILE_DYNAMIC_LIMIT)
     return _regtile_tiles(d, default[0] if block_q is None else block_q, default[1] if block_k is None else block_k,
-                          8, 16, " for the wide register-tiled rung")
+                          True)
 
 
 def flash_attention_regtile_wide_build(head_dim: int, dtype: str = "float32", trace: bool = False,
