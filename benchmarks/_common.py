@@ -254,7 +254,7 @@ def main(args, run_size, write_results, *, kernels: str = "kernels") -> int:
     meta = dict(device=gpu.device_name(), heads=args.heads, causal=args.causal, warmup=args.warmup,
                 repeats=args.repeats, cupy=cupy.__version__)
     print(f"device: {meta['device']}")
-    rows = benchmark(args, cupy, run_size, on_group=lambda so_far: write_results(so_far, args.out, meta))
-    write_results(rows, args.out, meta)
+    # written after each (dtype, d, N): the last write holds every row
+    benchmark(args, cupy, run_size, on_group=lambda so_far: write_results(so_far, args.out, meta))
     print(f"results in {args.out}")
     return 0
