@@ -21,10 +21,10 @@ notebook             schedule              view                  kernel         
                      cost.memory           views.gpu             flash_attention_mma.cu
 06 kernel ladder     gpu.ladder,           views.ladder,         flash_attention.cu,                rescale_tiles
                      gpu.hopper,           views.pipeline,       flash_attention_regtile.cu,
-                     cost.rescale,         views.rescale,        flash_attention_mma.cu,
-                     cost.fragments,                             flash_attention_mma_async.cu,
-                     cost.register_tiles   views.register_tiles  flash_attention_mma_fa2.cu,
-                                                                 flash_attention_wgmma.cu,
+                     gpu.sass,             views.rescale,        flash_attention_mma.cu,
+                     cost.rescale,         views.register_tiles  flash_attention_mma_async.cu,
+                     cost.fragments,                             flash_attention_mma_fa2.cu,
+                     cost.register_tiles                         flash_attention_wgmma.cu,
                                                                  flash_attention_wgmma_overlap.cu
 07 paged attention   schedules.paged       views.paged           paged_decode.cu                    paged
 08 flash-decoding,   schedules.split_kv,   views.split_kv,       paged_decode.cu                    merge_states,

@@ -259,6 +259,20 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           "loads for 128 FMAs instead of 2 + 4 for 32. The price is shared memory (64 x 64 tiles: 83 KiB, 2 blocks "
           "per SM instead of 4), so whether it is faster is for a GPU run to say. Reread 'Wider rows: 8 rows x 4 "
           "keys per thread'."),
+        Q("In SASS, the scalar rung's S loop at d = 64 is 71 instructions: 32 FFMA, 34 shared loads and 5 others. "
+          "Each SM quarter issues one warp instruction per clock and finishes one warp FFMA per clock. What does "
+          "that say about the rung's speed?",
+          ("Nothing: loads run on another unit, so they cost no FFMA any time",
+           "In that loop the FP32 lanes are busy at most 32 / 71 = 45% of the clocks, so the products run at most "
+           "at about 45% of the FP32 peak, however well the loads are hidden",
+           "The loop is bound by HBM, since every load goes to HBM",
+           "It runs at 32 / 34 of the peak, the ratio of FFMA to loads"),
+          1,
+          "A load issues from the same scheduler as the FFMA, so each clock spent issuing it is a clock with no "
+          "FFMA issued. Hiding a load's latency does not give its issue slot back. The loads here read shared "
+          "memory, not HBM. Register tiling raises the share of FFMA (76% in the plain build at d = 64, 84% in "
+          "the wide one), and that share times the FP32 peak is the ceiling the loops allow. Reread 'What the SM "
+          "issues: the product loops in machine code'."),
         Q("A warp skips o *= alpha for all 16 of its rows at a key tile and leaves everything else as the FA-2 "
           "rung does. When is its output still bitwise the FA-2 rung's?",
           ("Whenever alpha is close to 1, as it is after the first few tiles",

@@ -1,5 +1,6 @@
 """Which cells of a key tile's scores and of the output one thread owns in the register-tiled rungs, plain and
-wide: one thread's cells dark, the rest of its warp light.
+wide: one thread's cells dark, the rest of its warp light. And the issue-slot ceiling of each CUDA-core rung's
+product loops (:func:`lessons.gpu.sass.fma_loop_table`) beside what a target asks and what a GPU measured.
 
 The ownership comes from :func:`lessons.cost.register_tiles.register_tile` (``thread_rows``, ``thread_keys``,
 ``thread_columns``: the kernel's index rules); this module only draws it.
@@ -12,9 +13,9 @@ from matplotlib.patches import Patch
 
 from lessons.cost.register_tiles import RegisterTile
 
-from lessons.views.plot import new_figure
+from lessons.views.plot import new_figure, tidy
 
-__all__ = ["ownership_figure", "OWNER_COLOURS"]
+__all__ = ["ownership_figure", "OWNER_COLOURS", "issue_ceiling_figure"]
 
 #: other warps, the rest of warp 0, thread 0
 OWNER_COLOURS = ("#eeeeee", "#a6cee3", "#1f4e99")
@@ -83,4 +84,60 @@ def ownership_figure(tiles: dict):
                         Patch(color=OWNER_COLOURS[0], label="other warps"),
                         Patch(facecolor="white", edgecolor="black", label="the block's tile (white: outside it)")],
                loc="upper center", ncol=4, fontsize=8, frameon=False)
+    return fig
+
+
+#: one colour per CUDA-core rung, in ladder order
+RUNG_COLOURS = ("#bdbdbd", "#6baed6", "#1f4e99")
+
+
+def issue_ceiling_figure(table, *, peak_flops: float, needs=None, measured=None, measured_label: str = "measured",
+                         needs_label: str = "what the target asks"):
+    """Bars: the issue-slot ceiling (TFLOP/s) of each rung in ``table`` (rows of
+    :func:`lessons.gpu.sass.fma_loop_table`), grouped by head dim, each labelled with its FFMA share. A line
+    across each group at ``needs[d]`` (TFLOP/s a target asks for there, e.g. 3x naive CuPy), a diamond at
+    ``measured[rung][d]`` (TFLOP/s a GPU measured; ``measured_label`` says where), and the FP32 peak
+    ``peak_flops`` (FLOP/s) as the top line. Returns a Figure. TypeError for a ``table`` that is not a non-empty
+    list of such rows; ValueError for a ``peak_flops`` that is not positive."""
+    if not isinstance(table, (list, tuple)) or not table or not all(isinstance(r, dict) and "ceiling" in r for r in table):
+        raise TypeError("table must be a non-empty list of rows from lessons.gpu.sass.fma_loop_table()")
+    if isinstance(peak_flops, bool) or not isinstance(peak_flops, (int, float)) or not peak_flops > 0:
+        raise ValueError(f"peak_flops must be a positive number of FLOP/s, got {peak_flops!r}")
+    needs, measured = needs or {}, measured or {}
+    ds = list(dict.fromkeys(r["d"] for r in table))
+    rungs = list(dict.fromkeys(r["rung"] for r in table))
+    colours = dict(zip(rungs, RUNG_COLOURS * (len(rungs) // len(RUNG_COLOURS) + 1)))
+    width = 0.8 / len(rungs)
+    fig = new_figure((9.5, 4.6))
+    ax = fig.add_axes([0.08, 0.13, 0.62, 0.74])
+    peak = peak_flops / 1e12
+    ax.axhline(peak, color="black", lw=1)
+    ax.text(len(ds) - 0.5, peak, f"FP32 peak {peak:.0f}", ha="right", va="bottom", fontsize=8)
+    drew_need = drew_measured = False
+    for i, d in enumerate(ds):
+        for j, name in enumerate(rungs):
+            row = next((r for r in table if r["d"] == d and r["rung"] == name), None)
+            if row is None:
+                continue
+            x = i - 0.4 + width * (j + 0.5)
+            ax.bar(x, row["ceiling"] / 1e12, width * 0.9, color=colours[name], label=name if i == 0 else None)
+            ax.text(x, row["ceiling"] / 1e12 + 0.8, f"{row['ceiling'] / 1e12:.0f}\n({row['share']:.0%})",
+                    ha="center", va="bottom", fontsize=7.5)
+            value = measured.get(name, {}).get(d)
+            if value is not None:
+                ax.plot(x, value, marker="D", ms=7, color="#d62728", mec="white", linestyle="none",
+                        label=measured_label if not drew_measured else None, zorder=3)
+                drew_measured = True
+        if needs.get(d) is not None:
+            ax.hlines(needs[d], i - 0.45, i + 0.45, colors="#d62728", linestyles="--", lw=1.5,
+                      label=needs_label if not drew_need else None, zorder=2)
+            drew_need = True
+    ax.set_xticks(range(len(ds)), [f"d = {d}" for d in ds])
+    ax.set_xlim(-0.5, len(ds) - 0.5)
+    ax.set_ylim(0, peak * 1.12)
+    ax.set_ylabel("TFLOP/s (FP32)")
+    ax.set_title("The ceiling issue slots put on each CUDA-core rung's products\n"
+                 "(FFMA share of the S and P V loops' instructions x the FP32 peak)", fontsize=10, loc="left")
+    tidy(ax)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
     return fig

@@ -1,0 +1,277 @@
+"""SASS: the instructions an SM really issues, read from a rung's cubin without a GPU.
+
+PTX is what NVRTC writes; ptxas turns it into SASS, the GPU's own instruction set, and only SASS says
+what each warp issues. ptxas may merge loads the PTX issued apart (two 4-byte loads of neighbouring
+keys become one 8-byte ``LDS.64``), or unroll a loop further. ``nvdisasm`` (pip
+``nvidia-cuda-nvdisasm``) prints a cubin's SASS; this module reads it.
+
+**The issue-slot ceiling.** Each of an SM's four sub-partitions has one warp scheduler, which issues
+one warp instruction per clock, and 32 FP32 lanes, which finish one warp ``FFMA`` per clock (NVIDIA
+H100 white paper, "H100 SM architecture"). So a loop whose instructions are a fraction ``s`` FFMA keeps
+the FP32 lanes busy at most ``s`` of the time: it runs at most at ``s`` times the peak FP32 rate, however
+well everything else goes. A key tile of a CUDA-core rung does the same number of FMAs in S = Q K^T as in
+P V (``block_q x block_k x d`` each), so the tile's ceiling uses the two loops' shares combined as
+``2 / (1 / s_S + 1 / s_PV)``. The softmax between the products, the copies into shared memory and the
+barriers are not in these loops: they only lower the rate further. The ceiling says what a rung *cannot*
+reach, not what it will.
+
+The SASS here is what the installed NVRTC's ptxas makes for ``sm_90`` (12.9 in the course's
+environment); another CUDA version may schedule the same PTX differently.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from lessons.core.checks import check_int
+from lessons.cost.traffic import H200
+
+__all__ = ["NVDISASM_HINT", "CUDA_CORE_RUNGS", "find_nvdisasm", "nvdisasm_available", "disassemble",
+           "Instruction", "Loop", "parse_sass", "inner_loops", "fma_loops", "tile_share", "fma_loop_table",
+           "fma_loop_markdown"]
+
+#: how to get nvdisasm, for the errors that need it
+NVDISASM_HINT = "pip install nvidia-cuda-nvdisasm (or put a CUDA toolkit's nvdisasm on PATH)"
+#: the rungs whose products run as FFMA on CUDA cores, in ladder order
+CUDA_CORE_RUNGS = ("scalar", "regtile", "regtile_wide")
+
+
+def find_nvdisasm() -> str | None:
+    """Path of an executable ``nvdisasm``: a pip ``nvidia-cuda-nvdisasm`` wheel (``nvidia/*/bin``) first,
+    then PATH, then ``$CUDA_HOME/bin``, ``$CUDA_PATH/bin``, ``/usr/local/cuda/bin``; None if there is none."""
+    candidates = []
+    try:
+        spec = importlib.util.find_spec("nvidia")
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        for folder in spec.submodule_search_locations:
+            candidates += sorted(Path(folder).glob("*/bin/nvdisasm"))
+    which = shutil.which("nvdisasm")
+    if which:
+        candidates.append(Path(which))
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home:
+            candidates.append(Path(home) / "bin" / "nvdisasm")
+    for c in candidates:
+        if c.is_file() and os.access(c, os.X_OK):
+            return str(c)
+    return None
+
+
+def nvdisasm_available() -> bool:
+    """True when :func:`find_nvdisasm` finds one."""
+    return find_nvdisasm() is not None
+
+
+@lru_cache(maxsize=64)
+def _disassemble_cubin(cubin: bytes, nvdisasm: str) -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(cubin)
+        proc = subprocess.run([nvdisasm, "--print-code", str(path)], capture_output=True, text=True, timeout=300)
+    if proc.returncode:
+        raise RuntimeError(f"nvdisasm failed ({proc.returncode}):\n{proc.stderr.strip()}")
+    return proc.stdout
+
+
+def disassemble(build, arch: str = "sm_90", entry: str | None = None) -> str:
+    """The SASS of one entry point of ``build`` (a :class:`lessons.gpu.source.KernelBuild`) compiled
+    for ``arch`` by NVRTC, as ``nvdisasm --print-code`` prints it. ``entry``: default the build's first.
+    Raises FileNotFoundError (saying how to install it) without nvdisasm, ImportError without CuPy/NVRTC,
+    ValueError for an ``entry`` the build lacks (the message lists its entries), RuntimeError if
+    nvdisasm fails."""
+    from lessons.gpu.compile import compile_kernel, elf_whole
+
+    entry = build.entries[0] if entry is None else entry
+    if entry not in build.entries:
+        raise ValueError(f"entry must be one of {list(build.entries)}, got {entry!r}")
+    nvdisasm = find_nvdisasm()
+    if nvdisasm is None:
+        raise FileNotFoundError(f"no nvdisasm found: {NVDISASM_HINT}")
+    text = _disassemble_cubin(elf_whole(compile_kernel(build, arch).cubin), nvdisasm)
+    parts = re.split(r"^//-+ \.text\.(\S+)\s+-+$", text, flags=re.M)
+    sections = dict(zip(parts[1::2], parts[2::2]))
+    if entry not in sections:
+        raise RuntimeError(f"nvdisasm printed no code for {entry!r}; it printed {sorted(sections)}")
+    return sections[entry]
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """One SASS instruction: offset (bytes from the entry point), opcode with its modifiers
+    (``"LDS.128"``, ``"FFMA"``), predicate (``"@P0"``, ``"@!P1"`` or None) and the whole text."""
+
+    offset: int
+    opcode: str
+    predicate: str | None
+    text: str
+
+    @property
+    def base(self) -> str:
+        """The opcode without modifiers: ``"LDS"`` for ``"LDS.128"``."""
+        return self.opcode.split(".")[0]
+
+
+_LINE = re.compile(r"^\s*/\*([0-9a-f]+)\*/\s+(.*?)\s*;")
+_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+_TARGET = re.compile(r"`\((\.L_x_\d+)\)")
+
+
+def parse_sass(text: str) -> tuple[tuple[Instruction, ...], dict]:
+    """``(instructions, labels)`` of one entry's SASS as :func:`disassemble` returns it: the instructions
+    in address order and ``{label: index of the instruction it marks}``. TypeError for a ``text`` that is
+    not a str; ValueError when it holds no instruction."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be SASS text (a str), got {type(text).__name__}")
+    instructions, labels = [], {}
+    for line in text.splitlines():
+        label = _LABEL.match(line)
+        if label:
+            labels[label.group(1)] = len(instructions)
+            continue
+        m = _LINE.match(line)
+        if not m:
+            continue
+        body, predicate = m.group(2), None
+        if body.startswith("@"):
+            predicate, body = body.split(None, 1)
+        instructions.append(Instruction(int(m.group(1), 16), body.split()[0], predicate, body))
+    if not instructions:
+        raise ValueError("text holds no SASS instruction (lines like '/*0040*/  FFMA R1, R2, R3, R4 ;')")
+    return tuple(instructions), labels
+
+
+@dataclass(frozen=True)
+class Loop:
+    """An innermost loop of SASS: the instructions from a label to the branch that jumps back to it.
+
+    ``instructions``: the body, in order, the branch last. ``counts``: how many of each base opcode;
+    ``loads``: the shared-memory loads by width (``{"LDS.128": 8, "LDS": 2}``); ``ffma_share``: FFMA
+    per issued instruction (the share of issue slots that do FP32 multiply-adds)."""
+
+    instructions: tuple
+
+    @property
+    def size(self) -> int:
+        return len(self.instructions)
+
+    @property
+    def counts(self) -> Counter:
+        return Counter(i.base for i in self.instructions)
+
+    @property
+    def loads(self) -> dict:
+        return dict(Counter(i.opcode for i in self.instructions if i.base == "LDS"))
+
+    @property
+    def ffma(self) -> int:
+        return self.counts["FFMA"]
+
+    @property
+    def ffma_share(self) -> float:
+        return self.ffma / self.size
+
+    @property
+    def shared_loads(self) -> int:
+        return self.counts["LDS"]
+
+
+def inner_loops(text: str) -> list[Loop]:
+    """The innermost loops of one entry's SASS (:func:`parse_sass`), in address order: each backward
+    branch (a ``BRA`` to a label at or before it) whose body holds no other backward branch. Errors as
+    :func:`parse_sass`."""
+    instructions, labels = parse_sass(text)
+    spans = []
+    for index, instruction in enumerate(instructions):
+        target = _TARGET.search(instruction.text)
+        if instruction.base == "BRA" and target and labels.get(target.group(1), index + 1) <= index:
+            spans.append((labels[target.group(1)], index))
+    inner = [(s, e) for s, e in spans if not any(s <= s2 and e2 < e for s2, e2 in spans)]
+    return [Loop(instructions[s:e + 1]) for s, e in inner]
+
+
+def fma_loops(rung, d: int = 64, arch: str = "sm_90") -> list[Loop]:
+    """The innermost loops that hold FFMA in the forward entry of CUDA-core rung ``rung``
+    (:data:`CUDA_CORE_RUNGS`, a name or a :class:`lessons.gpu.ladder.Rung`) at head dim ``d``, in
+    address order. In these kernels the first is S = Q K^T and the last the P V of a tile whose V is
+    finite; the register-tiled rungs have one more between them, the P V that guards 0 x inf for a tile
+    whose V holds inf or NaN. ValueError for a rung off that list or a ``d`` its kernel cannot take;
+    the errors of :func:`disassemble` otherwise."""
+    from lessons.gpu import ladder
+
+    r = ladder._rung(rung)
+    if r.name not in CUDA_CORE_RUNGS:
+        raise ValueError(f"rung must be a CUDA-core rung, one of {list(CUDA_CORE_RUNGS)}, got {r.name!r}")
+    d = check_int(d, "d", min=1)
+    text = disassemble(ladder.rung_build(r, d), arch, ladder.rung_entry(r, d))
+    return [loop for loop in inner_loops(text) if loop.ffma]
+
+
+def tile_share(s_loop: Loop, pv_loop: Loop) -> float:
+    """FFMA per issued instruction over a key tile's two products, when S = Q K^T runs ``s_loop`` and
+    P V runs ``pv_loop`` for the same number of FMAs (``block_q x block_k x d`` each):
+    ``2 / (1 / s_S + 1 / s_PV)``. TypeError for arguments that are not :class:`Loop`; ValueError for a
+    loop without FFMA."""
+    for name, loop in (("s_loop", s_loop), ("pv_loop", pv_loop)):
+        if not isinstance(loop, Loop):
+            raise TypeError(f"{name} must be a Loop, got {type(loop).__name__}")
+        if not loop.ffma:
+            raise ValueError(f"{name} holds no FFMA, so it is not a product loop")
+    return 2 / (1 / s_loop.ffma_share + 1 / pv_loop.ffma_share)
+
+
+def fma_loop_table(rungs=CUDA_CORE_RUNGS, ds=(64, 128), arch: str = "sm_90", peak_flops: float | None = None) -> list[dict]:
+    """One dict per (rung, d): rung, d, and for the S loop and the P V loop (finite V) of
+    :func:`fma_loops`: ``s_instructions``, ``s_ffma``, ``s_loads`` (shared loads by width),
+    ``pv_instructions``, ``pv_ffma``, ``pv_loads``; then ``share`` (:func:`tile_share`) and ``ceiling``
+    (FLOP/s: ``share x peak_flops``; default the H200's FP32 peak, ``lessons.cost.traffic.H200``,
+    67e12). ValueError for a rung off :data:`CUDA_CORE_RUNGS`, a bad ``d`` or a ``peak_flops`` that is
+    not a positive number; the errors of :func:`disassemble` otherwise."""
+    peak = H200.peak_flops["fp32"] if peak_flops is None else peak_flops
+    if isinstance(peak, bool) or not isinstance(peak, (int, float)) or not peak > 0:
+        raise ValueError(f"peak_flops must be a positive number of FLOP/s, got {peak_flops!r}")
+    if isinstance(rungs, str):
+        rungs = (rungs,)
+    out = []
+    for name in rungs:
+        for d in ds:
+            loops = fma_loops(name, d, arch)
+            s_loop, pv_loop = loops[0], loops[-1]
+            share = tile_share(s_loop, pv_loop)
+            out.append(dict(rung=getattr(name, "name", name), d=d,
+                            s_instructions=s_loop.size, s_ffma=s_loop.ffma, s_loads=s_loop.loads,
+                            pv_instructions=pv_loop.size, pv_ffma=pv_loop.ffma, pv_loads=pv_loop.loads,
+                            share=share, ceiling=share * peak))
+    return out
+
+
+def _loads(loads: dict) -> str:
+    """``{"LDS.128": 8, "LDS.64": 4}`` as ``"8 x 16 B + 4 x 8 B"`` (plain ``LDS`` reads 4 bytes)."""
+    width = {"LDS": 4, "LDS.64": 8, "LDS.128": 16, "LDS.U8": 1, "LDS.U16": 2}
+    parts = sorted(loads.items(), key=lambda kv: -width.get(kv[0], 0))
+    return " + ".join(f"{count} x {width[op]} B" if op in width else f"{count} {op}" for op, count in parts)
+
+
+def fma_loop_markdown(table=None) -> str:
+    """A Markdown table of :func:`fma_loop_table` rows (default: the CUDA-core rungs at d = 64 and 128): per rung
+    and head dim, each product loop's FFMA, instructions and shared loads (count x bytes), the share of issue
+    slots that are FFMA over a tile, and the ceiling that puts on the rate (TFLOP/s). The errors of
+    :func:`fma_loop_table`."""
+    table = fma_loop_table() if table is None else table
+    lines = ["| rung | d | S = Q K^T loop: FFMA / instructions | its shared loads | P V loop: FFMA / instructions | "
+             "its shared loads | FFMA share of a tile's product slots | ceiling, TFLOP/s |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for row in table:
+        lines.append(f"| {row['rung']} | {row['d']} | {row['s_ffma']} / {row['s_instructions']} | {_loads(row['s_loads'])} | "
+                     f"{row['pv_ffma']} / {row['pv_instructions']} | {_loads(row['pv_loads'])} | {row['share']:.0%} | "
+                     f"{row['ceiling'] / 1e12:.1f} |")
+    return "\n".join(lines)

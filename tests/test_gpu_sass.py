@@ -1,0 +1,180 @@
+"""lessons.gpu.sass: SASS read from the rungs' cubins, innermost loops, and the issue-slot ceiling."""
+import pytest
+
+import lessons.gpu as gpu
+from lessons.gpu import sass, source
+from lessons.cost.register_tiles import register_tile
+from lessons.cost.traffic import H200
+
+needs_tools = pytest.mark.skipif(not (gpu.nvrtc_available() and sass.nvdisasm_available()),
+                                 reason="CuPy/NVRTC or nvdisasm not installed")
+
+# two nested loops: the inner one (.L_x_1) is 5 instructions, 2 of them FFMA; the outer one holds it
+NESTED = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_0:
+        /*0010*/                   LDS.128 R4, [R2] ;
+.L_x_1:
+        /*0020*/                   LDS R8, [R3] ;
+        /*0030*/                   FFMA R9, R4, R8, R9 ;
+        /*0040*/                   FFMA R10, R5, R8, R10 ;
+        /*0050*/                   ISETP.NE.AND P0, PT, R3, R11, PT ;
+        /*0060*/               @P0 BRA `(.L_x_1) ;
+        /*0070*/                   MUFU.EX2 R12, R9 ;
+        /*0080*/              @!P1 BRA `(.L_x_0) ;
+        /*0090*/                   BRA `(.L_x_2) ;
+.L_x_2:
+        /*00a0*/                   EXIT ;
+"""
+
+
+def test_parse_sass_reads_offsets_opcodes_predicates_and_labels():
+    instructions, labels = sass.parse_sass(NESTED)
+    assert [i.offset for i in instructions] == list(range(0, 0xb0, 0x10))
+    assert instructions[1].opcode == "LDS.128" and instructions[1].base == "LDS"
+    assert instructions[6].predicate == "@P0" and instructions[8].predicate == "@!P1"
+    assert instructions[7].opcode == "MUFU.EX2" and instructions[0].predicate is None
+    assert labels == {".L_x_0": 1, ".L_x_1": 2, ".L_x_2": 10}
+
+
+def test_inner_loops_keep_the_innermost_and_skip_forward_branches():
+    (loop,) = sass.inner_loops(NESTED)
+    assert [i.offset for i in loop.instructions] == [0x20, 0x30, 0x40, 0x50, 0x60]
+    assert loop.size == 5 and loop.ffma == 2 and loop.ffma_share == 2 / 5
+    assert loop.loads == {"LDS": 1} and loop.shared_loads == 1
+
+
+def test_tile_share_combines_the_two_products_by_their_equal_fma_counts():
+    # S at share 1/2 and P V at 1/4: F FMAs take 2F and 4F slots, so 2F FMAs in 6F slots
+    half = sass.Loop(sass.parse_sass("/*00*/ FFMA R1, R2, R3, R1 ;\n/*10*/ LDS R2, [R4] ;")[0])
+    quarter = sass.Loop(sass.parse_sass("/*00*/ FFMA R1, R2, R3, R1 ;\n/*10*/ LDS R2, [R4] ;\n"
+                                        "/*20*/ IADD3 R4, R4, 0x4, RZ ;\n/*30*/ BRA `(.L_x_0) ;")[0])
+    assert sass.tile_share(half, quarter) == pytest.approx(1 / 3)
+    with pytest.raises(TypeError, match="pv_loop must be a Loop"):
+        sass.tile_share(half, 0.25)
+    no_fma = sass.Loop(sass.parse_sass("/*00*/ LDS R2, [R4] ;")[0])
+    with pytest.raises(ValueError, match="s_loop holds no FFMA"):
+        sass.tile_share(no_fma, half)
+
+
+def test_parse_sass_refuses_what_is_not_sass():
+    with pytest.raises(TypeError, match="text must be SASS text"):
+        sass.parse_sass(b"FFMA")
+    with pytest.raises(ValueError, match="holds no SASS instruction"):
+        sass.parse_sass("// only a comment\n")
+
+
+def test_find_nvdisasm_is_none_and_disassemble_says_how_to_install_without_one(monkeypatch, tmp_path):
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    for variable in ("CUDA_HOME", "CUDA_PATH"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr(sass.Path, "is_file", lambda self: False)
+    assert sass.find_nvdisasm() is None and not sass.nvdisasm_available()
+    with pytest.raises(FileNotFoundError, match="pip install nvidia-cuda-nvdisasm"):
+        sass.disassemble(source.flash_attention_build(64, "float32"))
+
+
+@needs_tools
+def test_disassemble_names_the_entry_points_a_build_has():
+    build = source.flash_attention_build(64, "float32")
+    text = sass.disassemble(build)
+    instructions, _ = sass.parse_sass(text)
+    assert instructions[-1].base in ("BRA", "EXIT", "NOP") and any(i.base == "FFMA" for i in instructions)
+    with pytest.raises(ValueError, match="entry must be one of"):
+        sass.disassemble(build, entry="no_such_kernel")
+
+
+@needs_tools
+@pytest.mark.parametrize("d", [64, 128])
+def test_the_scalar_rung_issues_a_shared_load_for_every_fma(d):
+    # the model of the rung: each FMA of S = Q K^T reads k_s[j][c] from shared memory, 4 bytes at a time
+    loops = sass.fma_loops("scalar", d)
+    assert len(loops) == 2
+    s_loop = loops[0]
+    assert set(s_loop.loads) == {"LDS"} and s_loop.shared_loads >= s_loop.ffma
+    assert s_loop.ffma_share < 0.5                      # so the FP32 lanes idle at least half the time
+
+
+@needs_tools
+@pytest.mark.parametrize("wide", [False, True])
+@pytest.mark.parametrize("d", [64, 128])
+def test_register_tiled_s_loop_loads_what_the_register_tile_model_counts(d, wide):
+    config = source.flash_attention_regtile_wide_config if wide else source.flash_attention_regtile_config
+    model = register_tile(d, *config(d), wide=wide)
+    loops = sass.fma_loops("regtile_wide" if wide else "regtile", d)
+    assert len(loops) == 3                              # S, P V guarding inf/NaN in V, P V
+    s_loop, guarded, pv_loop = loops
+    # every load of S is 16 bytes wide, as many as the model counts (NVRTC 12.9 now and then splits one
+    # 4-byte load off a 16-byte one in the wide build, so only the 16-byte ones are held to the model)
+    assert s_loop.loads.get("LDS.128", 0) / s_loop.ffma == pytest.approx(model.s_loads_per_fma)
+    assert s_loop.shared_loads <= s_loop.loads["LDS.128"] + 1
+    # the guard compares each probability before it multiplies (FSETP); the two other loops never do
+    assert guarded.counts["FSETP"] > 0 and s_loop.counts["FSETP"] == 0 and pv_loop.counts["FSETP"] == 0
+    # P V: ptxas may merge the plain build's 4-byte P loads into wider ones, never split the model's
+    if wide:
+        assert pv_loop.loads.get("LDS.128", 0) / pv_loop.ffma == pytest.approx(model.pv_loads_per_fma)
+        assert pv_loop.shared_loads <= pv_loop.loads["LDS.128"] + 1
+    else:
+        assert pv_loop.shared_loads / pv_loop.ffma <= model.pv_loads_per_fma
+
+
+@needs_tools
+def test_the_ceiling_rises_rung_by_rung_and_is_share_times_the_fp32_peak():
+    table = sass.fma_loop_table()
+    assert [(row["rung"], row["d"]) for row in table] == [(r, d) for r in sass.CUDA_CORE_RUNGS for d in (64, 128)]
+    for row in table:
+        share = 2 / (row["s_instructions"] / row["s_ffma"] + row["pv_instructions"] / row["pv_ffma"])
+        assert row["share"] == pytest.approx(share)
+        assert row["ceiling"] == pytest.approx(share * H200.peak_flops["fp32"])
+    for d in (64, 128):
+        ceilings = [row["ceiling"] for row in table if row["d"] == d]
+        assert ceilings == sorted(ceilings) and ceilings[0] < 0.5 * 67e12 < ceilings[1]
+    assert sass.fma_loop_table("scalar", (64,), peak_flops=1.0)[0]["ceiling"] == table[0]["share"]
+
+
+def test_fma_loops_and_the_table_refuse_what_they_cannot_read():
+    with pytest.raises(ValueError, match="CUDA-core rung"):
+        sass.fma_loops("mma_fa2", 64)
+    with pytest.raises(ValueError, match="rung must be one of"):
+        sass.fma_loops("nope", 64)
+    with pytest.raises(ValueError, match="peak_flops must be a positive number"):
+        sass.fma_loop_table(peak_flops=0)
+    with pytest.raises(ValueError, match="peak_flops must be a positive number"):
+        sass.fma_loop_table(peak_flops=True)
+
+
+def test_issue_ceiling_figure_draws_each_ceiling_the_targets_and_the_measured_points():
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import LineCollection
+
+    from lessons.views.register_tiles import issue_ceiling_figure
+
+    table = [dict(rung=r, d=d, share=s, ceiling=s * 67e12)
+             for d in (64, 128) for r, s in (("scalar", 0.4), ("regtile", 0.7))]
+    fig = issue_ceiling_figure(table, peak_flops=67e12, needs={64: 27.5, 128: 47.9},
+                               measured={"scalar": {64: 12.7, 128: None}}, needs_label="3x naive")
+    ax = fig.axes[0]
+    heights = sorted(round(p.get_height(), 6) for p in ax.patches)
+    assert heights == sorted(round(r["ceiling"] / 1e12, 6) for r in table)
+    diamonds = [line for line in ax.lines if line.get_marker() == "D"]
+    assert [tuple(line.get_ydata()) for line in diamonds] == [(12.7,)]            # None is not drawn
+    targets = [c for c in ax.collections if isinstance(c, LineCollection)]
+    assert sorted(seg[0][1] for c in targets for seg in c.get_segments()) == [27.5, 47.9]
+    labels = ax.get_legend_handles_labels()[1]
+    assert labels.count("3x naive") == 1 and labels.count("measured") == 1 and "scalar" in labels
+    plt.close(fig)
+    with pytest.raises(TypeError, match="table must be a non-empty list"):
+        issue_ceiling_figure([], peak_flops=67e12)
+    with pytest.raises(ValueError, match="peak_flops must be a positive number"):
+        issue_ceiling_figure(table, peak_flops=-1)
+
+
+def test_fma_loop_markdown_writes_each_loop_and_its_loads_in_bytes():
+    row = dict(rung="regtile", d=64, s_instructions=86, s_ffma=64, s_loads={"LDS.128": 8}, pv_instructions=82,
+               pv_ffma=64, pv_loads={"LDS.64": 4, "LDS.128": 4}, share=128 / 168, ceiling=128 / 168 * 67e12)
+    lines = sass.fma_loop_markdown([row]).splitlines()
+    assert len(lines) == 3
+    assert lines[2] == "| regtile | 64 | 64 / 86 | 8 x 16 B | 64 / 82 | 4 x 16 B + 4 x 8 B | 76% | 51.0 |"
