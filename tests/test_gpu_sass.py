@@ -178,3 +178,29 @@ def test_fma_loop_markdown_writes_each_loop_and_its_loads_in_bytes():
     lines = sass.fma_loop_markdown([row]).splitlines()
     assert len(lines) == 3
     assert lines[2] == "| regtile | 64 | 64 / 86 | 8 x 16 B | 64 / 82 | 4 x 16 B + 4 x 8 B | 76% | 51.0 |"
+
+
+# the PTX instruction each rung's SASS opcode comes from, one for one (the scalar rung's FFMA.FTZ is left out:
+# ptxas adds FFMAs of its own when it expands expf)
+PTX_OF_OPCODE = {"regtile": "ld.shared.v4.f32", "regtile_wide": "ld.shared.v4.f32",
+                 "mma": "mma.sync.aligned.m16n8k16", "mma_async": "ldmatrix.sync.aligned.m8n8.x2.trans",
+                 "mma_fa2": "ldmatrix.sync.aligned.m8n8.x4.trans", "mma_fa2_lazy": "vote.sync.any.pred",
+                 "mma_fa2_wide": "mma.sync.aligned.m16n8k16", "wgmma": "wgmma.mma_async.sync.aligned",
+                 "wgmma_overlap": "wgmma.wait_group.sync.aligned", "wgmma_pingpong": "bar.arrive"}
+
+
+@needs_tools
+@pytest.mark.parametrize("d", [64, 128])
+def test_each_rungs_change_is_in_its_sass_as_often_as_in_its_ptx(d):
+    from lessons.gpu import ladder
+    from lessons.gpu.compile import compile_ptx, entry_ptx
+
+    rows = sass.rung_opcodes(d)
+    assert [row["name"] for row in rows] == [r.name for r in ladder.RUNGS if r.kernel is not None]
+    for row in rows:
+        assert row["count"] > 0, row
+        assert row["arch"] == ("sm_90a" if row["name"] in ladder.HOPPER_RUNGS else "sm_90")
+        if row["name"] in PTX_OF_OPCODE:
+            build = ladder.rung_build(row["name"], d)
+            ptx = entry_ptx(compile_ptx(build, row["arch"]), ladder.rung_entry(row["name"], d))
+            assert row["count"] == ptx.count(PTX_OF_OPCODE[row["name"]]), row

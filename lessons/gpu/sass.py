@@ -36,7 +36,7 @@ from lessons.cost.traffic import H200
 
 __all__ = ["NVDISASM_HINT", "CUDA_CORE_RUNGS", "find_nvdisasm", "nvdisasm_available", "disassemble",
            "Instruction", "Loop", "parse_sass", "inner_loops", "fma_loops", "tile_share", "fma_loop_table",
-           "fma_loop_markdown"]
+           "fma_loop_markdown", "RUNG_OPCODES", "rung_opcodes"]
 
 #: how to get nvdisasm, for the errors that need it
 NVDISASM_HINT = "pip install nvidia-cuda-nvdisasm (or put a CUDA toolkit's nvdisasm on PATH)"
@@ -275,3 +275,42 @@ def fma_loop_markdown(table=None) -> str:
                      f"{row['pv_ffma']} / {row['pv_instructions']} | {_loads(row['pv_loads'])} | {row['share']:.0%} | "
                      f"{row['ceiling'] / 1e12:.1f} |")
     return "\n".join(lines)
+
+
+#: the SASS instruction each rung's change becomes (an opcode, or the start of one: ``"HGMMA"`` matches
+#: ``HGMMA.64x64x16.F32``), beside the PTX instruction :attr:`lessons.gpu.ladder.Rung.ptx_grep` names
+RUNG_OPCODES = {
+    "scalar": "FFMA.FTZ",                  # fma.rn.ftz.f32
+    "regtile": "LDS.128",                  # ld.shared.v4.f32
+    "regtile_wide": "LDS.128",
+    "mma": "HMMA.16816.F32",               # mma.sync.aligned.m16n8k16 ... f32
+    "mma_async": "LDSM.16.MT88.2",         # ldmatrix.sync.aligned.m8n8.x2.trans
+    "mma_fa2": "LDSM.16.MT88.4",           # ldmatrix ... .x4.trans: V's fragments, 4 per instruction
+    "mma_fa2_lazy": "VOTE.ANY",            # vote.sync.any.pred
+    "mma_fa2_wide": "HMMA.16816.F32",
+    "wgmma": "HGMMA",                      # wgmma.mma_async.sync.aligned
+    "wgmma_overlap": "WARPGROUP.DEPBAR.LE",  # wgmma.wait_group.sync.aligned N
+    "wgmma_pingpong": "BAR.ARV",           # bar.arrive
+}
+
+
+def rung_opcodes(d: int = 64, arch: str = "sm_90") -> list[dict]:
+    """For each rung with a kernel of ours (ladder order), how often its forward entry at head dim ``d`` holds
+    the SASS instruction of :data:`RUNG_OPCODES`: name, arch (the build's own where it has one: ``sm_90a`` for
+    the Hopper rungs; else ``arch``), opcode, count (instructions whose opcode starts with it) and
+    instructions (the entry's total). ValueError for a ``d`` some rung's kernel cannot take; the errors of
+    :func:`disassemble` otherwise."""
+    from lessons.gpu import ladder
+
+    d = check_int(d, "d", min=1)
+    out = []
+    for r in ladder.RUNGS:
+        if r.kernel is None:
+            continue
+        build = ladder.rung_build(r, d)
+        rung_arch = build.arch or arch
+        instructions, _ = parse_sass(disassemble(build, rung_arch, ladder.rung_entry(r, d)))
+        opcode = RUNG_OPCODES[r.name]
+        count = sum(1 for i in instructions if i.opcode == opcode or i.opcode.startswith(opcode + "."))
+        out.append(dict(name=r.name, arch=rung_arch, opcode=opcode, count=count, instructions=len(instructions)))
+    return out
