@@ -107,6 +107,7 @@ def test_register_tiled_s_loop_loads_what_the_register_tile_model_counts(d, wide
     loops = sass.fma_loops("regtile_wide" if wide else "regtile", d)
     assert len(loops) == 3                              # S, P V guarding inf/NaN in V, P V
     s_loop, guarded, pv_loop = loops
+    assert sass.product_loops("regtile_wide" if wide else "regtile", d) == (s_loop, pv_loop)
     # every load of S is 16 bytes wide, as many as the model counts (NVRTC 12.9 now and then splits one
     # 4-byte load off a 16-byte one in the wide build, so only the 16-byte ones are held to the model)
     assert s_loop.loads.get("LDS.128", 0) / s_loop.ffma == pytest.approx(model.s_loads_per_fma)
@@ -133,6 +134,19 @@ def test_the_ceiling_rises_rung_by_rung_and_is_share_times_the_fp32_peak():
         ceilings = [row["ceiling"] for row in table if row["d"] == d]
         assert ceilings == sorted(ceilings) and ceilings[0] < 0.5 * 67e12 < ceilings[1]
     assert sass.fma_loop_table("scalar", (64,), peak_flops=1.0)[0]["ceiling"] == table[0]["share"]
+
+
+@needs_tools
+@pytest.mark.parametrize("rung", ["scalar", "regtile"])
+def test_the_table_refuses_a_head_dim_whose_s_loop_ptxas_unrolled(rung):
+    # at d = 4 the S loop runs 4 times (scalar: one key column a time) or once (regtile: 16 bytes a time), and
+    # ptxas unrolls it whole: the first FFMA loop left compares p (FSETP), so it is a P V, not S = Q K^T
+    loops = sass.fma_loops(rung, 4)
+    assert loops and loops[0].counts["FSETP"] > 0
+    with pytest.raises(ValueError, match=f"FFMA loops of {rung} at d=4 \\(sm_90\\) are not S = Q K"):
+        sass.product_loops(rung, 4)
+    with pytest.raises(ValueError, match="take a larger d"):
+        sass.fma_loop_table(rung, (4,))
 
 
 def test_fma_loops_and_the_table_refuse_what_they_cannot_read():

@@ -35,8 +35,8 @@ from lessons.core.checks import check_int
 from lessons.cost.traffic import H200
 
 __all__ = ["NVDISASM_HINT", "CUDA_CORE_RUNGS", "find_nvdisasm", "nvdisasm_available", "disassemble",
-           "Instruction", "Loop", "parse_sass", "inner_loops", "fma_loops", "tile_share", "fma_loop_table",
-           "fma_loop_markdown", "RUNG_OPCODES", "rung_opcodes"]
+           "Instruction", "Loop", "parse_sass", "inner_loops", "fma_loops", "product_loops", "tile_share",
+           "fma_loop_table", "fma_loop_markdown", "RUNG_OPCODES", "rung_opcodes"]
 
 #: how to get nvdisasm, for the errors that need it
 NVDISASM_HINT = "pip install nvidia-cuda-nvdisasm (or put a CUDA toolkit's nvdisasm on PATH)"
@@ -202,10 +202,12 @@ def inner_loops(text: str) -> list[Loop]:
 def fma_loops(rung, d: int = 64, arch: str = "sm_90") -> list[Loop]:
     """The innermost loops that hold FFMA in the forward entry of CUDA-core rung ``rung``
     (:data:`CUDA_CORE_RUNGS`, a name or a :class:`lessons.gpu.ladder.Rung`) at head dim ``d``, in
-    address order. In these kernels the first is S = Q K^T and the last the P V of a tile whose V is
-    finite; the register-tiled rungs have one more between them, the P V that guards 0 x inf for a tile
-    whose V holds inf or NaN. ValueError for a rung off that list or a ``d`` its kernel cannot take;
-    the errors of :func:`disassemble` otherwise."""
+    address order. Where ptxas keeps both products as loops, the first is S = Q K^T and the last the
+    P V of a tile whose V is finite; the register-tiled rungs have one more between them, the P V that
+    guards 0 x inf for a tile whose V holds inf or NaN (:func:`product_loops` checks this). At a small
+    ``d`` ptxas unrolls S = Q K^T (a loop over the head dim) whole, and the list starts with a P V.
+    ValueError for a rung off that list or a ``d`` its kernel cannot take; the errors of
+    :func:`disassemble` otherwise."""
     from lessons.gpu import ladder
 
     r = ladder._rung(rung)
@@ -214,6 +216,28 @@ def fma_loops(rung, d: int = 64, arch: str = "sm_90") -> list[Loop]:
     d = check_int(d, "d", min=1)
     text = disassemble(ladder.rung_build(r, d), arch, ladder.rung_entry(r, d))
     return [loop for loop in inner_loops(text) if loop.ffma]
+
+
+def product_loops(rung, d: int = 64, arch: str = "sm_90") -> tuple[Loop, Loop]:
+    """``(s_loop, pv_loop)``: the S = Q K^T loop and the P V loop (finite V) of :func:`fma_loops`, told apart
+    by what each product compares. S compares nothing; the scalar rung's P V skips a key whose p is 0 (an
+    ``FSETP`` per key), so it has 2 FFMA loops, S then P V; the register-tiled rungs' guarded P V compares
+    each p (``FSETP``) and the finite one does not, so they have 3, S, guarded P V, P V. ValueError (naming
+    rung, ``d`` and arch, with each loop's FFMA and FSETP counts) when the loops are not so, e.g. at a
+    small ``d`` where ptxas unrolls the S loop whole; the errors of :func:`fma_loops` otherwise."""
+    from lessons.gpu import ladder
+
+    name = ladder._rung(rung).name
+    loops = fma_loops(rung, d, arch)
+    compares = [loop.counts["FSETP"] > 0 for loop in loops]
+    expected = [False, True] if name == "scalar" else [False, True, False]
+    if compares != expected:
+        found = ", ".join(f"{loop.ffma} FFMA / {loop.counts['FSETP']} FSETP" for loop in loops) or "none"
+        which = "P V" if name == "scalar" else "guarded P V"
+        raise ValueError(f"the FFMA loops of {name} at d={d} ({arch}) are not S = Q K^T then P V ({len(expected)} "
+                         f"loops, FSETP only in the {which}); found {len(loops)}: {found}. ptxas unrolls a loop "
+                         f"with few iterations whole (S runs over the head dim): take a larger d")
+    return loops[0], loops[-1]
 
 
 def tile_share(s_loop: Loop, pv_loop: Loop) -> float:
@@ -231,11 +255,12 @@ def tile_share(s_loop: Loop, pv_loop: Loop) -> float:
 
 def fma_loop_table(rungs=CUDA_CORE_RUNGS, ds=(64, 128), arch: str = "sm_90", peak_flops: float | None = None) -> list[dict]:
     """One dict per (rung, d): rung, d, and for the S loop and the P V loop (finite V) of
-    :func:`fma_loops`: ``s_instructions``, ``s_ffma``, ``s_loads`` (shared loads by width),
+    :func:`product_loops`: ``s_instructions``, ``s_ffma``, ``s_loads`` (shared loads by width),
     ``pv_instructions``, ``pv_ffma``, ``pv_loads``; then ``share`` (:func:`tile_share`) and ``ceiling``
     (FLOP/s: ``share x peak_flops``; default the H200's FP32 peak, ``lessons.cost.traffic.H200``,
-    67e12). ValueError for a rung off :data:`CUDA_CORE_RUNGS`, a bad ``d`` or a ``peak_flops`` that is
-    not a positive number; the errors of :func:`disassemble` otherwise."""
+    67e12). ValueError for a rung off :data:`CUDA_CORE_RUNGS`, a bad ``d`` (one where the loops cannot be
+    told apart: :func:`product_loops`) or a ``peak_flops`` that is not a positive number; the errors of
+    :func:`disassemble` otherwise."""
     peak = H200.peak_flops["fp32"] if peak_flops is None else peak_flops
     if isinstance(peak, bool) or not isinstance(peak, (int, float)) or not peak > 0:
         raise ValueError(f"peak_flops must be a positive number of FLOP/s, got {peak_flops!r}")
@@ -244,8 +269,7 @@ def fma_loop_table(rungs=CUDA_CORE_RUNGS, ds=(64, 128), arch: str = "sm_90", pea
     out = []
     for name in rungs:
         for d in ds:
-            loops = fma_loops(name, d, arch)
-            s_loop, pv_loop = loops[0], loops[-1]
+            s_loop, pv_loop = product_loops(name, d, arch)
             share = tile_share(s_loop, pv_loop)
             out.append(dict(rung=getattr(name, "name", name), d=d,
                             s_instructions=s_loop.size, s_ffma=s_loop.ffma, s_loads=s_loop.loads,
