@@ -1,4 +1,7 @@
 """lessons.gpu.sass: SASS read from the rungs' cubins, innermost loops, and the issue-slot ceiling."""
+import math
+
+import numpy as np
 import pytest
 
 import lessons.gpu as gpu
@@ -154,10 +157,31 @@ def test_fma_loops_and_the_table_refuse_what_they_cannot_read():
         sass.fma_loops("mma_fa2", 64)
     with pytest.raises(ValueError, match="rung must be one of"):
         sass.fma_loops("nope", 64)
-    with pytest.raises(ValueError, match="peak_flops must be a positive number"):
+    with pytest.raises(ValueError, match="peak_flops must be a positive finite number"):
         sass.fma_loop_table(peak_flops=0)
-    with pytest.raises(ValueError, match="peak_flops must be a positive number"):
+    with pytest.raises(ValueError, match="peak_flops must be a positive finite number"):
         sass.fma_loop_table(peak_flops=True)
+    for peak in (math.inf, math.nan, -np.float32(1)):
+        with pytest.raises(ValueError, match="peak_flops must be a positive finite number"):
+            sass.fma_loop_table(peak_flops=peak)
+    with pytest.raises(TypeError, match="ds must be a sequence of ints"):
+        sass.fma_loop_table("scalar", 64)
+    with pytest.raises(ValueError, match="ds must hold at least one int"):
+        sass.fma_loop_table("scalar", ())
+    with pytest.raises(ValueError, match="rungs must hold at least one rung"):
+        sass.fma_loop_table(())
+    with pytest.raises(TypeError, match="rungs must be a rung, its name or a sequence"):
+        sass.fma_loop_table(None)
+
+
+@needs_tools
+def test_the_table_takes_a_rung_object_numpy_head_dims_and_a_numpy_peak():
+    from lessons.gpu import ladder
+
+    (by_name,) = sass.fma_loop_table("scalar", (64,))
+    (row,) = sass.fma_loop_table(ladder.rung("scalar"), np.array([64]), peak_flops=np.float32(2.0))
+    assert row["rung"] == "scalar" and row["d"] == 64 and type(row["d"]) is int
+    assert row["share"] == by_name["share"] and row["ceiling"] == pytest.approx(2 * by_name["share"])
 
 
 def test_issue_ceiling_figure_draws_each_ceiling_the_targets_and_the_measured_points():

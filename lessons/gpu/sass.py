@@ -21,6 +21,8 @@ environment); another CUDA version may schedule the same PTX differently.
 from __future__ import annotations
 
 import importlib.util
+import math
+import numbers
 import os
 import re
 import shutil
@@ -31,7 +33,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from lessons.core.checks import check_int
+import numpy as np
+
+from lessons.core.checks import check_int, check_int_sequence
 from lessons.cost.traffic import H200
 
 __all__ = ["NVDISASM_HINT", "CUDA_CORE_RUNGS", "find_nvdisasm", "nvdisasm_available", "disassemble",
@@ -253,25 +257,42 @@ def tile_share(s_loop: Loop, pv_loop: Loop) -> float:
     return 2 / (1 / s_loop.ffma_share + 1 / pv_loop.ffma_share)
 
 
+def _check_peak_flops(peak_flops) -> float:
+    """``peak_flops`` (FLOP/s) as a float: a positive finite real number (NumPy numbers too); ValueError
+    naming it otherwise (bools and NaN included)."""
+    if (isinstance(peak_flops, (bool, np.bool_)) or not isinstance(peak_flops, numbers.Real)
+            or not (math.isfinite(peak_flops) and peak_flops > 0)):
+        raise ValueError(f"peak_flops must be a positive finite number of FLOP/s, got {peak_flops!r}")
+    return float(peak_flops)
+
+
 def fma_loop_table(rungs=CUDA_CORE_RUNGS, ds=(64, 128), arch: str = "sm_90", peak_flops: float | None = None) -> list[dict]:
     """One dict per (rung, d): rung, d, and for the S loop and the P V loop (finite V) of
     :func:`product_loops`: ``s_instructions``, ``s_ffma``, ``s_loads`` (shared loads by width),
     ``pv_instructions``, ``pv_ffma``, ``pv_loads``; then ``share`` (:func:`tile_share`) and ``ceiling``
     (FLOP/s: ``share x peak_flops``; default the H200's FP32 peak, ``lessons.cost.traffic.H200``,
-    67e12). ValueError for a rung off :data:`CUDA_CORE_RUNGS`, a bad ``d`` (one where the loops cannot be
-    told apart: :func:`product_loops`) or a ``peak_flops`` that is not a positive number; the errors of
-    :func:`disassemble` otherwise."""
-    peak = H200.peak_flops["fp32"] if peak_flops is None else peak_flops
-    if isinstance(peak, bool) or not isinstance(peak, (int, float)) or not peak > 0:
-        raise ValueError(f"peak_flops must be a positive number of FLOP/s, got {peak_flops!r}")
-    if isinstance(rungs, str):
+    67e12). ``rungs``: one rung (a name or a :class:`lessons.gpu.ladder.Rung`) or a sequence of them;
+    ``ds``: a sequence of head dims. TypeError for ``rungs`` or ``ds`` of another kind; ValueError for
+    none of them, a rung off :data:`CUDA_CORE_RUNGS`, a bad ``d`` (one where the loops cannot be told
+    apart: :func:`product_loops`) or a ``peak_flops`` that is not a positive finite number; the errors
+    of :func:`disassemble` otherwise."""
+    from lessons.gpu import ladder
+
+    peak = _check_peak_flops(H200.peak_flops["fp32"] if peak_flops is None else peak_flops)
+    if isinstance(rungs, (str, ladder.Rung)):
         rungs = (rungs,)
+    if isinstance(rungs, (bytes, dict, set, frozenset)) or not hasattr(rungs, "__iter__"):
+        raise TypeError(f"rungs must be a rung, its name or a sequence of them, got {type(rungs).__name__} {rungs!r}")
+    rungs = tuple(rungs)
+    if not rungs:
+        raise ValueError("rungs must hold at least one rung, got none")
+    ds = check_int_sequence(ds, "ds", min=1)
     out = []
     for name in rungs:
         for d in ds:
             s_loop, pv_loop = product_loops(name, d, arch)
             share = tile_share(s_loop, pv_loop)
-            out.append(dict(rung=getattr(name, "name", name), d=d,
+            out.append(dict(rung=ladder._rung(name).name, d=d,
                             s_instructions=s_loop.size, s_ffma=s_loop.ffma, s_loads=s_loop.loads,
                             pv_instructions=pv_loop.size, pv_ffma=pv_loop.ffma, pv_loads=pv_loop.loads,
                             share=share, ceiling=share * peak))
