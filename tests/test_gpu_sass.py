@@ -206,8 +206,22 @@ def test_issue_ceiling_figure_draws_each_ceiling_the_targets_and_the_measured_po
     plt.close(fig)
     with pytest.raises(TypeError, match="table must be a non-empty list"):
         issue_ceiling_figure([], peak_flops=67e12)
-    with pytest.raises(ValueError, match="peak_flops must be a positive number"):
+    with pytest.raises(ValueError, match="peak_flops must be a positive finite number"):
         issue_ceiling_figure(table, peak_flops=-1)
+    with pytest.raises(ValueError, match="peak_flops must be a positive finite number"):
+        issue_ceiling_figure(table, peak_flops=math.inf)
+    plt.close(issue_ceiling_figure(table, peak_flops=np.float32(67e12)))
+    # a ceiling above the peak would be cut off at the axis' top (1.12 x peak): a table made for another peak
+    top = max(r["ceiling"] for r in table)
+    with pytest.raises(ValueError, match="the ceiling of regtile at d=64 must be a number of FLOP/s in 0..peak"):
+        issue_ceiling_figure(table, peak_flops=0.9 * top)
+    for key in ("rung", "d", "share"):
+        with pytest.raises(TypeError, match="each with rung, d, share, ceiling"):
+            issue_ceiling_figure([{k: v for k, v in row.items() if k != key} for row in table], peak_flops=67e12)
+    with pytest.raises(TypeError, match="needs must be a dict"):
+        issue_ceiling_figure(table, peak_flops=67e12, needs=[27.5, 47.9])
+    with pytest.raises(TypeError, match="measured must map each rung to a dict"):
+        issue_ceiling_figure(table, peak_flops=67e12, measured={"scalar": 12.7})
 
 
 def test_fma_loop_markdown_writes_each_loop_and_its_loads_in_bytes():

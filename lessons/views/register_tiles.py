@@ -7,6 +7,9 @@ The ownership comes from :func:`lessons.cost.register_tiles.register_tile` (``th
 """
 from __future__ import annotations
 
+import math
+import numbers
+
 import numpy as np
 from matplotlib.colors import ListedColormap
 from matplotlib.patches import Patch
@@ -98,12 +101,28 @@ def issue_ceiling_figure(table, *, peak_flops: float, needs=None, measured=None,
     across each group at ``needs[d]`` (TFLOP/s a target asks for there, e.g. 3x naive CuPy), a diamond at
     ``measured[rung][d]`` (TFLOP/s a GPU measured; ``measured_label`` says where), and the FP32 peak
     ``peak_flops`` (FLOP/s) as the top line. Returns a Figure. TypeError for a ``table`` that is not a non-empty
-    list of such rows; ValueError for a ``peak_flops`` that is not positive."""
-    if not isinstance(table, (list, tuple)) or not table or not all(isinstance(r, dict) and "ceiling" in r for r in table):
-        raise TypeError("table must be a non-empty list of rows from lessons.gpu.sass.fma_loop_table()")
-    if isinstance(peak_flops, bool) or not isinstance(peak_flops, (int, float)) or not peak_flops > 0:
-        raise ValueError(f"peak_flops must be a positive number of FLOP/s, got {peak_flops!r}")
+    list of such rows (each with rung, d, share and ceiling), or ``needs`` / ``measured`` that are not dicts;
+    ValueError for a ``peak_flops`` that is not a positive finite number, or a row whose ceiling is not a number
+    in 0..``peak_flops`` (a table made for another peak)."""
+    keys = ("rung", "d", "share", "ceiling")
+    if not isinstance(table, (list, tuple)) or not table or not all(isinstance(r, dict) and all(k in r for k in keys)
+                                                                    for r in table):
+        raise TypeError(f"table must be a non-empty list of rows from lessons.gpu.sass.fma_loop_table() (each with "
+                        f"{', '.join(keys)})")
+    if (isinstance(peak_flops, (bool, np.bool_)) or not isinstance(peak_flops, numbers.Real)
+            or not (math.isfinite(peak_flops) and peak_flops > 0)):
+        raise ValueError(f"peak_flops must be a positive finite number of FLOP/s, got {peak_flops!r}")
+    for row in table:
+        c = row["ceiling"]
+        if isinstance(c, (bool, np.bool_)) or not isinstance(c, numbers.Real) or not 0 <= c <= peak_flops:
+            raise ValueError(f"table: the ceiling of {row['rung']} at d={row['d']} must be a number of FLOP/s in "
+                             f"0..peak_flops={peak_flops:g}, got {c!r}")
+    for name, value in (("needs", needs), ("measured", measured)):
+        if value is not None and not isinstance(value, dict):
+            raise TypeError(f"{name} must be a dict or None, got {type(value).__name__} {value!r}")
     needs, measured = needs or {}, measured or {}
+    if not all(isinstance(v, dict) for v in measured.values()):
+        raise TypeError("measured must map each rung to a dict {d: TFLOP/s}")
     ds = list(dict.fromkeys(r["d"] for r in table))
     rungs = list(dict.fromkeys(r["rung"] for r in table))
     colours = dict(zip(rungs, RUNG_COLOURS * (len(rungs) // len(RUNG_COLOURS) + 1)))
