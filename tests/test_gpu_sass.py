@@ -256,3 +256,17 @@ def test_each_rungs_change_is_in_its_sass_as_often_as_in_its_ptx(d):
             build = ladder.rung_build(row["name"], d)
             ptx = entry_ptx(compile_ptx(build, row["arch"]), ladder.rung_entry(row["name"], d))
             assert row["count"] == ptx.count(PTX_OF_OPCODE[row["name"]]), row
+
+
+def test_tools_missing_names_each_missing_tool_and_how_to_install_it(monkeypatch):
+    import lessons.gpu.compile as compile_module
+
+    monkeypatch.setattr(compile_module, "nvrtc_available", lambda: False)
+    monkeypatch.setattr(sass, "find_nvdisasm", lambda: None)
+    both = sass.tools_missing()
+    assert "CuPy/NVRTC" in both and "pip install nvidia-cuda-nvdisasm" in both
+    monkeypatch.setattr(sass, "find_nvdisasm", lambda: "/usr/bin/nvdisasm")
+    only_nvrtc = sass.tools_missing()
+    assert "CuPy/NVRTC" in only_nvrtc and "pip install nvidia-cuda-nvdisasm" not in only_nvrtc
+    monkeypatch.setattr(compile_module, "nvrtc_available", lambda: True)
+    assert sass.tools_missing() is None

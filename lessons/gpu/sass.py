@@ -38,7 +38,8 @@ import numpy as np
 from lessons.core.checks import check_int, check_int_sequence
 from lessons.cost.traffic import H200
 
-__all__ = ["NVDISASM_HINT", "CUDA_CORE_RUNGS", "find_nvdisasm", "nvdisasm_available", "disassemble",
+__all__ = ["NVDISASM_HINT", "CUDA_CORE_RUNGS", "find_nvdisasm", "nvdisasm_available", "tools_missing",
+           "disassemble",
            "Instruction", "Loop", "parse_sass", "inner_loops", "fma_loops", "product_loops", "tile_share",
            "fma_loop_table", "fma_loop_markdown", "RUNG_OPCODES", "rung_opcodes"]
 
@@ -74,6 +75,19 @@ def find_nvdisasm() -> str | None:
 def nvdisasm_available() -> bool:
     """True when :func:`find_nvdisasm` finds one."""
     return find_nvdisasm() is not None
+
+
+def tools_missing() -> str | None:
+    """None when SASS can be read here (CuPy/NVRTC to compile, nvdisasm to print), else a sentence saying
+    what is missing and how to install it (what a notebook prints instead of a table)."""
+    from lessons.gpu.compile import nvrtc_available
+
+    missing = [what for what, here in (("CuPy/NVRTC (pip install cupy-cuda12x nvidia-cuda-nvrtc-cu12)",
+                                        nvrtc_available()), (f"nvdisasm ({NVDISASM_HINT})", nvdisasm_available()))
+               if not here]
+    if not missing:
+        return None
+    return "the machine code is not read here: " + " and ".join(missing) + " not installed (make lab installs both)"
 
 
 @lru_cache(maxsize=64)
