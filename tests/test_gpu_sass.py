@@ -270,3 +270,18 @@ def test_tools_missing_names_each_missing_tool_and_how_to_install_it(monkeypatch
     assert "CuPy/NVRTC" in only_nvrtc and "pip install nvidia-cuda-nvdisasm" not in only_nvrtc
     monkeypatch.setattr(compile_module, "nvrtc_available", lambda: True)
     assert sass.tools_missing() is None
+
+
+@needs_tools
+def test_the_wide_rungs_text_quotes_the_ffma_share_of_its_loops():
+    import re
+
+    from lessons.gpu import ladder
+    from lessons.gpu.compile import nvrtc_version
+
+    if nvrtc_version()[:2] != (12, 9):
+        pytest.skip("the rung's text quotes NVRTC 12.9's SASS")
+    text = ladder.rung("regtile_wide").predicted
+    quoted = re.search(r"loops are (\d+)-(\d+)% FFMA \(lessons\.gpu\.sass; the plain build's (\d+)-(\d+)%\)", text)
+    shares = {r: sorted(round(100 * row["share"]) for row in sass.fma_loop_table(r)) for r in ("regtile_wide", "regtile")}
+    assert [int(x) for x in quoted.groups()] == shares["regtile_wide"] + shares["regtile"]

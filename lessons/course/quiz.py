@@ -248,7 +248,7 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           ("8 rows would need more shared memory than a block may have on any GPU; the wide build keeps Q in "
            "registers instead of shared memory, which frees the room",
            "With 8 lanes per row a thread keeps 16 columns of each of its output rows, so 8 rows would be 128 "
-           "floats of o alone; 16 lanes per row halve that, and 8 rows x 4 keys fit in 168 registers",
+           "floats of o alone; 16 lanes per row halve that, and 8 rows x 4 keys fit in 208 registers at d = 128",
            "A thread's FMAs can only feed 2 rows at a time from one shared load; the wide build reads each "
            "value of K twice as often so that more rows can use it",
            "Causal masking needs a thread's rows to lie within 2 of the diagonal; the wide build masks whole "
@@ -270,7 +270,7 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           1,
           "A load issues from the same scheduler as the FFMA, so each clock spent issuing it is a clock with no "
           "FFMA issued. Hiding a load's latency does not give its issue slot back. The loads here read shared "
-          "memory, not HBM. Register tiling raises the share of FFMA (76% in the plain build at d = 64, 84% in "
+          "memory, not HBM. Register tiling raises the share of FFMA (76% in the plain build at d = 64, 88% in "
           "the wide one), and that share times the FP32 peak is the ceiling the loops allow. Reread 'What the SM "
           "issues: the product loops in machine code'."),
         Q("A warp skips o *= alpha for all 16 of its rows at a key tile and leaves everything else as the FA-2 "

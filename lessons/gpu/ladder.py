@@ -107,14 +107,17 @@ RUNGS = (
          "thread holds half as many columns of an output row and owns 8 rows x 4 keys of S (the plain build: "
          "4 x 4 at d = 64, 2 x 4 at d = 128) in 64-row, 64-key tiles; P is read 4 keys at a time (one 16-byte "
          "load per row) instead of one; a thread's 8 rows are interleaved (ty, ty + 8, ...), so the two row groups "
-         "of a warp read adjacent rows, which start in different shared-memory banks",
+         "of a warp read adjacent rows, which start in different shared-memory banks; the S and P V loops run two "
+         "passes per branch back (#pragma unroll 2), which halves the loops' own instructions (address steps, "
+         "compare, branch)",
          "shared loads per FMA: in S (TM + TN) / (4 TM TN) = 12 / 128 at both head dims (the plain build: 8 / 64 at "
          "d = 64, 6 / 32 at d = 128); in P V (TM + 4 NC) / (16 TM NC) = 12 / 128 at d = 64 and 16 / 256 at d = 128 "
          "(the plain build: 6 / 32 at both); P read by 16-byte loads (the plain build reads it 4 bytes at a "
-         "time); K and V read from L2 once per 64 query rows (the plain build at d = 128: per 32). Compile report "
-         "(NVRTC 12.9, sm_80 and sm_90, no spills): d = 64: 164-166 registers (the count varies between compiles "
-         "of the same source), 52 224 bytes of dynamic shared memory: 3 blocks of 128 threads per SM; d = 128: "
-         "168 registers, 84 992 bytes: 2 blocks per SM (the plain build: 4). The other tiles (scripts/tune_tiles.py "
+         "time); K and V read from L2 once per 64 query rows (the plain build at d = 128: per 32); in SASS the two "
+         "loops are 88-90% FFMA (lessons.gpu.sass; the plain build's 72-76%). Compile report "
+         "(NVRTC 12.9 and 13.0, sm_80 and sm_90, no spills): d = 64: 168 registers, 52 224 bytes of dynamic shared "
+         "memory: 3 blocks of 128 threads per SM; d = 128: 208 registers, 84 992 bytes: 2 blocks per SM (the plain "
+         "build: 4). The other tiles (scripts/tune_tiles.py "
          "--rung regtile_wide times them all) are in lessons.gpu.source.REGTILE_WIDE_SWEEP; aim: >= 3x naive CuPy",
          "ld.shared.v4.f32", "not yet run on a GPU: built and checked on the CPU emulator only"),
     Rung("mma", "tensor cores, mma.sync", "mma", "flash_attention_mma", "lessons.gpu.flash_attention_mma_gpu",

@@ -44,11 +44,13 @@
 // One switch, REGTILE_WIDE = 1, makes the next rung (entry point flash_attention_regtile_wide):
 //   * 16 lanes per row group instead of 8 (8 row groups x 16 lanes): a thread's share of an output row
 //     halves (4*NC columns with NC = ceil(HEAD_DIM/64)), so it can own 8 rows (TM = 8) and 4 keys (TN = 4)
-//     of S at d = 128 (the plain build: 2 x 4 there) in 168 registers (plain: 118-124; NVRTC 12.9 and 13.0);
+//     of S at d = 128 (the plain build: 2 x 4 there) in 208 registers (plain: 118-124; NVRTC 12.9 and 13.0);
 //   * P read 4 keys at a time: one 16-byte load of p_s per row feeds 4 keys of P V (the plain build reads
 //     p one key at a time, a 4-byte load per row and key);
 //   * a thread's rows interleaved (ty, ty + 8, ..., not 8 consecutive rows), so the two row groups of a warp
 //     read rows that start in different banks (ROW below).
+//   * the S and P V loops run two passes per branch back (#pragma unroll 2): half the loops' own instructions
+//     (address steps, compare, branch) per FMA.
 // Per 4 columns of S: TM + TN = 12 loads feed TM * TN * 4 = 128 FMAs (the plain build at d = 128: 6 feed 32);
 // per 4 keys of P V: TM + 4 * NC = 16 loads feed TM * NC * 16 = 256 FMAs (plain: 24 feed 128).
 //
@@ -175,6 +177,7 @@ template <bool GUARD>
 __device__ __forceinline__ void accumulate_pv(float (&o)[TM][NC][4], const float* p_s, const float* kv_s, int ty,
                                               int tx) {
 #if REGTILE_WIDE
+#pragma unroll 2                                        // two passes per branch back, as the S loop
     for (int j0 = 0; j0 < BLOCK_K; j0 += 4) {           // runtime loop; the block inside unrolls
         vec4 p4[TM];
 #pragma unroll
@@ -281,6 +284,9 @@ flash_attention_regtile(const float* __restrict__ q, const float* __restrict__ k
         for (int i = 0; i < TM; ++i)
 #pragma unroll
             for (int j = 0; j < TN; ++j) s[i][j] = 0.f;
+#if REGTILE_WIDE
+#pragma unroll 2                                            // two passes per branch back: half the loop's own instructions
+#endif
         for (int c4 = 0; c4 < D4; ++c4) {                   // runtime loop; the block inside unrolls
             vec4 a[TM], b[TN];
 #pragma unroll
