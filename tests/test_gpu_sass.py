@@ -197,6 +197,21 @@ def test_issue_ceiling_figure_draws_each_ceiling_the_targets_and_the_measured_po
     ax = fig.axes[0]
     heights = sorted(round(p.get_height(), 6) for p in ax.patches)
     assert heights == sorted(round(r["ceiling"] / 1e12, 6) for r in table)
+    plt.close(fig)
+    # rows with a whole tile's ceiling: a solid bar to it and a pale one to the loops' ceiling
+    tiles = [dict(row, tile_share=row["share"] / 2, tile_ceiling=row["ceiling"] / 2) for row in table]
+    fig = issue_ceiling_figure(tiles, peak_flops=67e12)
+    pale = sorted(round(p.get_height(), 6) for p in fig.axes[0].patches if p.get_alpha() == 0.3)
+    solid = sorted(round(p.get_height(), 6) for p in fig.axes[0].patches if p.get_alpha() is None)
+    assert pale == sorted(round(r["ceiling"] / 1e12, 6) for r in table)
+    assert solid == sorted(round(r["ceiling"] / 2e12, 6) for r in table)
+    assert "pale: the product loops alone" in [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    with pytest.raises(ValueError, match="tile_ceiling of scalar at d=64 is above its ceiling"):
+        issue_ceiling_figure([dict(table[0], tile_share=0.5, tile_ceiling=table[0]["ceiling"] * 1.5)], peak_flops=67e12)
+    plt.close(fig)
+    fig = issue_ceiling_figure(table, peak_flops=67e12, needs={64: 27.5, 128: 47.9},
+                               measured={"scalar": {64: 12.7, 128: None}}, needs_label="3x naive")
+    ax = fig.axes[0]
     diamonds = [line for line in ax.lines if line.get_marker() == "D"]
     assert [tuple(line.get_ydata()) for line in diamonds] == [(12.7,)]            # None is not drawn
     targets = [c for c in ax.collections if isinstance(c, LineCollection)]
@@ -226,10 +241,12 @@ def test_issue_ceiling_figure_draws_each_ceiling_the_targets_and_the_measured_po
 
 def test_fma_loop_markdown_writes_each_loop_and_its_loads_in_bytes():
     row = dict(rung="regtile", d=64, s_instructions=86, s_ffma=64, s_loads={"LDS.128": 8}, pv_instructions=82,
-               pv_ffma=64, pv_loads={"LDS.64": 4, "LDS.128": 4}, share=128 / 168, ceiling=128 / 168 * 67e12)
+               pv_ffma=64, pv_loads={"LDS.64": 4, "LDS.128": 4}, share=128 / 168, ceiling=128 / 168 * 67e12,
+               tile_overhead=317, tile_instructions=3005, tile_share=2048 / 3005, tile_ceiling=2048 / 3005 * 67e12)
     lines = sass.fma_loop_markdown([row]).splitlines()
     assert len(lines) == 3
-    assert lines[2] == "| regtile | 64 | 64 / 86 | 8 x 16 B | 64 / 82 | 4 x 16 B + 4 x 8 B | 76% | 51.0 |"
+    assert lines[2] == ("| regtile | 64 | 64 / 86 | 8 x 16 B | 64 / 82 | 4 x 16 B + 4 x 8 B | 76% | 51.0 | 317 of 3005 | "
+                        "68% | 45.7 |")
 
 
 # the PTX instruction each rung's SASS opcode comes from, one for one (the scalar rung's FFMA.FTZ is left out:
@@ -285,3 +302,49 @@ def test_the_wide_rungs_text_quotes_the_ffma_share_of_its_loops():
     quoted = re.search(r"loops are (\d+)-(\d+)% FFMA \(lessons\.gpu\.sass; the plain build's (\d+)-(\d+)%\)", text)
     shares = {r: sorted(round(100 * row["share"]) for row in sass.fma_loop_table(r)) for r in ("regtile_wide", "regtile")}
     assert [int(x) for x in quoted.groups()] == shares["regtile_wide"] + shares["regtile"]
+
+
+# a loop (.L_x_0 .. the branch at 0x90) with an if/else inside and an early way out: only the blocks on every
+# path from its head to its branch back run on every pass
+DIAMOND = """
+.L_x_0:
+        /*0000*/                   FFMA R1, R2, R3, R1 ;
+        /*0010*/               @P0 BRA `(.L_x_1) ;
+        /*0020*/                   FADD R4, R4, R5 ;
+        /*0030*/                   BRA `(.L_x_2) ;
+.L_x_1:
+        /*0040*/                   FMUL R4, R4, R5 ;
+        /*0050*/                   FMUL R4, R4, R6 ;
+.L_x_2:
+        /*0060*/                   IADD3 R7, R7, 0x1, RZ ;
+        /*0070*/               @P1 BRA.DIV UR4, `(.L_x_3) ;
+        /*0080*/                   ISETP.NE.AND P2, PT, R7, R8, PT ;
+        /*0090*/               @P2 BRA `(.L_x_0) ;
+        /*00a0*/                   EXIT ;
+.L_x_3:
+        /*00b0*/                   BRA `(.L_x_2) ;
+"""
+
+
+def test_every_pass_keeps_the_blocks_on_every_path_through_the_loop():
+    instructions, labels = sass.parse_sass(DIAMOND)
+    passes = sass.every_pass(instructions, labels, 0, 9)
+    # the head (FFMA, its branch) and the join (IADD3, BRA.DIV, ISETP, the branch back); not the if or the else
+    assert [instructions[i].offset for i in passes] == [0x00, 0x10, 0x60, 0x70, 0x80, 0x90]
+    with pytest.raises(ValueError, match="first, last must index instructions"):
+        sass.every_pass(instructions, labels, 9, 0)
+
+
+@needs_tools
+@pytest.mark.parametrize("rung", sass.CUDA_CORE_RUNGS)
+@pytest.mark.parametrize("d", [64, 128])
+def test_a_key_tile_runs_each_products_fmas_and_never_allows_more_than_its_loops(rung, d):
+    config = {"scalar": source.flash_attention_config, "regtile": source.flash_attention_regtile_config,
+              "regtile_wide": source.flash_attention_regtile_wide_config}[rung]
+    block_q, block_k = config(d)
+    tile = sass.key_tile(rung, d)
+    fmas = block_q * block_k * d // 128                  # per thread, each product: the kernels run 128 threads
+    assert tile.s_trips * tile.s_loop.ffma == fmas == tile.pv_trips * tile.pv_loop.ffma
+    assert tile.product_ffma == 2 * fmas
+    assert tile.instructions == tile.overhead + tile.s_trips * tile.s_loop.size + tile.pv_trips * tile.pv_loop.size
+    assert 0 < tile.overhead and tile.share < sass.tile_share(tile.s_loop, tile.pv_loop)

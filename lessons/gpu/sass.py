@@ -41,7 +41,7 @@ from lessons.cost.traffic import H200
 __all__ = ["NVDISASM_HINT", "CUDA_CORE_RUNGS", "find_nvdisasm", "nvdisasm_available", "tools_missing",
            "disassemble",
            "Instruction", "Loop", "parse_sass", "inner_loops", "fma_loops", "product_loops", "tile_share",
-           "fma_loop_table", "fma_loop_markdown", "RUNG_OPCODES", "rung_opcodes"]
+           "fma_loop_table", "fma_loop_markdown", "RUNG_OPCODES", "rung_opcodes", "every_pass", "KeyTile", "key_tile"]
 
 #: how to get nvdisasm, for the errors that need it
 NVDISASM_HINT = "pip install nvidia-cuda-nvdisasm (or put a CUDA toolkit's nvdisasm on PATH)"
@@ -203,18 +203,79 @@ class Loop:
         return self.counts["LDS"]
 
 
-def inner_loops(text: str) -> list[Loop]:
-    """The innermost loops of one entry's SASS (:func:`parse_sass`), in address order: each backward
-    branch (a ``BRA`` to a label at or before it) whose body holds no other backward branch. Errors as
-    :func:`parse_sass`."""
-    instructions, labels = parse_sass(text)
+def _backward_spans(instructions, labels) -> list[tuple[int, int]]:
+    """(first, last) index of each backward branch's body: from the label it jumps to, to the branch."""
     spans = []
     for index, instruction in enumerate(instructions):
         target = _TARGET.search(instruction.text)
         if instruction.base == "BRA" and target and labels.get(target.group(1), index + 1) <= index:
             spans.append((labels[target.group(1)], index))
-    inner = [(s, e) for s, e in spans if not any(s <= s2 and e2 < e for s2, e2 in spans)]
-    return [Loop(instructions[s:e + 1]) for s, e in inner]
+    return spans
+
+
+def _inner_spans(spans) -> list[tuple[int, int]]:
+    """The spans of ``spans`` that hold no other one."""
+    return [(s, e) for s, e in spans if not any(s <= s2 and e2 < e for s2, e2 in spans)]
+
+
+def inner_loops(text: str) -> list[Loop]:
+    """The innermost loops of one entry's SASS (:func:`parse_sass`), in address order: each backward
+    branch (a ``BRA`` to a label at or before it) whose body holds no other backward branch. Errors as
+    :func:`parse_sass`."""
+    instructions, labels = parse_sass(text)
+    return [Loop(instructions[s:e + 1]) for s, e in _inner_spans(_backward_spans(instructions, labels))]
+
+
+def _ends_block(instruction: Instruction) -> bool:
+    return instruction.base in ("BRA", "BRX", "JMP", "JMX", "EXIT", "RET")
+
+
+def _falls_through(instruction: Instruction) -> bool:
+    """Whether control may go on to the next instruction: not after an unconditional ``BRA `(label)``,
+    ``EXIT`` or ``RET`` (no predicate, no modifier such as ``.DIV``, no predicate operand)."""
+    if not _ends_block(instruction) or instruction.predicate:
+        return True
+    if instruction.base in ("EXIT", "RET"):
+        return False
+    return not (instruction.opcode == "BRA" and instruction.text.split(None, 1)[1].startswith("`"))
+
+
+def every_pass(instructions, labels, first: int, last: int) -> list[int]:
+    """Indices of the instructions that run on every pass of the loop whose body is ``instructions[first:last
+    + 1]`` (``last`` the branch back to ``first``): the basic blocks that dominate the branch back, i.e. lie
+    on every path from the loop's first instruction to it. Predicated instructions count: they take an issue
+    slot whether or not their predicate holds. An inner loop's body is counted once. Arguments as
+    :func:`parse_sass` returns them; ValueError for a span that is not a loop body."""
+    if not (0 <= first <= last < len(instructions)):
+        raise ValueError(f"first, last must index instructions with first <= last, got {first}, {last}")
+    starts = {first} | {i for i in labels.values() if first <= i <= last}
+    starts |= {i + 1 for i in range(first, last) if _ends_block(instructions[i])}
+    starts = sorted(starts)
+    ends = [b - 1 for b in starts[1:]] + [last]
+    block_of = {b: k for k, b in enumerate(starts)}
+    successors = []
+    for k, end in enumerate(ends):
+        here = set()
+        target = _TARGET.search(instructions[end].text) if _ends_block(instructions[end]) else None
+        if target and labels.get(target.group(1)) in block_of:
+            here.add(block_of[labels[target.group(1)]])
+        if _falls_through(instructions[end]) and k + 1 < len(starts):
+            here.add(k + 1)
+        successors.append(here)
+    predecessors = [set() for _ in starts]
+    for k, here in enumerate(successors):
+        for j in here:
+            predecessors[j].add(k)
+    everything = set(range(len(starts)))
+    dominators = [{0}] + [set(everything) for _ in starts[1:]]
+    changed = True
+    while changed:                                    # the textbook iteration: dom(b) = {b} + the meet of its predecessors
+        changed = False
+        for k in range(1, len(starts)):
+            meet = set.intersection(*(dominators[j] for j in predecessors[k])) if predecessors[k] else set()
+            if meet | {k} != dominators[k]:
+                dominators[k], changed = meet | {k}, True
+    return [i for k in sorted(dominators[-1]) for i in range(starts[k], ends[k] + 1)]
 
 
 def fma_loops(rung, d: int = 64, arch: str = "sm_90") -> list[Loop]:
@@ -271,6 +332,74 @@ def tile_share(s_loop: Loop, pv_loop: Loop) -> float:
     return 2 / (1 / s_loop.ffma_share + 1 / pv_loop.ffma_share)
 
 
+#: the tile-size function of each CUDA-core rung's kernel, in lessons.gpu.source
+_TILES = {"scalar": "flash_attention_config", "regtile": "flash_attention_regtile_config",
+          "regtile_wide": "flash_attention_regtile_wide_config"}
+
+
+@dataclass(frozen=True)
+class KeyTile:
+    """What one warp of a CUDA-core rung issues for one key tile, counted from SASS (:func:`key_tile`).
+
+    ``s_loop``, ``pv_loop``: the product loops (:func:`product_loops`); ``s_trips``, ``pv_trips``: how many
+    passes of each one key tile takes (the tile's ``block_q x block_k x d`` FMAs of each product over the
+    block's threads, divided by the loop's FFMA per pass); ``overhead``: the instructions outside those loops
+    that run on every pass of the key-tile loop (:func:`every_pass`: softmax, copies, barriers, loop
+    control), a lower bound, since code on only some paths is left out. ``instructions``: the sum, so at
+    least what a tile issues; ``share``: the products' FFMA over that, so at most the share of issue slots
+    that multiply."""
+
+    s_loop: Loop
+    pv_loop: Loop
+    s_trips: int
+    pv_trips: int
+    overhead: int
+
+    @property
+    def instructions(self) -> int:
+        return self.overhead + self.s_trips * self.s_loop.size + self.pv_trips * self.pv_loop.size
+
+    @property
+    def product_ffma(self) -> int:
+        return self.s_trips * self.s_loop.ffma + self.pv_trips * self.pv_loop.ffma
+
+    @property
+    def share(self) -> float:
+        return self.product_ffma / self.instructions
+
+
+def key_tile(rung, d: int = 64, arch: str = "sm_90") -> KeyTile:
+    """The :class:`KeyTile` of CUDA-core rung ``rung`` (:data:`CUDA_CORE_RUNGS`, a name or a
+    :class:`lessons.gpu.ladder.Rung`) at head dim ``d`` with its default tiles: the key-tile loop is the
+    innermost loop of the SASS that holds both product loops. ValueError when the loops are not as
+    :func:`product_loops` expects, when no loop holds them, or when a tile's FMAs per thread are not a whole
+    number of passes of a product loop; the errors of :func:`disassemble` otherwise."""
+    from lessons.gpu import ladder, source
+    from lessons.gpu.compile import compile_kernel
+
+    r = ladder._rung(rung)
+    s_loop, pv_loop = product_loops(r, d, arch)               # checks the rung, d and the loops' pattern
+    build, entry = ladder.rung_build(r, d), ladder.rung_entry(r, d)
+    instructions, labels = parse_sass(disassemble(build, arch, entry))
+    spans = _backward_spans(instructions, labels)
+    products = [(a, z) for a, z in _inner_spans(spans) if any(i.base == "FFMA" for i in instructions[a:z + 1])]
+    lo, hi = products[0][0], products[-1][1]
+    around = [sp for sp in spans if sp[0] <= lo and sp[1] >= hi and sp not in products]
+    if not around:
+        raise ValueError(f"no loop of {r.name} at d={d} ({arch}) holds both product loops")
+    first, last = min(around, key=lambda sp: sp[1] - sp[0])
+    inside = {i for a, z in products for i in range(a, z + 1)}
+    overhead = sum(1 for i in every_pass(instructions, labels, first, last) if i not in inside)
+    block_q, block_k = getattr(source, _TILES[r.name])(d)
+    threads = compile_kernel(build, arch).resources[entry].threads_per_block
+    fmas, spare = divmod(block_q * block_k * d, threads)
+    for name, loop in (("S = Q K^T", s_loop), ("P V", pv_loop)):
+        if spare or fmas % loop.ffma:
+            raise ValueError(f"{r.name} at d={d} ({arch}): a tile's {block_q * block_k * d} FMAs of {name} over "
+                             f"{threads} threads are not a whole number of passes of {loop.ffma} FFMA")
+    return KeyTile(s_loop, pv_loop, fmas // s_loop.ffma, fmas // pv_loop.ffma, overhead)
+
+
 def _check_peak_flops(peak_flops) -> float:
     """``peak_flops`` (FLOP/s) as a float: a positive finite real number (NumPy numbers too); ValueError
     naming it otherwise (bools and NaN included)."""
@@ -285,7 +414,9 @@ def fma_loop_table(rungs=CUDA_CORE_RUNGS, ds=(64, 128), arch: str = "sm_90", pea
     :func:`product_loops`: ``s_instructions``, ``s_ffma``, ``s_loads`` (shared loads by width),
     ``pv_instructions``, ``pv_ffma``, ``pv_loads``; then ``share`` (:func:`tile_share`) and ``ceiling``
     (FLOP/s: ``share x peak_flops``; default the H200's FP32 peak, ``lessons.cost.traffic.H200``,
-    67e12). ``rungs``: one rung (a name or a :class:`lessons.gpu.ladder.Rung`) or a sequence of them;
+    67e12): what the product loops alone allow; and over a whole key tile (:func:`key_tile`):
+    ``tile_overhead`` (instructions outside the product loops on every tile, at least), ``tile_instructions``,
+    ``tile_share`` and ``tile_ceiling`` (FLOP/s), what the tile allows, never above ``ceiling``. ``rungs``: one rung (a name or a :class:`lessons.gpu.ladder.Rung`) or a sequence of them;
     ``ds``: a sequence of head dims. TypeError for ``rungs`` or ``ds`` of another kind; ValueError for
     none of them, a rung off :data:`CUDA_CORE_RUNGS`, a bad ``d`` (one where the loops cannot be told
     apart: :func:`product_loops`) or a ``peak_flops`` that is not a positive finite number; the errors
@@ -304,12 +435,15 @@ def fma_loop_table(rungs=CUDA_CORE_RUNGS, ds=(64, 128), arch: str = "sm_90", pea
     out = []
     for name in rungs:
         for d in ds:
-            s_loop, pv_loop = product_loops(name, d, arch)
+            tile = key_tile(name, d, arch)
+            s_loop, pv_loop = tile.s_loop, tile.pv_loop
             share = tile_share(s_loop, pv_loop)
             out.append(dict(rung=ladder._rung(name).name, d=d,
                             s_instructions=s_loop.size, s_ffma=s_loop.ffma, s_loads=s_loop.loads,
                             pv_instructions=pv_loop.size, pv_ffma=pv_loop.ffma, pv_loads=pv_loop.loads,
-                            share=share, ceiling=share * peak))
+                            share=share, ceiling=share * peak, tile_overhead=tile.overhead,
+                            tile_instructions=tile.instructions, tile_share=tile.share,
+                            tile_ceiling=tile.share * peak))
     return out
 
 
@@ -323,16 +457,19 @@ def _loads(loads: dict) -> str:
 def fma_loop_markdown(table=None) -> str:
     """A Markdown table of :func:`fma_loop_table` rows (default: the CUDA-core rungs at d = 64 and 128): per rung
     and head dim, each product loop's FFMA, instructions and shared loads (count x bytes), the share of issue
-    slots that are FFMA over a tile, and the ceiling that puts on the rate (TFLOP/s). The errors of
+    slots that are FFMA in the two loops and the ceiling that puts on the rate (TFLOP/s), then the instructions
+    outside them on every key tile and the share and ceiling over the whole tile. The errors of
     :func:`fma_loop_table`."""
     table = fma_loop_table() if table is None else table
     lines = ["| rung | d | S = Q K^T loop: FFMA / instructions | its shared loads | P V loop: FFMA / instructions | "
-             "its shared loads | FFMA share of a tile's product slots | ceiling, TFLOP/s |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "its shared loads | FFMA share, the two loops | their ceiling, TFLOP/s | other instructions every tile "
+             "(at least) | FFMA share, whole tile | tile ceiling, TFLOP/s |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in table:
         lines.append(f"| {row['rung']} | {row['d']} | {row['s_ffma']} / {row['s_instructions']} | {_loads(row['s_loads'])} | "
                      f"{row['pv_ffma']} / {row['pv_instructions']} | {_loads(row['pv_loads'])} | {row['share']:.0%} | "
-                     f"{row['ceiling'] / 1e12:.1f} |")
+                     f"{row['ceiling'] / 1e12:.1f} | {row['tile_overhead']} of {row['tile_instructions']} | "
+                     f"{row['tile_share']:.0%} | {row['tile_ceiling'] / 1e12:.1f} |")
     return "\n".join(lines)
 
 

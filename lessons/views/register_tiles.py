@@ -97,7 +97,9 @@ RUNG_COLOURS = ("#bdbdbd", "#6baed6", "#1f4e99")
 def issue_ceiling_figure(table, *, peak_flops: float, needs=None, measured=None, measured_label: str = "measured",
                          needs_label: str = "what the target asks"):
     """Bars: the issue-slot ceiling (TFLOP/s) of each rung in ``table`` (rows of
-    :func:`lessons.gpu.sass.fma_loop_table`), grouped by head dim, each labelled with its FFMA share. A line
+    :func:`lessons.gpu.sass.fma_loop_table`), grouped by head dim: solid up to the whole key tile's ceiling
+    (``tile_ceiling``, where rows have it) with its FFMA share written above, pale from there up to what the
+    product loops alone allow (``ceiling``). A line
     across each group at ``needs[d]`` (TFLOP/s a target asks for there, e.g. 3x naive CuPy), a diamond at
     ``measured[rung][d]`` (TFLOP/s a GPU measured; ``measured_label`` says where), and the FP32 peak
     ``peak_flops`` (FLOP/s) as the top line. Returns a Figure. TypeError for a ``table`` that is not a non-empty
@@ -113,10 +115,14 @@ def issue_ceiling_figure(table, *, peak_flops: float, needs=None, measured=None,
             or not (math.isfinite(peak_flops) and peak_flops > 0)):
         raise ValueError(f"peak_flops must be a positive finite number of FLOP/s, got {peak_flops!r}")
     for row in table:
-        c = row["ceiling"]
-        if isinstance(c, (bool, np.bool_)) or not isinstance(c, numbers.Real) or not 0 <= c <= peak_flops:
-            raise ValueError(f"table: the ceiling of {row['rung']} at d={row['d']} must be a number of FLOP/s in "
-                             f"0..peak_flops={peak_flops:g}, got {c!r}")
+        for key in ("ceiling", "tile_ceiling"):
+            c = row.get(key, 0.0)
+            if isinstance(c, (bool, np.bool_)) or not isinstance(c, numbers.Real) or not 0 <= c <= peak_flops:
+                raise ValueError(f"table: the {key} of {row['rung']} at d={row['d']} must be a number of FLOP/s in "
+                                 f"0..peak_flops={peak_flops:g}, got {c!r}")
+        if row.get("tile_ceiling", 0.0) > row["ceiling"]:
+            raise ValueError(f"table: the tile_ceiling of {row['rung']} at d={row['d']} is above its ceiling: a tile "
+                             f"holds the product loops, so it cannot allow more than they do")
     for name, value in (("needs", needs), ("measured", measured)):
         if value is not None and not isinstance(value, dict):
             raise TypeError(f"{name} must be a dict or None, got {type(value).__name__} {value!r}")
@@ -132,16 +138,20 @@ def issue_ceiling_figure(table, *, peak_flops: float, needs=None, measured=None,
     peak = peak_flops / 1e12
     ax.axhline(peak, color="black", lw=1)
     ax.text(len(ds) - 0.5, peak, f"FP32 peak {peak:.0f}", ha="right", va="bottom", fontsize=8)
-    drew_need = drew_measured = False
+    drew_need = drew_measured = drew_loops = False
     for i, d in enumerate(ds):
         for j, name in enumerate(rungs):
             row = next((r for r in table if r["d"] == d and r["rung"] == name), None)
             if row is None:
                 continue
             x = i - 0.4 + width * (j + 0.5)
-            ax.bar(x, row["ceiling"] / 1e12, width * 0.9, color=colours[name], label=name if i == 0 else None)
-            ax.text(x, row["ceiling"] / 1e12 + 0.8, f"{row['ceiling'] / 1e12:.0f}\n({row['share']:.0%})",
-                    ha="center", va="bottom", fontsize=7.5)
+            top, share = row["ceiling"] / 1e12, row["share"]
+            if "tile_ceiling" in row:
+                ax.bar(x, top, width * 0.9, color=colours[name], alpha=0.3)
+                drew_loops = True
+                top, share = row["tile_ceiling"] / 1e12, row["tile_share"]
+            ax.bar(x, top, width * 0.9, color=colours[name], label=name if i == 0 else None)
+            ax.text(x, row["ceiling"] / 1e12 + 0.8, f"{top:.0f}\n({share:.0%})", ha="center", va="bottom", fontsize=7.5)
             value = measured.get(name, {}).get(d)
             if value is not None:
                 ax.plot(x, value, marker="D", ms=7, color="#d62728", mec="white", linestyle="none",
@@ -155,8 +165,13 @@ def issue_ceiling_figure(table, *, peak_flops: float, needs=None, measured=None,
     ax.set_xlim(-0.5, len(ds) - 0.5)
     ax.set_ylim(0, peak * 1.12)
     ax.set_ylabel("TFLOP/s (FP32)")
-    ax.set_title("The ceiling issue slots put on each CUDA-core rung's products\n"
-                 "(FFMA share of the S and P V loops' instructions x the FP32 peak)", fontsize=10, loc="left")
+    ax.set_title("The ceiling issue slots put on each CUDA-core rung\n"
+                 "(the products' FFMA share of the instructions a key tile issues x the FP32 peak)", fontsize=10,
+                 loc="left")
     tidy(ax)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
+    handles, labels = ax.get_legend_handles_labels()
+    if drew_loops:
+        handles.append(Patch(facecolor="#808080", alpha=0.3, label="pale: the product loops alone"))
+        labels.append(handles[-1].get_label())
+    ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
     return fig
