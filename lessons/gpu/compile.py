@@ -57,7 +57,7 @@ __all__ = [
     "ARCHS", "KernelCompileError", "KernelResources", "CompiledKernel", "nvrtc_available",
     "nvrtc_version", "compile_kernel", "compile_report", "compile_report_table", "device_available",
     "device_name", "device_arch", "device_module", "device_resources", "kernel_resources", "gpu_status",
-    "find_ptxas", "ptxas_resources", "parse_ptxas_log", "NOT_REPORTED",
+    "find_ptxas", "find_cuda_tool", "package_folders", "ptxas_resources", "parse_ptxas_log", "NOT_REPORTED",
     "FROM_DEVICE", "FROM_NVRTC", "FROM_PTXAS",
 ]
 
@@ -683,26 +683,39 @@ def gpu_status() -> str:
     return f"CUDA kernels compiled for {archs} with NVRTC {version}, but not run: no CUDA device"
 
 
-def find_ptxas() -> str | None:
-    """Path of a standalone ``ptxas``: pip ``nvidia-cuda-nvcc-cu12`` first, then PATH,
-    then ``$CUDA_HOME/bin``; None if there is none."""
+def package_folders(name: str) -> list:
+    """The folders of an installed (namespace) package such as ``"nvidia.cuda_nvcc"`` as Paths; [] when it
+    is not installed."""
     try:
-        spec = importlib.util.find_spec("nvidia.cuda_nvcc")
+        spec = importlib.util.find_spec(name)
     except (ImportError, ValueError):
         spec = None
-    candidates = []
-    if spec is not None and spec.submodule_search_locations:
-        candidates += [Path(p) / "bin" / "ptxas" for p in spec.submodule_search_locations]
-    which = shutil.which("ptxas")
+    if spec is None or not spec.submodule_search_locations:
+        return []
+    return [Path(p) for p in spec.submodule_search_locations]
+
+
+def find_cuda_tool(name: str, wheel_bins=()) -> str | None:
+    """Path of the executable CUDA tool ``name`` (``"ptxas"``, ``"nvdisasm"``): in the folders ``wheel_bins``
+    first (where pip's NVIDIA wheels put it), then on PATH, then in ``$CUDA_HOME/bin``, ``$CUDA_PATH/bin``
+    and ``/usr/local/cuda/bin``; None if there is none."""
+    candidates = [Path(folder) / name for folder in wheel_bins]
+    which = shutil.which(name)
     if which:
         candidates.append(Path(which))
     for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
         if home:
-            candidates.append(Path(home) / "bin" / "ptxas")
+            candidates.append(Path(home) / "bin" / name)
     for c in candidates:
         if c.is_file() and os.access(c, os.X_OK):
             return str(c)
     return None
+
+
+def find_ptxas() -> str | None:
+    """Path of a standalone ``ptxas``: pip ``nvidia-cuda-nvcc-cu12`` first, then PATH,
+    then ``$CUDA_HOME/bin``; None if there is none."""
+    return find_cuda_tool("ptxas", [folder / "bin" for folder in package_folders("nvidia.cuda_nvcc")])
 
 
 def ptxas_resources(build: KernelBuild, arch: str = "sm_90", ptxas: str | None = None) -> dict:

@@ -20,12 +20,9 @@ environment); another CUDA version may schedule the same PTX differently.
 """
 from __future__ import annotations
 
-import importlib.util
 import math
 import numbers
-import os
 import re
-import shutil
 import subprocess
 import tempfile
 from collections import Counter
@@ -52,24 +49,10 @@ CUDA_CORE_RUNGS = ("scalar", "regtile", "regtile_wide")
 def find_nvdisasm() -> str | None:
     """Path of an executable ``nvdisasm``: a pip ``nvidia-cuda-nvdisasm`` wheel (``nvidia/*/bin``) first,
     then PATH, then ``$CUDA_HOME/bin``, ``$CUDA_PATH/bin``, ``/usr/local/cuda/bin``; None if there is none."""
-    candidates = []
-    try:
-        spec = importlib.util.find_spec("nvidia")
-    except (ImportError, ValueError):
-        spec = None
-    if spec is not None and spec.submodule_search_locations:
-        for folder in spec.submodule_search_locations:
-            candidates += sorted(Path(folder).glob("*/bin/nvdisasm"))
-    which = shutil.which("nvdisasm")
-    if which:
-        candidates.append(Path(which))
-    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
-        if home:
-            candidates.append(Path(home) / "bin" / "nvdisasm")
-    for c in candidates:
-        if c.is_file() and os.access(c, os.X_OK):
-            return str(c)
-    return None
+    from lessons.gpu.compile import find_cuda_tool, package_folders
+
+    wheel_bins = [b for folder in package_folders("nvidia") for b in sorted(folder.glob("*/bin"))]
+    return find_cuda_tool("nvdisasm", wheel_bins)
 
 
 def nvdisasm_available() -> bool:
