@@ -43,6 +43,9 @@
 #      then the wide register-tiled rung; d = 128,
 #      N = 8192, 8 heads; a rung in GPU_CHECK_LEFT_OUT is skipped), where ncu is installed; "none" skips it
 #                                                                     -> ncu/ncu_<rung>.txt
+#      then, per rung in GPU_CHECK_MIX_RUNGS (default: scalar, regtile, regtile_wide; "none" skips them), the warp
+#      instructions issued and the FFMA executed in one launch (two ncu metrics), the measured counterpart of
+#      lessons.gpu.sass.key_tile's count from SASS                      -> ncu/mix_<rung>.txt
 #   7. the MPI ring on the GPU (4 ranks), where mpi4py and mpiexec are installed -> ring.txt
 #   and a one-line-per-step summary                                   -> summary.txt
 #
@@ -427,6 +430,28 @@ else
         detail="$(grep -E '^ +Duration ' "$log" | head -n 1 | tr -s ' ')"
         if [ $rc -eq 0 ]; then step "ncu $rung" ok "${detail:-$(tail -n 1 "$log" | cut -c1-70)}"
         else step "ncu $rung" FAIL "exit $rc$([ $rc -eq 124 ] && echo ', timed out') (ncu/ncu_$rung.txt)"; fi
+    done
+    # the instruction mix of the CUDA-core rungs: warp instructions issued and FFMA executed in one launch, to set
+    # beside the share lessons.gpu.sass.key_tile counts from SASS (its tile share is an upper bound on
+    # FFMA / instructions); a run of its own per rung, so that a metric this ncu lacks costs only this line
+    read -r -a MIX_RUNGS <<< "${GPU_CHECK_MIX_RUNGS:-scalar regtile regtile_wide}"
+    for rung in "${MIX_RUNGS[@]}"; do
+        [ "$rung" = "none" ] && break
+        log="$RESULTS/ncu/mix_$rung.txt"
+        if late "ncu mix $rung" || skip_left_out ncu "ncu mix $rung" "$rung"; then continue; fi
+        entry="$("$PY" scripts/profile_rung.py "$rung" --entry 2> "$log")"
+        rc=$?
+        if [ $rc -eq 0 ] && [ $DRY -eq 1 ]; then
+            echo "dry run: ncu would filter on $entry" >> "$log"
+        elif [ $rc -eq 0 ]; then
+            timeout "$(left 90)" "$NCU" --clock-control none -k "$entry" --launch-skip 1 --launch-count 1 \
+                --metrics smsp__inst_executed.sum,smsp__sass_thread_inst_executed_op_ffma_pred_on.sum \
+                "$PY" scripts/profile_rung.py "$rung" >> "$log" 2>&1
+            rc=$?
+        fi
+        detail="$(grep -E 'inst_executed' "$log" | tr -s ' ' | paste -sd ';' | cut -c1-70)"
+        if [ $rc -eq 0 ]; then step "ncu mix $rung" ok "${detail:-$(tail -n 1 "$log" | cut -c1-70)}"
+        else step "ncu mix $rung" FAIL "exit $rc$([ $rc -eq 124 ] && echo ', timed out') (ncu/mix_$rung.txt)"; fi
     done
 fi
 

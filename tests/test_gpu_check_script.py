@@ -66,6 +66,7 @@ def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
     expected |= {f"first run {rung}" for rung in ladder.first_run_rungs()}      # (seven today)
     expected |= {f"ncu {rung}" for rung in ("mma_fa2", "mma_fa2_lazy", "mma_fa2_wide", "wgmma", "wgmma_overlap", "wgmma_pingpong",
                                            "paged_decode_split", "paged_decode_prefetch", "regtile_wide")}
+    expected |= {f"ncu mix {rung}" for rung in ("scalar", "regtile", "regtile_wide")}    # the CUDA-core rungs' mix
     expected |= {f"drivers (emulator) {k}" for k in sanitize.KERNELS}      # the script runs every driver
     assert set(steps) == expected and set(steps.values()) == {"ok"}, summary
     assert "passed" in summary and "failed" not in summary
@@ -130,6 +131,9 @@ def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
             (tmp_path / "ncu" / f"ncu_{rung}.txt").read_text()
     assert "ran regtile_wide (flash_attention_regtile_wide) twice on emulator; output finite: True" in \
         (tmp_path / "ncu" / "ncu_regtile_wide.txt").read_text()
+    for rung in ("scalar", "regtile", "regtile_wide"):                # the kernel name ncu would filter on
+        assert (tmp_path / "ncu" / f"mix_{rung}.txt").read_text() == \
+            f"dry run: ncu would filter on {ladder.rung_entry(rung, 128)}\n"
 
 
 def test_a_folder_that_holds_a_run_is_never_written_over(tmp_path):
@@ -491,6 +495,7 @@ def test_steps_left_out_of_gpu_check_steps_are_named_and_do_not_fail_the_run(tmp
                    "pytest (GPU cases)", "compute-sanitizer"}, summary
     why = "in GPU_CHECK_LEFT_OUT: failed its first run on this machine (scripts/first_run.py)"
     assert steps["ncu wgmma"] == ["skip", why] and steps["ncu regtile_wide"] == ["skip", why]
+    assert steps["ncu mix regtile_wide"] == ["skip", why] and steps["ncu mix regtile"][0] == "ok"
     assert steps["ring on the GPU (MPI)"][0] == "skip" and steps["total"][0] == "ok"
     assert steps["benchmark backward"][0] == "ok"                    # (no device: it says so and exits 0)
     assert not (tmp_path / "compile_report.txt").exists() and not (tmp_path / "benchmark" / "log.txt").exists()
@@ -524,7 +529,8 @@ def test_a_left_out_given_for_a_second_run_is_checked_spelled_out_and_honoured(t
     left = {name for name, (status, detail) in steps.items() if status == "skip" and detail.strip() == why}
     assert left == {"decode split sweep", "decode split sweep (prefetch)", "tune mma_fa2_wide tiles",
                     "tune mma_fa2_lazy tiles", "tune regtile tiles", "tune regtile_wide tiles",
-                    "ncu mma_fa2_wide", "ncu paged_decode_prefetch"}, summary
+                    "ncu mma_fa2_wide", "ncu paged_decode_prefetch", "ncu mix regtile", "ncu mix regtile_wide"}, summary
+    assert steps["ncu mix scalar"][0] == "ok"
     assert steps["ncu mma_fa2"][0] == "ok" and steps["first run"] == ["skip", "not in GPU_CHECK_STEPS"]
     assert not (tmp_path / "regtile_configs").exists() and not (tmp_path / "ncu" / "ncu_mma_fa2_wide.txt").exists()
     # a name that is no rung of ours is refused before anything runs
