@@ -59,7 +59,8 @@ WHAT = {
     "regtile_configs": "the register-tiled rung's tiles against naive CuPy (`scripts/tune_tiles.py --rung regtile`)",
     "regtile_wide_configs": "the wide register-tiled rung's tiles, 16 lanes per row group, against naive CuPy "
                             "(`scripts/tune_tiles.py --rung regtile_wide`)",
-    "ncu": "Nsight Compute, one launch per rung (`scripts/profile_rung.py`)",
+    "ncu": "Nsight Compute, one launch per rung (`scripts/profile_rung.py`); `mix_<rung>.txt`: the warp "
+           "instructions and FFMA of one launch of each CUDA-core rung",
 }
 
 
