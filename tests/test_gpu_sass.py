@@ -335,6 +335,31 @@ def test_every_pass_keeps_the_blocks_on_every_path_through_the_loop():
         sass.every_pass(instructions, labels, 9, 0)
 
 
+# sm_80's way out of a loop: a predicated CALL.REL.NOINC to the label just past the loop's unconditional branch back
+CALL_EXIT = """
+.L_x_0:
+        /*0000*/                   MOV R7, RZ ;
+.L_x_1:
+        /*0010*/                   FFMA R1, R2, R3, R1 ;
+        /*0020*/                   IADD3 R7, R7, 0x1, RZ ;
+        /*0030*/                   ISETP.NE.AND P1, PT, R7, 0x10, PT ;
+        /*0040*/              @!P1 CALL.REL.NOINC `(.L_x_2) ;
+        /*0050*/                   BRA `(.L_x_1) ;
+.L_x_2:
+        /*0060*/                   MUFU.EX2 R4, R4 ;
+        /*0070*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0080*/               @P2 BRA `(.L_x_0) ;
+        /*0090*/                   EXIT ;
+"""
+
+
+def test_every_pass_follows_a_call_that_leaves_an_inner_loop():
+    instructions, labels = sass.parse_sass(CALL_EXIT)
+    passes = sass.every_pass(instructions, labels, 0, 8)
+    # all but the inner loop's branch back, which the pass that leaves it does not issue
+    assert [instructions[i].offset for i in passes] == [0x00, 0x10, 0x20, 0x30, 0x40, 0x60, 0x70, 0x80]
+
+
 @needs_tools
 @pytest.mark.parametrize("rung", sass.CUDA_CORE_RUNGS)
 @pytest.mark.parametrize("d", [64, 128])
@@ -348,3 +373,4 @@ def test_a_key_tile_runs_each_products_fmas_and_never_allows_more_than_its_loops
     assert tile.product_ffma == 2 * fmas
     assert tile.instructions == tile.overhead + tile.s_trips * tile.s_loop.size + tile.pv_trips * tile.pv_loop.size
     assert 0 < tile.overhead and tile.share < sass.tile_share(tile.s_loop, tile.pv_loop)
+

@@ -210,12 +210,15 @@ def inner_loops(text: str) -> list[Loop]:
 
 
 def _ends_block(instruction: Instruction) -> bool:
-    return instruction.base in ("BRA", "BRX", "JMP", "JMX", "EXIT", "RET")
+    """Whether control may leave ``instruction`` for somewhere else than the next one. ``CALL`` too: for sm_80
+    ptxas leaves a loop by a predicated ``CALL.REL.NOINC `(label)`` just before its unconditional branch back."""
+    return instruction.base in ("BRA", "BRX", "JMP", "JMX", "EXIT", "RET", "CALL")
 
 
 def _falls_through(instruction: Instruction) -> bool:
     """Whether control may go on to the next instruction: not after an unconditional ``BRA `(label)``,
-    ``EXIT`` or ``RET`` (no predicate, no modifier such as ``.DIV``, no predicate operand)."""
+    ``EXIT`` or ``RET`` (no predicate, no modifier such as ``.DIV``, no predicate operand); after a ``CALL``
+    always."""
     if not _ends_block(instruction) or instruction.predicate:
         return True
     if instruction.base in ("EXIT", "RET"):
@@ -330,7 +333,9 @@ class KeyTile:
     that run on every pass of the key-tile loop (:func:`every_pass`: softmax, copies, barriers, loop
     control), a lower bound, since code on only some paths is left out. ``instructions``: the sum, so at
     least what a tile issues; ``share``: the products' FFMA over that, so at most the share of issue slots
-    that multiply."""
+    that multiply. Each pass of a product loop counts all of it: the scalar rung's P V loop skips the FMAs of a
+    key whose p is 0 (a masked key, or one whose exponential underflows), so for that rung the count holds for a
+    tile whose p are all nonzero (every key visible, none underflowing to 0)."""
 
     s_loop: Loop
     pv_loop: Loop
