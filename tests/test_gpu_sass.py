@@ -1,5 +1,6 @@
 """lessons.gpu.sass: SASS read from the rungs' cubins, innermost loops, and the issue-slot ceiling."""
 import math
+import re
 
 import numpy as np
 import pytest
@@ -374,3 +375,155 @@ def test_a_key_tile_runs_each_products_fmas_and_never_allows_more_than_its_loops
     assert tile.instructions == tile.overhead + tile.s_trips * tile.s_loop.size + tile.pv_trips * tile.pv_loop.size
     assert 0 < tile.overhead and tile.share < sass.tile_share(tile.s_loop, tile.pv_loop)
 
+
+# ---- an independent check of key_tile: the shortest path through the key-tile loop's own control-flow graph ----
+
+_TARGET_OF = re.compile(r"`\(([^)]+)\)")
+_BRANCHES = ("BRA", "BRX", "JMP", "JMX", "CALL")
+
+
+def _successors(instructions, labels, i):
+    """Where control may go after instruction i: a branch's (or CALL.REL's) label, and the next instruction
+    unless the instruction is an unconditional BRA / JMP / EXIT / RET. A branch with a predicate (``@P0``, not
+    ``@PT``), a predicate operand (``BRA P1, ...``, ``BRA.U !UP0, ...``) or ``.DIV`` may fall through; CALL
+    always may (a call returns; CALL.REL.NOINC to a label is ptxas' predicated loop exit)."""
+    x = instructions[i]
+    out = set()
+    target = _TARGET_OF.search(x.text)
+    if x.base in _BRANCHES:
+        assert x.base not in ("BRX", "JMX"), f"an indirect branch at {x.offset:#x}: {x.text}"
+        if target and target.group(1) in labels:
+            out.add(labels[target.group(1)])
+    conditional = x.predicate not in (None, "@PT")
+    operands = x.text.split(None, 1)[1] if " " in x.text else ""
+    if x.base in ("BRA", "JMP"):
+        ends = not conditional and ".DIV" not in x.opcode and operands.startswith("`")
+    else:
+        ends = x.base in ("EXIT", "RET", "KILL") and not conditional
+    if not ends and i + 1 < len(instructions):
+        out.add(i + 1)
+    return out
+
+
+def _shortest_pass(instructions, labels, first, last, cost, skip_to, barred=()):
+    """Fewest instructions from ``first`` to ``last`` (both counted), each instruction i costing cost(i), where
+    reaching a product loop's head h jumps to skip_to[h] (the loop costs cost(h)), no edge leads back to
+    ``first`` (that is the next pass) and the edges in ``barred`` (inner loops' branches back) are not taken."""
+    import heapq
+
+    best = {first: cost(first)}
+    heap = [(cost(first), first)]
+    while heap:
+        dist, i = heapq.heappop(heap)
+        if i == last:
+            return dist
+        if dist > best.get(i, math.inf):
+            continue
+        nexts = {skip_to[i]} if i in skip_to else _successors(instructions, labels, i)
+        for j in nexts:
+            if j == first or (i, j) in barred:
+                continue
+            if dist + cost(j) < best.get(j, math.inf):
+                best[j] = dist + cost(j)
+                heapq.heappush(heap, (best[j], j))
+    return math.inf
+
+
+def _counter_trips(instructions, head, back):
+    """Passes of a counted loop [head, back], read from its induction variable: the compare that sets the
+    predicate of its branch back (or of its exit), the counter's step inside the loop and its start, the
+    last write before the head. None where the pattern is not this one."""
+    body = instructions[head:back + 1]
+    compares = [re.match(r"ISETP\.(NE|GE\.U32|GE)\.AND (P\d), PT, (R\d+), (0x[0-9a-f]+|\d+), PT", x.text)
+                for x in body if x.base == "ISETP"]
+    compares = [m for m in compares if m]
+    if len(compares) != 1:
+        return None
+    _, _, counter, bound = compares[0].groups()
+    steps = [re.match(rf"(?:IADD3|VIADD) {counter}, {counter}, (0x[0-9a-f]+|\d+)", x.text) for x in body]
+    steps = [int(m.group(1), 0) for m in steps if m]
+    start = None
+    for x in reversed(instructions[:head]):
+        if re.match(rf"\S+ {counter}\b,", x.text):
+            zero = re.match(rf"(?:MOV {counter}, RZ|IMAD\.MOV\.U32 {counter}, RZ, RZ, RZ|HFMA2\.MMA {counter}, -RZ, RZ, 0, 0|"
+                            rf"CS2R {counter}, SRZ)$", x.text)
+            start = 0 if zero else None
+            break
+    if len(steps) != 1 or start is None:
+        return None
+    return -(-(int(bound, 0) - start) // steps[0])
+
+
+def _tile_paths(rung, d, arch):
+    """(KeyTile, {"path": the shortest pass with each product loop at trips x size, "skip": the same with each
+    product loop at trips x its own shortest pass, "exit": the fewest instructions from the head to leaving the
+    loop (the last tile)}, {loop head: (trips, size, shortest pass, counter trips)}) for one build."""
+    from lessons.gpu import ladder
+    from lessons.gpu.compile import compile_kernel
+
+    tile = sass.key_tile(rung, d, arch)
+    build, entry = ladder.rung_build(rung, d), ladder.rung_entry(rung, d)
+    instructions, labels = sass.parse_sass(sass.disassemble(build, arch, entry))
+    n = len(instructions)
+    back_edges = [(i, j) for i in range(n) for j in _successors(instructions, labels, i) if j <= i]
+    loops = [(j, i) for i, j in back_edges]                       # (head, branch back)
+    innermost = [(h, b) for h, b in loops if not any(h <= h2 and b2 <= b and (h2, b2) != (h, b) for h2, b2 in loops)]
+    products = [(h, b) for h, b in innermost if any(x.base == "FFMA" for x in instructions[h:b + 1])]
+    first, last = min(((h, b) for h, b in loops if h <= products[0][0] and b >= products[-1][1]
+                       and (h, b) not in products), key=lambda hb: hb[1] - hb[0])
+    products = [(h, b) for h, b in products if first < h and b < last]
+    block_q, block_k = getattr(source, {"scalar": "flash_attention_config", "regtile": "flash_attention_regtile_config",
+                                "regtile_wide": "flash_attention_regtile_wide_config"}[rung])(d)
+    fmas = block_q * block_k * d // compile_kernel(build, arch).resources[entry].threads_per_block
+    info, skip_to = {}, {}
+    for h, b in products:
+        inside = set(range(h, b + 1))
+        # entered only at its head, and left for one place only (after its branch back, or past the other P V)
+        for i in range(n):
+            for j in _successors(instructions, labels, i):
+                assert not (i not in inside and j in inside and j != h), f"{rung} d={d} {arch}: {i} enters loop {h}..{b} at {j}"
+        (out,) = {j for i in inside for j in _successors(instructions, labels, i) if j not in inside}
+        ffma = sum(1 for x in instructions[h:b + 1] if x.base == "FFMA")
+        assert fmas % ffma == 0, (rung, d, arch, h, ffma)
+        one = _shortest_pass(instructions, labels, h, b, lambda i: 1, {}, {(b, h)})
+        info[h] = (fmas // ffma, b - h + 1, one, _counter_trips(instructions, h, b))
+        skip_to[h] = out
+    barred = {(b, h) for h, b in loops if (h, b) != (first, last)}
+    paths = {}
+    for name, per_pass in (("path", 1), ("skip", 2)):
+        cost = lambda i, k=per_pass: info[i][0] * info[i][k] if i in info else 1
+        paths[name] = _shortest_pass(instructions, labels, first, last, cost, skip_to, barred)
+    # the last tile: from the head to the first instruction outside the loop (not counted)
+    exits = {j for i in range(first, last + 1) for j in _successors(instructions, labels, i)
+             if not first <= j <= last} - {first}
+    cost = lambda i: info[i][0] * info[i][1] if i in info else (0 if i in exits else 1)
+    paths["exit"] = min(_shortest_pass(instructions, labels, first, e, cost, skip_to, barred) for e in exits)
+    return tile, paths, info
+
+
+@needs_tools
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("rung", sass.CUDA_CORE_RUNGS)
+@pytest.mark.parametrize("d", [64, 128])
+def test_key_tile_never_counts_more_than_the_shortest_pass_through_its_loop(rung, d, arch):
+    tile, paths, info = _tile_paths(rung, d, arch)
+    print(f"\n{rung} d={d} {arch}: key_tile {tile.instructions} (overhead {tile.overhead}), shortest pass "
+          f"{paths['path']} (slack {paths['path'] - tile.instructions}), last tile {paths['exit']}, "
+          f"loops {info}")
+    # the product loops: key_tile's two are among them with the same passes, and each loop's counter agrees
+    # with the passes its FFMA count gives (no FMAs peeled out of a loop)
+    assert {(tile.s_trips, tile.s_loop.size), (tile.pv_trips, tile.pv_loop.size)} <= {v[:2] for v in info.values()}
+    assert [v[3] for v in info.values()] == [v[0] for v in info.values()]
+    assert tile.instructions <= paths["path"]
+    # and it misses little: the shortest pass holds only a few instructions that are not on every pass
+    assert paths["path"] - tile.instructions <= 0.01 * tile.instructions
+    # the last tile leaves the loop before an unconditional branch back (sm_80) or at the branch (sm_90)
+    assert tile.instructions - 1 <= paths["exit"]
+    # inside a product loop every instruction issues on every pass, but for the scalar rung's P V, which skips
+    # a key whose p is 0 (a masked key): key_tile counts a tile whose p are all nonzero
+    shortcuts = [(trips, size, one) for trips, size, one, _ in info.values() if one < size]
+    if rung == "scalar":
+        assert len(shortcuts) == 1 and shortcuts[0][:2] == (tile.pv_trips, tile.pv_loop.size)
+        assert paths["skip"] < tile.instructions
+    else:
+        assert shortcuts == [] and paths["skip"] == paths["path"]
