@@ -263,7 +263,7 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           "Each SM quarter issues one warp instruction per clock and finishes one warp FFMA per clock. What does "
           "that say about the rung's speed?",
           ("Nothing: loads run on another unit, so they cost no FFMA any time",
-           "In that loop the FP32 lanes are busy at most 32 / 71 = 45% of the clocks, so the products run at most "
+           "In that loop the FP32 lanes are busy at most 32 / 71 = 45% of the clocks, so S = Q K^T runs at most "
            "at about 45% of the FP32 peak, however well the loads are hidden",
            "The loop is bound by HBM, since every load goes to HBM",
            "It runs at 32 / 34 of the peak, the ratio of FFMA to loads"),
