@@ -331,8 +331,8 @@ class KeyTile:
     passes of each one key tile takes (the tile's ``block_q x block_k x d`` FMAs of each product over the
     block's threads, divided by the loop's FFMA per pass); ``overhead``: the instructions outside those loops
     that run on every pass of the key-tile loop (:func:`every_pass`: softmax, copies, barriers, loop
-    control), a lower bound, since code on only some paths is left out. ``instructions``: the sum, so at
-    least what a tile issues; ``share``: the products' FFMA over that, so at most the share of issue slots
+    control), a lower bound, since code on only some paths is left out. ``instructions``: the sum, so a tile
+    issues at least this many; ``share``: the products' FFMA over that, so at most the share of issue slots
     that multiply. Each pass of a product loop counts all of it: the scalar rung's P V loop skips the FMAs of a
     key whose p is 0 (a masked key, or one whose exponential underflows), so for that rung the count holds for a
     tile whose p are all nonzero (every key visible, none underflowing to 0)."""
