@@ -527,3 +527,21 @@ def test_key_tile_never_counts_more_than_the_shortest_pass_through_its_loop(rung
         assert paths["skip"] < tile.instructions
     else:
         assert shortcuts == [] and paths["skip"] == paths["path"]
+
+
+@needs_tools
+def test_the_quiz_quotes_the_sass_counts():
+    from lessons.course.quiz import QUIZZES
+    from lessons.gpu.compile import nvrtc_version
+
+    if nvrtc_version()[:2] != (12, 9):
+        pytest.skip("the quiz quotes NVRTC 12.9's SASS")
+    question = next(q for q in QUIZZES["06_kernel_ladder"] if q.question.startswith("In SASS"))
+    s_loop = sass.fma_loops("scalar", 64)[0]
+    others = s_loop.size - s_loop.ffma - s_loop.shared_loads
+    assert (f"{s_loop.size} instructions: {s_loop.ffma} FFMA, {s_loop.shared_loads} shared loads and {others} others"
+            in question.question)
+    assert f"{s_loop.ffma} / {s_loop.size} = {s_loop.ffma_share:.0%}" in question.choices[question.answer]
+    share = {row["rung"]: row["share"] for row in sass.fma_loop_table(("regtile", "regtile_wide"), (64,))}
+    assert f"{share['regtile']:.0%} in the plain build at d = 64, {share['regtile_wide']:.0%} in the wide one" in \
+        question.explanation
