@@ -12,8 +12,9 @@ the FP32 lanes busy at most ``s`` of the time: it runs at most at ``s`` times th
 well everything else goes. A key tile of a CUDA-core rung does the same number of FMAs in S = Q K^T as in
 P V (``block_q x block_k x d`` each), so the tile's ceiling uses the two loops' shares combined as
 ``2 / (1 / s_S + 1 / s_PV)``. The softmax between the products, the copies into shared memory and the
-barriers are not in these loops: they only lower the rate further. The ceiling says what a rung *cannot*
-reach, not what it will.
+barriers are not in these loops and lower the rate further: :func:`key_tile` counts the part of them that
+runs on every key tile (the basic blocks that dominate the key-tile loop's branch back), which gives the
+tighter *tile ceiling*. A ceiling says what a rung *cannot* reach, not what it will.
 
 The SASS here is what the installed NVRTC's ptxas makes for ``sm_90`` (12.9 in the course's
 environment); another CUDA version may schedule the same PTX differently.
