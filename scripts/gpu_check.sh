@@ -445,7 +445,7 @@ else
             echo "dry run: ncu would filter on $entry" >> "$log"
         elif [ $rc -eq 0 ]; then
             timeout "$(left 90)" "$NCU" --clock-control none -k "$entry" --launch-skip 1 --launch-count 1 \
-                --metrics smsp__inst_executed.sum,smsp__sass_thread_inst_executed_op_ffma_pred_on.sum \
+                --print-units base --metrics smsp__inst_executed.sum,smsp__sass_thread_inst_executed_op_ffma_pred_on.sum \
                 "$PY" scripts/profile_rung.py "$rung" >> "$log" 2>&1
             rc=$?
         fi

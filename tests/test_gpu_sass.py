@@ -545,3 +545,54 @@ def test_the_quiz_quotes_the_sass_counts():
     share = {row["rung"]: row["share"] for row in sass.fma_loop_table(("regtile", "regtile_wide"), (64,))}
     assert f"{share['regtile']:.0%} in the plain build at d = 64, {share['regtile_wide']:.0%} in the wide one" in \
         question.explanation
+
+
+# what ncu --metrics prints for one profiled launch (the layout of Nsight Compute's text report)
+NCU_REPORT = """==PROF== Connected to process 4242 (/usr/bin/python3.12)
+==PROF== Profiling "flash_attention_regtile_wide" - 0: 0%....50%....100% - 3 passes
+ran regtile_wide (flash_attention_regtile_wide) twice on cupy; output finite: True
+==PROF== Disconnected from process 4242
+[4242] python3.12@127.0.0.1
+  flash_attention_regtile_wide (128, 8, 1)x(128, 1, 1), Context 1, Stream 7, Device 0, CC 9.0
+    Section: Command line profiler metrics
+    ----------------------------------------------------- ----------- -------------
+    Metric Name                                           Metric Unit  Metric Value
+    ----------------------------------------------------- ----------- -------------
+    smsp__inst_executed.sum                                      inst   125,000,000
+    smsp__sass_thread_inst_executed_op_ffma_pred_on.sum          Ginst          3.2
+    ----------------------------------------------------- ----------- -------------
+"""
+
+
+def test_parse_ncu_metrics_reads_names_values_and_scaled_units():
+    assert sass.parse_ncu_metrics(NCU_REPORT) == {"smsp__inst_executed.sum": 125e6,
+                                                 "smsp__sass_thread_inst_executed_op_ffma_pred_on.sum": 3.2e9}
+    assert sass.parse_ncu_metrics("smsp__inst_executed.sum inst n/a\n") == {}
+    with pytest.raises(TypeError, match="text must be Nsight Compute's report"):
+        sass.parse_ncu_metrics(None)
+
+
+def test_measured_mix_turns_thread_ffma_into_warp_ffma_per_warp_instruction(tmp_path):
+    (tmp_path / "mix_regtile_wide.txt").write_text(NCU_REPORT)
+    mix = sass.measured_mix("regtile_wide", tmp_path)
+    # 3.2e9 thread FFMA = 1e8 warp FFMA, over 1.25e8 warp instructions
+    assert mix == {"instructions": 125e6, "ffma": 1e8, "share": 0.8}
+    assert sass.measured_mix("regtile", tmp_path) is None                # no file: not measured
+    (tmp_path / "mix_scalar.txt").write_text(NCU_REPORT.replace("smsp__inst_executed.sum", "smsp__other.sum"))
+    with pytest.raises(ValueError, match="mix_scalar.txt holds no value for"):
+        sass.measured_mix("scalar", tmp_path)
+    with pytest.raises(ValueError, match="CUDA-core rung"):
+        sass.measured_mix("mma_fa2", tmp_path)
+
+
+@needs_tools
+@pytest.mark.parametrize("rung", sass.CUDA_CORE_RUNGS)
+def test_a_launch_runs_the_attention_fmas_once_each(rung):
+    # 2 n^2 d FMAs per head (S and P V), 32 lanes to a warp FFMA: the count of the products over the grid
+    n, heads, d = 8192, 8, 128
+    launch = sass.launch_at_least(rung, n, heads, d)
+    assert launch["product_ffma"] == 2 * n * n * d * heads // 32
+    tile = sass.key_tile(rung, d)
+    assert launch["instructions"] * tile.product_ffma == launch["product_ffma"] * tile.instructions
+    with pytest.raises(ValueError, match="n must be a multiple of"):
+        sass.launch_at_least(rung, n + 1, heads, d)

@@ -39,7 +39,8 @@ from lessons.cost.traffic import H200
 __all__ = ["NVDISASM_HINT", "CUDA_CORE_RUNGS", "find_nvdisasm", "nvdisasm_available", "tools_missing",
            "disassemble",
            "Instruction", "Loop", "parse_sass", "inner_loops", "fma_loops", "product_loops", "tile_share",
-           "fma_loop_table", "fma_loop_markdown", "RUNG_OPCODES", "rung_opcodes", "every_pass", "KeyTile", "key_tile"]
+           "fma_loop_table", "fma_loop_markdown", "RUNG_OPCODES", "rung_opcodes", "every_pass", "KeyTile", "key_tile",
+           "MIX_METRICS", "parse_ncu_metrics", "measured_mix", "launch_at_least"]
 
 #: how to get nvdisasm, for the errors that need it
 NVDISASM_HINT = "pip install nvidia-cuda-nvdisasm (or put a CUDA toolkit's nvdisasm on PATH)"
@@ -499,3 +500,74 @@ def rung_opcodes(d: int = 64, arch: str = "sm_90") -> list[dict]:
         count = sum(1 for i in instructions if i.opcode == opcode or i.opcode.startswith(opcode + "."))
         out.append(dict(name=r.name, arch=rung_arch, opcode=opcode, count=count, instructions=len(instructions)))
     return out
+
+
+#: the two Nsight Compute metrics ``scripts/gpu_check.sh`` collects per CUDA-core rung (``ncu/mix_<rung>.txt``):
+#: warp instructions issued, and FFMA executed by threads with their predicate on
+MIX_METRICS = ("smsp__inst_executed.sum", "smsp__sass_thread_inst_executed_op_ffma_pred_on.sum")
+
+
+def parse_ncu_metrics(text: str) -> dict:
+    """``{metric name: value}`` from Nsight Compute's text report of ``--metrics`` (lines of name, unit and a
+    value with thousands separators, e.g. ``smsp__inst_executed.sum   inst   12,345,678``; a unit scaled by
+    K, M, G or T, such as ``Minst``, is scaled back); where a metric is
+    reported twice (two launches profiled), the last value is kept. Values are floats; a value ncu could not
+    collect (``n/a``) is left out. TypeError for a ``text`` that is not a str."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be Nsight Compute's report (a str), got {type(text).__name__}")
+    scale = {"K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+    out = {}
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) >= 3 and "__" in words[0] and re.fullmatch(r"[0-9][0-9,]*(\.[0-9]+)?", words[-1]):
+            unit = words[-2]                          # "inst", or scaled where ncu scales units: "Minst"
+            factor = scale[unit[0]] if unit[0] in scale and unit[1:2].islower() else 1.0
+            out[words[0]] = float(words[-1].replace(",", "")) * factor
+    return out
+
+
+def measured_mix(rung, folder: Path | None = None) -> dict | None:
+    """What one launch of CUDA-core rung ``rung`` issued on a GPU, from ``folder / f"mix_{name}.txt"``
+    (default: the recorded run's ``ncu`` folder, :data:`lessons.gpu.recorded.RECORDED_DIR`): instructions
+    (warp instructions issued), ffma (warp FFMA: the thread count over 32, all lanes of these kernels being
+    active) and share (ffma / instructions), the measured counterpart of :attr:`KeyTile.share`, which bounds it
+    from above. None when the run holds no such file (the recorded run may predate it). ValueError naming the
+    file when it lacks one of :data:`MIX_METRICS`; the errors of :func:`fma_loops` for a rung off
+    :data:`CUDA_CORE_RUNGS`."""
+    from lessons.gpu import ladder
+    from lessons.gpu.recorded import RECORDED_DIR
+
+    r = ladder._rung(rung)
+    if r.name not in CUDA_CORE_RUNGS:
+        raise ValueError(f"rung must be a CUDA-core rung, one of {list(CUDA_CORE_RUNGS)}, got {r.name!r}")
+    path = Path(RECORDED_DIR / "ncu" if folder is None else folder) / f"mix_{r.name}.txt"
+    if not path.is_file():
+        return None
+    metrics = parse_ncu_metrics(path.read_text(errors="replace"))
+    missing = [m for m in MIX_METRICS if m not in metrics]
+    if missing or not metrics[MIX_METRICS[0]]:
+        raise ValueError(f"{path} holds no value for {missing or [MIX_METRICS[0] + ' above 0']}: not an ncu report of "
+                         f"the metrics gpu_check.sh asks for")
+    instructions, ffma = metrics[MIX_METRICS[0]], metrics[MIX_METRICS[1]] / 32
+    return dict(instructions=instructions, ffma=ffma, share=ffma / instructions)
+
+
+def launch_at_least(rung, n: int = 8192, heads: int = 8, d: int = 128, arch: str = "sm_90") -> dict:
+    """What one non-causal forward launch of CUDA-core rung ``rung`` issues at least, by :func:`key_tile`:
+    ``n`` queries and keys, ``heads`` heads, head dim ``d``, default tiles (as ``scripts/profile_rung.py``
+    launches it under ncu). Returns instructions (warp instructions: blocks x warps x key tiles x
+    :attr:`KeyTile.instructions`) and product_ffma (warp FFMA of the two products), to set beside
+    :func:`measured_mix`. ValueError for an ``n`` that is not a multiple of the rung's ``block_k`` (a cut tile
+    runs other code), and the errors of :func:`key_tile`."""
+    from lessons.gpu import ladder, source
+    from lessons.gpu.compile import compile_kernel
+
+    r = ladder._rung(rung)
+    n, heads = check_int(n, "n", min=1), check_int(heads, "heads", min=1)
+    tile = key_tile(r, d, arch)
+    block_q, block_k = getattr(source, _TILES[r.name])(d)
+    if n % block_k:
+        raise ValueError(f"n must be a multiple of {r.name}'s block_k = {block_k} at d = {d}, got {n}")
+    threads = compile_kernel(ladder.rung_build(r, d), arch).resources[ladder.rung_entry(r, d)].threads_per_block
+    tiles = -(-n // block_q) * heads * (threads // 32) * (n // block_k)      # (block, warp, key tile) triples
+    return dict(instructions=tiles * tile.instructions, product_ffma=tiles * tile.product_ffma)
