@@ -27,7 +27,7 @@ from lessons.gpu.recorded import RECORDED_DIR, _shipped, typed_csv_rows  # RECOR
 
 __all__ = ["Rung", "RUNGS", "RECORDED_DIR", "RECORDED_CSV", "RECORDED_LABEL", "PROFILED_DIR", "PROFILED_LABEL",
            "SDPA_KERNEL", "NOT_MEASURED", "rung", "attention_flops", "recorded_rows", "recorded", "ladder_table",
-           "rung_intensity", "rung_build", "measure_ladder", "ladder_points", "speedup_claim", "CLAIM",
+           "rung_intensity", "rung_tiles", "rung_build", "measure_ladder", "ladder_points", "speedup_claim", "CLAIM",
            "ladder_markdown", "rung_evidence", "overlap_evidence", "SERIALISED_WGMMA", "Target", "TARGETS",
            "target_outcomes", "targets_markdown",
            "DECODE_RUNGS", "DECODE_LAUNCH_OPTIONS", "DECODE_RECORDED", "decode_rung", "decode_rung_build", "decode_recorded_rows",
@@ -390,44 +390,43 @@ def _table(n, d, rows) -> list[dict]:
     return out
 
 
+def rung_tiles(r: Rung | str, d: int = 64) -> tuple[int, int]:
+    """``(block_q, block_k)``: the default tiles of rung ``r``'s kernel at head dim ``d`` (its
+    ``lessons.gpu.source`` config function), and 128-row query blocks with 64-key tiles for SDPA (Dao 2023).
+    TypeError for an ``r`` that is neither a Rung nor a name; ValueError for the naive rung (it has no tiles)
+    or a ``d`` the rung's kernel cannot take."""
+    from lessons.gpu import source
+
+    r = _rung(r)
+    if r.name == "naive":
+        raise ValueError("the naive rung has no tiles: it writes the whole of S to HBM")
+    if r.name == "sdpa":
+        return 128, 64
+    if r.name in ("mma", "mma_async"):                       # (their configs give block_k alone)
+        config = {"mma": source.flash_attention_mma_config, "mma_async": source.flash_attention_mma_async_config}
+        return source.MMA_BLOCK_Q, config[r.name](d)
+    if r.name in ("mma_fa2", "mma_fa2_lazy", "mma_fa2_wide"):   # (theirs give min_blocks as well)
+        config = {"mma_fa2": source.flash_attention_mma_fa2_config, "mma_fa2_lazy": source.flash_attention_mma_fa2_lazy_config,
+                  "mma_fa2_wide": source.flash_attention_mma_fa2_wide_config}
+        bq, bk, _ = config[r.name](d)
+        return bq, bk
+    config = {"scalar": source.flash_attention_config, "regtile": source.flash_attention_regtile_config,
+              "regtile_wide": source.flash_attention_regtile_wide_config,
+              **{name: source.flash_attention_wgmma_config for name in HOPPER_RUNGS}}
+    return tuple(config[r.name](d))
+
+
 def rung_intensity(r: Rung | str, n: int = 8192, d: int = 64) -> float:
     """Arithmetic intensity (FLOPs per HBM byte, one head) of rung ``r`` by the IO model of
     :mod:`lessons.cost.traffic`: textbook for the naive rung (S in HBM), FA-2 loop order with
-    the rung's own tiles for ours, 128-row query blocks and 64-key tiles for SDPA (Dao 2023).
-    TypeError for an ``r`` that is neither a Rung nor a name; ValueError for a ``d`` the rung's kernel cannot take."""
+    the rung's own tiles (:func:`rung_tiles`) for ours, 128-row query blocks and 64-key tiles for SDPA
+    (Dao 2023). TypeError for an ``r`` that is neither a Rung nor a name; ValueError for a ``d`` the rung's
+    kernel cannot take."""
     r = _rung(r)
     es = 4 if r.dtype == "float32" else 2
     if r.name == "naive":
         return textbook_io(n, d, element_size=es).intensity
-    if r.name == "sdpa":
-        bq, bk = 128, 64
-    elif r.name == "mma":
-        from lessons.gpu.source import MMA_BLOCK_Q, flash_attention_mma_config
-        bq, bk = MMA_BLOCK_Q, flash_attention_mma_config(d)
-    elif r.name == "mma_async":
-        from lessons.gpu.source import MMA_BLOCK_Q, flash_attention_mma_async_config
-        bq, bk = MMA_BLOCK_Q, flash_attention_mma_async_config(d)
-    elif r.name == "mma_fa2":
-        from lessons.gpu.source import flash_attention_mma_fa2_config
-        bq, bk, _ = flash_attention_mma_fa2_config(d)
-    elif r.name == "mma_fa2_lazy":
-        from lessons.gpu.source import flash_attention_mma_fa2_lazy_config
-        bq, bk, _ = flash_attention_mma_fa2_lazy_config(d)
-    elif r.name == "mma_fa2_wide":
-        from lessons.gpu.source import flash_attention_mma_fa2_wide_config
-        bq, bk, _ = flash_attention_mma_fa2_wide_config(d)
-    elif r.name in HOPPER_RUNGS:
-        from lessons.gpu.source import flash_attention_wgmma_config
-        bq, bk = flash_attention_wgmma_config(d)
-    elif r.name == "regtile":
-        from lessons.gpu.source import flash_attention_regtile_config
-        bq, bk = flash_attention_regtile_config(d)
-    elif r.name == "regtile_wide":
-        from lessons.gpu.source import flash_attention_regtile_wide_config
-        bq, bk = flash_attention_regtile_wide_config(d)
-    else:
-        from lessons.gpu.source import flash_attention_config
-        bq, bk = flash_attention_config(d)
+    bq, bk = rung_tiles(r, d)
     return flash_io(n, d, m_bytes=H200.sram_bytes, element_size=es, order="fa2", block_q=bq, block_k=bk).intensity
 
 

@@ -266,6 +266,29 @@ def every_pass(instructions, labels, first: int, last: int) -> list[int]:
     return [i for k in sorted(dominators[-1]) for i in range(starts[k], ends[k] + 1)]
 
 
+def _cuda_core_rung(rung):
+    """The :class:`lessons.gpu.ladder.Rung` named by ``rung``, which must be one of :data:`CUDA_CORE_RUNGS`
+    (ValueError otherwise; the errors of ``ladder.rung`` for what is no rung)."""
+    from lessons.gpu import ladder
+
+    r = ladder._rung(rung)
+    if r.name not in CUDA_CORE_RUNGS:
+        raise ValueError(f"rung must be a CUDA-core rung, one of {list(CUDA_CORE_RUNGS)}, got {r.name!r}")
+    return r
+
+
+def _product_spans(r, d: int, arch: str) -> tuple:
+    """``(instructions, labels, spans, products)`` of rung ``r``'s forward entry at head dim ``d``: its parsed
+    SASS, every backward span and the innermost spans that hold FFMA, in address order."""
+    from lessons.gpu import ladder
+
+    d = check_int(d, "d", min=1)
+    instructions, labels = parse_sass(disassemble(ladder.rung_build(r, d), arch, ladder.rung_entry(r, d)))
+    spans = _backward_spans(instructions, labels)
+    products = [(a, z) for a, z in _inner_spans(spans) if any(i.base == "FFMA" for i in instructions[a:z + 1])]
+    return instructions, labels, spans, products
+
+
 def fma_loops(rung, d: int = 64, arch: str = "sm_90") -> list[Loop]:
     """The innermost loops that hold FFMA in the forward entry of CUDA-core rung ``rung``
     (:data:`CUDA_CORE_RUNGS`, a name or a :class:`lessons.gpu.ladder.Rung`) at head dim ``d``, in
@@ -275,14 +298,8 @@ def fma_loops(rung, d: int = 64, arch: str = "sm_90") -> list[Loop]:
     ``d`` ptxas unrolls S = Q K^T (a loop over the head dim) whole, and the list starts with a P V.
     ValueError for a rung off that list or a ``d`` its kernel cannot take; the errors of
     :func:`disassemble` otherwise."""
-    from lessons.gpu import ladder
-
-    r = ladder._rung(rung)
-    if r.name not in CUDA_CORE_RUNGS:
-        raise ValueError(f"rung must be a CUDA-core rung, one of {list(CUDA_CORE_RUNGS)}, got {r.name!r}")
-    d = check_int(d, "d", min=1)
-    text = disassemble(ladder.rung_build(r, d), arch, ladder.rung_entry(r, d))
-    return [loop for loop in inner_loops(text) if loop.ffma]
+    instructions, _, _, products = _product_spans(_cuda_core_rung(rung), d, arch)
+    return [Loop(instructions[a:z + 1]) for a, z in products]
 
 
 def product_loops(rung, d: int = 64, arch: str = "sm_90") -> tuple[Loop, Loop]:
@@ -292,10 +309,11 @@ def product_loops(rung, d: int = 64, arch: str = "sm_90") -> tuple[Loop, Loop]:
     each p (``FSETP``) and the finite one does not, so they have 3, S, guarded P V, P V. ValueError (naming
     rung, ``d`` and arch, with each loop's FFMA and FSETP counts) when the loops are not so, e.g. at a
     small ``d`` where ptxas unrolls the S loop whole; the errors of :func:`fma_loops` otherwise."""
-    from lessons.gpu import ladder
+    return _told_apart(_cuda_core_rung(rung).name, fma_loops(rung, d, arch), d, arch)
 
-    name = ladder._rung(rung).name
-    loops = fma_loops(rung, d, arch)
+
+def _told_apart(name: str, loops: list, d: int, arch: str) -> tuple[Loop, Loop]:
+    """The first and last of rung ``name``'s FFMA ``loops`` after checking their pattern (:func:`product_loops`)."""
     compares = [loop.counts["FSETP"] > 0 for loop in loops]
     expected = [False, True] if name == "scalar" else [False, True, False]
     if compares != expected:
@@ -320,16 +338,12 @@ def tile_share(s_loop: Loop, pv_loop: Loop) -> float:
     return 2 / (1 / s_loop.ffma_share + 1 / pv_loop.ffma_share)
 
 
-#: the tile-size function of each CUDA-core rung's kernel, in lessons.gpu.source
-_TILES = {"scalar": "flash_attention_config", "regtile": "flash_attention_regtile_config",
-          "regtile_wide": "flash_attention_regtile_wide_config"}
-
-
 @dataclass(frozen=True)
 class KeyTile:
     """What one warp of a CUDA-core rung issues for one key tile, counted from SASS (:func:`key_tile`).
 
-    ``s_loop``, ``pv_loop``: the product loops (:func:`product_loops`); ``s_trips``, ``pv_trips``: how many
+    ``block_q``, ``block_k``: the rung's default tiles (:func:`lessons.gpu.ladder.rung_tiles`); ``threads``:
+    per block; ``s_loop``, ``pv_loop``: the product loops (:func:`product_loops`); ``s_trips``, ``pv_trips``: how many
     passes of each one key tile takes (the tile's ``block_q x block_k x d`` FMAs of each product over the
     block's threads, divided by the loop's FFMA per pass); ``overhead``: the instructions outside those loops
     that run on every pass of the key-tile loop (:func:`every_pass`: softmax, copies, barriers, loop
@@ -339,6 +353,9 @@ class KeyTile:
     key whose p is 0 (a masked key, or one whose exponential underflows), so for that rung the count holds for a
     tile whose p are all nonzero (every key visible, none underflowing to 0)."""
 
+    block_q: int
+    block_k: int
+    threads: int
     s_loop: Loop
     pv_loop: Loop
     s_trips: int
@@ -364,15 +381,12 @@ def key_tile(rung, d: int = 64, arch: str = "sm_90") -> KeyTile:
     innermost loop of the SASS that holds both product loops. ValueError when the loops are not as
     :func:`product_loops` expects, when no loop holds them, or when a tile's FMAs per thread are not a whole
     number of passes of a product loop; the errors of :func:`disassemble` otherwise."""
-    from lessons.gpu import ladder, source
+    from lessons.gpu import ladder
     from lessons.gpu.compile import compile_kernel
 
-    r = ladder._rung(rung)
-    s_loop, pv_loop = product_loops(r, d, arch)               # checks the rung, d and the loops' pattern
-    build, entry = ladder.rung_build(r, d), ladder.rung_entry(r, d)
-    instructions, labels = parse_sass(disassemble(build, arch, entry))
-    spans = _backward_spans(instructions, labels)
-    products = [(a, z) for a, z in _inner_spans(spans) if any(i.base == "FFMA" for i in instructions[a:z + 1])]
+    r = _cuda_core_rung(rung)
+    instructions, labels, spans, products = _product_spans(r, d, arch)
+    s_loop, pv_loop = _told_apart(r.name, [Loop(instructions[a:z + 1]) for a, z in products], d, arch)
     lo, hi = products[0][0], products[-1][1]
     around = [sp for sp in spans if sp[0] <= lo and sp[1] >= hi and sp not in products]
     if not around:
@@ -380,14 +394,14 @@ def key_tile(rung, d: int = 64, arch: str = "sm_90") -> KeyTile:
     first, last = min(around, key=lambda sp: sp[1] - sp[0])
     inside = {i for a, z in products for i in range(a, z + 1)}
     overhead = sum(1 for i in every_pass(instructions, labels, first, last) if i not in inside)
-    block_q, block_k = getattr(source, _TILES[r.name])(d)
-    threads = compile_kernel(build, arch).resources[entry].threads_per_block
+    block_q, block_k = ladder.rung_tiles(r, d)
+    threads = compile_kernel(ladder.rung_build(r, d), arch).resources[ladder.rung_entry(r, d)].threads_per_block
     fmas, spare = divmod(block_q * block_k * d, threads)
     for name, loop in (("S = Q K^T", s_loop), ("P V", pv_loop)):
         if spare or fmas % loop.ffma:
             raise ValueError(f"{r.name} at d={d} ({arch}): a tile's {block_q * block_k * d} FMAs of {name} over "
                              f"{threads} threads are not a whole number of passes of {loop.ffma} FFMA")
-    return KeyTile(s_loop, pv_loop, fmas // s_loop.ffma, fmas // pv_loop.ffma, overhead)
+    return KeyTile(block_q, block_k, threads, s_loop, pv_loop, fmas // s_loop.ffma, fmas // pv_loop.ffma, overhead)
 
 
 def _check_peak_flops(peak_flops) -> float:
@@ -534,12 +548,9 @@ def measured_mix(rung, folder: Path | None = None) -> dict | None:
     from above. None when the run holds no such file (the recorded run may predate it). ValueError naming the
     file when it lacks one of :data:`MIX_METRICS`; the errors of :func:`fma_loops` for a rung off
     :data:`CUDA_CORE_RUNGS`."""
-    from lessons.gpu import ladder
     from lessons.gpu.recorded import RECORDED_DIR
 
-    r = ladder._rung(rung)
-    if r.name not in CUDA_CORE_RUNGS:
-        raise ValueError(f"rung must be a CUDA-core rung, one of {list(CUDA_CORE_RUNGS)}, got {r.name!r}")
+    r = _cuda_core_rung(rung)
     path = Path(RECORDED_DIR / "ncu" if folder is None else folder) / f"mix_{r.name}.txt"
     if not path.is_file():
         return None
@@ -559,15 +570,10 @@ def launch_at_least(rung, n: int = 8192, heads: int = 8, d: int = 128, arch: str
     :attr:`KeyTile.instructions`) and product_ffma (warp FFMA of the two products), to set beside
     :func:`measured_mix`. ValueError for an ``n`` that is not a multiple of the rung's ``block_k`` (a cut tile
     runs other code), and the errors of :func:`key_tile`."""
-    from lessons.gpu import ladder, source
-    from lessons.gpu.compile import compile_kernel
-
-    r = ladder._rung(rung)
     n, heads = check_int(n, "n", min=1), check_int(heads, "heads", min=1)
-    tile = key_tile(r, d, arch)
-    block_q, block_k = getattr(source, _TILES[r.name])(d)
-    if n % block_k:
-        raise ValueError(f"n must be a multiple of {r.name}'s block_k = {block_k} at d = {d}, got {n}")
-    threads = compile_kernel(ladder.rung_build(r, d), arch).resources[ladder.rung_entry(r, d)].threads_per_block
-    tiles = -(-n // block_q) * heads * (threads // 32) * (n // block_k)      # (block, warp, key tile) triples
+    tile = key_tile(rung, d, arch)
+    if n % tile.block_k:
+        raise ValueError(f"n must be a multiple of {_cuda_core_rung(rung).name}'s block_k = {tile.block_k} at d = {d}, "
+                         f"got {n}")
+    tiles = -(-n // tile.block_q) * heads * (tile.threads // 32) * (n // tile.block_k)   # (block, warp, key tile)
     return dict(instructions=tiles * tile.instructions, product_ffma=tiles * tile.product_ffma)
