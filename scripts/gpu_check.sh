@@ -401,6 +401,10 @@ else
 fi
 
 # ---- Nsight Compute, one launch per rung --------------------------------------------------
+ended() {  # ended NAME RC DETAIL FILE: NAME ok with DETAIL when RC is 0, else FAIL with the exit status and FILE
+    if [ "$2" -eq 0 ]; then step "$1" ok "$3"
+    else step "$1" FAIL "exit $2$([ "$2" -eq 124 ] && echo ', timed out') ($4)"; fi
+}
 read -r -a NCU_RUNGS <<< "${GPU_CHECK_NCU_RUNGS:-mma_fa2 mma_fa2_lazy mma_fa2_wide wgmma wgmma_overlap wgmma_pingpong paged_decode_split paged_decode_prefetch regtile_wide}"
 NCU=""
 for candidate in ncu /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu; do
@@ -428,12 +432,11 @@ else
         fi
         rc=$?
         detail="$(grep -E '^ +Duration ' "$log" | head -n 1 | tr -s ' ')"
-        if [ $rc -eq 0 ]; then step "ncu $rung" ok "${detail:-$(tail -n 1 "$log" | cut -c1-70)}"
-        else step "ncu $rung" FAIL "exit $rc$([ $rc -eq 124 ] && echo ', timed out') (ncu/ncu_$rung.txt)"; fi
+        ended "ncu $rung" $rc "${detail:-$(tail -n 1 "$log" | cut -c1-70)}" "ncu/ncu_$rung.txt"
     done
     # the instruction mix of the CUDA-core rungs: warp instructions issued and FFMA executed in one launch, to set
-    # beside the share lessons.gpu.sass.key_tile counts from SASS (its tile share is an upper bound on
-    # FFMA / instructions); a run of its own per rung, so that a metric this ncu lacks costs only this line
+    # beside what lessons.gpu.sass.launch_at_least counts from SASS (a launch issues at least that many); a run
+    # of its own per rung, so that a metric this ncu lacks costs only this line
     read -r -a MIX_RUNGS <<< "${GPU_CHECK_MIX_RUNGS:-scalar regtile regtile_wide}"
     for rung in "${MIX_RUNGS[@]}"; do
         [ "$rung" = "none" ] && break
@@ -450,8 +453,7 @@ else
             rc=$?
         fi
         detail="$(grep -E 'inst_executed' "$log" | tr -s ' ' | paste -sd ';' | cut -c1-70)"
-        if [ $rc -eq 0 ]; then step "ncu mix $rung" ok "${detail:-$(tail -n 1 "$log" | cut -c1-70)}"
-        else step "ncu mix $rung" FAIL "exit $rc$([ $rc -eq 124 ] && echo ', timed out') (ncu/mix_$rung.txt)"; fi
+        ended "ncu mix $rung" $rc "${detail:-$(tail -n 1 "$log" | cut -c1-70)}" "ncu/mix_$rung.txt"
     done
 fi
 
