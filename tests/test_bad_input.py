@@ -112,3 +112,15 @@ def test_flags_accept_numpy_bools():
     ref_out, ref_lse = lessons.attention(Q, K, V, return_lse=True)
     np.testing.assert_allclose(out, ref_out, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(lse, ref_lse, rtol=1e-12, atol=1e-12)
+
+
+def test_check_positive_real_takes_finite_numbers_above_zero_and_names_what_it_refuses():
+    import math
+
+    from lessons.core.checks import check_positive_real
+
+    assert check_positive_real(67e12, "peak_flops") == 67e12 and check_positive_real(np.float32(2.5), "x") == 2.5
+    assert check_positive_real(3, "x") == 3.0 and isinstance(check_positive_real(np.int64(3), "x"), float)
+    for bad in (0, -1.0, math.inf, math.nan, True, np.bool_(True), "1", None):
+        with pytest.raises(ValueError, match=r"peak_flops must be a positive finite number of FLOP/s, got"):
+            check_positive_real(bad, "peak_flops", "number of FLOP/s")

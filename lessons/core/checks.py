@@ -1,6 +1,7 @@
 """Input checks shared by every attention function: clear errors, no silent broadcasting."""
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
@@ -8,7 +9,7 @@ import numpy as np
 from lessons.core.causal_rule import causal_visible  # re-exported: the rule lives in causal_rule
 
 __all__ = ["as_float_array", "check_qkv", "check_scale", "check_int", "check_int_sequence", "check_positive_int",
-           "check_block_k", "check_flag", "check_mask", "causal_visible"]
+           "check_positive_real", "check_block_k", "check_flag", "check_mask", "causal_visible"]
 
 
 def as_float_array(x, name: str, ndims: tuple[int, ...] | None = None) -> np.ndarray:
@@ -102,6 +103,15 @@ def check_int_sequence(values, name: str, *, min: int | None = None, count: int 
 def check_positive_int(value, name: str) -> int:
     """An int >= 1 (bools refused): ``check_int(value, name, min=1)``."""
     return check_int(value, name, min=1)
+
+
+def check_positive_real(value, name: str, what: str = "number") -> float:
+    """``value`` as a float when it is a real number above 0 and finite (NumPy numbers too); ValueError
+    ``"{name} must be a positive finite {what}, got ..."`` otherwise, bools, NaN and inf included."""
+    if (isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real)
+            or not (math.isfinite(value) and value > 0)):
+        raise ValueError(f"{name} must be a positive finite {what}, got {value!r}")
+    return float(value)
 
 
 def check_block_k(block_k, tile, default: int = 64) -> int:

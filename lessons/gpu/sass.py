@@ -21,8 +21,6 @@ environment); another CUDA version may schedule the same PTX differently.
 """
 from __future__ import annotations
 
-import math
-import numbers
 import re
 import subprocess
 import tempfile
@@ -31,9 +29,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-import numpy as np
-
-from lessons.core.checks import check_int, check_int_sequence
+from lessons.core.checks import check_int, check_int_sequence, check_positive_real
 from lessons.cost.traffic import H200
 
 __all__ = ["NVDISASM_HINT", "CUDA_CORE_RUNGS", "find_nvdisasm", "nvdisasm_available", "tools_missing",
@@ -404,15 +400,6 @@ def key_tile(rung, d: int = 64, arch: str = "sm_90") -> KeyTile:
     return KeyTile(block_q, block_k, threads, s_loop, pv_loop, fmas // s_loop.ffma, fmas // pv_loop.ffma, overhead)
 
 
-def _check_peak_flops(peak_flops) -> float:
-    """``peak_flops`` (FLOP/s) as a float: a positive finite real number (NumPy numbers too); ValueError
-    naming it otherwise (bools and NaN included)."""
-    if (isinstance(peak_flops, (bool, np.bool_)) or not isinstance(peak_flops, numbers.Real)
-            or not (math.isfinite(peak_flops) and peak_flops > 0)):
-        raise ValueError(f"peak_flops must be a positive finite number of FLOP/s, got {peak_flops!r}")
-    return float(peak_flops)
-
-
 def fma_loop_table(rungs=CUDA_CORE_RUNGS, ds=(64, 128), arch: str = "sm_90", peak_flops: float | None = None) -> list[dict]:
     """One dict per (rung, d): rung, d, and for the S loop and the P V loop (finite V) of
     :func:`product_loops`: ``s_instructions``, ``s_ffma``, ``s_loads`` (shared loads by width),
@@ -427,7 +414,8 @@ def fma_loop_table(rungs=CUDA_CORE_RUNGS, ds=(64, 128), arch: str = "sm_90", pea
     of :func:`disassemble` otherwise."""
     from lessons.gpu import ladder
 
-    peak = _check_peak_flops(H200.peak_flops["fp32"] if peak_flops is None else peak_flops)
+    peak = check_positive_real(H200.peak_flops["fp32"] if peak_flops is None else peak_flops, "peak_flops",
+                               "number of FLOP/s")
     if isinstance(rungs, (str, ladder.Rung)):
         rungs = (rungs,)
     if isinstance(rungs, (bytes, dict, set, frozenset)) or not hasattr(rungs, "__iter__"):

@@ -7,13 +7,13 @@ The ownership comes from :func:`lessons.cost.register_tiles.register_tile` (``th
 """
 from __future__ import annotations
 
-import math
 import numbers
 
 import numpy as np
 from matplotlib.colors import ListedColormap
 from matplotlib.patches import Patch
 
+from lessons.core.checks import check_positive_real
 from lessons.cost.register_tiles import RegisterTile
 
 from lessons.views.plot import new_figure, tidy
@@ -111,9 +111,7 @@ def issue_ceiling_figure(table, *, peak_flops: float, needs=None, measured=None,
                                                                     for r in table):
         raise TypeError(f"table must be a non-empty list of rows from lessons.gpu.sass.fma_loop_table() (each with "
                         f"{', '.join(keys)})")
-    if (isinstance(peak_flops, (bool, np.bool_)) or not isinstance(peak_flops, numbers.Real)
-            or not (math.isfinite(peak_flops) and peak_flops > 0)):
-        raise ValueError(f"peak_flops must be a positive finite number of FLOP/s, got {peak_flops!r}")
+    peak_flops = check_positive_real(peak_flops, "peak_flops", "number of FLOP/s")
     for row in table:
         for key in ("ceiling", "tile_ceiling"):
             c = row.get(key, 0.0)
