@@ -16,6 +16,14 @@ barriers are not in these loops and lower the rate further: :func:`key_tile` cou
 runs on every key tile (the basic blocks that dominate the key-tile loop's branch back), which gives the
 tighter *tile ceiling*. A ceiling says what a rung *cannot* reach, not what it will.
 
+**The tensor-core rungs** (:data:`TENSOR_CORE_RUNGS`, ``mma.sync``) meet the same limit in another form: an H100/H200
+SM does 4096 dense 16-bit tensor FLOPs per clock, one ``HMMA.16816.F32`` (4096 FLOPs) per clock, so each
+sub-partition must issue one ``HMMA`` every 4 clocks to reach the tensor peak, and every other instruction of the
+key-tile loop (``ldmatrix``, exponentials, row max and sum, rescaling, conversions, addresses, copies, barriers)
+takes an issue slot as well. With ``I`` instructions per ``HMMA`` on a key tile, a rung runs at most at
+``min(1, 4 / I)`` of the tensor peak. :func:`tensor_tile` counts ``I`` on the cheapest *interior* tile: the shortest
+pass through the key-tile loop that issues all of the tile's copies of the next K/V tile (:func:`interior_pass`).
+
 The SASS here is what the installed NVRTC's ptxas makes for ``sm_90`` (12.9 in the course's
 environment); another CUDA version may schedule the same PTX differently.
 """
@@ -36,7 +44,9 @@ __all__ = ["NVDISASM_HINT", "CUDA_CORE_RUNGS", "find_nvdisasm", "nvdisasm_availa
            "disassemble",
            "Instruction", "Loop", "parse_sass", "inner_loops", "fma_loops", "product_loops", "tile_share",
            "fma_loop_table", "fma_loop_markdown", "RUNG_OPCODES", "rung_opcodes", "every_pass", "KeyTile", "key_tile",
-           "MIX_METRICS", "parse_ncu_metrics", "measured_mix", "launch_at_least"]
+           "MIX_METRICS", "parse_ncu_metrics", "measured_mix", "launch_at_least",
+           "TENSOR_CORE_RUNGS", "HMMA_CLOCKS", "HMMA_FLOPS", "ISSUE_CLASSES", "issue_class", "interior_pass",
+           "TensorTile", "tensor_tile", "tensor_tile_table", "tensor_tile_markdown"]
 
 #: how to get nvdisasm, for the errors that need it
 NVDISASM_HINT = "pip install nvidia-cuda-nvdisasm (or put a CUDA toolkit's nvdisasm on PATH)"
@@ -565,3 +575,289 @@ def launch_at_least(rung, n: int = 8192, heads: int = 8, d: int = 128, arch: str
                          f"got {n}")
     tiles = -(-n // tile.block_q) * heads * (tile.threads // 32) * (n // tile.block_k)   # (block, warp, key tile)
     return dict(instructions=tiles * tile.instructions, product_ffma=tiles * tile.product_ffma)
+
+
+# ---- the tensor-core rungs: HMMA per issue slot ------------------------------------------------------------------
+
+#: the rungs whose products run as ``mma.sync`` (SASS ``HMMA``) on tensor cores, in ladder order. A rung joins by its
+#: name alone when its forward entry has one key-tile loop that holds all its ``HMMA`` and copies K and V into shared
+#: memory by 16-byte reads of global memory (:func:`tensor_tile` says what it found otherwise)
+TENSOR_CORE_RUNGS = ("mma", "mma_async", "mma_fa2", "mma_fa2_lazy", "mma_fa2_wide")
+
+#: clocks between two ``HMMA.16816.F32`` of one sub-partition at the tensor peak. sm_90 (H100/H200): an SM does 4096
+#: dense 16-bit tensor FLOPs per clock (989 TFLOP/s over 132 SMs at 1.83 GHz, NVIDIA H100 white paper), one
+#: ``m16n8k16`` (16 x 8 x 16 multiply-adds, 4096 FLOPs) per clock, so each of its 4 sub-partitions one per 4 clocks;
+#: sm_80 (A100): 2048 per clock (312 TFLOP/s over 108 SMs at 1.41 GHz, NVIDIA A100 white paper), one per 8 clocks
+HMMA_CLOCKS = {"sm_80": 8, "sm_90": 4}
+
+#: FLOPs of one ``HMMA.16816`` (``mma.sync.m16n8k16``): 2 x 16 x 8 x 16
+HMMA_FLOPS = 4096
+
+#: the classes a key tile's instructions are grouped into (ladder figures and tables), each with the base opcodes
+#: it holds; an opcode on none of these lists is in ``"other"`` (:func:`issue_class`)
+ISSUE_CLASSES = (
+    ("tensor", ("HMMA",)),
+    ("shared loads", ("LDSM", "LDS")),
+    ("copies", ("LDGSTS", "LDG", "STS", "LDGDEPBAR")),
+    ("exponentials", ("MUFU",)),
+    ("other float", ("FADD", "FMUL", "FFMA", "FMNMX", "FSEL", "FSETP", "FSET", "F2FP", "F2F", "HADD2", "HMUL2",
+                     "HFMA2", "HSETP2", "HMNMX2", "FCHK", "I2F", "F2I", "FRND")),
+    ("integer and address", ("IMAD", "LEA", "LOP3", "ISETP", "VIADD", "VIADDMNMX", "IADD3", "SHF", "PRMT", "SEL",
+                             "MOV", "IMNMX", "IABS", "S2R", "S2UR", "CS2R", "R2UR", "ULDC", "UMOV", "UIADD3",
+                             "UIMAD", "ULEA", "ULOP3", "USHF", "USEL", "UISETP", "UPRMT", "IMUL", "LOP", "SHL",
+                             "SHR", "POPC", "FLO", "BREV", "P2R", "R2P", "PLOP3", "I2IP", "IDP", "LDC", "VIMNMX")),
+    ("control and sync", ("BRA", "BSSY", "BSYNC", "BAR", "DEPBAR", "WARPSYNC", "VOTE", "VOTEU", "SHFL", "NOP",
+                          "CALL", "RET", "EXIT", "BMOV", "YIELD", "MEMBAR", "ERRBAR", "CCTL", "MATCH", "REDUX",
+                          "ELECT", "ACQBULK", "B2R")),
+)
+_CLASS_OF = {op: name for name, ops in ISSUE_CLASSES for op in ops}
+
+
+def issue_class(opcode: str) -> str:
+    """The class of :data:`ISSUE_CLASSES` an opcode falls in, by its base (``"LDSM.16.MT88.4"`` -> ``"shared
+    loads"``), or ``"other"``. TypeError for an ``opcode`` that is not a str."""
+    if not isinstance(opcode, str):
+        raise TypeError(f"opcode must be a str such as 'HMMA.16816.F32', got {type(opcode).__name__}")
+    return _CLASS_OF.get(opcode.split(".")[0], "other")
+
+
+def _successors(instructions, labels, i: int) -> set:
+    """Where control may go after ``instructions[i]``: the label of a ``BRA`` / ``JMP`` / ``CALL``, and the next
+    instruction unless ``instructions[i]`` is an unconditional ``BRA `(label)``, ``EXIT`` or ``RET`` (no predicate
+    other than ``@PT``, no predicate operand, no ``.DIV``). ValueError for an indirect branch (``BRX``, ``JMX``):
+    where it goes is not in the text."""
+    x = instructions[i]
+    if x.base in ("BRX", "JMX"):
+        raise ValueError(f"an indirect branch at {x.offset:#x} ({x.text}): its targets are not in the SASS text")
+    out = set()
+    target = _TARGET.search(x.text)
+    if x.base in ("BRA", "JMP", "CALL") and target and target.group(1) in labels:
+        out.add(labels[target.group(1)])
+    unconditional = x.predicate in (None, "@PT")
+    operands = x.text.split(None, 1)[1] if " " in x.text else ""
+    if x.base in ("BRA", "JMP"):
+        ends = unconditional and ".DIV" not in x.opcode and operands.startswith("`")
+    else:
+        ends = x.base in ("EXIT", "RET") and unconditional
+    if not ends and i + 1 < len(instructions):
+        out.add(i + 1)
+    return out
+
+
+def _key_tile_loop(instructions, labels) -> tuple[int, int]:
+    """``(head, branch back)`` of the shortest loop (a backward edge of the control-flow graph) whose span holds
+    every ``HMMA``; ValueError when there is no ``HMMA`` or no such loop."""
+    hmma = [i for i, x in enumerate(instructions) if x.base == "HMMA"]
+    if not hmma:
+        raise ValueError("the SASS holds no HMMA")
+    around = [(j, i) for i in range(len(instructions)) for j in _successors(instructions, labels, i)
+              if j <= hmma[0] and i >= hmma[-1]]
+    if not around:
+        raise ValueError("no loop of the SASS holds every HMMA")
+    return min(around, key=lambda hb: hb[1] - hb[0])
+
+
+def _is_copy(instruction: Instruction) -> bool:
+    """A 16-byte read of global memory that copies K or V: ``LDGSTS`` (cp.async) or ``LDG....128``."""
+    return instruction.base == "LDGSTS" or (instruction.base == "LDG" and "128" in instruction.opcode.split("."))
+
+
+def interior_pass(instructions, labels, first: int, last: int, copies: int, is_copy=_is_copy) -> list[int]:
+    """The indices, in order, of the fewest instructions on a path from ``first`` (a loop's head) to ``last`` (its
+    branch back) that runs at least ``copies`` instructions for which ``is_copy`` holds, each visit counted: a
+    Dijkstra over (instruction, copies run so far, capped at ``copies``), every instruction costing one issue slot
+    (a predicated one too: it takes its slot whether or not its predicate holds). No edge leads back to ``first``
+    (that is the next pass); an inner loop may be run more than once where the copies need it. Arguments as
+    :func:`parse_sass` returns them. ValueError for a span that is not in ``instructions``, a negative
+    ``copies``, or when no such path exists."""
+    import heapq
+
+    if not (0 <= first <= last < len(instructions)):
+        raise ValueError(f"first, last must index instructions with first <= last, got {first}, {last}")
+    copies = check_int(copies, "copies", min=0)
+    start = (first, min(copies, int(is_copy(instructions[first]))))
+    best, previous = {start: 1}, {}
+    heap = [(1, start)]
+    while heap:
+        dist, state = heapq.heappop(heap)
+        if state == (last, copies):
+            path = [state]
+            while path[-1] != start:
+                path.append(previous[path[-1]])
+            return [i for i, _ in reversed(path)]
+        if dist > best[state]:
+            continue
+        i, done = state
+        for j in _successors(instructions, labels, i):
+            if j == first:
+                continue
+            nxt = (j, min(copies, done + int(is_copy(instructions[j]))))
+            if dist + 1 < best.get(nxt, dist + 2):
+                best[nxt], previous[nxt] = dist + 1, state
+                heapq.heappush(heap, (dist + 1, nxt))
+    raise ValueError(f"no path from instruction {first} to {last} runs {copies} copies")
+
+
+def _tensor_core_rung(rung):
+    """The :class:`lessons.gpu.ladder.Rung` named by ``rung``, which must be one of :data:`TENSOR_CORE_RUNGS`
+    (ValueError otherwise; the errors of ``ladder.rung`` for what is no rung)."""
+    from lessons.gpu import ladder
+
+    r = ladder._rung(rung)
+    if r.name not in TENSOR_CORE_RUNGS:
+        raise ValueError(f"rung must be a tensor-core (mma.sync) rung, one of {list(TENSOR_CORE_RUNGS)}, got {r.name!r}")
+    return r
+
+
+def _check_hmma_arch(arch) -> str:
+    if arch not in HMMA_CLOCKS:
+        raise ValueError(f"arch must be one of {list(HMMA_CLOCKS)} (an HMMA rate is known for these), got {arch!r}")
+    return arch
+
+
+@dataclass(frozen=True)
+class TensorTile:
+    """What one warp of a tensor-core rung issues for one interior key tile, counted from SASS (:func:`tensor_tile`).
+
+    ``block_q``, ``block_k``: the rung's default tiles (:func:`lessons.gpu.ladder.rung_tiles`); ``warps``: per block;
+    ``hmma``: ``HMMA.16816`` per warp and tile by hand, ``rows_per_warp x block_k x d / 1024`` (S = Q K^T and P V
+    each do ``rows_per_warp x block_k x d`` multiply-adds, 2048 per HMMA); ``copies``: 16-byte reads of K and V
+    from global memory per thread and tile by hand, ``2 x block_k x d x element bytes / 16 / threads``;
+    ``instructions``: the fewest instructions (warp instructions, one issue slot each) on a pass through the
+    key-tile loop that issues those copies (:func:`interior_pass`); ``counts``: that pass's instructions by base
+    opcode; ``body``: the loop's size (its instructions from head to branch back, each once); ``clocks``:
+    :data:`HMMA_CLOCKS` of ``arch``. ``per_hmma``: instructions per HMMA; ``peak_share``: ``min(1, clocks x hmma /
+    instructions)``, the most of the tensor peak one sub-partition's scheduler can feed at one instruction per
+    clock, however well latency is hidden; ``classes``: the counts by :data:`ISSUE_CLASSES`."""
+
+    rung: str
+    d: int
+    arch: str
+    block_q: int
+    block_k: int
+    warps: int
+    hmma: int
+    copies: int
+    instructions: int
+    counts: dict
+    body: int
+    clocks: int
+
+    @property
+    def rows_per_warp(self) -> int:
+        return self.block_q // self.warps
+
+    @property
+    def per_hmma(self) -> float:
+        return self.instructions / self.hmma
+
+    @property
+    def peak_share(self) -> float:
+        return min(1.0, self.clocks * self.hmma / self.instructions)
+
+    @property
+    def classes(self) -> dict:
+        out = {name: 0 for name, _ in ISSUE_CLASSES} | {"other": 0}
+        for opcode, count in self.counts.items():
+            out[issue_class(opcode)] += count
+        return out
+
+
+def tensor_tile(rung, d: int = 64, arch: str = "sm_90") -> TensorTile:
+    """The :class:`TensorTile` of tensor-core rung ``rung`` (:data:`TENSOR_CORE_RUNGS`, a name or a
+    :class:`lessons.gpu.ladder.Rung`) at head dim ``d`` with its default tiles, from the SASS NVRTC makes for
+    ``arch`` (a key of :data:`HMMA_CLOCKS`). The key-tile loop is the shortest loop that holds every ``HMMA``; an
+    *interior* tile copies all of the next K/V tile (the last tile copies none, a tile past ``n_k`` fills zeros
+    instead), so the pass counted is the shortest that issues the hand count of copies (:func:`interior_pass`).
+    Being the shortest, it takes no mask, no inf/NaN fix-up of V, no rescale a lazy rung may skip: the cheapest
+    tile the kernel can run, so a tile issues at least this many instructions. ValueError for a rung off the list,
+    a ``d`` its kernel cannot take, an ``arch`` off :data:`HMMA_CLOCKS`, a block whose rows do not split evenly
+    over its warps, or SASS that does not match the hand counts (an ``HMMA`` of another shape, a pass with another
+    number of ``HMMA``); the errors of :func:`disassemble` otherwise."""
+    from lessons.gpu import ladder
+    from lessons.gpu.compile import compile_kernel
+
+    r = _tensor_core_rung(rung)
+    arch = _check_hmma_arch(arch)
+    d = check_int(d, "d", min=1)
+    build, entry = ladder.rung_build(r, d), ladder.rung_entry(r, d)
+    block_q, block_k = ladder.rung_tiles(r, d)
+    threads = compile_kernel(build, arch).resources[entry].threads_per_block
+    warps = threads // 32
+    if threads % 32 or block_q % warps:
+        raise ValueError(f"{r.name} at d={d}: {block_q} query rows do not split evenly over {threads} threads' warps")
+    hmma = block_q // warps * block_k * d // 1024
+    element = {"float16": 2, "bfloat16": 2}[r.dtype]
+    copies, spare = divmod(2 * block_k * d * element // 16, threads)
+    if spare:
+        raise ValueError(f"{r.name} at d={d}: a tile's {2 * block_k * d * element // 16} 16-byte copies do not split "
+                         f"evenly over {threads} threads")
+    instructions, labels = parse_sass(disassemble(build, arch, entry))
+    odd = sorted({x.opcode for x in instructions if x.base == "HMMA" and not x.opcode.startswith("HMMA.16816.")})
+    if odd:
+        raise ValueError(f"{r.name} at d={d} ({arch}) issues HMMA of another shape than m16n8k16: {odd}")
+    first, last = _key_tile_loop(instructions, labels)
+    path = interior_pass(instructions, labels, first, last, copies)
+    counts = Counter(instructions[i].base for i in path)
+    if counts["HMMA"] != hmma:
+        raise ValueError(f"{r.name} at d={d} ({arch}): the shortest interior pass issues {counts['HMMA']} HMMA, not the "
+                         f"{hmma} a {block_q} x {block_k} tile over {warps} warps needs")
+    return TensorTile(r.name, d, arch, block_q, block_k, warps, hmma, copies, len(path), dict(counts),
+                      last - first + 1, HMMA_CLOCKS[arch])
+
+
+def tensor_tile_table(rungs=TENSOR_CORE_RUNGS, ds=(64, 128), arch: str = "sm_90",
+                      peak_flops: float | None = None) -> list[dict]:
+    """One dict per (rung, d) of :func:`tensor_tile`: rung, d, block_q, block_k, warps, hmma (per warp and tile),
+    copies (16-byte copies per thread and tile), instructions (on the interior pass), per_hmma, classes (instructions
+    by :data:`ISSUE_CLASSES`, ``"other"`` last), peak_share and ceiling (FLOP/s: ``peak_share x peak_flops``; default
+    the H200's dense 16-bit tensor peak, ``lessons.cost.traffic.H200.peak_flops["bf16"]``, 989e12, the same for
+    float16): at most what the rung can reach at one instruction per clock per scheduler. ``rungs``: one rung (a
+    name or a :class:`lessons.gpu.ladder.Rung`) or a sequence of them; ``ds``: a sequence of head dims. TypeError
+    for ``rungs`` or ``ds`` of another kind; ValueError for none of them, a rung off :data:`TENSOR_CORE_RUNGS`, an
+    ``arch`` off :data:`HMMA_CLOCKS`, no ``peak_flops`` for another arch than sm_90 (the default is an sm_90 GPU's),
+    a ``peak_flops`` that is not a positive finite number; the errors of :func:`tensor_tile` otherwise."""
+    from lessons.gpu import ladder
+
+    arch = _check_hmma_arch(arch)
+    if peak_flops is None and arch != "sm_90":
+        raise ValueError(f"peak_flops must be given for arch {arch!r}: the default is the H200's (sm_90)")
+    peak = check_positive_real(H200.peak_flops["bf16"] if peak_flops is None else peak_flops, "peak_flops",
+                               "number of FLOP/s")
+    if isinstance(rungs, (str, ladder.Rung)):
+        rungs = (rungs,)
+    if isinstance(rungs, (bytes, dict, set, frozenset)) or not hasattr(rungs, "__iter__"):
+        raise TypeError(f"rungs must be a rung, its name or a sequence of them, got {type(rungs).__name__} {rungs!r}")
+    rungs = tuple(rungs)
+    if not rungs:
+        raise ValueError("rungs must hold at least one rung, got none")
+    ds = check_int_sequence(ds, "ds", min=1)
+    out = []
+    for name in rungs:
+        for d in ds:
+            t = tensor_tile(name, d, arch)
+            out.append(dict(rung=t.rung, d=d, block_q=t.block_q, block_k=t.block_k, warps=t.warps, hmma=t.hmma,
+                            copies=t.copies, instructions=t.instructions, per_hmma=t.per_hmma, classes=t.classes,
+                            clocks=t.clocks, peak_share=t.peak_share, ceiling=t.peak_share * peak))
+    return out
+
+
+def tensor_tile_markdown(table=None) -> str:
+    """A Markdown table of :func:`tensor_tile_table` rows (default: the tensor-core rungs at d = 64 and 128): per
+    rung and head dim, the tiles and warps, HMMA per warp and tile, the instructions of the interior pass, those per
+    HMMA, the share of them in each class of :data:`ISSUE_CLASSES` (per HMMA), and the ceiling (share of the tensor
+    peak and TFLOP/s, "at most"). The errors of :func:`tensor_tile_table`."""
+    table = tensor_tile_table() if table is None else table
+    names = [name for name, _ in ISSUE_CLASSES if name != "tensor"]
+    extra = any(row["classes"].get("other") for row in table)
+    names += ["other"] if extra else []
+    lines = ["| rung | d | tiles (warps) | HMMA per warp | instructions per tile | per HMMA | "
+             + " | ".join(f"{name} per HMMA" for name in names) + " | at most, share of the tensor peak | "
+             "at most, TFLOP/s |",
+             "| --- | --- | --- | --- | --- | --- | " + " | ".join("---" for _ in names) + " | --- | --- |"]
+    for row in table:
+        cells = " | ".join(f"{row['classes'][name] / row['hmma']:.2f}" for name in names)
+        lines.append(f"| {row['rung']} | {row['d']} | {row['block_q']} x {row['block_k']} ({row['warps']}) | "
+                     f"{row['hmma']} | {row['instructions']} | {row['per_hmma']:.2f} | {cells} | "
+                     f"{row['peak_share']:.0%} | {row['ceiling'] / 1e12:.0f} |")
+    return "\n".join(lines)

@@ -1,0 +1,154 @@
+"""lessons.gpu.sass, tensor-core rungs: the interior pass of the key-tile loop and its HMMA per issue slot."""
+import math
+
+import pytest
+
+import lessons.gpu as gpu
+from lessons.gpu import ladder, sass
+from lessons.cost.traffic import H200
+
+from test_gpu_sass import _shortest_pass, _successors, needs_tools
+
+# a loop (.L_x_0 .. the BRA back) with a copy that a branch may skip (the last tile), an inner loop that copies
+# once per pass (two passes wanted) and a fix-up that runs only sometimes
+LOOP = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+.L_x_0:
+        /*0010*/                   HMMA.16816.F32 R4, R8, R12, R4 ;
+        /*0020*/               @P0 BRA `(.L_x_2) ;
+.L_x_1:
+        /*0030*/                   LDGSTS.E.BYPASS.128 [R2], desc[UR4][R6.64] ;
+        /*0040*/                   IADD3 R3, R3, 0x1, RZ ;
+        /*0050*/               @P1 BRA `(.L_x_1) ;
+.L_x_2:
+        /*0060*/               @P2 BRA `(.L_x_3) ;
+        /*0070*/                   LDG.E.U16 R9, desc[UR4][R6.64] ;
+        /*0080*/                   FMUL R9, R9, RZ ;
+.L_x_3:
+        /*0090*/                   HMMA.16816.F32 R4, R8, R12, R4 ;
+        /*00a0*/               @P3 BRA `(.L_x_0) ;
+        /*00b0*/                   EXIT ;
+"""
+
+
+def test_interior_pass_issues_the_copies_and_skips_what_runs_only_sometimes():
+    instructions, labels = sass.parse_sass(LOOP)
+    # no copy wanted: the last tile's path, past the copy loop and the fix-up
+    assert sass.interior_pass(instructions, labels, 1, 10, 0) == [1, 2, 6, 9, 10]
+    # two copies: the inner loop twice, the fix-up still skipped
+    assert sass.interior_pass(instructions, labels, 1, 10, 2) == [1, 2, 3, 4, 5, 3, 4, 5, 6, 9, 10]
+    # the 16-bit load of the fix-up is no copy: only 16-byte reads of global memory are
+    assert not sass._is_copy(instructions[7]) and sass._is_copy(instructions[3])
+    with pytest.raises(ValueError, match="first, last must index"):
+        sass.interior_pass(instructions, labels, 10, 1, 0)
+    with pytest.raises(ValueError, match="copies must be"):
+        sass.interior_pass(instructions, labels, 1, 10, -1)
+    with pytest.raises(ValueError, match="no path from instruction 1 to 10 runs 1 copies"):
+        sass.interior_pass(instructions, labels, 1, 10, 1, is_copy=lambda x: x.base == "EXIT")
+
+
+def test_every_opcode_lands_in_exactly_one_class():
+    seen = [op for _, ops in sass.ISSUE_CLASSES for op in ops]
+    assert len(seen) == len(set(seen))
+    assert sass.issue_class("HMMA.16816.F32") == "tensor" and sass.issue_class("LDSM.16.MT88.4") == "shared loads"
+    assert sass.issue_class("LDGSTS.E.BYPASS.128") == "copies" and sass.issue_class("MUFU.EX2") == "exponentials"
+    assert sass.issue_class("BAR.SYNC.DEFER_BLOCKING") == "control and sync" and sass.issue_class("XYZ") == "other"
+    with pytest.raises(TypeError, match="opcode must be a str"):
+        sass.issue_class(3)
+
+
+def _hand_counts(rung, d, arch="sm_90"):
+    from lessons.gpu.compile import compile_kernel
+
+    block_q, block_k = ladder.rung_tiles(rung, d)
+    threads = compile_kernel(ladder.rung_build(rung, d), arch).resources[ladder.rung_entry(rung, d)].threads_per_block
+    rows_per_warp = block_q // (threads // 32)
+    return rows_per_warp * block_k * d // 1024, 2 * block_k * d * 2 // 16 // threads
+
+
+def _unconstrained(rung, d, arch="sm_90"):
+    """The test's own shortest pass through the key-tile loop (inner loops' branches back barred, no copy asked)
+    and the loop's body size."""
+    instructions, labels = sass.parse_sass(sass.disassemble(ladder.rung_build(rung, d), arch, ladder.rung_entry(rung, d)))
+    n = len(instructions)
+    loops = [(j, i) for i in range(n) for j in _successors(instructions, labels, i) if j <= i]
+    hmma = [i for i, x in enumerate(instructions) if x.base == "HMMA"]
+    first, last = min(((h, b) for h, b in loops if h <= hmma[0] and b >= hmma[-1]), key=lambda hb: hb[1] - hb[0])
+    barred = {(b, h) for h, b in loops if (h, b) != (first, last)}
+    return _shortest_pass(instructions, labels, first, last, lambda i: 1, {}, barred), last - first + 1
+
+
+@needs_tools
+@pytest.mark.parametrize("rung", sass.TENSOR_CORE_RUNGS)
+@pytest.mark.parametrize("d", [64, 128])
+def test_the_interior_pass_issues_every_hmma_and_copy_of_a_tile(rung, d):
+    tile = sass.tensor_tile(rung, d)
+    hmma, copies = _hand_counts(rung, d)
+    assert (tile.hmma, tile.copies) == (hmma, copies)
+    assert tile.counts["HMMA"] == hmma                              # e.g. mma_fa2, d = 128: 16 x 32 x 128 / 1024 = 64
+    assert tile.counts.get("LDGSTS", 0) + tile.counts.get("LDG", 0) == copies
+    shortest, body = _unconstrained(rung, d)
+    print(f"\n{rung} d={d}: interior {tile.instructions}, unconstrained {shortest}, body {body}")
+    assert shortest <= tile.instructions <= body == tile.body
+    classes = tile.classes
+    assert sum(classes.values()) == tile.instructions == sum(tile.counts.values())
+    assert classes["tensor"] == hmma and classes["other"] <= 0.01 * tile.instructions
+    assert tile.per_hmma == pytest.approx(tile.instructions / hmma)
+    assert tile.peak_share == pytest.approx(min(1, 4 * hmma / tile.instructions)) and tile.peak_share < 1
+
+
+@needs_tools
+def test_the_ceilings_are_above_what_the_h200_recorded():
+    table = sass.tensor_tile_table()
+    assert [(row["rung"], row["d"]) for row in table] == [(r, d) for r in sass.TENSOR_CORE_RUNGS for d in (64, 128)]
+    ceiling = {(row["rung"], row["d"]): row["ceiling"] for row in table}
+    for row in table:
+        assert row["ceiling"] == pytest.approx(row["peak_share"] * H200.peak_flops["bf16"])
+    checked = 0
+    for r in sass.TENSOR_CORE_RUNGS:
+        for rec in ladder.recorded_rows():
+            if rec["impl"] == ladder.rung(r).impl and rec["tflops"] is not None and not rec["causal"]:
+                assert rec["tflops"] < ceiling[r, rec["d"]] / 1e12, (r, rec)
+                checked += 1
+    assert checked >= 6                                             # mma, mma_async, mma_fa2 at d = 64 and 128
+    markdown = sass.tensor_tile_markdown(table)
+    assert markdown.count("\n") == len(table) + 1 and "| mma_fa2 | 128 | 64 x 32 (4) | 64 |" in markdown
+
+
+@needs_tools
+def test_the_table_takes_a_rung_object_and_a_peak():
+    (row,) = sass.tensor_tile_table(ladder.rung("mma_fa2"), (64,), peak_flops=2.0)
+    assert row["rung"] == "mma_fa2" and row["ceiling"] == pytest.approx(2 * row["peak_share"])
+    (a100,) = sass.tensor_tile_table("mma_fa2", (64,), arch="sm_80", peak_flops=312e12)
+    assert a100["clocks"] == 8
+
+
+def test_tensor_tile_refuses_what_it_cannot_count():
+    with pytest.raises(ValueError, match="tensor-core \\(mma.sync\\) rung"):
+        sass.tensor_tile("regtile", 64)
+    with pytest.raises(ValueError, match="tensor-core \\(mma.sync\\) rung"):
+        sass.tensor_tile("wgmma", 64)
+    with pytest.raises(ValueError, match="rung must be one of"):
+        sass.tensor_tile("nope", 64)
+    with pytest.raises(ValueError, match="arch must be one of"):
+        sass.tensor_tile("mma", 64, "sm_75")
+    with pytest.raises(ValueError, match="arch must be one of"):
+        sass.tensor_tile_table(arch="sm_90a")
+    with pytest.raises(ValueError, match="peak_flops must be given for arch 'sm_80'"):
+        sass.tensor_tile_table(arch="sm_80")
+    for peak in (0, math.inf, True):
+        with pytest.raises(ValueError, match="peak_flops must be a positive finite number"):
+            sass.tensor_tile_table(peak_flops=peak)
+    with pytest.raises(ValueError, match="rungs must hold at least one rung"):
+        sass.tensor_tile_table(())
+    with pytest.raises(TypeError, match="rungs must be a rung"):
+        sass.tensor_tile_table(None)
+    with pytest.raises(TypeError, match="ds must be a sequence of ints"):
+        sass.tensor_tile_table("mma", 64)
+
+
+@pytest.mark.skipif(not gpu.nvrtc_available(), reason="CuPy/NVRTC not installed")
+@pytest.mark.parametrize("d", [65, 8])
+def test_tensor_tile_refuses_a_head_dim_the_kernel_cannot_take(d):
+    with pytest.raises(ValueError, match="head_dim must be"):
+        sass.tensor_tile("mma_fa2", d)
