@@ -152,3 +152,42 @@ def test_tensor_tile_refuses_what_it_cannot_count():
 def test_tensor_tile_refuses_a_head_dim_the_kernel_cannot_take(d):
     with pytest.raises(ValueError, match="head_dim must be"):
         sass.tensor_tile("mma_fa2", d)
+
+
+def _row(rung, d, hmma, classes, peak_share):
+    return dict(rung=rung, d=d, hmma=hmma, instructions=sum(classes.values()), classes=classes, clocks=4,
+                peak_share=peak_share, ceiling=peak_share * 989e12)
+
+
+def test_hmma_slots_figure_stacks_the_classes_per_hmma_and_marks_the_peak():
+    from matplotlib.text import Text
+
+    from lessons.views.register_tiles import hmma_slots_figure
+
+    table = [_row("mma", 64, 64, {"tensor": 64, "shared loads": 192, "other float": 320, "other": 0}, 0.44),
+             _row("mma_fa2", 64, 64, {"tensor": 64, "shared loads": 46, "other float": 200, "other": 0}, 0.83),
+             _row("mma_fa2", 128, 64, {"tensor": 64, "exponentials": 18, "integer and address": 150, "other": 2}, 1.0)]
+    fig = hmma_slots_figure(table)
+    ax = fig.axes[0]
+    widths = sorted(round(p.get_width(), 6) for p in ax.patches)
+    assert widths == sorted(round(v / 64, 6) for r in table for v in r["classes"].values() if v)
+    ends = {}
+    for p in ax.patches:
+        y = round(p.get_y() + p.get_height() / 2, 6)
+        ends[y] = max(ends.get(y, 0), p.get_x() + p.get_width())
+    assert sorted(round(e, 6) for e in ends.values()) == sorted(round(r["instructions"] / 64, 6) for r in table)
+    assert [line.get_xdata()[0] for line in ax.lines] == [4]                       # the tensor peak's line
+    texts = [t.get_text() for t in ax.findobj(Text)]
+    assert "at most 435 TFLOP/s (44%)" in texts and "at most 989 TFLOP/s (100%)" in texts
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["mma, d = 64", "mma_fa2, d = 64", "mma_fa2, d = 128"]
+    assert "other" in [t.get_text() for t in ax.get_legend().get_texts()]            # drawn only where there is some
+    with pytest.raises(TypeError, match="table must be a non-empty list"):
+        hmma_slots_figure([])
+    with pytest.raises(TypeError, match="each with rung, d, hmma"):
+        hmma_slots_figure([{k: v for k, v in table[0].items() if k != "classes"}])
+    with pytest.raises(ValueError, match="the classes of mma at d=64 must be a dict that sums"):
+        hmma_slots_figure([dict(table[0], instructions=1)])
+    with pytest.raises(ValueError, match="hmma of mma at d=64 must be an int above 0"):
+        hmma_slots_figure([dict(table[0], hmma=0)])
+    with pytest.raises(ValueError, match="same clocks per HMMA"):
+        hmma_slots_figure([table[0], dict(table[1], clocks=8)])

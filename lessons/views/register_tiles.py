@@ -1,6 +1,7 @@
 """Which cells of a key tile's scores and of the output one thread owns in the register-tiled rungs, plain and
 wide: one thread's cells dark, the rest of its warp light. And the issue-slot ceiling of each CUDA-core rung's
-product loops (:func:`lessons.gpu.sass.fma_loop_table`) beside what a target asks and what a GPU measured.
+product loops (:func:`lessons.gpu.sass.fma_loop_table`) beside what a target asks and what a GPU measured, and what
+each tensor-core rung issues per HMMA on an interior key tile, by class (:func:`lessons.gpu.sass.tensor_tile_table`).
 
 The ownership comes from :func:`lessons.cost.register_tiles.register_tile` (``thread_rows``, ``thread_keys``,
 ``thread_columns``: the kernel's index rules); this module only draws it.
@@ -18,7 +19,7 @@ from lessons.cost.register_tiles import RegisterTile
 
 from lessons.views.plot import new_figure, tidy
 
-__all__ = ["ownership_figure", "OWNER_COLOURS", "issue_ceiling_figure"]
+__all__ = ["ownership_figure", "OWNER_COLOURS", "issue_ceiling_figure", "CLASS_COLOURS", "hmma_slots_figure"]
 
 #: other warps, the rest of warp 0, thread 0
 OWNER_COLOURS = ("#eeeeee", "#a6cee3", "#1f4e99")
@@ -172,4 +173,74 @@ def issue_ceiling_figure(table, *, peak_flops: float, needs=None, measured=None,
         handles.append(Patch(facecolor="#808080", alpha=0.3, label="pale: the product loops alone"))
         labels.append(handles[-1].get_label())
     ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
+    return fig
+
+
+#: colours of the instruction classes of :data:`lessons.gpu.sass.ISSUE_CLASSES` (and "other"), in that order:
+#: the tensor cores' own dark, then what feeds them, what the softmax costs, and the overheads in greys
+CLASS_COLOURS = {"tensor": "#1f4e99", "shared loads": "#6baed6", "copies": "#9ecae1", "exponentials": "#e6550d",
+                 "other float": "#fdae6b", "integer and address": "#969696", "control and sync": "#d9d9d9",
+                 "other": "#756bb1"}
+
+
+def hmma_slots_figure(table):
+    """Horizontal stacked bars: per row of ``table`` (rows of :func:`lessons.gpu.sass.tensor_tile_table`, grouped
+    by head dim in the order given) the instructions one warp issues per ``HMMA`` on an interior key tile, split by
+    instruction class (each ``classes[name] / hmma``), a dashed line at ``clocks`` (one HMMA per that many clocks
+    per scheduler: what the tensor peak needs) and, at each bar's end, the ceiling it puts on the rate ("at most",
+    ``ceiling`` in TFLOP/s and ``peak_share``). Returns a Figure. TypeError for a ``table`` that is not a
+    non-empty list of such rows (rung, d, hmma, instructions, classes, clocks, peak_share, ceiling); ValueError for
+    a row whose classes do not sum to its instructions, whose ``hmma`` is not above 0, or whose rows mix clocks."""
+    keys = ("rung", "d", "hmma", "instructions", "classes", "clocks", "peak_share", "ceiling")
+    if not isinstance(table, (list, tuple)) or not table or not all(isinstance(r, dict) and all(k in r for k in keys)
+                                                                    for r in table):
+        raise TypeError(f"table must be a non-empty list of rows from lessons.gpu.sass.tensor_tile_table() (each with "
+                        f"{', '.join(keys)})")
+    for row in table:
+        if not isinstance(row["classes"], dict) or sum(row["classes"].values()) != row["instructions"]:
+            raise ValueError(f"table: the classes of {row['rung']} at d={row['d']} must be a dict that sums to its "
+                             f"{row['instructions']} instructions, got {row['classes']!r}")
+        if isinstance(row["hmma"], (bool, np.bool_)) or not isinstance(row["hmma"], numbers.Integral) or row["hmma"] < 1:
+            raise ValueError(f"table: hmma of {row['rung']} at d={row['d']} must be an int above 0, got {row['hmma']!r}")
+    clocks = {row["clocks"] for row in table}
+    if len(clocks) != 1:
+        raise ValueError(f"table: every row must need the same clocks per HMMA (one arch), got {sorted(clocks)}")
+    (clocks,) = clocks
+    ds = list(dict.fromkeys(r["d"] for r in table))
+    order = [r for d in ds for r in table if r["d"] == d]
+    names = [c for c in CLASS_COLOURS if any(r["classes"].get(c) for r in order)]
+    names += [c for r in order for c in r["classes"] if c not in CLASS_COLOURS and c not in names and r["classes"][c]]
+    ys, y = [], 0.0
+    for k, row in enumerate(order):
+        if k and row["d"] != order[k - 1]["d"]:
+            y += 0.6                                   # a gap between head dims
+        ys.append(y)
+        y += 1.0
+    longest = max(r["instructions"] / r["hmma"] for r in order)
+    height = 1.3 + 0.36 * y
+    fig = new_figure((10.0, height))
+    ax = fig.add_axes([0.185, 0.75 / height, 0.6, 1 - 1.25 / height])
+    for row, yy in zip(order, ys):
+        left = 0.0
+        for name in names:
+            width = row["classes"].get(name, 0) / row["hmma"]
+            if width:
+                ax.barh(yy, width, 0.72, left=left, color=CLASS_COLOURS.get(name, "#ffffff"), edgecolor="white",
+                        lw=0.5, label=name if row is order[0] or name not in ax.get_legend_handles_labels()[1] else None)
+                left += width
+        ax.text(left + 0.15, yy, f"at most {row['ceiling'] / 1e12:.0f} TFLOP/s ({row['peak_share']:.0%})",
+                va="center", ha="left", fontsize=8)
+    ax.axvline(clocks, color="#d62728", ls="--", lw=1.3, zorder=3)
+    ax.text(clocks + 0.1, -0.62, f"{clocks} per HMMA: what the tensor peak needs", color="#d62728", ha="left",
+            va="center", fontsize=8)
+    ax.set_yticks(ys, [f"{r['rung']}, d = {r['d']}" for r in order])
+    ax.set_ylim(y - 0.4, -1.0)
+    ax.set_xlim(0, longest * 1.33)
+    ax.set_xlabel("instructions one warp issues per HMMA, on an interior key tile (by class)", fontsize=9)
+    ax.set_title("What a tensor-core rung issues beside its HMMA\n(one scheduler issues one instruction per clock)",
+                 fontsize=10, loc="left")
+    tidy(ax)
+    handles, labels = ax.get_legend_handles_labels()
+    ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False,
+              title="class", title_fontsize=8)
     return fig
