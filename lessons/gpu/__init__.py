@@ -11,6 +11,7 @@ Kernels (CUDA C in ``lessons/gpu/kernels/``, one launcher each):
 * :func:`flash_attention_mma_fa2_gpu` - the tensor-core forward along FlashAttention-2's recipe (big blocks, ldmatrix.x4, swizzle, exp2);
 * :func:`flash_attention_mma_fa2_lazy_gpu` - the same with lazy rescaling (o rescaled only when a max moves) and 64-key tiles at d = 128;
 * :func:`flash_attention_mma_fa2_wide_gpu` - the same with FlashAttention-2's warp shape: 32 query rows per warp, each K/V fragment feeding two mmas;
+* :func:`flash_attention_mma_fa2_lean_gpu` - the same whose interior key tiles skip the masks, the per-chunk bounds tests and V's inf/NaN test (a pre-pass flags V's tiles);
 * :func:`flash_attention_wgmma_gpu` - the Hopper rung: TMA, mbarriers and ``wgmma``, a producer and two consumers (sm_90a);
 * :func:`paged_decode_gpu` - decoding over a paged KV cache (vLLM layout) with GQA;
 * :func:`flash_decoding_gpu` - the same split over the keys, partial states merged;
@@ -45,11 +46,14 @@ from lessons.gpu.source import flash_attention_mma_async_build, flash_attention_
 from lessons.gpu.source import flash_attention_regtile_build, flash_attention_regtile_config
 from lessons.gpu.source import flash_attention_regtile_wide_build, flash_attention_regtile_wide_config
 from lessons.gpu.launch import flash_attention_mma_fa2_gpu, flash_attention_mma_fa2_lazy_gpu, flash_attention_mma_fa2_wide_gpu
+from lessons.gpu.launch import flash_attention_mma_fa2_lean_gpu
 from lessons.gpu.source import flash_attention_mma_fa2_build, flash_attention_mma_fa2_config
 from lessons.gpu.source import (flash_attention_mma_fa2_lazy_build, flash_attention_mma_fa2_lazy_config,
                                 flash_attention_mma_fa2_lazy_configs)
 from lessons.gpu.source import (flash_attention_mma_fa2_wide_build, flash_attention_mma_fa2_wide_config,
                                 flash_attention_mma_fa2_wide_configs)
+from lessons.gpu.source import (flash_attention_mma_fa2_lean_build, flash_attention_mma_fa2_lean_config,
+                                flash_attention_mma_fa2_lean_configs)
 from lessons.gpu.launch import (flash_attention_wgmma_gpu, flash_attention_wgmma_overlap_gpu,
                                flash_attention_wgmma_pingpong_gpu, wgmma_probe_gpu)
 from lessons.gpu.source import (flash_attention_wgmma_build, flash_attention_wgmma_config,
@@ -79,6 +83,8 @@ __all__ = [
     "flash_attention_mma_fa2_lazy_build",
     "flash_attention_mma_fa2_wide_gpu", "flash_attention_mma_fa2_wide_config", "flash_attention_mma_fa2_wide_configs",
     "flash_attention_mma_fa2_wide_build",
+    "flash_attention_mma_fa2_lean_gpu", "flash_attention_mma_fa2_lean_config", "flash_attention_mma_fa2_lean_configs",
+    "flash_attention_mma_fa2_lean_build",
     "flash_attention_wgmma_gpu", "flash_attention_wgmma_config", "flash_attention_wgmma_build", "wgmma_probe_gpu",
     "flash_attention_wgmma_overlap_gpu", "flash_attention_wgmma_overlap_build", "flash_attention_wgmma_pingpong_gpu",
     "paged_decode_split_gpu", "decode_splits", "paged_decode_split_build",

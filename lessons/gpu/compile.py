@@ -363,7 +363,7 @@ def _row(build: KernelBuild, entry: str, arch: str, numbers: dict | None, source
         stack_bytes=numbers.get("stack_bytes"), spill_store_bytes=numbers.get("spill_store_bytes"),
         spill_load_bytes=numbers.get("spill_load_bytes"), threads_per_block=build.threads_per_block,
         source=source if numbers else None, reason=None if numbers else reason,
-        dynamic_smem_bytes=build.dynamic_smem_bytes)
+        dynamic_smem_bytes=build.entry_dynamic_smem_bytes(entry))
 
 
 @lru_cache(maxsize=64)

@@ -36,6 +36,8 @@ from lessons.gpu.source import flash_attention_mma_async_build, flash_attention_
 from lessons.gpu.source import flash_attention_mma_fa2_build, flash_attention_mma_fa2_config
 from lessons.gpu.source import (flash_attention_mma_fa2_lazy_build, flash_attention_mma_fa2_lazy_config,
                                 flash_attention_mma_fa2_wide_build, flash_attention_mma_fa2_wide_config)
+from lessons.gpu.source import (FA2_LEAN_V_FLAGS, flash_attention_mma_fa2_lean_build,
+                                flash_attention_mma_fa2_lean_config)
 from lessons.gpu.source import (flash_attention_wgmma_build, flash_attention_wgmma_config,
                                 flash_attention_wgmma_overlap_build)
 from lessons.gpu.trace_compare import GpuTrace
@@ -44,7 +46,7 @@ __all__ = ["flash_attention_gpu", "flash_attention_mma_gpu", "mma_probe_gpu", "o
            "flash_decoding_gpu",
            "SplitTraces", "BACKENDS", "MAX_TRACE_ROWS", "Runner"]
 __all__ += ["flash_attention_regtile_gpu", "flash_attention_regtile_wide_gpu", "flash_attention_mma_async_gpu", "paged_decode_split_gpu"]
-__all__ += ["flash_attention_mma_fa2_gpu", "flash_attention_mma_fa2_lazy_gpu", "flash_attention_mma_fa2_wide_gpu", "open_device", "kernel_row_trace", "flash_attention_wgmma_gpu",
+__all__ += ["flash_attention_mma_fa2_gpu", "flash_attention_mma_fa2_lazy_gpu", "flash_attention_mma_fa2_wide_gpu", "flash_attention_mma_fa2_lean_gpu", "open_device", "kernel_row_trace", "flash_attention_wgmma_gpu",
             "flash_attention_wgmma_overlap_gpu", "flash_attention_wgmma_pingpong_gpu", "wgmma_probe_gpu"]
 
 BACKENDS = ("cupy", "emulator")
@@ -250,7 +252,7 @@ class Runner:
             typed.append(value if kind in ("pointer", "tensormap")
                          else (np.int32(value) if kind == "int" else np.float32(value)))
         fn = device_module(build).get_function(entry)
-        dynamic = build.dynamic_smem_bytes
+        dynamic = build.entry_dynamic_smem_bytes(entry)
         if dynamic:
             fn.max_dynamic_shared_size_bytes = dynamic
         fn(grid, (build.threads_per_block,), tuple(typed), shared_mem=dynamic)
@@ -399,9 +401,9 @@ def flash_attention_gpu(q, k, v, *, scale=None, causal: bool = False, block_q: i
                            block_q, block_k, rows)
 
 
-def _launch_forward(run, build, entry: str, f: _FlashInputs, qkv, block_q: int, block_k: int, rows):
-    """Launch one of the two forward kernels (they share one signature) over ``qkv`` already on
-    ``run``'s device; returns ``(out, lse)`` or, for a trace build, ``(out, lse, GpuTrace)``."""
+def _launch_forward(run, build, entry: str, f: _FlashInputs, qkv, block_q: int, block_k: int, rows, extra=()):
+    """Launch one of the forward kernels (they share one signature; ``extra`` arguments follow the trace) over
+    ``qkv`` already on ``run``'s device; returns ``(out, lse)`` or, for a trace build, ``(out, lse, GpuTrace)``."""
     q = qkv[0]
     out = run.xp.empty(q.shape, dtype=q.dtype)
     lse = run.xp.empty(q.shape[:-1], dtype=np.float32)
@@ -409,7 +411,7 @@ def _launch_forward(run, build, entry: str, f: _FlashInputs, qkv, block_q: int, 
     trace = _trace_buffer(run, (f.batch_heads, len(rows), n_tiles, 3), build.trace)
     run.launch(build, entry, (-(-f.n_q // block_q), f.batch_heads),
                [*qkv, out, lse, f.n_q, f.n_k, f.scale, int(f.causal), _rows_buffer(run, rows), len(rows),
-                n_tiles, trace])
+                n_tiles, trace, *extra])
     result = (run.get(out), run.get(lse))
     if build.trace:
         labels = tuple((*idx, r) for idx in np.ndindex(*f.lead) for r in rows)
@@ -690,6 +692,49 @@ def flash_attention_mma_fa2_wide_gpu(q, k, v, *, scale=None, causal: bool = Fals
                              flash_attention_mma_fa2_wide_config, flash_attention_mma_fa2_wide_build)
 
 
+def flash_attention_mma_fa2_lean_gpu(q, k, v, *, scale=None, causal: bool = False, bfloat16: bool = False,
+                                     trace_rows=None, backend: str = "cupy", block_q: int | None = None,
+                                     block_k: int | None = None, min_blocks: int | None = None):
+    """:func:`flash_attention_mma_fa2_wide_gpu` whose interior key tiles issue only what they need.
+
+    The same kernel file built with ``FA2_LEAN=1`` as well (entry point ``flash_attention_mma_fa2_lean``), in
+    two launches:
+
+    1. the pre-pass ``flash_attention_mma_fa2_lean_v_flags`` reads V once and writes one int32 flag per
+       (batch * heads, key tile of ``block_k`` keys): 1 where that tile of V holds an inf or NaN;
+    2. the main kernel runs the key tiles that need no mask for any row of its query block (inside Nk and,
+       causal, wholly at or below the block's first row's diagonal) in a loop compiled without mask code,
+       then the rest with the wide rung's masked step; it copies a tile that lies inside Nk with no bounds
+       test per chunk, and only a tile whose flag is set rewrites V's inf/NaN and adds their terms back (the
+       wide rung tests every chunk of every tile).
+
+    The arithmetic is the wide rung's, so with the same tiles the output (and trace) is bitwise the wide
+    rung's. The pre-pass is part of the rung's time.
+
+    Parameters
+    ----------
+    q, k, v : float16 (or bfloat16 bits with ``bfloat16=True``), shaped as for
+        :func:`flash_attention_gpu`; head dim d = 64 or 128; any Nq, Nk >= 0.
+    scale, causal, bfloat16, trace_rows, backend : as :func:`flash_attention_gpu`.
+    block_q, block_k, min_blocks : as :func:`flash_attention_mma_fa2_wide_gpu` (the same legal configurations,
+        :func:`lessons.gpu.source.flash_attention_mma_fa2_lean_configs`); None: (128, 64, 2) at d = 64,
+        (128, 32, 2) at d = 128.
+
+    Returns ``(out, lse)`` or ``(out, lse, trace)`` as :func:`flash_attention_gpu`: out like q, lse float32
+    (natural log); the trace compares with
+    ``lessons.flash_attention(q, k, v, tile=block_k, block_q=block_q, return_trace=True)``.
+    Raises TypeError for float32 input or a non-integer (bools included) ``block_q``, ``block_k``,
+    ``min_blocks``; ValueError naming the argument for bad shapes, a head dim other than 64 and 128, or
+    tiles that are not legal (the message lists the legal ones); RuntimeError with backend "cupy" and no
+    CUDA device, or a GPU older than compute capability 8.0.
+    Source: Dao 2023 (FlashAttention-2), Sec. 3.1; its forward kernel's main loop, split into the few
+    masking steps (``n_masking_steps``) and the rest, with bounds-free copies of even tiles (``Is_even_MN``)
+    (flash-attention repository, ``flash_fwd_kernel.h``).
+    """
+    return _launch_tiled_fa2(q, k, v, scale, causal, bfloat16, trace_rows, backend, block_q, block_k, min_blocks,
+                             flash_attention_mma_fa2_lean_config, flash_attention_mma_fa2_lean_build)
+
+
 def _launch_tiled_fa2(q, k, v, scale, causal, bfloat16, trace_rows, backend, block_q, block_k, min_blocks,
                       config, make_build):
     """The checks and launch shared by the FA-2 builds whose tiles a caller may choose (the lazy and the
@@ -702,8 +747,15 @@ def _launch_tiled_fa2(q, k, v, scale, causal, bfloat16, trace_rows, backend, blo
     build = make_build(f.d, f.dtype, tracing, block_q, block_k, min_blocks)
     run = Runner(backend, f.kind)
     _require_tensor_cores(run)
-    return _launch_forward(run, build, build.kernel, f, [_aligned(run, run.put(x)) for x in (q, k, v)],
-                           block_q, block_k, rows)
+    qkv = [_aligned(run, run.put(x)) for x in (q, k, v)]
+    extra = ()
+    if build.kernel == "flash_attention_mma_fa2_lean":
+        # the pre-pass: one int32 flag per (batch * heads, key tile), 1 where V's tile holds an inf or NaN
+        n_tiles = -(-f.n_k // block_k)
+        v_flags = run.xp.zeros(max(1, f.batch_heads * n_tiles), dtype=np.int32)
+        run.launch(build, FA2_LEAN_V_FLAGS, (n_tiles, f.batch_heads), [qkv[2], f.n_k, v_flags])
+        extra = (v_flags,)
+    return _launch_forward(run, build, build.kernel, f, qkv, block_q, block_k, rows, extra)
 
 
 def flash_attention_wgmma_gpu(q, k, v, *, scale=None, causal: bool = False, bfloat16: bool = False,

@@ -38,6 +38,8 @@ __all__ = [
     "flash_attention_mma_fa2_lazy_build", "KERNEL_FILES", "kernel_file",
     "FA2_WIDE_CONFIGS", "FA2_WIDE_SWEEP", "flash_attention_mma_fa2_wide_configs", "flash_attention_mma_fa2_wide_config",
     "flash_attention_mma_fa2_wide_smem_bytes", "flash_attention_mma_fa2_wide_build",
+    "FA2_LEAN_CONFIGS", "FA2_LEAN_SWEEP", "flash_attention_mma_fa2_lean_configs", "flash_attention_mma_fa2_lean_config",
+    "flash_attention_mma_fa2_lean_build", "FA2_LEAN_V_FLAGS",
     "WGMMA_CONFIGS", "WGMMA_ARCH", "flash_attention_wgmma_config", "flash_attention_wgmma_smem_bytes",
     "flash_attention_wgmma_build", "wgmma_swizzle", "WGMMA_KERNELS", "WGMMA_OVERLAP_STAGES",
     "flash_attention_wgmma_overlap_build",
@@ -60,6 +62,7 @@ KERNELS = {
     "flash_attention_mma_fa2": ("flash_attention_mma_fa2",),
     "flash_attention_mma_fa2_lazy": ("flash_attention_mma_fa2_lazy",),
     "flash_attention_mma_fa2_wide": ("flash_attention_mma_fa2_wide",),
+    "flash_attention_mma_fa2_lean": ("flash_attention_mma_fa2_lean", "flash_attention_mma_fa2_lean_v_flags"),
     "flash_attention_wgmma": ("flash_attention_wgmma", "wgmma_probe"),
     "flash_attention_wgmma_overlap": ("flash_attention_wgmma_overlap", "flash_attention_wgmma_pingpong"),
     "paged_decode": ("paged_decode", "paged_decode_split", "merge_splits"),
@@ -72,10 +75,13 @@ KERNELS = {
 #: kernel -> the file it is compiled from, where that is not ``<kernel>.cu``: the lazy-rescaling rung is
 #: ``flash_attention_mma_fa2.cu`` with ``LAZY_RESCALE`` and ``FA2_DYNAMIC_SMEM`` set (its entry point is
 #: then named ``flash_attention_mma_fa2_lazy``), the wide-warp rung the same with ``WARP_ROWS=32`` as well
-#: (entry point ``flash_attention_mma_fa2_wide``); the wide register-tiled rung is ``flash_attention_regtile.cu``
-#: with ``REGTILE_WIDE=1`` (entry point ``flash_attention_regtile_wide``)
+#: (entry point ``flash_attention_mma_fa2_wide``), the lean rung that with ``FA2_LEAN=1`` as well (entry points
+#: ``flash_attention_mma_fa2_lean`` and its pre-pass ``flash_attention_mma_fa2_lean_v_flags``); the wide
+#: register-tiled rung is ``flash_attention_regtile.cu`` with ``REGTILE_WIDE=1`` (entry point
+#: ``flash_attention_regtile_wide``)
 KERNEL_FILES = {"flash_attention_mma_fa2_lazy": "flash_attention_mma_fa2",
                 "flash_attention_mma_fa2_wide": "flash_attention_mma_fa2",
+                "flash_attention_mma_fa2_lean": "flash_attention_mma_fa2",
                 "flash_attention_regtile_wide": "flash_attention_regtile"}
 
 #: storage dtype name -> value of the FA_DTYPE define (arithmetic is always float32)
@@ -629,6 +635,57 @@ def flash_attention_mma_fa2_wide_build(head_dim: int, dtype: str = "float16", tr
 
 
 # ---------------------------------------------------------------------------
+# the wide rung whose interior key tiles issue only what they need (flash_attention_mma_fa2_lean)
+# ---------------------------------------------------------------------------
+
+#: head dim -> default (block_q, block_k, min_blocks) of ``flash_attention_mma_fa2_lean``: the wide rung's
+FA2_LEAN_CONFIGS = dict(FA2_WIDE_CONFIGS)
+#: head dim -> every (block_q, block_k, min_blocks) the lean rung takes: the wide rung's less those where the lean
+#: build spills on sm_90 (NVRTC 12.9) and the wide one does not: d = 64 (128, 32, 3) (float16) and (64, 64, 2);
+#: d = 128 (128, 64, 2) and (64, 32, 2). Its second loop (the unmasked one) costs registers: d = 64, (128, 64)
+#: 242-243 against the wide rung's 223-225; d = 128, (128, 32): 255 on both, and on sm_80 it spills 52-56 bytes
+#: (the wide one none)
+FA2_LEAN_SWEEP = {
+    64: ((128, 64, 2), (128, 32, 2), (64, 32, 2)),
+    128: ((128, 32, 2),),
+}
+#: the lean rung's pre-pass: one int32 flag per (batch * heads, key tile of block_k keys), 1 where V's tile holds
+#: an inf or NaN
+FA2_LEAN_V_FLAGS = "flash_attention_mma_fa2_lean_v_flags"
+
+
+def flash_attention_mma_fa2_lean_configs(head_dim: int) -> list[tuple[int, int, int]]:
+    """Every ``(block_q, block_k, min_blocks)`` the lean rung takes at ``head_dim`` (64 or 128), in
+    :data:`FA2_LEAN_SWEEP`'s order (the default first). TypeError for a non-integer ``head_dim`` (bools
+    included), ValueError naming it for another head dim."""
+    return list(FA2_LEAN_SWEEP[_tile_head_dim(head_dim, FA2_LEAN_SWEEP, "lean")])
+
+
+def flash_attention_mma_fa2_lean_config(head_dim: int, block_q: int | None = None, block_k: int | None = None,
+                                        min_blocks: int | None = None) -> tuple[int, int, int]:
+    """``(block_q, block_k, min_blocks)`` of the lean rung at ``head_dim``: the rules and defaults of
+    :func:`flash_attention_mma_fa2_wide_config` (d = 64: (128, 64, 2); d = 128: (128, 32, 2)) over
+    :data:`FA2_LEAN_SWEEP`. Raises TypeError for a non-integer (bools included), ValueError naming the argument
+    and listing what it may be otherwise."""
+    return _tile_config(head_dim, block_q, block_k, min_blocks, FA2_LEAN_CONFIGS, FA2_LEAN_SWEEP, "lean", 32,
+                        "the others spill on sm_90")
+
+
+def flash_attention_mma_fa2_lean_build(head_dim: int, dtype: str = "float16", trace: bool = False,
+                                       block_q: int | None = None, block_k: int | None = None,
+                                       min_blocks: int | None = None) -> "KernelBuild":
+    """The :class:`KernelBuild` of the lean rung: the wide rung's build (:func:`flash_attention_mma_fa2_wide_build`)
+    with ``FA2_LEAN=1`` (entry points ``flash_attention_mma_fa2_lean`` and the pre-pass
+    ``flash_attention_mma_fa2_lean_v_flags``), tiles from :func:`flash_attention_mma_fa2_lean_config`. The main
+    kernel's shared memory is the wide rung's, all dynamic; the pre-pass uses none."""
+    if dtype not in MMA_DTYPES:
+        raise ValueError(f"the tensor-core kernel takes dtype float16 or bfloat16, got {dtype!r}")
+    bq, bk, mb = flash_attention_mma_fa2_lean_config(head_dim, block_q, block_k, min_blocks)
+    return KernelBuild.make("flash_attention_mma_fa2_lean", dtype, trace, HEAD_DIM=head_dim, BLOCK_Q=bq, BLOCK_K=bk,
+                            MIN_BLOCKS=mb, LAZY_RESCALE=1, FA2_DYNAMIC_SMEM=1, WARP_ROWS=32, FA2_LEAN=1)
+
+
+# ---------------------------------------------------------------------------
 # the Hopper rung: TMA, mbarriers, wgmma (sm_90a)
 # ---------------------------------------------------------------------------
 
@@ -1124,7 +1181,8 @@ class KernelBuild:
             return 2 * flash_attention_mma_smem_bytes(d["HEAD_DIM"], d["BLOCK_K"])
         if self.kernel == "flash_attention_mma_fa2":
             return flash_attention_mma_fa2_smem_bytes(d["HEAD_DIM"], d["BLOCK_K"])
-        if self.kernel in WGMMA_KERNELS or self.kernel in ("flash_attention_mma_fa2_lazy", "flash_attention_mma_fa2_wide"):
+        if self.kernel in WGMMA_KERNELS or self.kernel in ("flash_attention_mma_fa2_lazy", "flash_attention_mma_fa2_wide",
+                                                          "flash_attention_mma_fa2_lean"):
             return 0                                         # (all of it dynamic: dynamic_smem_bytes)
         if self.kernel in ("flash_attention_regtile", "flash_attention_regtile_wide"):
             return 0 if d.get("REGTILE_DYNAMIC_SMEM") else flash_attention_regtile_smem_bytes(d["HEAD_DIM"],
@@ -1158,7 +1216,7 @@ class KernelBuild:
         if self.kernel == "flash_attention_mma_fa2_lazy":
             d = dict(self.defines)
             return flash_attention_mma_fa2_smem_bytes(d["HEAD_DIM"], d["BLOCK_K"])
-        if self.kernel == "flash_attention_mma_fa2_wide":
+        if self.kernel in ("flash_attention_mma_fa2_wide", "flash_attention_mma_fa2_lean"):
             d = dict(self.defines)
             return flash_attention_mma_fa2_wide_smem_bytes(d["HEAD_DIM"], d["BLOCK_Q"], d["BLOCK_K"])
         if self.kernel in ("flash_attention_regtile", "flash_attention_regtile_wide") and \
@@ -1166,6 +1224,11 @@ class KernelBuild:
             d = dict(self.defines)
             return flash_attention_regtile_smem_bytes(d["HEAD_DIM"], d["BLOCK_Q"], d["BLOCK_K"])
         return 0
+
+    def entry_dynamic_smem_bytes(self, entry: str) -> int:
+        """Dynamic shared memory a launch of one entry point asks for (bytes): :attr:`dynamic_smem_bytes`, except
+        for the lean rung's pre-pass (``flash_attention_mma_fa2_lean_v_flags``), which uses none."""
+        return 0 if entry == FA2_LEAN_V_FLAGS else self.dynamic_smem_bytes
 
     @property
     def arch(self) -> str | None:
@@ -1176,7 +1239,8 @@ class KernelBuild:
     def threads_per_block(self) -> int:
         if self.kernel in WGMMA_KERNELS:
             return WGMMA_THREADS
-        if self.kernel in ("flash_attention_mma_fa2", "flash_attention_mma_fa2_lazy", "flash_attention_mma_fa2_wide"):
+        if self.kernel in ("flash_attention_mma_fa2", "flash_attention_mma_fa2_lazy", "flash_attention_mma_fa2_wide",
+                           "flash_attention_mma_fa2_lean"):
             d = dict(self.defines)                   # one warp per WARP_ROWS (16 or 32) query rows
             return 32 * (d["BLOCK_Q"] // d.get("WARP_ROWS", 16))
         return dict(self.defines).get("TILE", 256) if self.kernel == "online_softmax" else NUM_THREADS

@@ -118,6 +118,9 @@
 #ifndef WARP_ROWS
 #define WARP_ROWS 16
 #endif
+#ifndef FA2_LEAN
+#define FA2_LEAN 0
+#endif
 #define M_TILES (WARP_ROWS / 16)        // 16-row m-tiles per warp
 #define Q_IN_REGS (M_TILES == 1)        // Q's A fragments stay in registers (else: read from shared memory)
 #define NUM_WARPS (BLOCK_Q / WARP_ROWS)
@@ -137,6 +140,7 @@ static_assert(HEAD_DIM == 64 || HEAD_DIM == 128, "HEAD_DIM must be 64 or 128");
 static_assert(BLOCK_Q == 64 || BLOCK_Q == 128, "BLOCK_Q must be 64 or 128");
 static_assert(WARP_ROWS == 16 || WARP_ROWS == 32, "WARP_ROWS must be 16 or 32");
 static_assert(WARP_ROWS == 16 || (LAZY_RESCALE && FA2_DYNAMIC_SMEM), "the wide rung builds on the lazy one");
+static_assert(!FA2_LEAN || WARP_ROWS == 32, "the lean rung builds on the wide one");
 static_assert(BLOCK_K == 32 || BLOCK_K == 64, "BLOCK_K must be 32 or 64");
 static_assert(!Q_IN_REGS || BLOCK_Q * HEAD_DIM <= STAGE_ELEMS, "the Q tile must fit in one K/V stage");
 static_assert(FA2_DYNAMIC_SMEM || SMEM_ELEMS * 2 <= 48 * 1024,
@@ -153,7 +157,8 @@ __device__ __forceinline__ int swz(int row, int chunk) { return row * HEAD_DIM +
 // rows at or past n_rows are zero-filled (plain stores). No commit. Thread tid copies chunk
 // tid % CHUNKS of rows tid / CHUNKS + i * (NUM_THREADS / CHUNKS): a fixed count per thread,
 // so the loop unrolls and the swizzled offsets are constants plus one per-thread term.
-template <int ROWS>
+// CHECKED = false (the lean rung, for a tile known to lie wholly inside n_rows): no per-chunk test.
+template <int ROWS, bool CHECKED = true>
 __device__ __forceinline__ void copy_rows(scalar_t* dst, saddr_t dst_s, const scalar_t* src, int row0, int n_rows,
                                           int tid) {
     static_assert((ROWS * CHUNKS) % NUM_THREADS == 0, "the threads must share the chunks evenly");
@@ -161,12 +166,31 @@ __device__ __forceinline__ void copy_rows(scalar_t* dst, saddr_t dst_s, const sc
 #pragma unroll
     for (int i = 0; i < ROWS * CHUNKS / NUM_THREADS; ++i) {
         const int r = tid / CHUNKS + i * (NUM_THREADS / CHUNKS);
-        if (row0 + r < n_rows)
+        if (!CHECKED || row0 + r < n_rows)
             cp_async16(sadd(dst_s, swz(r, c)), src + (long long)(row0 + r) * HEAD_DIM + c * 8);
         else
             *reinterpret_cast<uint4*>(dst + swz(r, c)) = make_uint4(0u, 0u, 0u, 0u);
     }
 }
+
+#if FA2_LEAN
+// The lean rung's pre-pass: v_flags[bh][j] = 1 when key tile j of V (keys j BLOCK_K .. + BLOCK_K - 1 below n_k)
+// of head bh holds an inf or NaN, else 0 (int32: one flag per tile is a few bytes per head, and an aligned
+// 32-bit load is one instruction). V is read once here, so the main kernel's key tiles test nothing: a tile
+// reads its flag (uniform over the block) instead of testing every chunk it copied.
+// Launch: grid = (ceil(n_k / BLOCK_K), batch * heads), block = NUM_THREADS; no shared memory.
+extern "C" __global__ void __launch_bounds__(NUM_THREADS)
+flash_attention_mma_fa2_lean_v_flags(const scalar_t* __restrict__ v, int n_k, int* __restrict__ v_flags) {
+    const int tile = blockIdx.x;
+    const long long bh = blockIdx.y;
+    const int n_chunks = min(BLOCK_K, n_k - tile * BLOCK_K) * CHUNKS;          // (the last tile may be partial)
+    const uint4* src = reinterpret_cast<const uint4*>(v + (bh * n_k + (long long)tile * BLOCK_K) * HEAD_DIM);
+    bool bad = false;
+    for (int i = threadIdx.x; i < n_chunks; i += NUM_THREADS) bad = bad || chunk_non_finite(src[i]);
+    const int any = __syncthreads_or(bad);
+    if (threadIdx.x == 0) v_flags[bh * gridDim.x + tile] = any != 0;
+}
+#endif
 
 // q: (batch*heads, n_q, HEAD_DIM), k, v: (batch*heads, n_k, HEAD_DIM), 16-bit, C-contiguous,
 // each 16-byte aligned. out: like q; lse: (batch*heads, n_q) float32.
@@ -174,7 +198,14 @@ __device__ __forceinline__ void copy_rows(scalar_t* dst, saddr_t dst_s, const sc
 // Trace: trace_rows (n_trace_rows,) query rows; trace (batch*heads, n_trace_rows, trace_tiles, 3).
 // (One body, three names: the entry point is flash_attention_mma_fa2_wide when WARP_ROWS is 32, else
 //  flash_attention_mma_fa2_lazy when LAZY_RESCALE is 1.)
-#if WARP_ROWS == 32
+#if FA2_LEAN
+extern "C" __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS)
+flash_attention_mma_fa2_lean(const scalar_t* __restrict__ q, const scalar_t* __restrict__ k,
+                             const scalar_t* __restrict__ v, scalar_t* __restrict__ out,
+                             float* __restrict__ lse, int n_q, int n_k, float scale, int causal,
+                             const int* __restrict__ trace_rows, int n_trace_rows, int trace_tiles,
+                             float* __restrict__ trace, const int* __restrict__ v_flags) {
+#elif WARP_ROWS == 32
 extern "C" __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS)
 flash_attention_mma_fa2_wide(const scalar_t* __restrict__ q, const scalar_t* __restrict__ k,
                              const scalar_t* __restrict__ v, scalar_t* __restrict__ out,
@@ -223,8 +254,16 @@ flash_attention_mma_fa2(const scalar_t* __restrict__ q, const scalar_t* __restri
     copy_rows<BLOCK_Q>(smem + Q_OFFSET, sadd(smem_s, Q_OFFSET), q_bh, q_start, n_q, tid);
     cp_async_commit();
     if (n_tiles > 0) {
-        copy_rows<BLOCK_K>(smem, smem_s, k_bh, 0, n_k, tid);
-        copy_rows<BLOCK_K>(smem + BLOCK_K * HEAD_DIM, sadd(smem_s, BLOCK_K * HEAD_DIM), v_bh, 0, n_k, tid);
+#if FA2_LEAN
+        if (BLOCK_K <= n_k) {                        // (see step 1)
+            copy_rows<BLOCK_K, false>(smem, smem_s, k_bh, 0, n_k, tid);
+            copy_rows<BLOCK_K, false>(smem + BLOCK_K * HEAD_DIM, sadd(smem_s, BLOCK_K * HEAD_DIM), v_bh, 0, n_k, tid);
+        } else
+#endif
+        {
+            copy_rows<BLOCK_K>(smem, smem_s, k_bh, 0, n_k, tid);
+            copy_rows<BLOCK_K>(smem + BLOCK_K * HEAD_DIM, sadd(smem_s, BLOCK_K * HEAD_DIM), v_bh, 0, n_k, tid);
+        }
     }
     cp_async_commit();
     cp_async_wait<1>();                              // Q has landed (tile 0 may still be in flight)
@@ -267,23 +306,79 @@ flash_attention_mma_fa2(const scalar_t* __restrict__ q, const scalar_t* __restri
             for (int i = 0; i < 4; ++i) o[mt][n][i] = 0.f;
     }
 
+#if FA2_LEAN
+    // v_flag: the pre-pass's flag of the tile being absorbed, read one tile ahead (its latency hides behind a tile)
+    const int* v_flags_bh = v_flags + bh * ((n_k + BLOCK_K - 1) / BLOCK_K);
+    int v_flag = n_tiles > 0 ? v_flags_bh[0] : 0;
+
+    // The key tiles that need no mask for any row of the block come first, then the rest (FlashAttention-2
+    // runs its few masking steps apart from the others, n_masking_steps). Tile j needs none when it lies
+    // inside n_k and, causal, its last key is at most the block's first row's diagonal q_start + n_k - n_q
+    // (negative when n_q > n_k and the block's first rows see nothing): j + 1 <= (diagonal + 1) / BLOCK_K.
+    int n_full = n_k / BLOCK_K;
+    if (causal) {
+        const int diagonal = q_start + n_k - n_q;
+        n_full = min(n_full, diagonal < 0 ? 0 : (diagonal + 1) / BLOCK_K);
+    }
+    n_full = min(n_full, n_tiles);
+    // One body, two loops: the pass loop is unrolled, so `masked` is a constant in each copy and the first
+    // loop's step 4 compiles with no mask code at all (nor the test that picks it).
+#pragma unroll
+    for (int masked = 0; masked < 2; ++masked)          // 0: tiles 0 .. n_full - 1, 1: n_full .. n_tiles - 1
+    for (int tile = masked ? n_full : 0; tile < (masked ? n_tiles : n_full); ++tile) {
+#else
+    const bool masked = true;                           // (every tile takes step 4 with its mask test)
     for (int tile = 0; tile < n_tiles; ++tile) {
+#endif
         const int k_start = tile * BLOCK_K;
         const int stage = (tile & 1) * STAGE_ELEMS;
         const saddr_t k_s = sadd(smem_s, stage);                     // for ldmatrix
         const saddr_t v_s = sadd(smem_s, stage + BLOCK_K * HEAD_DIM);
         scalar_t* v_tile = smem + stage + BLOCK_K * HEAD_DIM;        // for the inf/NaN test
 
-        // 1. tile j + 1 starts copying into the other stage; wait for tile j's copies
+        // 1. tile j + 1 starts copying into the other stage (the lean rung: and its V flag is read); wait for
+        //    tile j's copies
+#if FA2_LEAN
+        int next_v_flag = 0;
+#endif
         if (tile + 1 < n_tiles) {
             const int next = ((tile + 1) & 1) * STAGE_ELEMS;
-            copy_rows<BLOCK_K>(smem + next, sadd(smem_s, next), k_bh, k_start + BLOCK_K, n_k, tid);
-            copy_rows<BLOCK_K>(smem + next + BLOCK_K * HEAD_DIM, sadd(smem_s, next + BLOCK_K * HEAD_DIM), v_bh,
-                               k_start + BLOCK_K, n_k, tid);
+#if FA2_LEAN
+            // a tile that lies inside n_k (all but a last partial one) is copied with no test per chunk, as
+            // FlashAttention-2 copies even tiles (Is_even_MN): one uniform test here instead of one per chunk
+            if (k_start + 2 * BLOCK_K <= n_k) {
+                copy_rows<BLOCK_K, false>(smem + next, sadd(smem_s, next), k_bh, k_start + BLOCK_K, n_k, tid);
+                copy_rows<BLOCK_K, false>(smem + next + BLOCK_K * HEAD_DIM, sadd(smem_s, next + BLOCK_K * HEAD_DIM),
+                                          v_bh, k_start + BLOCK_K, n_k, tid);
+            } else
+#endif
+            {
+                copy_rows<BLOCK_K>(smem + next, sadd(smem_s, next), k_bh, k_start + BLOCK_K, n_k, tid);
+                copy_rows<BLOCK_K>(smem + next + BLOCK_K * HEAD_DIM, sadd(smem_s, next + BLOCK_K * HEAD_DIM), v_bh,
+                                   k_start + BLOCK_K, n_k, tid);
+            }
+#if FA2_LEAN
+            next_v_flag = v_flags_bh[tile + 1];
+#endif
         }
         cp_async_commit();                           // (an empty group at the last tile keeps the count)
         cp_async_wait<1>();
 
+#if FA2_LEAN
+        // 2. only a tile the pre-pass flagged (uniform: no divergence) rewrites the inf/NaN in the V chunks
+        //    this thread copied (the terms it drops are added back in step 7); any other tile tests nothing.
+        //    The barrier makes every thread's copies (and rewrites) visible to the others' ldmatrix.
+        if (v_flag) {
+#pragma unroll
+            for (int i = 0; i < BLOCK_K * CHUNKS / NUM_THREADS; ++i) {       // (the chunks of copy_rows)
+                uint4* w = reinterpret_cast<uint4*>(v_tile + swz(tid / CHUNKS + i * (NUM_THREADS / CHUNKS), tid % CHUNKS));
+                const uint4 x = *w;
+                if (chunk_non_finite(x)) *w = finite_part(x);
+            }
+        }
+        __syncthreads();
+        const bool tile_has_non_finite_v = v_flag != 0;
+#else
         // 2. inf/NaN in the V chunks this thread copied: test each, rewrite only a bad one
         //    (the terms it drops are added back in step 7); the barrier tells every thread
         bool v_had_non_finite = false;
@@ -297,6 +392,7 @@ flash_attention_mma_fa2(const scalar_t* __restrict__ q, const scalar_t* __restri
             }
         }
         const bool tile_has_non_finite_v = __syncthreads_or(v_had_non_finite) != 0;
+#endif
 
         // 3. S = Q K_j^T. B = K^T: b0, b1 of score tile n are K[key 8n + g][16ds + 2t (+8)].
         //    ldmatrix.x4 for tiles n, n + 1: lane L names key 8n + 8(L / 16) + L % 8, chunk 2ds + (L / 8) % 2;
@@ -332,7 +428,8 @@ flash_attention_mma_fa2(const scalar_t* __restrict__ q, const scalar_t* __restri
         }
 
         // 4. scale into log2 units; mask (past n_k, above the causal diagonal) only in a tile
-        //    that reaches past n_k or past this warp's first row's diagonal (the same for the warp)
+        //    that reaches past n_k or past this warp's first row's diagonal (the same for the warp);
+        //    the lean rung's first loop (masked = 0) has no mask code at all
         const bool needs_mask = k_start + BLOCK_K > n_k ||
                                 (causal && k_start + BLOCK_K - 1 > warp_q0 + n_k - n_q);
         float tile_max[M_TILES][2];
@@ -345,7 +442,7 @@ flash_attention_mma_fa2(const scalar_t* __restrict__ q, const scalar_t* __restri
                 for (int i = 0; i < 4; ++i) {
                     const int h = i / 2;
                     float x = s[mt][n][i] * scale_log2;
-                    if (needs_mask) {
+                    if (masked && needs_mask) {
                         const int key = k_start + n * 8 + 2 * t + i % 2;
                         if (key >= n_k || (causal && key > (row_g + 16 * mt + 8 * h) + n_k - n_q)) x = NEG_INF;
                     }
@@ -495,6 +592,9 @@ flash_attention_mma_fa2(const scalar_t* __restrict__ q, const scalar_t* __restri
                     }
 #endif
         __syncthreads();                             // everyone is done with this stage
+#if FA2_LEAN
+        v_flag = next_v_flag;
+#endif
     }
 
     // ---- finalize: one reciprocal per row; 32-bit stores; rows past n_q write nothing --------
