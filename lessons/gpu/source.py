@@ -1280,8 +1280,8 @@ def default_builds(head_dim: int = 128, dtype: str = "float16", trace: bool = Fa
     16 only), paged decode and the split decode (``head_dim``, block_size 16, 32 query heads on 8 kv
     heads; the split decode has no trace build), the
     backward (head dims up to 128), the register-tiled forward (float32, head dims a multiple of 4),
-    the FlashAttention-2-style tensor-core forward and its lazy-rescaling build (16-bit dtypes, head
-    dims 64 and 128, each its default tiles) and the
+    the FlashAttention-2-style tensor-core forward and its lazy-rescaling, wide-warp and lean builds (16-bit
+    dtypes, head dims 64 and 128, each its default tiles) and the
     tensor-core backward (16-bit dtypes, head dims 64 and 128, no trace build)."""
     builds = [online_softmax_build(256, dtype, trace), flash_attention_build(head_dim, dtype, trace)]
     if dtype in MMA_DTYPES and head_dim % 16 == 0:
@@ -1301,6 +1301,7 @@ def default_builds(head_dim: int = 128, dtype: str = "float16", trace: bool = Fa
     if dtype in MMA_DTYPES and head_dim in FA2_LAZY_CONFIGS:
         builds.append(flash_attention_mma_fa2_lazy_build(head_dim, dtype, trace))
         builds.append(flash_attention_mma_fa2_wide_build(head_dim, dtype, trace))
+        builds.append(flash_attention_mma_fa2_lean_build(head_dim, dtype, trace))
     if dtype in MMA_DTYPES and head_dim in BACKWARD_MMA_HEAD_DIMS and not trace:    # (it has no trace build)
         builds.append(flash_attention_backward_mma_build(head_dim, dtype))
     return builds

@@ -79,6 +79,28 @@
 //   sm_90) x 128 threads, 48 KiB; d = 128, 128 x 32: 254 / 255 x 128 threads, 64 KiB: 2 blocks (8 warps)
 //   per SM. The other legal tiles: lessons.gpu.source.FA2_WIDE_SWEEP.
 //
+// A fourth switch, FA2_LEAN = 1 (on top of the wide rung's three), makes flash_attention_mma_fa2_lean: the wide
+// rung whose interior key tiles issue only what they need. In the wide rung every tile, interior or not, pays
+// for V's inf/NaN test (each thread tests the chunks it copied, then a block-wide vote, __syncthreads_or), for
+// the masks (ptxas predicates `if (needs_mask)`, so each score costs a compare and a select even where no key
+// is masked) and for a bounds test per copied chunk. FlashAttention-2 runs its few masking steps apart from the
+// rest (n_masking_steps) and copies even tiles without bounds tests (Is_even_MN); so does this build:
+//   * two loops, one body: first the key tiles that need no mask for any row of the block (inside n_k and, causal,
+//     wholly at or below the block's first row's diagonal), compiled without any mask code, then the rest with
+//     the masked step (and its per-warp needs_mask) as before;
+//   * a tile that lies wholly inside n_k is copied with no test per chunk (one uniform test per tile);
+//   * a pre-pass (entry point flash_attention_mma_fa2_lean_v_flags) reads V once and writes one int32 flag per
+//     (batch * head, key tile): 1 where the tile holds an inf or NaN. A tile reads its flag (one tile ahead, so
+//     the load's latency hides) and only a flagged tile rewrites its V chunks and runs step 7; the barrier after
+//     the copies is a plain __syncthreads().
+//   The arithmetic is the wide rung's: with the same tiles the output is bitwise the wide rung's.
+//   Compile report (NVRTC 12.9, float16 / bfloat16, default tiles): d = 64, 128 x 64: 242-243 registers on
+//   sm_80 and sm_90 (wide: 225 / 223), no spills; d = 128, 128 x 32: 255 on both (wide: 254 / 255), no spills on
+//   sm_90, 52-56 bytes spilled on sm_80 (the second loop's registers). Shortest pass through a key-tile loop
+//   (instructions, as tests/test_gpu_sass.py counts them; 128 HMMA per tile either way), wide -> lean unmasked /
+//   masked loop: d = 64: 842 -> 649 / 754 (sm_80), 899 -> 700 / 795 (sm_90); d = 128: 671 -> 585 / 577
+//   (sm_80), 698 -> 610 / 610 (sm_90). The other legal tiles: lessons.gpu.source.FA2_LEAN_SWEEP.
+//
 // NaN rule and empty rows exactly as flash_attention_mma_async.cu: inf/NaN in V reach only
 // the rows that give that key p > 0 (step 7), a row that sees nothing gives 0 and lse -inf.
 //
@@ -88,8 +110,9 @@
 // Launch: grid = (ceil(n_q / BLOCK_Q), batch * heads), block = BLOCK_Q / WARP_ROWS warps.
 // Defines: HEAD_DIM (64 or 128), BLOCK_Q (64 or 128), BLOCK_K (32 or 64),
 // MIN_BLOCKS (blocks per SM promised to ptxas), FA_DTYPE 1 or 2, FA_TRACE, LAZY_RESCALE and
-// FA2_DYNAMIC_SMEM (0 or 1), WARP_ROWS (16 or 32; 32 needs the other two). With FA2_DYNAMIC_SMEM a
-// launch asks for 8 * BLOCK_K * HEAD_DIM bytes of dynamic shared memory (+ 2 * BLOCK_Q * HEAD_DIM with
+// FA2_DYNAMIC_SMEM (0 or 1), WARP_ROWS (16 or 32; 32 needs the other two), FA2_LEAN (0 or 1; 1 needs
+// WARP_ROWS 32; the main kernel then takes v_flags, the pre-pass's output, as its last argument). With
+// FA2_DYNAMIC_SMEM a launch asks for 8 * BLOCK_K * HEAD_DIM bytes of dynamic shared memory (+ 2 * BLOCK_Q * HEAD_DIM with
 // WARP_ROWS 32, for Q). sm_80+.
 #include "common.cuh"
 // the plumbing of the tensor cores: pack2f, pack_float2, fast_exp2, non_finite, chunk_non_finite, finite_part,
@@ -196,8 +219,9 @@ flash_attention_mma_fa2_lean_v_flags(const scalar_t* __restrict__ v, int n_k, in
 // each 16-byte aligned. out: like q; lse: (batch*heads, n_q) float32.
 // causal != 0: query i sees key j iff j <= i + n_k - n_q (bottom-right aligned).
 // Trace: trace_rows (n_trace_rows,) query rows; trace (batch*heads, n_trace_rows, trace_tiles, 3).
-// (One body, three names: the entry point is flash_attention_mma_fa2_wide when WARP_ROWS is 32, else
-//  flash_attention_mma_fa2_lazy when LAZY_RESCALE is 1.)
+// (One body, four names: the entry point is flash_attention_mma_fa2_lean when FA2_LEAN is 1, else
+//  flash_attention_mma_fa2_wide when WARP_ROWS is 32, else flash_attention_mma_fa2_lazy when LAZY_RESCALE is 1.)
+// v_flags (lean only): (batch*heads, ceil(n_k / BLOCK_K)) int32 from flash_attention_mma_fa2_lean_v_flags.
 #if FA2_LEAN
 extern "C" __global__ void __launch_bounds__(NUM_THREADS, MIN_BLOCKS)
 flash_attention_mma_fa2_lean(const scalar_t* __restrict__ q, const scalar_t* __restrict__ k,
