@@ -113,9 +113,12 @@ def test_reported_shared_memory_is_what_the_tiles_need(results, nb):
         elif res.entry == "flash_attention_mma_fa2_lazy":                      # the same stages, dynamic
             expected = 0
             assert res.dynamic_smem_bytes == 2 * 2 * 2 * d["BLOCK_K"] * d["HEAD_DIM"], res
-        elif res.entry == "flash_attention_mma_fa2_wide":                      # the stages and the Q tile, dynamic
+        elif res.entry in ("flash_attention_mma_fa2_wide", "flash_attention_mma_fa2_lean"):  # stages and Q, dynamic
             expected = 0
             assert res.dynamic_smem_bytes == 2 * (4 * d["BLOCK_K"] + d["BLOCK_Q"]) * d["HEAD_DIM"], res
+        elif res.entry == "flash_attention_mma_fa2_lean_v_flags":              # the lean rung's pre-pass: none
+            expected = 0
+            assert res.dynamic_smem_bytes == 0, res
         elif res.entry == "paged_decode_gqa_split":
             expected = source.paged_decode_split_smem_bytes(d["HEAD_DIM"], d["HEADS_PER_BLOCK"], res.dtype)
         elif res.entry == "merge_split_states":
@@ -151,7 +154,8 @@ def test_each_section_reports_only_the_entry_points_it_runs(results):
                                                           "flash_attention_mma_async",
                                                           "paged_decode_gqa_split", "merge_split_states",
                                                           "flash_attention_mma_fa2", "flash_attention_mma_fa2_lazy",
-                                                          "flash_attention_mma_fa2_wide",
+                                                          "flash_attention_mma_fa2_wide", "flash_attention_mma_fa2_lean",
+                                                          "flash_attention_mma_fa2_lean_v_flags",
                                                           "flash_attention_backward_mma_dkdv",
                                                           "flash_attention_backward_mma_dq"}
     assert {r.entry for r in results["04 tensor cores"].resources} == {"flash_attention_mma", "mma_probe"}
