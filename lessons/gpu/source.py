@@ -642,9 +642,9 @@ def flash_attention_mma_fa2_wide_build(head_dim: int, dtype: str = "float16", tr
 FA2_LEAN_CONFIGS = dict(FA2_WIDE_CONFIGS)
 #: head dim -> every (block_q, block_k, min_blocks) the lean rung takes: the wide rung's less those where the lean
 #: build spills on sm_90 (NVRTC 12.9) and the wide one does not: d = 64 (128, 32, 3) (float16) and (64, 64, 2);
-#: d = 128 (128, 64, 2) and (64, 32, 2). Its second loop (the unmasked one) costs registers: d = 64, (128, 64)
-#: 242-243 against the wide rung's 223-225; d = 128, (128, 32): 255 on both, and on sm_80 it spills 52-56 bytes
-#: (the wide one none)
+#: d = 128 (128, 64, 2) (bfloat16: 8 bytes) and (64, 32, 2). At d = 64 its second loop (the one without masks)
+#: costs registers: (128, 64) 242-243 against the wide rung's 223-225; at d = 128 (one loop) 255, as the wide
+#: rung's; no spills on sm_80 either
 FA2_LEAN_SWEEP = {
     64: ((128, 64, 2), (128, 32, 2), (64, 32, 2)),
     128: ((128, 32, 2),),

@@ -85,21 +85,20 @@
 // the masks (ptxas predicates `if (needs_mask)`, so each score costs a compare and a select even where no key
 // is masked) and for a bounds test per copied chunk. FlashAttention-2 runs its few masking steps apart from the
 // rest (n_masking_steps) and copies even tiles without bounds tests (Is_even_MN); so does this build:
-//   * two loops, one body: first the key tiles that need no mask for any row of the block (inside n_k and, causal,
-//     wholly at or below the block's first row's diagonal), compiled without any mask code, then the rest with
-//     the masked step (and its per-warp needs_mask) as before;
+//   * at d = 64, two loops, one body: first the key tiles that need no mask for any row of the block (inside n_k
+//     and, causal, wholly at or below the block's first row's diagonal), compiled without any mask code, then the
+//     rest with the masked step (and its per-warp needs_mask) as before (at d = 128 one loop: see there why);
 //   * a tile that lies wholly inside n_k is copied with no test per chunk (one uniform test per tile);
 //   * a pre-pass (entry point flash_attention_mma_fa2_lean_v_flags) reads V once and writes one int32 flag per
 //     (batch * head, key tile): 1 where the tile holds an inf or NaN. A tile reads its flag (one tile ahead, so
 //     the load's latency hides) and only a flagged tile rewrites its V chunks and runs step 7; the barrier after
 //     the copies is a plain __syncthreads().
 //   The arithmetic is the wide rung's: with the same tiles the output is bitwise the wide rung's.
-//   Compile report (NVRTC 12.9, float16 / bfloat16, default tiles): d = 64, 128 x 64: 242-243 registers on
-//   sm_80 and sm_90 (wide: 225 / 223), no spills; d = 128, 128 x 32: 255 on both (wide: 254 / 255), no spills on
-//   sm_90, 52-56 bytes spilled on sm_80 (the second loop's registers). Shortest pass through a key-tile loop
-//   (instructions, as tests/test_gpu_sass.py counts them; 128 HMMA per tile either way), wide -> lean unmasked /
-//   masked loop: d = 64: 842 -> 649 / 754 (sm_80), 899 -> 700 / 795 (sm_90); d = 128: 671 -> 585 / 577
-//   (sm_80), 698 -> 610 / 610 (sm_90). The other legal tiles: lessons.gpu.source.FA2_LEAN_SWEEP.
+//   Compile report (NVRTC 12.9, float16 / bfloat16, default tiles, no spills): d = 64, 128 x 64: 242-243
+//   registers on sm_80 and sm_90 (wide: 225 / 223); d = 128, 128 x 32: 255 on both (wide: 254 / 255).
+//   Instructions one warp issues on an interior key tile (lessons.gpu.sass.tensor_tile; 128 HMMA per tile
+//   either way), sm_90: d = 64, 982 (wide) -> 760 (the loop without masks); d = 128, 801 -> 673.
+//   The other legal tiles: lessons.gpu.source.FA2_LEAN_SWEEP.
 //
 // NaN rule and empty rows exactly as flash_attention_mma_async.cu: inf/NaN in V reach only
 // the rows that give that key p > 0 (step 7), a row that sees nothing gives 0 and lse -inf.
@@ -144,6 +143,8 @@
 #ifndef FA2_LEAN
 #define FA2_LEAN 0
 #endif
+// the lean build's loop split (see the key-tile loop): at d = 64 only
+#define FA2_SPLIT_MASKED (FA2_LEAN && HEAD_DIM == 64)
 #define M_TILES (WARP_ROWS / 16)        // 16-row m-tiles per warp
 #define Q_IN_REGS (M_TILES == 1)        // Q's A fragments stay in registers (else: read from shared memory)
 #define NUM_WARPS (BLOCK_Q / WARP_ROWS)
@@ -339,16 +340,24 @@ flash_attention_mma_fa2(const scalar_t* __restrict__ q, const scalar_t* __restri
     // runs its few masking steps apart from the others, n_masking_steps). Tile j needs none when it lies
     // inside n_k and, causal, its last key is at most the block's first row's diagonal q_start + n_k - n_q
     // (negative when n_q > n_k and the block's first rows see nothing): j + 1 <= (diagonal + 1) / BLOCK_K.
-    int n_full = n_k / BLOCK_K;
+    // Only at d = 64 (FA2_SPLIT_MASKED): at d = 128 the two copies of the body do not fit 255 registers on
+    // sm_80 (52-56 bytes spilled), and ptxas already branches around most of the mask code in a tile that
+    // needs none, so one loop issues as few instructions per interior tile (sm_90, NVRTC 12.9: 673 against
+    // the unmasked loop's 676, for 128 HMMA).
+    int n_full = 0;                                     // tiles 0 .. n_full - 1 take the loop without masks
+#if FA2_SPLIT_MASKED
+    n_full = n_k / BLOCK_K;
     if (causal) {
         const int diagonal = q_start + n_k - n_q;
         n_full = min(n_full, diagonal < 0 ? 0 : (diagonal + 1) / BLOCK_K);
     }
     n_full = min(n_full, n_tiles);
+#endif
     // One body, two loops: the pass loop is unrolled, so `masked` is a constant in each copy and the first
-    // loop's step 4 compiles with no mask code at all (nor the test that picks it).
+    // loop's step 4 compiles with no mask code at all (nor the test that picks it); without the split only
+    // the second copy is made.
 #pragma unroll
-    for (int masked = 0; masked < 2; ++masked)          // 0: tiles 0 .. n_full - 1, 1: n_full .. n_tiles - 1
+    for (int masked = FA2_SPLIT_MASKED ? 0 : 1; masked < 2; ++masked)   // 0: tiles 0 .. n_full - 1, 1: the rest
     for (int tile = masked ? n_full : 0; tile < (masked ? n_tiles : n_full); ++tile) {
 #else
     const bool masked = true;                           // (every tile takes step 4 with its mask test)
