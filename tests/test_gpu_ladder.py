@@ -180,7 +180,10 @@ def test_each_rung_holds_the_instruction_it_is_about(name, d):
         assert "ldmatrix" not in ptx and "cp.async" not in ptx
     if name.startswith("mma_fa2"):    # ldmatrix.x4 (.trans for V), cp.async stages, exp2 (tests/test_gpu_fa2.py has more)
         assert "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16" in ptx and "cp.async.wait_group 1" in ptx
-        assert ("vote.sync.any.pred" in ptx) == (name in ("mma_fa2_lazy", "mma_fa2_wide"))   # the lazy rungs' vote
+        assert ("vote.sync.any.pred" in ptx) == (name != "mma_fa2")   # the lazy rungs' vote (and those built on it)
+        # the lean rung: the read of V's tile flags (which only its PTX holds) instead of the block-wide vote
+        assert ("ld.global.nc.u32" in ptx) == (name == "mma_fa2_lean")
+        assert ("bar.red.or" in ptx) == (name in ("mma_fa2", "mma_fa2_lazy", "mma_fa2_wide"))
     if name.startswith("wgmma"):      # TMA and mbarriers instead of cp.async and ldmatrix (test_gpu_wgmma.py has more)
         assert "cp.async.bulk.tensor.3d" in ptx and "mbarrier.try_wait.parity" in ptx
         assert "ldmatrix" not in ptx and "mma.sync" not in ptx and "cp.async.cg" not in ptx
@@ -253,9 +256,10 @@ def _csv_seconds(path=None):
 
 # the rung names of the registry against the impl column of benchmarks/gpu_attention.py
 CSV_IMPL = {"naive": "naive", "scalar": "kernel", "regtile": "regtile", "mma": "mma", "mma_async": "mma_async",
-            "mma_fa2": "mma_fa2", "mma_fa2_lazy": "mma_fa2_lazy", "mma_fa2_wide": "mma_fa2_wide", "wgmma": "wgmma",
-            "wgmma_overlap": "wgmma_overlap", "wgmma_pingpong": "wgmma_pingpong", "sdpa": "torch"}
-#: the rungs the recorded run measured (the lazy and wide FA-2 rungs and the Hopper rungs came after it)
+            "mma_fa2": "mma_fa2", "mma_fa2_lazy": "mma_fa2_lazy", "mma_fa2_wide": "mma_fa2_wide",
+            "mma_fa2_lean": "mma_fa2_lean", "wgmma": "wgmma", "wgmma_overlap": "wgmma_overlap",
+            "wgmma_pingpong": "wgmma_pingpong", "sdpa": "torch"}
+#: the rungs the recorded run measured (the lazy, wide and lean FA-2 rungs and the Hopper rungs came after it)
 MEASURED = [r for r in ladder.RUNGS if r.impl is not None]
 
 
@@ -277,7 +281,7 @@ def test_recorded_figures_are_the_shipped_csv(d):
     by = _csv_seconds()
     table = {e["name"]: e for e in ladder.ladder_table(8192, d)}
     naive16 = by["naive", 8192, d, "float16"]
-    for later in ("mma_fa2_lazy", "mma_fa2_wide", "wgmma", "wgmma_overlap", "wgmma_pingpong"):
+    for later in ("mma_fa2_lazy", "mma_fa2_wide", "mma_fa2_lean", "wgmma", "wgmma_overlap", "wgmma_pingpong"):
         assert table[later]["figure"] == ladder.NOT_MEASURED and table[later]["ms"] is None
         assert (later, 8192, d, "float16") not in by
     for r in MEASURED:
@@ -378,13 +382,14 @@ def test_ladder_figure_draws_every_measured_rung_and_labels_the_rest():
     assert dots == pytest.approx(sorted(p["tflops"] for p in measured))
     assert sorted(b.get_width() for b in bars.patches) == pytest.approx(sorted(p["tflops"] for p in measured))
     unmeasured = [r.name for r in ladder.RUNGS if r.impl is None]
-    assert unmeasured == ["regtile_wide", "mma_fa2_lazy", "mma_fa2_wide", "wgmma", "wgmma_overlap", "wgmma_pingpong"]
+    assert unmeasured == ["regtile_wide", "mma_fa2_lazy", "mma_fa2_wide", "mma_fa2_lean", "wgmma", "wgmma_overlap",
+                          "wgmma_pingpong"]
     assert sum(ladder.NOT_MEASURED in t.get_text() for t in bars.texts) == 2 * len(unmeasured)    # d = 64, 128
     assert ladder.RECORDED_LABEL in fig._suptitle.get_text()
     # a run without some rungs: each of them is labelled, never drawn
     old = ladder.ladder_points(8192, (64, 128), rows=ladder.recorded_rows(ladder.PROFILED_DIR / "results.csv"))
     fig = ladder_figure(old, label="x")
-    assert sum(ladder.NOT_MEASURED in t.get_text() for t in fig.axes[1].texts) == 18  # 9 rungs x 2 head dims
+    assert sum(ladder.NOT_MEASURED in t.get_text() for t in fig.axes[1].texts) == 20  # 10 rungs x 2 head dims
     with pytest.raises(ValueError):
         ladder_figure([], label="x")
 
@@ -436,7 +441,7 @@ def test_target_outcomes_from_the_csv():
     done = {o["rung"]: o for o in ladder.target_outcomes(rows=rows, decode_rows=[])}
     assert done["regtile"]["met"] is True and done["mma_fa2"]["met"] is True
     assert done["paged_decode_split"]["outcome"] == ladder.NOT_MEASURED
-    assert done["mma_fa2"]["pending"] == ["mma_fa2_lazy", "mma_fa2_wide"]
+    assert done["mma_fa2"]["pending"] == ["mma_fa2_lazy", "mma_fa2_wide", "mma_fa2_lean"]
 
 
 def test_a_target_counts_the_best_of_its_rungs_and_names_it():
@@ -447,6 +452,7 @@ def test_a_target_counts_the_best_of_its_rungs_and_names_it():
                     tflops=100.0 / seconds, note="")
     rows = [row("torch", d, 1.0) for d in (64, 128)] + [row("mma_fa2", d, 2.5) for d in (64, 128)]
     rows += [row("mma_fa2_wide", 64, 1 / 0.6), row("mma_fa2_wide", 128, 2.0), row("mma_fa2_lazy", 128, 1 / 0.55)]
+    rows += [row("mma_fa2_lean", d, 2.0) for d in (64, 128)]            # measured, never the best
     rows += [row("naive", d, 9.0) for d in (64, 128)] + [row("wgmma", 64, 1 / 0.8)]
     out = {o["rung"]: o for o in ladder.target_outcomes(rows=rows, decode_rows=[])}
     fa2 = out["mma_fa2"]
@@ -463,10 +469,61 @@ def test_a_target_counts_the_best_of_its_rungs_and_names_it():
 
 
 @needs_nvrtc
+def test_the_lean_rungs_text_quotes_the_compiler_and_the_sass():
+    # every number the lean rung's prediction types, against what NVRTC 12.9 and lessons.gpu.sass give now
+    import re
+
+    from lessons.gpu import sass
+    from lessons.gpu.compile import nvrtc_version
+
+    if nvrtc_version()[:2] != (12, 9):                  # the version the text names
+        pytest.skip("the rung's text quotes NVRTC 12.9")
+    text = ladder.rung("mma_fa2_lean").predicted
+    assert ladder.rung("mma_fa2_lean").ptx_grep == "ld.global.nc.u32" and "ld.global.nc.u32" in ladder.rung("mma_fa2_lean").changed
+    registers = {}
+    for rung, entry in (("mma_fa2_lean", "flash_attention_mma_fa2_lean"), ("mma_fa2_wide", "flash_attention_mma_fa2_wide")):
+        for d in (64, 128):
+            for dtype in ("float16", "bfloat16"):
+                build = (gpu.flash_attention_mma_fa2_lean_build if rung == "mma_fa2_lean" else
+                         gpu.flash_attention_mma_fa2_wide_build)(d, dtype)
+                for arch in ("sm_80", "sm_90"):
+                    res = gpu.compile_kernel(build, arch).resources[entry]
+                    registers.setdefault((rung, d), []).append(res.registers)
+                    if rung == "mma_fa2_lean":
+                        assert res.threads_per_block == 128 and 2 * 128 * res.registers <= 65536   # 2 blocks per SM
+                        spill = res.spill_store_bytes
+                        if (d, arch) == (128, "sm_80"):
+                            assert 52 <= spill <= 56, (d, dtype, arch, spill)
+                        else:
+                            assert spill == 0 and res.spill_load_bytes == 0, (d, dtype, arch, spill)
+            if rung == "mma_fa2_lean":
+                kib = ladder.rung_build(rung, d).dynamic_smem_bytes // 1024
+                tiles = " x ".join(map(str, ladder.rung_tiles(rung, d)))
+                assert f"d = {d}, {tiles} tiles" in text or f"d = {d}, {tiles}: " in text
+                assert f"{kib} KiB" in text
+    def span(values):
+        return f"{min(values)}-{max(values)}" if min(values) != max(values) else f"{min(values)}"
+    assert f"{span(registers['mma_fa2_lean', 64])} registers (the wide rung: {span(registers['mma_fa2_wide', 64])})" in text
+    assert f"{span(registers['mma_fa2_lean', 128])} registers (the wide rung: {span(registers['mma_fa2_wide', 128])})" in text
+    assert "52-56 bytes spilled on sm_80" in text
+    if not sass.nvdisasm_available():
+        return
+    tiles = {(r, d): sass.tensor_tile(r, d, "sm_90") for r in ("mma_fa2_wide", "mma_fa2_lean") for d in (64, 128)}
+    for d in (64, 128):
+        lean, wide = tiles["mma_fa2_lean", d], tiles["mma_fa2_wide", d]
+        assert (f"{lean.instructions} at d = {d}" in text or f"{lean.instructions} instructions at d = {d}" in text)
+        assert f"{lean.per_hmma:.2f} per HMMA (the wide rung: {wide.instructions}, {wide.per_hmma:.2f})" in text
+        assert f"from {wide.peak_share:.0%} to {lean.peak_share:.0%} of the tensor peak at d = {d}" in text \
+            or f"from {wide.peak_share:.0%} to {lean.peak_share:.0%} at d = {d}" in text
+    assert len(re.findall(r"\d+%", text)) == 4
+
+
+@needs_nvrtc
 def test_rung_evidence_is_the_compiler_report():
     ev = {e["name"]: e for e in ladder.rung_evidence(64, "sm_80")}
     assert set(ev) == {"scalar", "regtile", "regtile_wide", "mma", "mma_async", "mma_fa2", "mma_fa2_lazy",
-                       "mma_fa2_wide", "wgmma", "wgmma_overlap", "wgmma_pingpong"}
+                       "mma_fa2_wide", "mma_fa2_lean", "wgmma", "wgmma_overlap", "wgmma_pingpong"}
+    assert ev["mma_fa2_lean"]["count"] == 3    # ld.global.nc.u32: V's first tile flag, then one a tile ahead per loop
     assert ev["wgmma_pingpong"]["count"] == 6          # bar.arrive: 5 hand-overs (2 per warpgroup, 1 at the end) + the first
     assert ev["wgmma_overlap"]["arch"] == "sm_90a" and ev["wgmma_overlap"]["spill_bytes"] == 0
     assert ev["wgmma"]["arch"] == "sm_90a" and ev["regtile"]["arch"] == "sm_80" and ev["wgmma"]["spill_bytes"] == 0

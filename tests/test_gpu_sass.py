@@ -255,7 +255,8 @@ def test_fma_loop_markdown_writes_each_loop_and_its_loads_in_bytes():
 PTX_OF_OPCODE = {"regtile": "ld.shared.v4.f32", "regtile_wide": "ld.shared.v4.f32",
                  "mma": "mma.sync.aligned.m16n8k16", "mma_async": "ldmatrix.sync.aligned.m8n8.x2.trans",
                  "mma_fa2": "ldmatrix.sync.aligned.m8n8.x4.trans", "mma_fa2_lazy": "vote.sync.any.pred",
-                 "mma_fa2_wide": "mma.sync.aligned.m16n8k16", "wgmma": "wgmma.mma_async.sync.aligned",
+                 "mma_fa2_wide": "mma.sync.aligned.m16n8k16", "mma_fa2_lean": "ld.global.nc.u32",
+                 "wgmma": "wgmma.mma_async.sync.aligned",
                  "wgmma_overlap": "wgmma.wait_group.sync.aligned", "wgmma_pingpong": "bar.arrive"}
 
 

@@ -73,7 +73,13 @@ def _unconstrained(rung, d, arch="sm_90"):
     n = len(instructions)
     loops = [(j, i) for i in range(n) for j in _successors(instructions, labels, i) if j <= i]
     hmma = [i for i, x in enumerate(instructions) if x.base == "HMMA"]
-    first, last = min(((h, b) for h, b in loops if h <= hmma[0] and b >= hmma[-1]), key=lambda hb: hb[1] - hb[0])
+    around = [(h, b) for h, b in loops if h <= hmma[0] and b >= hmma[-1]]
+    if rung == "mma_fa2_lean":      # two loops hold the HMMA, the unmasked one first: no loop holds them all
+        assert not around
+        first, last = max(((h, b) for h, b in loops if h <= hmma[0] <= b), key=lambda hb: hb[1] - hb[0])
+        assert last < hmma[-1]      # the masked loop's HMMA come after it
+    else:
+        first, last = min(around, key=lambda hb: hb[1] - hb[0])
     barred = {(b, h) for h, b in loops if (h, b) != (first, last)}
     return _shortest_pass(instructions, labels, first, last, lambda i: 1, {}, barred), last - first + 1
 
@@ -86,7 +92,8 @@ def test_the_interior_pass_issues_every_hmma_and_copy_of_a_tile(rung, d):
     hmma, copies = _hand_counts(rung, d)
     assert (tile.hmma, tile.copies) == (hmma, copies)
     assert tile.counts["HMMA"] == hmma                              # e.g. mma_fa2, d = 128: 16 x 32 x 128 / 1024 = 64
-    assert tile.counts.get("LDGSTS", 0) + tile.counts.get("LDG", 0) == copies
+    flag = int(rung == "mma_fa2_lean")                             # its 4-byte read of V's next tile flag
+    assert tile.counts.get("LDGSTS", 0) + tile.counts.get("LDG", 0) == copies + flag
     shortest, body = _unconstrained(rung, d)
     print(f"\n{rung} d={d}: interior {tile.instructions}, unconstrained {shortest}, body {body}")
     assert shortest <= tile.instructions <= body == tile.body
@@ -95,6 +102,44 @@ def test_the_interior_pass_issues_every_hmma_and_copy_of_a_tile(rung, d):
     assert classes["tensor"] == hmma and classes["other"] <= 0.01 * tile.instructions
     assert tile.per_hmma == pytest.approx(tile.instructions / hmma)
     assert tile.peak_share == pytest.approx(min(1, 4 * hmma / tile.instructions)) and tile.peak_share < 1
+
+
+def _interior(rung, d, arch="sm_90"):
+    """The instructions of rung's interior pass (sass.tensor_tile's), in order."""
+    tile = sass.tensor_tile(rung, d, arch)
+    instructions, labels = sass.parse_sass(sass.disassemble(ladder.rung_build(rung, d), arch, ladder.rung_entry(rung, d)))
+    first, last = sass._key_tile_loop(instructions, labels)
+    path = [instructions[i] for i in sass.interior_pass(instructions, labels, first, last, tile.copies)]
+    assert len(path) == tile.instructions
+    return tile, path
+
+
+def _masks(path):
+    """What of a mask and of V's inf/NaN test a pass holds: scores set to -inf (FSEL ..., -INF), 16-bit exponent
+    compares against inf's (0x7c00 for float16, 0x7f80 for bfloat16, alone or in a packed pair) and block-wide
+    votes (BAR.RED)."""
+    return dict(minus_inf=sum(x.base == "FSEL" and "-INF" in x.text for x in path),
+                exponent=sum(x.base == "ISETP" and any(c in x.text for c in ("0x7c00", "0x7f80")) for x in path),
+                bar_red=sum(x.opcode.startswith("BAR.RED") for x in path))
+
+
+@needs_tools
+@pytest.mark.parametrize("d", [64, 128])
+def test_the_lean_rungs_interior_tiles_issue_fewer_instructions_and_no_mask(d):
+    # the lean rung (tensor_tile reads its first loop, the unmasked one) against the wide rung it is built on: the
+    # same HMMA and copies in fewer instructions, and none of the mask's selects, the inf/NaN test's exponent
+    # compares or its block-wide vote, which the wide rung's interior pass still issues
+    wide, wide_path = _interior("mma_fa2_wide", d)
+    lean, lean_path = _interior("mma_fa2_lean", d)
+    assert (lean.hmma, lean.copies, lean.block_q, lean.block_k) == (wide.hmma, wide.copies, wide.block_q, wide.block_k)
+    assert lean.instructions < wide.instructions and lean.peak_share > wide.peak_share
+    print(f"\nd={d}: wide {wide.instructions} ({wide.per_hmma:.2f} per HMMA, {wide.peak_share:.0%}), "
+          f"lean {lean.instructions} ({lean.per_hmma:.2f}, {lean.peak_share:.0%})")
+    seen = _masks(wide_path)
+    assert seen["minus_inf"] > 0 and seen["exponent"] > 0 and seen["bar_red"] == 1, seen    # the patterns are found
+    assert _masks(lean_path) == dict(minus_inf=0, exponent=0, bar_red=0)
+    assert [x.opcode for x in lean_path if x.base == "BAR"] == ["BAR.SYNC.DEFER_BLOCKING"] * 2
+    assert sum(x.base == "STS" for x in lean_path) == 0 < sum(x.base == "STS" for x in wide_path)   # no zero-fill
 
 
 @needs_tools

@@ -185,6 +185,29 @@ RUNGS = (
          "--rung mma_fa2_wide times them all, 128 x 64 at d = 128 among them) are in "
          "lessons.gpu.source.FA2_WIDE_SWEEP; aim: >= 0.5x SDPA",
          "mma.sync.aligned.m16n8k16", "not yet run on a GPU: built and checked on the CPU emulator only"),
+    Rung("mma_fa2_lean", "tensor cores, FA-2 + lean interior tiles", None, "flash_attention_mma_fa2_lean",
+         "lessons.gpu.flash_attention_mma_fa2_lean_gpu", "float16",
+         "the wide rung's kernel with a fourth switch (FA2_LEAN): its key tiles run in two loops with one body, first "
+         "those that need no mask for any row of the block (inside n_k and, causal, wholly at or below the diagonal "
+         "of the block's first row), compiled without any mask code, then the rest with the masked step; a tile "
+         "wholly inside n_k is copied with no bounds test per 16-byte chunk; V's inf/NaN test leaves the loop for a "
+         "pre-pass kernel (flash_attention_mma_fa2_lean_v_flags) that writes one int32 flag per head and key tile, "
+         "so an interior tile reads its flag (one tile ahead) and tests nothing, and the barrier after its copies "
+         "is a plain __syncthreads() instead of the block-wide vote __syncthreads_or (bar.red.or), as "
+         "FlashAttention-2 runs its masking steps apart and copies even tiles without bounds tests. The PTX "
+         "instruction quoted is the read of that flag, ld.global.nc.u32, which no other rung's PTX holds",
+         "fewer instructions around the same HMMA: on an interior key tile one warp issues 760 instructions at "
+         "d = 64, 5.94 per HMMA (the wide rung: 982, 7.67), and 676 at d = 128, 5.28 per HMMA (the wide rung: "
+         "801, 6.26), counted from SASS by lessons.gpu.sass.tensor_tile (sm_90, NVRTC 12.9); so the issue-slot "
+         "ceiling rises from 52% to 67% of the tensor peak at d = 64 and from 64% to 76% at d = 128 (at most, "
+         "not a forecast); the pre-pass reads V once more (the main kernel reads K and V once per query block). "
+         "Compile report (NVRTC 12.9, float16 and bfloat16): d = 64, 128 x 64 tiles: 242-243 registers (the wide "
+         "rung: 223-225) x 128 threads, 48 KiB of dynamic shared memory, no spills; d = 128, 128 x 32: 255 "
+         "registers (the wide rung: 254-255) x 128 threads, 64 KiB, no spills on sm_90 but 52-56 bytes spilled on "
+         "sm_80 (the second loop's registers): 2 blocks (8 warps) per SM either way. Output bitwise the wide "
+         "rung's with the same tiles. The other tiles (scripts/tune_tiles.py --rung mma_fa2_lean times them all) "
+         "are in lessons.gpu.source.FA2_LEAN_SWEEP; aim: >= 0.5x SDPA",
+         "ld.global.nc.u32", "not yet run on a GPU: built and checked on the CPU emulator only"),
     Rung("wgmma", "Hopper: TMA + wgmma", None, "flash_attention_wgmma",
          "lessons.gpu.flash_attention_wgmma_gpu", "float16",
          "sm_90a only: one producer warpgroup copies Q once and each K/V tile by TMA (cp.async.bulk.tensor, "
@@ -405,9 +428,10 @@ def rung_tiles(r: Rung | str, d: int = 64) -> tuple[int, int]:
     if r.name in ("mma", "mma_async"):                       # (their configs give block_k alone)
         config = {"mma": source.flash_attention_mma_config, "mma_async": source.flash_attention_mma_async_config}
         return source.MMA_BLOCK_Q, config[r.name](d)
-    if r.name in ("mma_fa2", "mma_fa2_lazy", "mma_fa2_wide"):   # (theirs give min_blocks as well)
+    if r.name in ("mma_fa2", "mma_fa2_lazy", "mma_fa2_wide", "mma_fa2_lean"):   # (theirs give min_blocks as well)
         config = {"mma_fa2": source.flash_attention_mma_fa2_config, "mma_fa2_lazy": source.flash_attention_mma_fa2_lazy_config,
-                  "mma_fa2_wide": source.flash_attention_mma_fa2_wide_config}
+                  "mma_fa2_wide": source.flash_attention_mma_fa2_wide_config,
+                  "mma_fa2_lean": source.flash_attention_mma_fa2_lean_config}
         bq, bk, _ = config[r.name](d)
         return bq, bk
     config = {"scalar": source.flash_attention_config, "regtile": source.flash_attention_regtile_config,
@@ -447,6 +471,7 @@ def rung_build(r: Rung | str, d: int = 64):
             "mma_fa2": lambda: source.flash_attention_mma_fa2_build(d, r.dtype),
             "mma_fa2_lazy": lambda: source.flash_attention_mma_fa2_lazy_build(d, r.dtype),
             "mma_fa2_wide": lambda: source.flash_attention_mma_fa2_wide_build(d, r.dtype),
+            "mma_fa2_lean": lambda: source.flash_attention_mma_fa2_lean_build(d, r.dtype),
             "wgmma": lambda: source.flash_attention_wgmma_build(d, r.dtype),
             "wgmma_overlap": lambda: source.flash_attention_wgmma_overlap_build(d, r.dtype),
             "wgmma_pingpong": lambda: source.flash_attention_wgmma_overlap_build(d, r.dtype)}[r.name]()
@@ -490,6 +515,7 @@ def measure_ladder(n: int = 8192, d: int = 64, heads: int = 8, warmup: int = 2, 
             calls["mma_fa2"] = lambda: gpu.flash_attention_mma_fa2_gpu(q, k, v)
             calls["mma_fa2_lazy"] = lambda: gpu.flash_attention_mma_fa2_lazy_gpu(q, k, v)
             calls["mma_fa2_wide"] = lambda: gpu.flash_attention_mma_fa2_wide_gpu(q, k, v)
+            calls["mma_fa2_lean"] = lambda: gpu.flash_attention_mma_fa2_lean_gpu(q, k, v)
             if gpu.device_arch() == "sm_90":
                 calls["wgmma"] = lambda: gpu.flash_attention_wgmma_gpu(q, k, v)
                 calls["wgmma_overlap"] = lambda: gpu.flash_attention_wgmma_overlap_gpu(q, k, v)
@@ -910,7 +936,7 @@ TARGETS = (
     Target("fp32 CUDA-core forward: >= 3x naive CuPy (register tiling)", "regtile", "x_naive", 3.0, (64, 128),
            also=("regtile_wide",)),
     Target("fp16 tensor-core forward (mma.sync): >= 0.5x torch SDPA", "mma_fa2", "x_sdpa", 0.5, (64, 128),
-           also=("mma_fa2_lazy", "mma_fa2_wide")),
+           also=("mma_fa2_lazy", "mma_fa2_wide", "mma_fa2_lean")),
     Target("Hopper rung (wgmma + TMA, sm_90a): >= 0.75x torch SDPA", "wgmma_pingpong", "x_sdpa", 0.75, (64, 128),
            also=("wgmma", "wgmma_overlap")),
     Target("decode: K/V read at >= 70% of the device copy rate", "paged_decode_split", "pct_of_copy", 70.0,
@@ -1013,7 +1039,8 @@ def targets_markdown(n: int = 8192, rows=None, decode_rows=None) -> str:
 # ---------------------------------------------------------------------------
 
 #: rung -> its tuning sweep's CSV within a recorded run's folder (``scripts/tune_tiles.py --rung RUNG``)
-SWEEP_FILES = {"mma_fa2_wide": "fa2_wide_configs/fa2_wide_configs.csv", "mma_fa2_lazy": "fa2_configs/fa2_configs.csv",
+SWEEP_FILES = {"mma_fa2_lean": "fa2_lean_configs/fa2_lean_configs.csv",
+               "mma_fa2_wide": "fa2_wide_configs/fa2_wide_configs.csv", "mma_fa2_lazy": "fa2_configs/fa2_configs.csv",
                "regtile": "regtile_configs/regtile_configs.csv",
                "regtile_wide": "regtile_wide_configs/regtile_wide_configs.csv"}
 #: the sweep CSV's columns and how each is read (``default`` as its text, "True"/"False")

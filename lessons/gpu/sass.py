@@ -486,6 +486,7 @@ RUNG_OPCODES = {
     "mma_fa2": "LDSM.16.MT88.4",           # ldmatrix ... .x4.trans: V's fragments, 4 per instruction
     "mma_fa2_lazy": "VOTE.ANY",            # vote.sync.any.pred
     "mma_fa2_wide": "HMMA.16816.F32",
+    "mma_fa2_lean": "LDG.E.CONSTANT",      # ld.global.nc.u32: V's tile flags, which the pre-pass wrote
     "wgmma": "HGMMA",                      # wgmma.mma_async.sync.aligned
     "wgmma_overlap": "WARPGROUP.DEPBAR.LE",  # wgmma.wait_group.sync.aligned N
     "wgmma_pingpong": "BAR.ARV",           # bar.arrive
@@ -580,9 +581,10 @@ def launch_at_least(rung, n: int = 8192, heads: int = 8, d: int = 128, arch: str
 # ---- the tensor-core rungs: HMMA per issue slot ------------------------------------------------------------------
 
 #: the rungs whose products run as ``mma.sync`` (SASS ``HMMA``) on tensor cores, in ladder order. A rung joins by its
-#: name alone when its forward entry has one key-tile loop that holds all its ``HMMA`` and copies K and V into shared
-#: memory by 16-byte reads of global memory (:func:`tensor_tile` says what it found otherwise)
-TENSOR_CORE_RUNGS = ("mma", "mma_async", "mma_fa2", "mma_fa2_lazy", "mma_fa2_wide")
+#: name alone when its forward entry has one key-tile loop that holds all its ``HMMA`` (or, as the lean rung, two
+#: loops one after the other, the interior tiles' first) and copies K and V into shared memory by 16-byte reads of
+#: global memory (:func:`tensor_tile` says what it found otherwise)
+TENSOR_CORE_RUNGS = ("mma", "mma_async", "mma_fa2", "mma_fa2_lazy", "mma_fa2_wide", "mma_fa2_lean")
 
 #: clocks between two ``HMMA.16816.F32`` of one sub-partition at the tensor peak. sm_90 (H100/H200): an SM does 4096
 #: dense 16-bit tensor FLOPs per clock (989 TFLOP/s over 132 SMs at 1.83 GHz, NVIDIA H100 white paper), one
@@ -645,16 +647,23 @@ def _successors(instructions, labels, i: int) -> set:
 
 
 def _key_tile_loop(instructions, labels) -> tuple[int, int]:
-    """``(head, branch back)`` of the shortest loop (a backward edge of the control-flow graph) whose span holds
-    every ``HMMA``; ValueError when there is no ``HMMA`` or no such loop."""
+    """``(head, branch back)`` of the key-tile loop: the shortest loop (a backward edge of the control-flow graph)
+    whose span holds every ``HMMA``. Where no loop holds them all but they lie in loops one after another (the lean
+    rung: first a loop over the key tiles that need no mask, compiled without mask code, then a loop over the rest
+    with the masked step), the first of them, the outermost loop that holds the first ``HMMA``: the interior tiles'
+    loop (:func:`tensor_tile` checks that a pass through it issues a whole tile's ``HMMA``). ValueError when there
+    is no ``HMMA`` or no loop holds the first one."""
     hmma = [i for i, x in enumerate(instructions) if x.base == "HMMA"]
     if not hmma:
         raise ValueError("the SASS holds no HMMA")
-    around = [(j, i) for i in range(len(instructions)) for j in _successors(instructions, labels, i)
-              if j <= hmma[0] and i >= hmma[-1]]
-    if not around:
-        raise ValueError("no loop of the SASS holds every HMMA")
-    return min(around, key=lambda hb: hb[1] - hb[0])
+    loops = [(j, i) for i in range(len(instructions)) for j in _successors(instructions, labels, i) if j <= i]
+    around = [(h, b) for h, b in loops if h <= hmma[0] and b >= hmma[-1]]
+    if around:
+        return min(around, key=lambda hb: hb[1] - hb[0])
+    first = [(h, b) for h, b in loops if h <= hmma[0] <= b]
+    if not first:
+        raise ValueError("no loop of the SASS holds every HMMA, nor the first of them")
+    return max(first, key=lambda hb: hb[1] - hb[0])
 
 
 def _is_copy(instruction: Instruction) -> bool:
@@ -766,7 +775,10 @@ class TensorTile:
 def tensor_tile(rung, d: int = 64, arch: str = "sm_90") -> TensorTile:
     """The :class:`TensorTile` of tensor-core rung ``rung`` (:data:`TENSOR_CORE_RUNGS`, a name or a
     :class:`lessons.gpu.ladder.Rung`) at head dim ``d`` with its default tiles, from the SASS NVRTC makes for
-    ``arch`` (a key of :data:`HMMA_CLOCKS`). The key-tile loop is the shortest loop that holds every ``HMMA``; an
+    ``arch`` (a key of :data:`HMMA_CLOCKS`). The key-tile loop is the shortest loop that holds every ``HMMA``. The
+    lean rung (``mma_fa2_lean``) has two loops that hold them, one after the other: first the key tiles that need
+    no mask, compiled without mask code, then the rest with the masked step; there the first is counted (the
+    interior tiles' loop, which a long row spends nearly all its tiles in), and the masked loop is not. An
     *interior* tile copies all of the next K/V tile (the last tile copies none, a tile past ``n_k`` fills zeros
     instead), so the pass counted is the shortest that issues the hand count of copies (:func:`interior_pass`).
     Being the shortest, it takes no mask, no inf/NaN fix-up of V, no rescale a lazy rung may skip: the cheapest

@@ -14,7 +14,7 @@ __all__ = ["RUNG_COLOURS", "ladder_figure"]
 
 RUNG_COLOURS = {"naive": "#c44e52", "scalar": "#1f77b4", "regtile": "#17becf", "regtile_wide": "#9edae5",
                 "mma": "#8c564b", "mma_async": "#9467bd", "mma_fa2": "#ff7f0e", "mma_fa2_lazy": "#bcbd22",
-                "mma_fa2_wide": "#7f7f7f", "wgmma": "#e377c2", "sdpa": "#2ca02c"}
+                "mma_fa2_wide": "#7f7f7f", "mma_fa2_lean": "#dbdb8d", "wgmma": "#e377c2", "sdpa": "#2ca02c"}
 
 
 def ladder_figure(points, *, label: str, hardware=H200):
