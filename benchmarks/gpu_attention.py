@@ -22,6 +22,9 @@ head dim d (batch 1, ``--heads`` heads):
   otherwise);
 * ``mma_fa2_wide`` - :func:`lessons.gpu.flash_attention_mma_fa2_wide_gpu` (``mma_fa2_lazy`` with 32 query rows
   per warp, FlashAttention-2's warp shape: each K/V fragment feeds two mmas; Q read from shared memory);
+* ``mma_fa2_lean`` - :func:`lessons.gpu.flash_attention_mma_fa2_lean_gpu` (``mma_fa2_wide`` whose key tiles that need
+  no mask run in a loop compiled without mask code, copied without per-chunk bounds tests, with V's inf/NaN test
+  moved into a pre-pass kernel that flags V's tiles; the pre-pass is timed with it);
 * ``wgmma`` - :func:`lessons.gpu.flash_attention_wgmma_gpu` (the Hopper rung: TMA copies into a
   2-stage mbarrier pipeline, wgmma products, a producer and two consumer warpgroups; float16
   only, d = 64 or 128, compute capability 9.0 only);
@@ -61,7 +64,7 @@ from lessons.gpu.measure import attention_flops  # noqa: E402  (4 N^2 d per head
 
 #: (torch SDPA, the reference every ratio is taken against, comes second: a spent time budget skips the last rows)
 IMPLS = ("naive", "torch", "kernel", "regtile", "regtile_wide", "mma", "mma_async", "mma_fa2", "mma_fa2_lazy",
-         "mma_fa2_wide", "wgmma", "wgmma_overlap", "wgmma_pingpong")
+         "mma_fa2_wide", "mma_fa2_lean", "wgmma", "wgmma_overlap", "wgmma_pingpong")
 DTYPES = ("float16", "float32")
 #: the ladder's name of each implementation timed here where the two differ ("kernel" is the scalar rung)
 RUNG_OF_IMPL = {r.impl: r.name for r in RUNGS if r.impl is not None and r.impl != r.name}
@@ -117,6 +120,7 @@ def run_size(args, cupy, torch, torch_reason, rng, dtype, d, n, t0):
         "mma_fa2": lambda: gpu.flash_attention_mma_fa2_gpu(q, k, v, causal=args.causal),
         "mma_fa2_lazy": lambda: gpu.flash_attention_mma_fa2_lazy_gpu(q, k, v, causal=args.causal),
         "mma_fa2_wide": lambda: gpu.flash_attention_mma_fa2_wide_gpu(q, k, v, causal=args.causal),
+        "mma_fa2_lean": lambda: gpu.flash_attention_mma_fa2_lean_gpu(q, k, v, causal=args.causal),
         "wgmma": lambda: gpu.flash_attention_wgmma_gpu(q, k, v, causal=args.causal),
         "wgmma_overlap": lambda: gpu.flash_attention_wgmma_overlap_gpu(q, k, v, causal=args.causal),
         "wgmma_pingpong": lambda: gpu.flash_attention_wgmma_pingpong_gpu(q, k, v, causal=args.causal),
@@ -127,11 +131,12 @@ def run_size(args, cupy, torch, torch_reason, rng, dtype, d, n, t0):
         if impl == "torch" and torch is None:
             return torch_reason
         hopper = impl in HOPPER_RUNGS
-        if (impl in ("mma", "mma_async", "mma_fa2", "mma_fa2_lazy", "mma_fa2_wide") or hopper) and dtype != "float16":
+        if (impl in ("mma", "mma_async", "mma_fa2", "mma_fa2_lazy", "mma_fa2_wide", "mma_fa2_lean") or hopper) \
+                and dtype != "float16":
             return "tensor cores take float16/bfloat16"
         if hopper and gpu.device_arch() != "sm_90":
             return "the Hopper rungs (wgmma, TMA) run on compute capability 9.0 only"
-        if (impl in ("mma_fa2", "mma_fa2_lazy", "mma_fa2_wide") or hopper) and d not in (64, 128):
+        if (impl in ("mma_fa2", "mma_fa2_lazy", "mma_fa2_wide", "mma_fa2_lean") or hopper) and d not in (64, 128):
             return "this kernel takes head dims 64 and 128"
         if impl in ("regtile", "regtile_wide") and dtype != "float32":
             return "the register-tiled kernel takes float32"
@@ -159,6 +164,7 @@ def plot_results(rows, path: Path, meta: dict) -> None:
              "mma_fa2": ("tab:brown", "X", "RawKernel, tensor cores, FA-2 recipe"),
              "mma_fa2_lazy": ("gold", "d", "RawKernel, tensor cores, FA-2 + lazy rescaling"),
              "mma_fa2_wide": ("tab:blue", "<", "RawKernel, tensor cores, FA-2 + 32 rows per warp"),
+             "mma_fa2_lean": ("#dbdb8d", "8", "RawKernel, tensor cores, FA-2 + lean interior tiles"),
              "wgmma": ("tab:pink", "*", "RawKernel, Hopper: TMA + wgmma"),
              "wgmma_overlap": ("tab:gray", "h", "RawKernel, Hopper: + softmax overlapped"),
              "wgmma_pingpong": ("black", "p", "RawKernel, Hopper: + ping-pong consumers"),

@@ -4,7 +4,7 @@
 
 What it checks. The rungs of :func:`lessons.gpu.ladder.first_run_rungs`: the forward rungs with a kernel of ours
 and no recorded GPU row, then the decode rungs the recorded decode run lacks (today regtile_wide, mma_fa2_lazy,
-mma_fa2_wide, wgmma, wgmma_overlap, wgmma_pingpong, paged_decode_prefetch). ``--rung NAME`` (repeatable) checks
+mma_fa2_wide, mma_fa2_lean, wgmma, wgmma_overlap, wgmma_pingpong, paged_decode_prefetch). ``--rung NAME`` (repeatable) checks
 those rungs only; by default all of them, in ladder order. Per rung, one line per check (the largest
 difference from the reference, the tolerance, ok or WRONG):
 
@@ -12,8 +12,8 @@ difference from the reference, the tolerance, ok or WRONG):
   products alone (``wgmma_probe_gpu``: S = A B^T with both operands through TMA and the K-major descriptor;
   O = S16 V through the MN-major one); then a causal forward of the rung, 2 heads, 200 queries x 300 keys,
   float16;
-* the other forward rungs (regtile_wide in float32, mma_fa2_lazy and mma_fa2_wide in float16: the rung's
-  dtype in the ladder), at d = 64 and 128: the same causal forward; then one launch of 1 head x 1024 queries
+* the other forward rungs (regtile_wide in float32, mma_fa2_lazy, mma_fa2_wide and mma_fa2_lean in float16: the
+  rung's dtype in the ladder; the lean rung's launcher runs its pre-pass kernel too), at d = 64 and 128: the same causal forward; then one launch of 1 head x 1024 queries
   x 1024 keys at d = 128, not causal: many blocks, every tile full (256 x 256 with ``--emulator``: there
   1024 x 1024 takes about 45 s for each FA-2 rung on two cores);
 * the decode rung (paged_decode_prefetch: ``paged_decode_split_gpu(..., prefetch=True)``): fp16, 32 query heads

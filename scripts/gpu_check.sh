@@ -12,7 +12,8 @@
 #
 #   1. environment: nvidia-smi, Python, CuPy, NVRTC versions         -> env.txt
 #   2. compile report: registers and shared memory per kernel/arch, and of every legal tile
-#      configuration of the lazy-rescaling and the wide-warp FA-2 rung -> compile_report.txt
+#      configuration of the lazy-rescaling, the wide-warp and the lean FA-2 rung (the lean one's main
+#      kernel and its pre-pass)                                       -> compile_report.txt
 #      then the first contact of each rung that has never run on a GPU (lessons.gpu.ladder.first_run_rungs():
 #      the forward rungs without a recorded row, the Hopper ones among them, and the decode rungs the recorded
 #      run lacks; scripts/first_run.py --rung NAME, 75 s at most each, each in its own process): a rung that
@@ -25,9 +26,11 @@
 #      then the split decode kernel at split counts around its automatic pick, per decode shape
 #      (scripts/tune_decode.py, 60 s at most)                          -> decode_splits/
 #      and its prefetch build's (--prefetch, 45 s at most)             -> decode_splits_prefetch/
-#      then every legal tile configuration of the wide-warp FA-2 rung (32 rows per warp) at N = 8192,
-#      d = 64 and 128 (scripts/tune_tiles.py, 75 s at most), beside the FA-2 rung -> fa2_wide_configs/
-#      the same for the lazy-rescaling FA-2 rung (90 s)                  -> fa2_configs/
+#      then every legal tile configuration of the lean FA-2 rung (the wide-warp rung whose interior key tiles
+#      run without mask code, V's inf/NaN test in a pre-pass; first: the most promising FA-2 rung) at N = 8192,
+#      d = 64 and 128 (scripts/tune_tiles.py, 60 s at most), beside the FA-2 rung -> fa2_lean_configs/
+#      the same for the wide-warp FA-2 rung (32 rows per warp) (75 s)   -> fa2_wide_configs/
+#      the same for the lazy-rescaling FA-2 rung (60 s)                  -> fa2_configs/
 #      the register-tiled rung's tiles beside naive CuPy (75 s)          -> regtile_configs/
 #      and the wide register-tiled rung's (16 lanes per row group) (75 s) -> regtile_wide_configs/
 #      (a rung in GPU_CHECK_LEFT_OUT: its benchmark rows say why it was not timed, its sweeps are skipped; the
@@ -39,7 +42,8 @@
 #      (python scripts/sanitize.py --list), initcheck on the decode kernels, the runs
 #      GPU_CHECK_SANITIZER_JOBS (default 8) at a time                  -> sanitizer/*.txt
 #   6. Nsight Compute (ncu --clock-control none, 7 sections) of one launch of each rung in
-#      GPU_CHECK_NCU_RUNGS (default: mma_fa2, mma_fa2_lazy, mma_fa2_wide, the three Hopper rungs, the two fast decode rungs,
+#      GPU_CHECK_NCU_RUNGS (default: mma_fa2, mma_fa2_lazy, mma_fa2_wide, mma_fa2_lean, the three Hopper rungs, the two
+#      fast decode rungs,
 #      then the wide register-tiled rung; d = 128,
 #      N = 8192, 8 heads; a rung in GPU_CHECK_LEFT_OUT is skipped), where ncu is installed; "none" skips it
 #                                                                     -> ncu/ncu_<rung>.txt
@@ -210,6 +214,10 @@ print(resources_text(gpu.compile_report(builds=[gpu.flash_attention_mma_fa2_lazy
 print("\nflash_attention_mma_fa2_wide, every legal (block_q, block_k, min_blocks), float16:")
 print(resources_text(gpu.compile_report(builds=[gpu.flash_attention_mma_fa2_wide_build(d, "float16", False, *config)
                                                for d in (64, 128) for config in gpu.flash_attention_mma_fa2_wide_configs(d)])))
+# the lean rung: its main kernel and the pre-pass that flags V's tiles, per configuration
+print("\nflash_attention_mma_fa2_lean, every legal (block_q, block_k, min_blocks), float16:")
+print(resources_text(gpu.compile_report(builds=[gpu.flash_attention_mma_fa2_lean_build(d, "float16", False, *config)
+                                               for d in (64, 128) for config in gpu.flash_attention_mma_fa2_lean_configs(d)])))
 EOF
 then step "compile report" ok "compile_report.txt"; else step "compile report" FAIL "compile_report.txt"; fi
 
@@ -292,8 +300,8 @@ sweep() {  # sweep NAME DIR SECONDS BUDGET SCRIPT ARGS...: BUDGET "budget" passe
         step "$name" FAIL "exit $rc$([ $rc -eq 124 ] && echo ", timed out after $limit s") ($dir/log.txt)"
     fi
 }
-# the split decode kernel at split counts around its automatic pick; the tiles of the wide-warp and the lazy FA-2
-# rung and of the register-tiled rung and its wide build
+# the split decode kernel at split counts around its automatic pick; the tiles of the lean, the wide-warp and the
+# lazy FA-2 rung (the lean one first: the most promising) and of the register-tiled rung and its wide build
 # (a sweep of a rung left out after its first run is skipped here, and by the script itself)
 if ! skip_left_out sweeps "decode split sweep" paged_decode_split; then
     sweep "decode split sweep" decode_splits 60 budget scripts/tune_decode.py
@@ -301,8 +309,8 @@ fi
 if ! skip_left_out sweeps "decode split sweep (prefetch)" paged_decode_prefetch; then
     sweep "decode split sweep (prefetch)" decode_splits_prefetch 45 budget scripts/tune_decode.py --prefetch
 fi
-for args in "mma_fa2_wide fa2_wide_configs 75" "mma_fa2_lazy fa2_configs 90" "regtile regtile_configs 75" \
-            "regtile_wide regtile_wide_configs 75"; do
+for args in "mma_fa2_lean fa2_lean_configs 60" "mma_fa2_wide fa2_wide_configs 75" "mma_fa2_lazy fa2_configs 60" \
+            "regtile regtile_configs 75" "regtile_wide regtile_wide_configs 75"; do
     read -r rung dir seconds <<< "$args"
     if skip_left_out sweeps "tune $rung tiles" "$rung"; then continue; fi
     sweep "tune $rung tiles" "$dir" "$seconds" - scripts/tune_tiles.py --rung "$rung"
@@ -405,7 +413,7 @@ ended() {  # ended NAME RC DETAIL FILE: NAME ok with DETAIL when RC is 0, else F
     if [ "$2" -eq 0 ]; then step "$1" ok "$3"
     else step "$1" FAIL "exit $2$([ "$2" -eq 124 ] && echo ', timed out') ($4)"; fi
 }
-read -r -a NCU_RUNGS <<< "${GPU_CHECK_NCU_RUNGS:-mma_fa2 mma_fa2_lazy mma_fa2_wide wgmma wgmma_overlap wgmma_pingpong paged_decode_split paged_decode_prefetch regtile_wide}"
+read -r -a NCU_RUNGS <<< "${GPU_CHECK_NCU_RUNGS:-mma_fa2 mma_fa2_lazy mma_fa2_wide mma_fa2_lean wgmma wgmma_overlap wgmma_pingpong paged_decode_split paged_decode_prefetch regtile_wide}"
 NCU=""
 for candidate in ncu /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu; do
     if command -v "$candidate" >/dev/null 2>&1; then NCU="$(command -v "$candidate")"; break; fi

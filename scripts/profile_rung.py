@@ -4,7 +4,8 @@
         --launch-count 1 --section SpeedOfLight ... python scripts/profile_rung.py RUNG [--d 128]
 
 RUNG is a forward rung with a kernel of ours (``lessons.gpu.ladder.RUNGS``: scalar, regtile, regtile_wide, mma,
-mma_async, mma_fa2, mma_fa2_lazy, mma_fa2_wide, wgmma, wgmma_overlap, wgmma_pingpong) or a decode rung,
+mma_async, mma_fa2, mma_fa2_lazy, mma_fa2_wide, mma_fa2_lean, wgmma, wgmma_overlap, wgmma_pingpong) or a decode
+rung,
 ``paged_decode_split`` or ``paged_decode_prefetch``.
 The script runs the rung's launcher twice on random inputs: the first launch compiles and warms up,
 the second is the one to profile (``--launch-skip 1``). Forward rungs: N = ``--n`` queries and keys

@@ -7,7 +7,7 @@
 ``benchmarks/results/gpu_h200_2026-12-02/``), laid out as :mod:`lessons.gpu.recorded` and
 :mod:`lessons.gpu.ladder` read it: ``forward/`` (from ``benchmark/``), ``backward/``, ``decode/``, the sweeps
 (``decode_splits/``, which also takes ``decode_splits_prefetch/``'s tables, ``fa2_configs/``, ``fa2_wide_configs/``,
-``regtile_configs/``, ``regtile_wide_configs/``), the Nsight Compute reports, the first-run logs of the rungs
+``fa2_lean_configs/``, ``regtile_configs/``, ``regtile_wide_configs/``), the Nsight Compute reports, the first-run logs of the rungs
 that had never run on a GPU (``smoke_<rung>.txt``; ``hopper_smoke_<rung>.txt`` in older runs, whose first runs
 were of the Hopper rungs only), the compile report, the test and environment logs, and a ``README.md`` whose title
 and driver line give every figure its label (:func:`lessons.gpu.recorded.recorded_label`: machine, date, driver,
@@ -40,6 +40,7 @@ LAYOUT = (
     ("decode_splits_prefetch", "decode_splits", ("*.csv", "*.md")),
     ("fa2_configs", "fa2_configs", ("*.csv", "*.md")),
     ("fa2_wide_configs", "fa2_wide_configs", ("*.csv", "*.md")),
+    ("fa2_lean_configs", "fa2_lean_configs", ("*.csv", "*.md")),
     ("regtile_configs", "regtile_configs", ("*.csv", "*.md")),
     ("regtile_wide_configs", "regtile_wide_configs", ("*.csv", "*.md")),
     ("ncu", "ncu", ("*.txt",)),
@@ -56,6 +57,8 @@ WHAT = {
     "fa2_configs": "every tile configuration of the lazy-rescaling FA-2 rung (`scripts/tune_tiles.py`)",
     "fa2_wide_configs": "every tile configuration of the wide-warp FA-2 rung, 32 rows per warp "
                         "(`scripts/tune_tiles.py --rung mma_fa2_wide`)",
+    "fa2_lean_configs": "every tile configuration of the lean FA-2 rung, the wide-warp rung with unmasked interior "
+                        "tiles and V's inf/NaN test in a pre-pass (`scripts/tune_tiles.py --rung mma_fa2_lean`)",
     "regtile_configs": "the register-tiled rung's tiles against naive CuPy (`scripts/tune_tiles.py --rung regtile`)",
     "regtile_wide_configs": "the wide register-tiled rung's tiles, 16 lanes per row group, against naive CuPy "
                             "(`scripts/tune_tiles.py --rung regtile_wide`)",

@@ -29,7 +29,7 @@ from lessons.gpu.compile import device_available
 KERNELS = ("online_softmax", "flash_attention", "flash_attention_regtile", "flash_attention_regtile_wide",
            "flash_attention_mma", "flash_attention_mma_async", "paged_decode", "flash_decoding", "flash_backward",
            "paged_decode_split", "flash_attention_mma_fa2", "flash_attention_mma_fa2_lazy",
-           "flash_attention_mma_fa2_wide", "flash_backward_mma", "flash_attention_wgmma",
+           "flash_attention_mma_fa2_wide", "flash_attention_mma_fa2_lean", "flash_backward_mma", "flash_attention_wgmma",
            "flash_attention_wgmma_overlap", "flash_attention_wgmma_pingpong")
 
 
@@ -178,6 +178,21 @@ def run_flash_attention_mma_fa2_wide(cp, backend) -> bool:
 
     return _tiled_fa2(cp, backend, launch.flash_attention_mma_fa2_wide_gpu, "mma_fa2_wide", FA2_WIDE_CONFIGS,
                       flash_attention_mma_fa2_wide_configs, 11)
+
+
+@of_rung("mma_fa2_lean")
+def run_flash_attention_mma_fa2_lean(cp, backend) -> bool:
+    # the same cases for the lean rung (each launch is two kernels: the pre-pass that flags V's tiles, then the
+    # main kernel, whose unmasked loop copies whole tiles with no per-chunk bounds test), then every other legal
+    # configuration (lessons.gpu.source.FA2_LEAN_SWEEP); and inputs of whole key tiles only, where every tile but
+    # the causal diagonal's runs in the unmasked loop
+    from lessons.gpu.source import FA2_LEAN_CONFIGS, flash_attention_mma_fa2_lean_configs
+
+    ok = _tiled_fa2(cp, backend, launch.flash_attention_mma_fa2_lean_gpu, "mma_fa2_lean", FA2_LEAN_CONFIGS,
+                    flash_attention_mma_fa2_lean_configs, 13)
+    return ok & _forward(cp, backend, launch.flash_attention_mma_fa2_lean_gpu, "mma_fa2_lean whole tiles",
+                         np.random.default_rng(14), [((2,), 128, 256, 64, False, np.float16),
+                                                     ((), 256, 256, 128, True, np.float16)], {"float16": 3e-3})
 
 
 def _tiled_fa2(cp, backend, launcher, name, defaults, configs, seed) -> bool:

@@ -1,6 +1,6 @@
 """Time every tile configuration of one forward rung on the GPU: the tuning sweep.
 
-    python scripts/tune_tiles.py [--rung mma_fa2_lazy|mma_fa2_wide|regtile|regtile_wide] [--out DIR] [--n 8192]
+    python scripts/tune_tiles.py [--rung mma_fa2_lazy|mma_fa2_wide|mma_fa2_lean|regtile|regtile_wide] [--out DIR] [--n 8192]
                                  [--heads 8] [--head-dims 64 128] [--warmup 2] [--repeats 7]
     python scripts/tune_tiles.py --emulator [--rung ...] [--out DIR]
 
@@ -11,6 +11,10 @@ float16; the reference row is the FA-2 rung (``flash_attention_mma_fa2_gpu``, it
 ``--rung mma_fa2_wide``: the same for the wide-warp rung (32 query rows per warp), each configuration of
 :func:`lessons.gpu.source.flash_attention_mma_fa2_wide_configs` through
 :func:`lessons.gpu.flash_attention_mma_fa2_wide_gpu`, beside the FA-2 rung.
+``--rung mma_fa2_lean``: the same for the lean rung (the wide-warp rung whose key tiles that need no mask run in a
+loop without mask code, V's inf/NaN test in a pre-pass kernel, timed with it), each configuration of
+:func:`lessons.gpu.source.flash_attention_mma_fa2_lean_configs` through
+:func:`lessons.gpu.flash_attention_mma_fa2_lean_gpu`, beside the FA-2 rung.
 ``--rung regtile``: each ``(block_q, block_k)`` of :data:`lessons.gpu.source.REGTILE_SWEEP` (default one
 first: :func:`lessons.gpu.source.flash_attention_regtile_config`) through
 :func:`lessons.gpu.flash_attention_regtile_gpu`, float32; the reference row is naive CuPy attention in float32
@@ -27,7 +31,7 @@ this one's, per head dim), ``x_reference`` (the reference row's seconds over thi
 thread (from the kernel loaded on the device) and the largest difference from the default configuration's output.
 
 Writes ``<stem>.csv`` and ``<stem>.md`` into ``--out`` (stem ``fa2_configs``, ``fa2_wide_configs``,
-``regtile_configs`` or ``regtile_wide_configs``). Without a CUDA device it says so and exits 0. So it does, writing
+``fa2_lean_configs``, ``regtile_configs`` or ``regtile_wide_configs``). Without a CUDA device it says so and exits 0. So it does, writing
 nothing, for a rung named in ``$GPU_CHECK_LEFT_OUT`` (:func:`lessons.gpu.ladder.rungs_left_out`: the rung's first run
 on this machine failed, ``scripts/first_run.py``); only the swept rung counts, the FA-2 sweeps' mma_fa2 reference
 row is not left out. ``--emulator`` runs every configuration once at a tiny N on the CPU emulator (a check of this
@@ -56,13 +60,15 @@ from lessons.gpu.measure import attention_flops, median_cuda_seconds, naive_atte
 #: the columns of the CSV
 COLUMNS = ("impl", "d", "block_q", "block_k", "min_blocks", "default", "n", "heads", "dtype", "seconds", "tflops",
            "x_default", "x_reference", "registers", "max_abs_diff", "note")
-LAZY, WIDE, PLAIN, REGTILE, NAIVE = "mma_fa2_lazy", "mma_fa2_wide", "mma_fa2", "regtile", "naive"
+LAZY, WIDE, LEAN, PLAIN, REGTILE, NAIVE = "mma_fa2_lazy", "mma_fa2_wide", "mma_fa2_lean", "mma_fa2", "regtile", "naive"
 REGTILE_WIDE = "regtile_wide"
 #: the FA-2 rungs whose tiles are swept: their defaults, their legal configurations, their build and launcher
 FA2_TILED = {LAZY: (source.FA2_LAZY_CONFIGS, source.flash_attention_mma_fa2_lazy_configs,
                     gpu.flash_attention_mma_fa2_lazy_build, gpu.flash_attention_mma_fa2_lazy_gpu),
              WIDE: (source.FA2_WIDE_CONFIGS, source.flash_attention_mma_fa2_wide_configs,
-                    gpu.flash_attention_mma_fa2_wide_build, gpu.flash_attention_mma_fa2_wide_gpu)}
+                    gpu.flash_attention_mma_fa2_wide_build, gpu.flash_attention_mma_fa2_wide_gpu),
+             LEAN: (source.FA2_LEAN_CONFIGS, source.flash_attention_mma_fa2_lean_configs,
+                    gpu.flash_attention_mma_fa2_lean_build, gpu.flash_attention_mma_fa2_lean_gpu)}
 #: the register-tiled (CUDA-core, float32) rungs whose tiles are swept: their default tiles per head dim, the tiles
 #: swept per head dim, their build and launcher
 REGTILE_TILED = {REGTILE: (source.flash_attention_regtile_config, source.REGTILE_SWEEP,
@@ -95,6 +101,8 @@ class Sweep(NamedTuple):
 
 SWEEPS = {LAZY: Sweep(LAZY, PLAIN, "float16", "fa2_configs", "lazy-rescaling FA-2 rung"),
           WIDE: Sweep(WIDE, PLAIN, "float16", "fa2_wide_configs", "wide-warp FA-2 rung (32 rows per warp)"),
+          LEAN: Sweep(LEAN, PLAIN, "float16", "fa2_lean_configs",
+                      "lean FA-2 rung (the wide-warp rung with unmasked interior tiles)"),
           REGTILE: Sweep(REGTILE, NAIVE, "float32", "regtile_configs", "register-tiled CUDA-core rung"),
           REGTILE_WIDE: Sweep(REGTILE_WIDE, NAIVE, "float32", "regtile_wide_configs",
                               "wide register-tiled CUDA-core rung")}
@@ -105,7 +113,7 @@ def parse_args(argv=None):
     p.add_argument("--rung", choices=sorted(SWEEPS), default=LAZY, help="the rung whose tiles are swept")
     p.add_argument("--out", type=Path, default=None,
                    help="folder of the results (default benchmarks/results/<stem>: fa2_configs, fa2_wide_configs, "
-                        "regtile_configs or regtile_wide_configs, after the rung)")
+                        "fa2_lean_configs, regtile_configs or regtile_wide_configs, after the rung)")
     p.add_argument("--n", type=int, default=None, help="queries and keys (default 8192; 80 with --emulator)")
     p.add_argument("--heads", type=int, default=None, help="heads (default 8; 1 with --emulator)")
     p.add_argument("--head-dims", type=int, nargs="+", default=[64, 128], choices=(64, 128))

@@ -177,6 +177,7 @@ def test_the_forward_benchmark_leaves_out_the_rungs_whose_first_run_failed(monke
     assert seen["float32"]("regtile_wide") == why and seen["float16"]("mma_fa2_lazy") == why
     assert seen["float32"]("kernel") == why                          # the scalar rung, timed as "kernel"
     assert seen["float32"]("regtile") is None and seen["float16"]("mma_fa2_wide") is None
+    assert seen["float16"]("mma_fa2_lean") is None and seen["float32"]("mma_fa2_lean") == "tensor cores take float16/bfloat16"
     assert seen["float16"]("mma_fa2") is None and seen["float16"]("naive") is None
     # a rung that cannot run in a dtype keeps that reason, the more telling one
     assert seen["float16"]("regtile_wide") == "the register-tiled kernel takes float32"

@@ -61,11 +61,13 @@ def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
     decode = steps.pop("benchmark decode")                              # present once its script is in the tree
     assert decode == ("ok" if (ROOT / "benchmarks" / "gpu_decode.py").exists() else "skip")
     expected = {"compile report", "pytest pass 1 (-n 2)", "benchmark forward", "benchmark backward", "total",
-                "tune mma_fa2_lazy tiles", "tune mma_fa2_wide tiles", "tune regtile tiles", "tune regtile_wide tiles",
-                "decode split sweep", "decode split sweep (prefetch)"}
-    expected |= {f"first run {rung}" for rung in ladder.first_run_rungs()}      # (seven today)
-    expected |= {f"ncu {rung}" for rung in ("mma_fa2", "mma_fa2_lazy", "mma_fa2_wide", "wgmma", "wgmma_overlap", "wgmma_pingpong",
-                                           "paged_decode_split", "paged_decode_prefetch", "regtile_wide")}
+                "tune mma_fa2_lean tiles", "tune mma_fa2_lazy tiles", "tune mma_fa2_wide tiles", "tune regtile tiles",
+                "tune regtile_wide tiles", "decode split sweep", "decode split sweep (prefetch)"}
+    expected |= {f"first run {rung}" for rung in ladder.first_run_rungs()}      # (eight today)
+    assert "mma_fa2_lean" in ladder.first_run_rungs()
+    expected |= {f"ncu {rung}" for rung in ("mma_fa2", "mma_fa2_lazy", "mma_fa2_wide", "mma_fa2_lean", "wgmma",
+                                           "wgmma_overlap", "wgmma_pingpong", "paged_decode_split",
+                                           "paged_decode_prefetch", "regtile_wide")}
     expected |= {f"ncu mix {rung}" for rung in ("scalar", "regtile", "regtile_wide")}    # the CUDA-core rungs' mix
     expected |= {f"drivers (emulator) {k}" for k in sanitize.KERNELS}      # the script runs every driver
     assert set(steps) == expected and set(steps.values()) == {"ok"}, summary
@@ -85,6 +87,10 @@ def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
     assert "flash_attention_mma" in report and report.count("flash_attention_mma_fa2_lazy") >= 2 * 8
     assert report.count("flash_attention_mma_fa2_wide") >= len(tune.SWEEPS[tune.WIDE].configs(64)) + \
         len(tune.SWEEPS[tune.WIDE].configs(128))
+    # the lean rung's: each legal configuration's main kernel and its pre-pass, for sm_80 and sm_90
+    lean = report.split("flash_attention_mma_fa2_lean, every legal")[1]
+    assert lean.count("flash_attention_mma_fa2_lean_v_flags") == 2 * (len(tune.SWEEPS[tune.LEAN].configs(64)) +
+                                                                      len(tune.SWEEPS[tune.LEAN].configs(128)))
     assert "REGTILE_WIDE=1" in report          # the wide register-tiled rung's default build (its name cut short there)
     # the tuning sweep ran every legal configuration of the lazy rung (and the FA-2 rung per head dim)
     with open(tmp_path / "fa2_configs" / "fa2_configs.csv", newline="") as f:
@@ -98,6 +104,16 @@ def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
     assert [(r["impl"], int(r["d"]), int(r["block_q"]), int(r["block_k"]), int(r["min_blocks"])) for r in rows] == \
         [(impl, d, *c) for impl, d, c in tune.runs([64, 128], tune.WIDE)]
     assert rows[0]["impl"] == "mma_fa2_wide" and {r["impl"] for r in rows} == {"mma_fa2_wide", "mma_fa2"}
+    # and the lean rung's (FA2_LEAN_SWEEP), beside the same FA-2 rung
+    with open(tmp_path / "fa2_lean_configs" / "fa2_lean_configs.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["impl"], int(r["d"]), int(r["block_q"]), int(r["block_k"]), int(r["min_blocks"])) for r in rows] == \
+        [(impl, d, *c) for impl, d, c in tune.runs([64, 128], tune.LEAN)]
+    assert rows[0]["impl"] == "mma_fa2_lean" and {r["impl"] for r in rows} == {"mma_fa2_lean", "mma_fa2"}
+    assert all(r["note"] == "emulator: not timed" for r in rows)
+    # the FA-2 sweeps in their order: the lean rung's first (its folder's log is written before the others')
+    order = [steps_line.split()[1] for steps_line in summary.splitlines() if steps_line.startswith("tune mma_fa2")]
+    assert order == ["mma_fa2_lean", "mma_fa2_wide", "mma_fa2_lazy"], order
     with open(tmp_path / "regtile_configs" / "regtile_configs.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert [(r["impl"], int(r["d"])) for r in rows] == [(impl, d) for impl, d, _ in tune.runs([64, 128], "regtile")]
@@ -170,7 +186,8 @@ def test_the_rungs_that_never_ran_on_a_gpu_come_from_the_registry_and_the_record
     want = [r.name for r in ladder.RUNGS if r.kernel is not None and r.impl is None] + \
         [r.name for r in ladder.DECODE_RUNGS if r.impl not in recorded_decode]
     assert list(ladder.first_run_rungs()) == want
-    assert set(ladder.HOPPER_RUNGS) <= set(want) and "paged_decode_prefetch" in want and len(want) == 7
+    assert set(ladder.HOPPER_RUNGS) <= set(want) and "paged_decode_prefetch" in want and len(want) == 8
+    assert "mma_fa2_lean" in want
     # none of them has a GPU figure: their texts say so, and the ladder's table has no number for them
     for name in want:
         r = ladder.decode_rung(name) if name == "paged_decode_prefetch" else ladder.rung(name)
@@ -350,6 +367,7 @@ def test_the_profiling_driver_names_the_kernel_to_filter_on(capsys):
     want = {"scalar": "flash_attention_forward", "regtile": "flash_attention_regtile",
             "regtile_wide": "flash_attention_regtile_wide", "mma_fa2": "flash_attention_mma_fa2",
             "mma_fa2_lazy": "flash_attention_mma_fa2_lazy", "mma_fa2_wide": "flash_attention_mma_fa2_wide",
+            "mma_fa2_lean": "flash_attention_mma_fa2_lean",
             "wgmma": "flash_attention_wgmma", "wgmma_pingpong": "flash_attention_wgmma_pingpong",
             "paged_decode_split": "paged_decode_gqa_split", "paged_decode_prefetch": "paged_decode_gqa_split"}
     for rung, name in want.items():
@@ -472,7 +490,7 @@ def test_a_run_past_its_deadline_skips_the_rest_names_them_and_fails(tmp_path):
             if status == "skip" and detail.strip() == "past the deadline (GPU_CHECK_DEADLINE=3 s)"]
     # the compile report's 180 s were cut to 3: everything after it found the deadline passed
     assert {"benchmark forward", "decode split sweep", "tune mma_fa2_lazy tiles", "tune mma_fa2_wide tiles",
-            "tune regtile tiles", "tune regtile_wide tiles", "pytest pass 1 (-n 2)",
+            "tune mma_fa2_lean tiles", "tune regtile tiles", "tune regtile_wide tiles", "pytest pass 1 (-n 2)",
             "compute-sanitizer", "ncu mma_fa2"} <= set(late), summary
     assert steps["total"][0] == "FAIL" and int(steps["total"][1].split()[0]) < 120
 
@@ -490,8 +508,8 @@ def test_steps_left_out_of_gpu_check_steps_are_named_and_do_not_fail_the_run(tmp
     off = {name for name, (status, detail) in steps.items()
            if status == "skip" and detail.strip() == "not in GPU_CHECK_STEPS"}
     assert off == {"compile report", "first run", "benchmark forward", "benchmark decode",
-                   "decode split sweep", "decode split sweep (prefetch)", "tune mma_fa2_wide tiles",
-                   "tune mma_fa2_lazy tiles", "tune regtile tiles", "tune regtile_wide tiles",
+                   "decode split sweep", "decode split sweep (prefetch)", "tune mma_fa2_lean tiles",
+                   "tune mma_fa2_wide tiles", "tune mma_fa2_lazy tiles", "tune regtile tiles", "tune regtile_wide tiles",
                    "pytest (GPU cases)", "compute-sanitizer"}, summary
     why = "in GPU_CHECK_LEFT_OUT: failed its first run on this machine (scripts/first_run.py)"
     assert steps["ncu wgmma"] == ["skip", why] and steps["ncu regtile_wide"] == ["skip", why]
@@ -527,8 +545,8 @@ def test_a_left_out_given_for_a_second_run_is_checked_spelled_out_and_honoured(t
     steps = {line[:52].strip(): line[52:].split(None, 1) for line in summary.splitlines()}
     why = "in GPU_CHECK_LEFT_OUT: failed its first run on this machine (scripts/first_run.py)"
     left = {name for name, (status, detail) in steps.items() if status == "skip" and detail.strip() == why}
-    assert left == {"decode split sweep", "decode split sweep (prefetch)", "tune mma_fa2_wide tiles",
-                    "tune mma_fa2_lazy tiles", "tune regtile tiles", "tune regtile_wide tiles",
+    assert left == {"decode split sweep", "decode split sweep (prefetch)", "tune mma_fa2_lean tiles",
+                    "tune mma_fa2_wide tiles", "tune mma_fa2_lazy tiles", "tune regtile tiles", "tune regtile_wide tiles",
                     "ncu mma_fa2_wide", "ncu paged_decode_prefetch", "ncu mix regtile", "ncu mix regtile_wide"}, summary
     assert steps["ncu mix scalar"][0] == "ok"
     assert steps["ncu mma_fa2"][0] == "ok" and steps["first run"] == ["skip", "not in GPU_CHECK_STEPS"]
