@@ -187,9 +187,11 @@ RUNGS = (
          "mma.sync.aligned.m16n8k16", "not yet run on a GPU: built and checked on the CPU emulator only"),
     Rung("mma_fa2_lean", "tensor cores, FA-2 + lean interior tiles", None, "flash_attention_mma_fa2_lean",
          "lessons.gpu.flash_attention_mma_fa2_lean_gpu", "float16",
-         "the wide rung's kernel with a fourth switch (FA2_LEAN): its key tiles run in two loops with one body, first "
-         "those that need no mask for any row of the block (inside n_k and, causal, wholly at or below the diagonal "
-         "of the block's first row), compiled without any mask code, then the rest with the masked step; a tile "
+         "the wide rung's kernel with a fourth switch (FA2_LEAN): at d = 64 its key tiles run in two loops with one "
+         "body, first those that need no mask for any row of the block (inside n_k and, causal, wholly at or below "
+         "the diagonal of the block's first row), compiled without any mask code, then the rest with the masked step "
+         "(at d = 128 one loop: two do not fit 255 registers on sm_80, and there ptxas already branches around most "
+         "of the mask code in a tile that needs none); a tile "
          "wholly inside n_k is copied with no bounds test per 16-byte chunk; V's inf/NaN test leaves the loop for a "
          "pre-pass kernel (flash_attention_mma_fa2_lean_v_flags) that writes one int32 flag per head and key tile, "
          "so an interior tile reads its flag (one tile ahead) and tests nothing, and the barrier after its copies "
@@ -197,14 +199,13 @@ RUNGS = (
          "FlashAttention-2 runs its masking steps apart and copies even tiles without bounds tests. The PTX "
          "instruction quoted is the read of that flag, ld.global.nc.u32, which no other rung's PTX holds",
          "fewer instructions around the same HMMA: on an interior key tile one warp issues 760 instructions at "
-         "d = 64, 5.94 per HMMA (the wide rung: 982, 7.67), and 676 at d = 128, 5.28 per HMMA (the wide rung: "
+         "d = 64, 5.94 per HMMA (the wide rung: 982, 7.67), and 673 at d = 128, 5.26 per HMMA (the wide rung: "
          "801, 6.26), counted from SASS by lessons.gpu.sass.tensor_tile (sm_90, NVRTC 12.9); so the issue-slot "
          "ceiling rises from 52% to 67% of the tensor peak at d = 64 and from 64% to 76% at d = 128 (at most, "
          "not a forecast); the pre-pass reads V once more (the main kernel reads K and V once per query block). "
          "Compile report (NVRTC 12.9, float16 and bfloat16): d = 64, 128 x 64 tiles: 242-243 registers (the wide "
          "rung: 223-225) x 128 threads, 48 KiB of dynamic shared memory, no spills; d = 128, 128 x 32: 255 "
-         "registers (the wide rung: 254-255) x 128 threads, 64 KiB, no spills on sm_90 but 52-56 bytes spilled on "
-         "sm_80 (the second loop's registers): 2 blocks (8 warps) per SM either way. Output bitwise the wide "
+         "registers (the wide rung: 254-255) x 128 threads, 64 KiB, no spills: 2 blocks (8 warps) per SM either way. Output bitwise the wide "
          "rung's with the same tiles. The other tiles (scripts/tune_tiles.py --rung mma_fa2_lean times them all) "
          "are in lessons.gpu.source.FA2_LEAN_SWEEP; aim: >= 0.5x SDPA",
          "ld.global.nc.u32", "not yet run on a GPU: built and checked on the CPU emulator only"),

@@ -649,8 +649,8 @@ def _successors(instructions, labels, i: int) -> set:
 def _key_tile_loop(instructions, labels) -> tuple[int, int]:
     """``(head, branch back)`` of the key-tile loop: the shortest loop (a backward edge of the control-flow graph)
     whose span holds every ``HMMA``. Where no loop holds them all but they lie in loops one after another (the lean
-    rung: first a loop over the key tiles that need no mask, compiled without mask code, then a loop over the rest
-    with the masked step), the first of them, the outermost loop that holds the first ``HMMA``: the interior tiles'
+    rung at d = 64: first a loop over the key tiles that need no mask, compiled without mask code, then a loop over
+    the rest with the masked step), the first of them, the outermost loop that holds the first ``HMMA``: the interior tiles'
     loop (:func:`tensor_tile` checks that a pass through it issues a whole tile's ``HMMA``). ValueError when there
     is no ``HMMA`` or no loop holds the first one."""
     hmma = [i for i, x in enumerate(instructions) if x.base == "HMMA"]
@@ -776,8 +776,8 @@ def tensor_tile(rung, d: int = 64, arch: str = "sm_90") -> TensorTile:
     """The :class:`TensorTile` of tensor-core rung ``rung`` (:data:`TENSOR_CORE_RUNGS`, a name or a
     :class:`lessons.gpu.ladder.Rung`) at head dim ``d`` with its default tiles, from the SASS NVRTC makes for
     ``arch`` (a key of :data:`HMMA_CLOCKS`). The key-tile loop is the shortest loop that holds every ``HMMA``. The
-    lean rung (``mma_fa2_lean``) has two loops that hold them, one after the other: first the key tiles that need
-    no mask, compiled without mask code, then the rest with the masked step; there the first is counted (the
+    lean rung (``mma_fa2_lean``) at d = 64 has two loops that hold them, one after the other: first the key tiles
+    that need no mask, compiled without mask code, then the rest with the masked step; there the first is counted (the
     interior tiles' loop, which a long row spends nearly all its tiles in), and the masked loop is not. An
     *interior* tile copies all of the next K/V tile (the last tile copies none, a tile past ``n_k`` fills zeros
     instead), so the pass counted is the shortest that issues the hand count of copies (:func:`interior_pass`).
