@@ -239,3 +239,24 @@ def test_hmma_slots_figure_stacks_the_classes_per_hmma_and_marks_the_peak():
         hmma_slots_figure([dict(table[0], hmma=0)])
     with pytest.raises(ValueError, match="same clocks per HMMA"):
         hmma_slots_figure([table[0], dict(table[1], clocks=8)])
+
+
+@needs_tools
+def test_the_quiz_quotes_the_lean_and_wide_counts():
+    from lessons.course.quiz import QUIZZES
+    from lessons.gpu.compile import nvrtc_version
+
+    if nvrtc_version()[:2] != (12, 9):
+        pytest.skip("the quiz quotes NVRTC 12.9's SASS")
+    question = next(q for q in QUIZZES["06_kernel_ladder"] if q.question.startswith("On an interior key tile"))
+    wide, lean = (sass.tensor_tile(r, 64) for r in ("mma_fa2_wide", "mma_fa2_lean"))
+    assert wide.hmma == lean.hmma == 128 and wide.clocks == 4
+    assert (f"the wide rung issues {wide.instructions} instructions for its {wide.hmma} HMMA; the lean build issues "
+            f"{lean.instructions} for the same {lean.hmma}") in question.question.replace("a warp of the wide", "the wide")
+    right = question.choices[question.answer]
+    assert (f"4 x 128 / {wide.instructions} = {wide.peak_share:.0%} to 4 x 128 / {lean.instructions} = "
+            f"{lean.peak_share:.0%}") in right
+    assert f"{wide.instructions} / {lean.instructions} = {wide.instructions / lean.instructions:.2f}x" in \
+        question.choices[0]
+    blocks = 8192 // ladder.rung_tiles("mma_fa2_lean", 64)[0]
+    assert f"the {blocks} reads of K and V" in question.explanation and 1 / (2 * blocks) < 0.01

@@ -300,6 +300,20 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           "instead of 50%. HBM traffic is unchanged: a block still has 128 rows and reads each K and V tile "
           "once. The price is registers: 128 floats of o per thread at d = 128. Reread 'Two m-tiles per warp: "
           "FlashAttention-2's warp shape'."),
+        Q("On an interior key tile at d = 64 a warp of the wide rung issues 982 instructions for its 128 HMMA; the "
+          "lean build issues 760 for the same 128. One scheduler issues one instruction per clock, and at the tensor "
+          "peak its tensor core finishes one HMMA every 4 clocks. What follows?",
+          ("The lean build will run 982 / 760 = 1.29x faster than the wide one",
+           "The most either can reach rises from 4 x 128 / 982 = 52% to 4 x 128 / 760 = 67% of the tensor peak; how "
+           "fast each really runs is for a GPU to say",
+           "Both run at the tensor peak: they issue the same HMMA",
+           "The lean build is slower: its pre-pass reads V from HBM once more"),
+          1,
+          "Issue slots bound the rate from above: a warp that issues I instructions per HMMA cannot keep its tensor "
+          "core busy more than 4 / I of the clocks, however well it hides latency. Waits at barriers and for copies, "
+          "and mma.sync's own rate on Hopper, can hold either build below its ceiling, so the ratio of the counts is "
+          "not a forecast. The pre-pass adds one read of V to the 64 reads of K and V that 128-row query blocks make "
+          "at N = 8192: under 1% of the bytes. Reread 'Interior tiles that issue only what they need'."),
         Q("On the recorded H200 run, what became of the ladder's targets for our own kernels?",
           ("All were met once the FA-2 recipe was in",
            "The 2-4x claim over naive attention holds (about 20x and 12x), but the 3x (register tiling), "
