@@ -47,6 +47,18 @@ def test_interior_pass_issues_the_copies_and_skips_what_runs_only_sometimes():
         sass.interior_pass(instructions, labels, 1, 10, 1, is_copy=lambda x: x.base == "EXIT")
 
 
+def test_interior_pass_refuses_a_span_that_is_not_a_loop():
+    instructions, labels = sass.parse_sass(LOOP)
+    # 9 is the HMMA before the branch back, 6 a forward branch: neither goes back to the head
+    for first, last in ((1, 9), (0, 10), (1, 6)):
+        with pytest.raises(ValueError, match="does not branch back to"):
+            sass.interior_pass(instructions, labels, first, last, 0)
+    assert sass.interior_pass(instructions, labels, 3, 5, 1) == [3, 4, 5]             # the inner copy loop
+    for first in (True, 1.0):
+        with pytest.raises(TypeError, match="first must be an int"):
+            sass.interior_pass(instructions, labels, first, 10, 0)
+
+
 def test_every_opcode_lands_in_exactly_one_class():
     seen = [op for _, ops in sass.ISSUE_CLASSES for op in ops]
     assert len(seen) == len(set(seen))

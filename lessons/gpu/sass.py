@@ -677,12 +677,17 @@ def interior_pass(instructions, labels, first: int, last: int, copies: int, is_c
     Dijkstra over (instruction, copies run so far, capped at ``copies``), every instruction costing one issue slot
     (a predicated one too: it takes its slot whether or not its predicate holds). No edge leads back to ``first``
     (that is the next pass); an inner loop may be run more than once where the copies need it. Arguments as
-    :func:`parse_sass` returns them. ValueError for a span that is not in ``instructions``, a negative
-    ``copies``, or when no such path exists."""
+    :func:`parse_sass` returns them. TypeError for a non-integer ``first``, ``last`` or ``copies`` (bools
+    included); ValueError for a span that is not in ``instructions``, one that is not a loop (``last`` does not
+    branch back to ``first``), a negative ``copies``, or when no such path exists."""
     import heapq
 
+    first, last = check_int(first, "first"), check_int(last, "last")
     if not (0 <= first <= last < len(instructions)):
         raise ValueError(f"first, last must index instructions with first <= last, got {first}, {last}")
+    if first not in _successors(instructions, labels, last):
+        raise ValueError(f"first, last must be a loop's head and its branch back: instruction {last} "
+                         f"({instructions[last].text}) does not branch back to {first}")
     copies = check_int(copies, "copies", min=0)
     start = (first, min(copies, int(is_copy(instructions[first]))))
     best, previous = {start: 1}, {}
