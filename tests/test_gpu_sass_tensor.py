@@ -175,6 +175,14 @@ def test_the_ceilings_are_above_what_the_h200_recorded():
     assert markdown.count("\n") == len(table) + 1 and "| mma_fa2 | 128 | 64 x 32 (4) | 64 |" in markdown
 
 
+def test_the_markdown_refuses_a_table_of_another_kind():
+    for table in ([], "mma", {"rung": "mma"}, 3, [{"rung": "mma", "d": 64}],
+                  [dict(rung="mma", d=64, block_q=64, block_k=64, warps=4, hmma=64, instructions=9, per_hmma=0.1,
+                        classes=[1], peak_share=1.0, ceiling=1.0)]):
+        with pytest.raises(TypeError, match="table must be a non-empty list of rows from tensor_tile_table"):
+            sass.tensor_tile_markdown(table)
+
+
 @needs_tools
 def test_the_table_takes_a_rung_object_and_a_peak():
     (row,) = sass.tensor_tile_table(ladder.rung("mma_fa2"), (64,), peak_flops=2.0)

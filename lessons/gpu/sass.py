@@ -863,8 +863,15 @@ def tensor_tile_markdown(table=None) -> str:
     """A Markdown table of :func:`tensor_tile_table` rows (default: the tensor-core rungs at d = 64 and 128): per
     rung and head dim, the tiles and warps, HMMA per warp and tile, the instructions of the interior pass, those per
     HMMA, the share of them in each class of :data:`ISSUE_CLASSES` (per HMMA), and the ceiling (share of the tensor
-    peak and TFLOP/s, "at most"). The errors of :func:`tensor_tile_table`."""
+    peak and TFLOP/s, "at most"). TypeError for a ``table`` that is not a non-empty list of such rows; the errors
+    of :func:`tensor_tile_table` otherwise."""
     table = tensor_tile_table() if table is None else table
+    keys = ("rung", "d", "block_q", "block_k", "warps", "hmma", "instructions", "per_hmma", "classes", "peak_share",
+            "ceiling")
+    if not isinstance(table, (list, tuple)) or not table or not all(
+            isinstance(row, dict) and all(k in row for k in keys) and isinstance(row["classes"], dict) for row in table):
+        raise TypeError(f"table must be a non-empty list of rows from tensor_tile_table() (each with {', '.join(keys)}; "
+                        f"classes a dict), got {type(table).__name__}")
     names = [name for name, _ in ISSUE_CLASSES if name != "tensor"]
     extra = any(row["classes"].get("other") for row in table)
     names += ["other"] if extra else []
