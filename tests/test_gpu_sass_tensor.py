@@ -280,3 +280,15 @@ def test_the_quiz_quotes_the_lean_and_wide_counts():
         question.choices[0]
     blocks = 8192 // ladder.rung_tiles("mma_fa2_lean", 64)[0]
     assert f"the {blocks} reads of K and V" in question.explanation and 1 / (2 * blocks) < 0.01
+
+
+def test_hmma_slots_figure_keeps_the_peaks_line_in_view_below_it():
+    # a table whose rungs all issue fewer instructions per HMMA than the peak's clocks (the lean rung at d = 64 on
+    # sm_80: 709 per 128 HMMA against 8 clocks): the dashed line at the clocks is still inside the axes
+    from lessons.views.register_tiles import hmma_slots_figure
+
+    rows = [dict(_row("mma_fa2_lean", 64, 128, {"tensor": 128, "other float": 300, "other": 0}, 1.0), clocks=8),
+            dict(_row("mma_fa2_wide", 64, 128, {"tensor": 128, "other float": 500, "other": 0}, 1.0), clocks=8)]
+    ax = hmma_slots_figure(rows).axes[0]
+    assert [line.get_xdata()[0] for line in ax.lines] == [8]
+    assert ax.get_xlim()[1] > 8
