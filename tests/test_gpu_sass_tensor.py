@@ -202,6 +202,9 @@ def test_tensor_tile_refuses_what_it_cannot_count():
         sass.tensor_tile("mma", 64, "sm_75")
     with pytest.raises(ValueError, match="arch must be one of"):
         sass.tensor_tile_table(arch="sm_90a")
+    for arch in (["sm_90"], {"sm_90": 4}):
+        with pytest.raises(ValueError, match="arch must be one of"):
+            sass.tensor_tile("mma", 64, arch)
     with pytest.raises(ValueError, match="peak_flops must be given for arch 'sm_80'"):
         sass.tensor_tile_table(arch="sm_80")
     for peak in (0, math.inf, True):

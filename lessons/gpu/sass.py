@@ -724,7 +724,7 @@ def _tensor_core_rung(rung):
 
 
 def _check_hmma_arch(arch) -> str:
-    if arch not in HMMA_CLOCKS:
+    if not isinstance(arch, str) or arch not in HMMA_CLOCKS:
         raise ValueError(f"arch must be one of {list(HMMA_CLOCKS)} (an HMMA rate is known for these), got {arch!r}")
     return arch
 
