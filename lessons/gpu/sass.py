@@ -410,6 +410,22 @@ def key_tile(rung, d: int = 64, arch: str = "sm_90") -> KeyTile:
     return KeyTile(block_q, block_k, threads, s_loop, pv_loop, fmas // s_loop.ffma, fmas // pv_loop.ffma, overhead)
 
 
+def _rungs_and_ds(rungs, ds) -> tuple[tuple, list]:
+    """The ``rungs`` and ``ds`` arguments of the table functions checked: one rung (a name or a
+    :class:`lessons.gpu.ladder.Rung`) or a non-empty sequence of them, as a tuple; ``ds``, a sequence of positive
+    ints. TypeError for arguments of another kind, ValueError for no rung or a ``d`` below 1."""
+    from lessons.gpu import ladder
+
+    if isinstance(rungs, (str, ladder.Rung)):
+        rungs = (rungs,)
+    if isinstance(rungs, (bytes, dict, set, frozenset)) or not hasattr(rungs, "__iter__"):
+        raise TypeError(f"rungs must be a rung, its name or a sequence of them, got {type(rungs).__name__} {rungs!r}")
+    rungs = tuple(rungs)
+    if not rungs:
+        raise ValueError("rungs must hold at least one rung, got none")
+    return rungs, check_int_sequence(ds, "ds", min=1)
+
+
 def fma_loop_table(rungs=CUDA_CORE_RUNGS, ds=(64, 128), arch: str = "sm_90", peak_flops: float | None = None) -> list[dict]:
     """One dict per (rung, d): rung, d, and for the S loop and the P V loop (finite V) of
     :func:`product_loops`: ``s_instructions``, ``s_ffma``, ``s_loads`` (shared loads by width),
@@ -426,14 +442,7 @@ def fma_loop_table(rungs=CUDA_CORE_RUNGS, ds=(64, 128), arch: str = "sm_90", pea
 
     peak = check_positive_real(H200.peak_flops["fp32"] if peak_flops is None else peak_flops, "peak_flops",
                                "number of FLOP/s")
-    if isinstance(rungs, (str, ladder.Rung)):
-        rungs = (rungs,)
-    if isinstance(rungs, (bytes, dict, set, frozenset)) or not hasattr(rungs, "__iter__"):
-        raise TypeError(f"rungs must be a rung, its name or a sequence of them, got {type(rungs).__name__} {rungs!r}")
-    rungs = tuple(rungs)
-    if not rungs:
-        raise ValueError("rungs must hold at least one rung, got none")
-    ds = check_int_sequence(ds, "ds", min=1)
+    rungs, ds = _rungs_and_ds(rungs, ds)
     out = []
     for name in rungs:
         for d in ds:
@@ -834,21 +843,12 @@ def tensor_tile_table(rungs=TENSOR_CORE_RUNGS, ds=(64, 128), arch: str = "sm_90"
     for ``rungs`` or ``ds`` of another kind; ValueError for none of them, a rung off :data:`TENSOR_CORE_RUNGS`, an
     ``arch`` off :data:`HMMA_CLOCKS`, no ``peak_flops`` for another arch than sm_90 (the default is an sm_90 GPU's),
     a ``peak_flops`` that is not a positive finite number; the errors of :func:`tensor_tile` otherwise."""
-    from lessons.gpu import ladder
-
     arch = _check_hmma_arch(arch)
     if peak_flops is None and arch != "sm_90":
         raise ValueError(f"peak_flops must be given for arch {arch!r}: the default is the H200's (sm_90)")
     peak = check_positive_real(H200.peak_flops["bf16"] if peak_flops is None else peak_flops, "peak_flops",
                                "number of FLOP/s")
-    if isinstance(rungs, (str, ladder.Rung)):
-        rungs = (rungs,)
-    if isinstance(rungs, (bytes, dict, set, frozenset)) or not hasattr(rungs, "__iter__"):
-        raise TypeError(f"rungs must be a rung, its name or a sequence of them, got {type(rungs).__name__} {rungs!r}")
-    rungs = tuple(rungs)
-    if not rungs:
-        raise ValueError("rungs must hold at least one rung, got none")
-    ds = check_int_sequence(ds, "ds", min=1)
+    rungs, ds = _rungs_and_ds(rungs, ds)
     out = []
     for name in rungs:
         for d in ds:
