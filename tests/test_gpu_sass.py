@@ -548,6 +548,16 @@ def test_the_quiz_quotes_the_sass_counts():
         question.explanation
 
 
+def test_fma_loop_markdown_refuses_a_table_of_another_kind():
+    row = dict(rung="regtile", d=64, s_ffma=32, s_instructions=40, s_loads={"LDS.128": 3}, pv_ffma=32, pv_instructions=40,
+               pv_loads={"LDS.128": 3}, share=0.8, ceiling=5e13, tile_overhead=100, tile_instructions=1000, tile_share=0.7,
+               tile_ceiling=4.7e13)
+    assert "| regtile | 64 | 32 / 40 | 3 x 16 B |" in sass.fma_loop_markdown([row])
+    for table in ([], "regtile", {"rung": "regtile"}, 3, [{"rung": "regtile", "d": 64}], [dict(row, s_loads=[3])]):
+        with pytest.raises(TypeError, match="table must be a non-empty list of rows from fma_loop_table"):
+            sass.fma_loop_markdown(table)
+
+
 # what ncu --metrics prints for one profiled launch (the layout of Nsight Compute's text report)
 NCU_REPORT = """==PROF== Connected to process 4242 (/usr/bin/python3.12)
 ==PROF== Profiling "flash_attention_regtile_wide" - 0: 0%....50%....100% - 3 passes

@@ -205,8 +205,9 @@ RUNGS = (
          "not a forecast); the pre-pass reads V once more (the main kernel reads K and V once per query block). "
          "Compile report (NVRTC 12.9, float16 and bfloat16): d = 64, 128 x 64 tiles: 242-243 registers (the wide "
          "rung: 223-225) x 128 threads, 48 KiB of dynamic shared memory, no spills; d = 128, 128 x 32: 255 "
-         "registers (the wide rung: 254-255) x 128 threads, 64 KiB, no spills: 2 blocks (8 warps) per SM either way. Output bitwise the wide "
-         "rung's with the same tiles. The other tiles (scripts/tune_tiles.py --rung mma_fa2_lean times them all) "
+         "registers (the wide rung: 254-255) x 128 threads, 64 KiB, no spills: 2 blocks (8 warps) per SM either "
+         "way. Output bitwise the wide rung's with the same tiles on the emulator (a GPU test asks the same of a "
+         "GPU). The other tiles (scripts/tune_tiles.py --rung mma_fa2_lean times them all) "
          "are in lessons.gpu.source.FA2_LEAN_SWEEP; aim: >= 0.5x SDPA",
          "ld.global.nc.u32", "not yet run on a GPU: built and checked on the CPU emulator only"),
     Rung("wgmma", "Hopper: TMA + wgmma", None, "flash_attention_wgmma",

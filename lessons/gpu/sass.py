@@ -465,13 +465,27 @@ def _loads(loads: dict) -> str:
     return " + ".join(f"{count} x {width[op]} B" if op in width else f"{count} {op}" for op, count in parts)
 
 
+def _check_table(table, source: str, keys: tuple, *dicts: str) -> None:
+    """TypeError naming ``table`` unless it is a non-empty list (or tuple) of dicts that each hold ``keys``, with a
+    dict under each key of ``dicts``: the rows :func:`fma_loop_table` or :func:`tensor_tile_table` (``source``)
+    returns."""
+    if not isinstance(table, (list, tuple)) or not table or not all(
+            isinstance(row, dict) and all(k in row for k in keys) and all(isinstance(row[k], dict) for k in dicts)
+            for row in table):
+        raise TypeError(f"table must be a non-empty list of rows from {source}() (each with {', '.join(keys)}"
+                        + (f"; {', '.join(dicts)} dicts" if dicts else "") + f"), got {type(table).__name__}")
+
+
 def fma_loop_markdown(table=None) -> str:
     """A Markdown table of :func:`fma_loop_table` rows (default: the CUDA-core rungs at d = 64 and 128): per rung
     and head dim, each product loop's FFMA, instructions and shared loads (count x bytes), the share of issue
     slots that are FFMA in the two loops and the ceiling that puts on the rate (TFLOP/s), then the instructions
-    outside them on every key tile and the share and ceiling over the whole tile. The errors of
-    :func:`fma_loop_table`."""
+    outside them on every key tile and the share and ceiling over the whole tile. TypeError for a ``table`` that is
+    not a non-empty list of such rows; the errors of :func:`fma_loop_table` otherwise."""
     table = fma_loop_table() if table is None else table
+    _check_table(table, "fma_loop_table", ("rung", "d", "s_ffma", "s_instructions", "s_loads", "pv_ffma",
+                                           "pv_instructions", "pv_loads", "share", "ceiling", "tile_overhead",
+                                           "tile_instructions", "tile_share", "tile_ceiling"), "s_loads", "pv_loads")
     lines = ["| rung | d | S = Q K^T loop: FFMA / instructions | its shared loads | P V loop: FFMA / instructions | "
              "its shared loads | FFMA share, the two loops | their ceiling, TFLOP/s | other instructions every tile "
              "(at least) | FFMA share, whole tile | tile ceiling, TFLOP/s |",
@@ -866,12 +880,8 @@ def tensor_tile_markdown(table=None) -> str:
     peak and TFLOP/s, "at most"). TypeError for a ``table`` that is not a non-empty list of such rows; the errors
     of :func:`tensor_tile_table` otherwise."""
     table = tensor_tile_table() if table is None else table
-    keys = ("rung", "d", "block_q", "block_k", "warps", "hmma", "instructions", "per_hmma", "classes", "peak_share",
-            "ceiling")
-    if not isinstance(table, (list, tuple)) or not table or not all(
-            isinstance(row, dict) and all(k in row for k in keys) and isinstance(row["classes"], dict) for row in table):
-        raise TypeError(f"table must be a non-empty list of rows from tensor_tile_table() (each with {', '.join(keys)}; "
-                        f"classes a dict), got {type(table).__name__}")
+    _check_table(table, "tensor_tile_table", ("rung", "d", "block_q", "block_k", "warps", "hmma", "instructions",
+                                              "per_hmma", "classes", "peak_share", "ceiling"), "classes")
     names = [name for name, _ in ISSUE_CLASSES if name != "tensor"]
     extra = any(row["classes"].get("other") for row in table)
     names += ["other"] if extra else []
