@@ -223,15 +223,27 @@ def _ends_block(instruction: Instruction) -> bool:
     return instruction.base in ("BRA", "BRX", "JMP", "JMX", "EXIT", "RET", "CALL")
 
 
-def _falls_through(instruction: Instruction) -> bool:
-    """Whether control may go on to the next instruction: not after an unconditional ``BRA `(label)``,
-    ``EXIT`` or ``RET`` (no predicate, no modifier such as ``.DIV``, no predicate operand); after a ``CALL``
-    always."""
-    if not _ends_block(instruction) or instruction.predicate:
-        return True
-    if instruction.base in ("EXIT", "RET"):
-        return False
-    return not (instruction.opcode == "BRA" and instruction.text.split(None, 1)[1].startswith("`"))
+def _successors(instructions, labels, i: int) -> set:
+    """Where control may go after ``instructions[i]``: the label of a ``BRA`` / ``JMP`` / ``CALL``, and the next
+    instruction unless ``instructions[i]`` is an unconditional ``BRA `(label)``, ``EXIT`` or ``RET`` (no predicate
+    other than ``@PT``, no predicate operand, no ``.DIV``). ValueError for an indirect branch (``BRX``, ``JMX``):
+    where it goes is not in the text."""
+    x = instructions[i]
+    if x.base in ("BRX", "JMX"):
+        raise ValueError(f"an indirect branch at {x.offset:#x} ({x.text}): its targets are not in the SASS text")
+    out = set()
+    target = _TARGET.search(x.text)
+    if x.base in ("BRA", "JMP", "CALL") and target and target.group(1) in labels:
+        out.add(labels[target.group(1)])
+    unconditional = x.predicate in (None, "@PT")
+    operands = x.text.split(None, 1)[1] if " " in x.text else ""
+    if x.base in ("BRA", "JMP"):
+        ends = unconditional and ".DIV" not in x.opcode and operands.startswith("`")
+    else:
+        ends = x.base in ("EXIT", "RET") and unconditional
+    if not ends and i + 1 < len(instructions):
+        out.add(i + 1)
+    return out
 
 
 def every_pass(instructions, labels, first: int, last: int) -> list[int]:
@@ -247,15 +259,7 @@ def every_pass(instructions, labels, first: int, last: int) -> list[int]:
     starts = sorted(starts)
     ends = [b - 1 for b in starts[1:]] + [last]
     block_of = {b: k for k, b in enumerate(starts)}
-    successors = []
-    for k, end in enumerate(ends):
-        here = set()
-        target = _TARGET.search(instructions[end].text) if _ends_block(instructions[end]) else None
-        if target and labels.get(target.group(1)) in block_of:
-            here.add(block_of[labels[target.group(1)]])
-        if _falls_through(instructions[end]) and k + 1 < len(starts):
-            here.add(k + 1)
-        successors.append(here)
+    successors = [{block_of[j] for j in _successors(instructions, labels, end) if j in block_of} for end in ends]
     predecessors = [set() for _ in starts]
     for k, here in enumerate(successors):
         for j in here:
@@ -272,15 +276,20 @@ def every_pass(instructions, labels, first: int, last: int) -> list[int]:
     return [i for k in sorted(dominators[-1]) for i in range(starts[k], ends[k] + 1)]
 
 
-def _cuda_core_rung(rung):
-    """The :class:`lessons.gpu.ladder.Rung` named by ``rung``, which must be one of :data:`CUDA_CORE_RUNGS`
-    (ValueError otherwise; the errors of ``ladder.rung`` for what is no rung)."""
+def _rung_among(rung, names: tuple, kind: str):
+    """The :class:`lessons.gpu.ladder.Rung` named by ``rung``, which must be one of ``names`` (ValueError naming
+    ``kind`` otherwise; the errors of ``ladder.rung`` for what is no rung)."""
     from lessons.gpu import ladder
 
     r = ladder._rung(rung)
-    if r.name not in CUDA_CORE_RUNGS:
-        raise ValueError(f"rung must be a CUDA-core rung, one of {list(CUDA_CORE_RUNGS)}, got {r.name!r}")
+    if r.name not in names:
+        raise ValueError(f"rung must be a {kind} rung, one of {list(names)}, got {r.name!r}")
     return r
+
+
+def _cuda_core_rung(rung):
+    """:func:`_rung_among` the :data:`CUDA_CORE_RUNGS`."""
+    return _rung_among(rung, CUDA_CORE_RUNGS, "CUDA-core")
 
 
 def _product_spans(r, d: int, arch: str) -> tuple:
@@ -646,29 +655,6 @@ def issue_class(opcode: str) -> str:
     return _CLASS_OF.get(opcode.split(".")[0], "other")
 
 
-def _successors(instructions, labels, i: int) -> set:
-    """Where control may go after ``instructions[i]``: the label of a ``BRA`` / ``JMP`` / ``CALL``, and the next
-    instruction unless ``instructions[i]`` is an unconditional ``BRA `(label)``, ``EXIT`` or ``RET`` (no predicate
-    other than ``@PT``, no predicate operand, no ``.DIV``). ValueError for an indirect branch (``BRX``, ``JMX``):
-    where it goes is not in the text."""
-    x = instructions[i]
-    if x.base in ("BRX", "JMX"):
-        raise ValueError(f"an indirect branch at {x.offset:#x} ({x.text}): its targets are not in the SASS text")
-    out = set()
-    target = _TARGET.search(x.text)
-    if x.base in ("BRA", "JMP", "CALL") and target and target.group(1) in labels:
-        out.add(labels[target.group(1)])
-    unconditional = x.predicate in (None, "@PT")
-    operands = x.text.split(None, 1)[1] if " " in x.text else ""
-    if x.base in ("BRA", "JMP"):
-        ends = unconditional and ".DIV" not in x.opcode and operands.startswith("`")
-    else:
-        ends = x.base in ("EXIT", "RET") and unconditional
-    if not ends and i + 1 < len(instructions):
-        out.add(i + 1)
-    return out
-
-
 def _key_tile_loop(instructions, labels) -> tuple[int, int]:
     """``(head, branch back)`` of the key-tile loop: the shortest loop (a backward edge of the control-flow graph)
     whose span holds every ``HMMA``. Where no loop holds them all but they lie in loops one after another (the lean
@@ -736,14 +722,8 @@ def interior_pass(instructions, labels, first: int, last: int, copies: int, is_c
 
 
 def _tensor_core_rung(rung):
-    """The :class:`lessons.gpu.ladder.Rung` named by ``rung``, which must be one of :data:`TENSOR_CORE_RUNGS`
-    (ValueError otherwise; the errors of ``ladder.rung`` for what is no rung)."""
-    from lessons.gpu import ladder
-
-    r = ladder._rung(rung)
-    if r.name not in TENSOR_CORE_RUNGS:
-        raise ValueError(f"rung must be a tensor-core (mma.sync) rung, one of {list(TENSOR_CORE_RUNGS)}, got {r.name!r}")
-    return r
+    """:func:`_rung_among` the :data:`TENSOR_CORE_RUNGS`."""
+    return _rung_among(rung, TENSOR_CORE_RUNGS, "tensor-core (mma.sync)")
 
 
 def _check_hmma_arch(arch) -> str:
