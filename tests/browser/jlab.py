@@ -220,13 +220,14 @@ class LabServer:
     def saved_notebook(self, name: str, tries: int = 6) -> dict:
         """The notebook as JupyterLab last saved it (nbformat JSON). The server writes a notebook in place
         (a backup aside, then the file itself), so a read that meets a save still under way gets 400
-        "Unreadable Notebook": it is tried again, up to TRIES times a second apart, and the server's own
-        message is in the error if it never reads."""
+        "Unreadable Notebook", or 500 when the server's own attempt to restore the backup races the save
+        (a file it moves is gone): either is tried again, up to TRIES times a second apart, and the server's
+        own message is in the error if it never reads."""
         for attempt in range(tries):
             try:
                 return self.api("GET", f"/api/contents/{self.nb_prefix}{name}?content=1")["content"]
             except urllib.error.HTTPError as err:
-                if err.code != 400 or attempt == tries - 1:
+                if err.code not in (400, 500) or attempt == tries - 1:
                     body = err.read().decode(errors="replace")[:500]
                     raise AssertionError(f"the server would not give {name} back ({err.code}): {body}") from err
                 time.sleep(1.0)
