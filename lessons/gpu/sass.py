@@ -630,7 +630,7 @@ HMMA_FLOPS = 4096
 #: the classes a key tile's instructions are grouped into (ladder figures and tables), each with the base opcodes
 #: it holds; an opcode on none of these lists is in ``"other"`` (:func:`issue_class`)
 ISSUE_CLASSES = (
-    ("tensor", ("HMMA",)),
+    ("tensor", ("HMMA", "HGMMA")),
     ("shared loads", ("LDSM", "LDS")),
     ("copies", ("LDGSTS", "LDG", "STS", "LDGDEPBAR")),
     ("exponentials", ("MUFU",)),
@@ -642,7 +642,7 @@ ISSUE_CLASSES = (
                              "SHR", "POPC", "FLO", "BREV", "P2R", "R2P", "PLOP3", "I2IP", "IDP", "LDC", "VIMNMX")),
     ("control and sync", ("BRA", "BSSY", "BSYNC", "BAR", "DEPBAR", "WARPSYNC", "VOTE", "VOTEU", "SHFL", "NOP",
                           "CALL", "RET", "EXIT", "BMOV", "YIELD", "MEMBAR", "ERRBAR", "CCTL", "MATCH", "REDUX",
-                          "ELECT", "ACQBULK", "B2R")),
+                          "ELECT", "ACQBULK", "B2R", "WARPGROUP", "SYNCS")),
 )
 _CLASS_OF = {op: name for name, ops in ISSUE_CLASSES for op in ops}
 

@@ -19,7 +19,8 @@ from lessons.cost.register_tiles import RegisterTile
 
 from lessons.views.plot import new_figure, tidy
 
-__all__ = ["ownership_figure", "OWNER_COLOURS", "issue_ceiling_figure", "CLASS_COLOURS", "hmma_slots_figure"]
+__all__ = ["ownership_figure", "OWNER_COLOURS", "issue_ceiling_figure", "CLASS_COLOURS", "hmma_slots_figure",
+           "warpgroup_pipes_figure"]
 
 #: other warps, the rest of warp 0, thread 0
 OWNER_COLOURS = ("#eeeeee", "#a6cee3", "#1f4e99")
@@ -243,4 +244,75 @@ def hmma_slots_figure(table):
     handles, labels = ax.get_legend_handles_labels()
     ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False,
               title="class", title_fontsize=8)
+    return fig
+
+
+def warpgroup_pipes_figure(table):
+    """Horizontal bars, per row of ``table`` (rows of :func:`lessons.gpu.warpgroup_pipes.warpgroup_table`, grouped
+    by head dim in the order given): three bars of clocks per consumer warp and key tile, the tensor cores' T, the
+    special function unit's M (exponentials) and the issue slot's I (stacked by instruction class), and, beside
+    them, the most of the tensor peak the rung's order allows ("at most", ``ceiling`` in TFLOP/s and ``share``).
+    Returns a Figure. TypeError for a ``table`` that is not a non-empty list of such rows (rung, d, tensor_clocks,
+    mufu_clocks, issue_clocks, classes, share, ceiling); ValueError for a row whose classes do not sum to its
+    issue clocks."""
+    keys = ("rung", "d", "tensor_clocks", "mufu_clocks", "issue_clocks", "classes", "share", "ceiling")
+    if not isinstance(table, (list, tuple)) or not table or not all(isinstance(r, dict) and all(k in r for k in keys)
+                                                                    for r in table):
+        raise TypeError(f"table must be a non-empty list of rows from lessons.gpu.warpgroup_pipes.warpgroup_table() "
+                        f"(each with {', '.join(keys)})")
+    for row in table:
+        if not isinstance(row["classes"], dict) or sum(row["classes"].values()) != row["issue_clocks"]:
+            raise ValueError(f"table: the classes of {row['rung']} at d={row['d']} must be a dict that sums to its "
+                             f"{row['issue_clocks']} issue clocks, got {row['classes']!r}")
+    ds = list(dict.fromkeys(r["d"] for r in table))
+    order = [r for d in ds for r in table if r["d"] == d]
+    names = [c for c in CLASS_COLOURS if any(r["classes"].get(c) for r in order)]
+    names += [c for r in order for c in r["classes"] if c not in CLASS_COLOURS and c not in names and r["classes"][c]]
+    bar, gap = 0.26, 0.5
+    ys, y = [], 0.0
+    for k, row in enumerate(order):
+        if k and row["d"] != order[k - 1]["d"]:
+            y += 0.5                                   # a gap between head dims
+        ys.append(y)
+        y += 3 * bar + gap
+    longest = max(max(r["tensor_clocks"], r["mufu_clocks"], r["issue_clocks"]) for r in order)
+    height = 2.2 + 1.05 * len(order) + 0.3 * len(ds)
+    fig = new_figure((10.0, height))
+    ax = fig.add_axes([0.2, 1.5 / height, 0.78, 1 - 2.1 / height])
+    seen = set()
+
+    def label(name):
+        if name in seen:
+            return None
+        seen.add(name)
+        return name
+
+    for row, yy in zip(order, ys):
+        ax.barh(yy, row["tensor_clocks"], bar, color="#08306b", edgecolor="white", lw=0.5, hatch="///",
+                label=label("T: tensor cores busy (HGMMA)"))
+        ax.barh(yy + bar, row["mufu_clocks"], bar, color="#a63603", edgecolor="white", lw=0.5, hatch="///",
+                label=label("M: special function unit busy (8 clocks per MUFU)"))
+        left = 0.0
+        for name in names:
+            width = row["classes"].get(name, 0)
+            if width:
+                ax.barh(yy + 2 * bar, width, bar, left=left, color=CLASS_COLOURS.get(name, "#ffffff"),
+                        edgecolor="white", lw=0.3, label=label(f"I, issue slots: {name}"))
+                left += width
+        for k, (what, value) in enumerate((("T", row["tensor_clocks"]), ("M", row["mufu_clocks"]),
+                                           ("I", row["issue_clocks"]))):
+            ax.text(value + longest * 0.01, yy + k * bar, f"{what} = {value:.0f}", va="center", ha="left", fontsize=7.5)
+        ax.text(longest * 1.12, yy + bar, f"at most {row['ceiling'] / 1e12:.0f} TFLOP/s\n({row['share']:.0%} of the "
+                f"peak)", va="center", ha="left", fontsize=8)
+    ax.set_yticks([yy + bar for yy in ys], [f"{r['rung']}, d = {r['d']}" for r in order])
+    ax.set_ylim(y - gap + 0.1, -0.4)
+    ax.set_xlim(0, longest * 1.4)
+    ax.set_xlabel("clocks per consumer warp and interior key tile, on its sub-partition", fontsize=9)
+    ax.set_title("Three pipes of a Hopper rung's consumer warp: tensor cores, exponentials, issue slots\n"
+                 "(the longest bounds the tile; the order of the steps decides how much of the rest overlaps)",
+                 fontsize=10, loc="left")
+    tidy(ax)
+    handles, labels = ax.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.55, 0.1 / height), ncol=3, fontsize=7.5,
+               frameon=False)
     return fig
