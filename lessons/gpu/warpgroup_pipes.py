@@ -207,8 +207,9 @@ def warpgroup_table(rungs=HOPPER_RUNGS, ds=(64, 128), peak_flops: float | None =
     """One dict per (rung, d) of :func:`warpgroup_tile`: rung, d, block_q, block_k, hgmma, instructions, mufu,
     classes (instructions by :data:`lessons.gpu.sass.ISSUE_CLASSES`), tensor_clocks, mufu_clocks, issue_clocks,
     softmax_clocks (clocks per consumer warp and key tile), bound (the pipe past T), order (:data:`ORDERS`),
-    shares (each order's share of the tensor peak), share (the rung's own order's) and ceiling (FLOP/s:
-    ``share x peak_flops``; default the H200's dense 16-bit peak, 989e12). ``rungs``: one rung or a sequence;
+    shares (each order's share of the tensor peak), share (the rung's own order's, its two consumers in step),
+    ceiling (FLOP/s: ``share x peak_flops``; default the H200's dense 16-bit peak, 989e12) and any_order (FLOP/s:
+    ``shares["turns"] x peak_flops``, the bound of every order, consumers in step or not). ``rungs``: one rung or a sequence;
     ``ds``: a sequence of head dims. TypeError for ``rungs`` or ``ds`` of another kind; ValueError for a
     ``peak_flops`` that is not a positive finite number; the errors of :func:`warpgroup_tile` otherwise."""
     peak = check_positive_real(H200.peak_flops["bf16"] if peak_flops is None else peak_flops, "peak_flops",
@@ -222,27 +223,30 @@ def warpgroup_table(rungs=HOPPER_RUNGS, ds=(64, 128), peak_flops: float | None =
                             instructions=t.instructions, mufu=t.mufu, classes=t.classes,
                             tensor_clocks=t.tensor_clocks, mufu_clocks=t.mufu_clocks, issue_clocks=t.issue_clocks,
                             softmax_clocks=t.softmax_clocks, bound=t.bound, order=ORDERS[t.rung], shares=t.shares,
-                            share=t.share, ceiling=t.share * peak))
+                            share=t.share, ceiling=t.share * peak, any_order=t.shares["turns"] * peak))
     return out
 
 
 def warpgroup_markdown(table=None) -> str:
     """A Markdown table of :func:`warpgroup_table` rows (default: the Hopper rungs at d = 64 and 128): per rung and
     head dim the tiles, the three times per consumer warp and key tile (tensor T, MUFU M, issue I, in clocks), the
-    pipe that bounds the softmax, the rung's order and the most of the tensor peak it allows (share and TFLOP/s).
+    pipe that bounds the softmax, the rung's order, the most of the tensor peak it allows with its two consumers in
+    step (share and TFLOP/s) and the most any order allows (TFLOP/s).
     TypeError for a ``table`` that is not a non-empty list of such rows."""
     from lessons.gpu.sass import _check_table
 
     table = warpgroup_table() if table is None else table
     _check_table(table, "warpgroup_table", ("rung", "d", "block_q", "block_k", "tensor_clocks", "mufu_clocks",
-                                            "issue_clocks", "bound", "order", "share", "ceiling"))
+                                            "issue_clocks", "bound", "order", "share", "ceiling", "any_order"))
     lines = ["| rung | d | tiles | T: tensor clocks | M: MUFU clocks | I: instructions | softmax bound by | order: "
-             "time per tile | at most, share of the tensor peak | at most, TFLOP/s |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "time per tile | in this order, at most: share of the tensor peak | TFLOP/s | in any order, at most: "
+             "TFLOP/s |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in table:
         lines.append(f"| {row['rung']} | {row['d']} | {row['block_q']} x {row['block_k']} | "
                      f"{row['tensor_clocks']:.0f} | {row['mufu_clocks']} | {row['issue_clocks']} | {row['bound']} | "
-                     f"{row['order']} | {row['share']:.0%} | {row['ceiling'] / 1e12:.0f} |")
+                     f"{row['order']} | {row['share']:.0%} | {row['ceiling'] / 1e12:.0f} | "
+                     f"{row['any_order'] / 1e12:.0f} |")
     return "\n".join(lines)
 
 
