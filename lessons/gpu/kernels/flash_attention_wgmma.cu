@@ -63,6 +63,7 @@ flash_attention_wgmma(const __grid_constant__ TmaDescriptor tm_q, const __grid_c
     const int wg = me.wg, g = me.g, t = me.t, warp_q0 = me.warp_q0, row_g = me.row_g;
     const float scale_log2 = scale * LOG2E;
     const scalar_t* v_bh = v + (long long)bh * n_k * HEAD_DIM;
+    const gmma_desc_t q_desc = q_descriptor(base, wg);    // this warpgroup's 64 rows of Q, built once
 #ifdef FA_TRACE
     int trace_slot[2];
     find_trace_slots(trace_slot, trace_rows, n_trace_rows, row_g, n_q);
@@ -84,7 +85,7 @@ flash_attention_wgmma(const __grid_constant__ TmaDescriptor tm_q, const __grid_c
         // 3. S = Q K_j^T, and wait for it
         float sacc[S_TILES * 4];
         wgmma_fence();
-        issue_qk(sacc, base, wg, s);
+        issue_qk(sacc, q_desc, k_tile(base, s));
         wgmma_commit();
         wgmma_wait<0>();
         fence_s(sacc);
@@ -125,8 +126,9 @@ flash_attention_wgmma(const __grid_constant__ TmaDescriptor tm_q, const __grid_c
 // ---- a probe of the two products alone, for checking the layouts on a GPU -------------------
 // One block. The producer's thread 0 copies A (64 rows x HEAD_DIM), B (BLOCK_K rows x HEAD_DIM)
 // and V (BLOCK_K rows x HEAD_DIM) by TMA exactly as the kernel copies Q, K and V; consumer
-// warpgroup 1 (threads 128..255) computes S = A B^T with the kernel's descriptors (wgmma_ss),
-// rounds S to 16 bits as the kernel rounds P, and computes O = S16 V (wgmma_rs_tb). It writes
+// warpgroup 1 (threads 128..255) computes S = A B^T with the kernel's own step 3 (issue_qk: its
+// descriptors, wgmma_ss), rounds S to 16 bits as the kernel rounds P, and computes O = S16 V with its
+// step 6 (issue_pv, wgmma_rs_tb). It writes
 // s (64 x BLOCK_K) and o (64 x HEAD_DIM), float32, row-major, through the accumulator layout.
 // If s is right and o wrong, the MN-major (V) descriptor is at fault; if s is wrong, TMA's
 // swizzle or the K-major descriptor.
@@ -160,10 +162,7 @@ wgmma_probe(const __grid_constant__ TmaDescriptor tm_a, const __grid_constant__ 
 #pragma unroll
     for (int i = 0; i < O_TILES * 4; ++i) o[i] = 0.f;
     wgmma_fence();
-#pragma unroll
-    for (int ds = 0; ds < D_STEPS; ++ds)
-        wgmma_ss<BLOCK_K>(sacc, desc_k_major(sadd_bytes(base, (ds / 4) * BLOCK_Q * 128 + (ds % 4) * 32)),
-                          desc_k_major(sadd_bytes(b_s, (ds / 4) * BLOCK_K * 128 + (ds % 4) * 32)), ds > 0);
+    issue_qk(sacc, q_descriptor(base, 0), b_s);
     wgmma_commit();
     wgmma_wait<0>();
 #pragma unroll
@@ -176,11 +175,7 @@ wgmma_probe(const __grid_constant__ TmaDescriptor tm_a, const __grid_constant__ 
 #pragma unroll
     for (int i = 0; i < O_TILES * 4; ++i) fence_operand(o[i]);
     wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < KEY_STEPS; ++ks) {
-        const unsigned p_frag[4] = {p16[2 * ks][0], p16[2 * ks][1], p16[2 * ks + 1][0], p16[2 * ks + 1][1]};
-        wgmma_rs_tb<HEAD_DIM>(o, p_frag, desc_mn_major(sadd_bytes(v_s, ks * 16 * 128), BLOCK_K * 128), 1);
-    }
+    issue_pv(o, p16, v_s);
     wgmma_commit();
     wgmma_wait<0>();
 #pragma unroll

@@ -79,6 +79,7 @@ overlapped_forward(unsigned char* smem_raw, const TmaDescriptor& tm_q, const Tma
     const int wg = me.wg, g = me.g, t = me.t, warp_q0 = me.warp_q0, row_g = me.row_g;
     const float scale_log2 = scale * LOG2E;
     const scalar_t* v_bh = v + (long long)bh * n_k * HEAD_DIM;
+    const gmma_desc_t q_desc = q_descriptor(base, wg);    // this warpgroup's 64 rows of Q, built once
 #ifdef FA_TRACE
     int trace_slot[2];
     find_trace_slots(trace_slot, trace_rows, n_trace_rows, row_g, n_q);
@@ -108,7 +109,7 @@ overlapped_forward(unsigned char* smem_raw, const TmaDescriptor& tm_q, const Tma
         float sacc[S_TILES * 4];
         wait_for_turn<PINGPONG>(wg);
         wgmma_fence();
-        issue_qk(sacc, base, wg, 0);
+        issue_qk(sacc, q_desc, k_tile(base, 0));
         wgmma_commit();
         pass_turn<PINGPONG>(wg, false);
         wgmma_wait<0>();
@@ -131,7 +132,7 @@ overlapped_forward(unsigned char* smem_raw, const TmaDescriptor& tm_q, const Tma
         fence_p(p16);                                // P_{j-1} and O were written by ordinary code
         wait_for_turn<PINGPONG>(wg);
         wgmma_fence();
-        issue_qk(sacc, base, wg, s);
+        issue_qk(sacc, q_desc, k_tile(base, s));
         wgmma_commit();
         issue_pv(o, p16, v_tile(base, prev_s));
         wgmma_commit();

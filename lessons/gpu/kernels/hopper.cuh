@@ -158,6 +158,14 @@ inline gmma_desc_t desc_k_major(saddr_t start) {
 inline gmma_desc_t desc_mn_major(saddr_t start, unsigned panel_bytes) {
     return gmma_desc_t{desc_bits(saddr_bits(start), panel_bytes, 1024u), (uintptr_t)start & ~(uintptr_t)0x3ffff};
 }
+// the descriptor of the operand `bytes` further on (desc_add below, for the GPU): the same add to the start
+// field; a carry out of its 14 bits, which a GPU's shared window never makes, moves the high address bits on
+// (the emulator's shared memory may straddle a multiple of 2^18 in the process's address space)
+inline gmma_desc_t desc_add(gmma_desc_t d, int bytes) {
+    if (bytes < 0 || bytes % 16) throw 1;              // the field counts 16-byte units
+    const unsigned long long start = (d.bits & 0x3fffu) + (unsigned)(bytes >> 4);
+    return gmma_desc_t{(d.bits & ~0x3fffull) | (start & 0x3fffu), d.high + (uintptr_t)((start >> 14) << 18)};
+}
 
 namespace emu {
 inline unsigned wg_a[1024][4];
@@ -391,6 +399,18 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 __device__ __forceinline__ gmma_desc_t desc_k_major(saddr_t start) { return desc_bits(start, 16u, 1024u); }
 __device__ __forceinline__ gmma_desc_t desc_mn_major(saddr_t start, unsigned panel_bytes) {
     return desc_bits(start, panel_bytes, 1024u);
+}
+// The descriptor of the operand `bytes` further on (a multiple of 16): `bytes >> 4` added to the low word,
+// whose bits [0, 14) hold the start address as (address & 0x3FFFF) >> 4 (PTX ISA, "Matrix Descriptor
+// Format"). Legal while the add does not carry out of those 14 bits, and it cannot: a shared-window address
+// is below 2^18 (228 KiB of shared memory at most), so an address inside the block's shared memory plus an
+// offset that stays inside it is too. So a kernel builds an operand's descriptor once (desc_k_major /
+// desc_mn_major: the masks, the shift and the LBO / SBO / swizzle bits) and steps it by one add per product,
+// as CUTLASS's GmmaDescriptor + offset does; with a constant offset and a descriptor the compiler can keep,
+// that add is all a step costs. The high word (SBO, swizzle) is not touched.
+__device__ __forceinline__ gmma_desc_t desc_add(gmma_desc_t d, int bytes) {
+    const unsigned lo = (unsigned)d + ((unsigned)bytes >> 4), hi = (unsigned)(d >> 32);
+    return ((unsigned long long)hi << 32) | lo;
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }

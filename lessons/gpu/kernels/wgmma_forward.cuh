@@ -195,14 +195,20 @@ __device__ __forceinline__ ConsumerThread consumer_thread(const HopperBlock& b) 
 
 // ---- the consumers' steps (numbered as in flash_attention_mma_fa2.cu) --------------------------
 
-// 3. issue S = Q K^T for stage s: D_STEPS products of 64 x BLOCK_K x 16; A = warpgroup wg's 64 rows
+// 3. issue S = Q K^T for the K tile at k_s: D_STEPS products of 64 x BLOCK_K x 16; A = warpgroup wg's 64 rows
 //    of Q, B = the K tile, both K-major in shared memory; a 16-wide step is 32 bytes into a 64-column
-//    panel. Asynchronous: the caller commits, and waits before it reads sacc.
-__device__ __forceinline__ void issue_qk(float* sacc, saddr_t base, int wg, int s) {
+//    panel. The descriptors are built once (q_desc: once per kernel, q_descriptor; the K tile's: once per
+//    tile) and stepped by desc_add (hopper.cuh), constant offsets. Asynchronous: the caller commits, and
+//    waits before it reads sacc.
+__device__ __forceinline__ gmma_desc_t q_descriptor(saddr_t base, int wg) {
+    return desc_k_major(sadd_bytes(base, wg * 64 * 128));
+}
+__device__ __forceinline__ void issue_qk(float* sacc, gmma_desc_t q_desc, saddr_t k_s) {
+    const gmma_desc_t k_desc = desc_k_major(k_s);
 #pragma unroll
     for (int ds = 0; ds < D_STEPS; ++ds) {
-        const gmma_desc_t a = desc_k_major(sadd_bytes(base, (ds / 4) * BLOCK_Q * 128 + wg * 64 * 128 + (ds % 4) * 32));
-        const gmma_desc_t b = desc_k_major(sadd_bytes(k_tile(base, s), (ds / 4) * BLOCK_K * 128 + (ds % 4) * 32));
+        const gmma_desc_t a = desc_add(q_desc, (ds / 4) * BLOCK_Q * 128 + (ds % 4) * 32);
+        const gmma_desc_t b = desc_add(k_desc, (ds / 4) * BLOCK_K * 128 + (ds % 4) * 32);
         wgmma_ss<BLOCK_K>(sacc, a, b, ds > 0);
     }
 }
@@ -286,13 +292,15 @@ __device__ __forceinline__ void zero_bits(const unsigned (*p16)[2], unsigned* p_
 
 // 6. issue o += P V for the V tile at v_s: KEY_STEPS products of 64 x HEAD_DIM x 16. A = P from
 //    registers (the S accumulator of 16 keys is the A fragment of one step), B = 16 rows of V, MN-major:
-//    16 rows are 2048 bytes on; a second 64-column panel is one panel (BLOCK_K rows) on. Asynchronous:
-//    until the wait that covers it, neither o nor p16 may be touched.
+//    16 rows are 2048 bytes on (one desc_add from the tile's descriptor); a second 64-column panel is one
+//    panel (BLOCK_K rows) on, the LBO. Asynchronous: until the wait that covers it, neither o nor p16 may
+//    be touched.
 __device__ __forceinline__ void issue_pv(float* o, const unsigned (*p16)[2], saddr_t v_s) {
+    const gmma_desc_t v_desc = desc_mn_major(v_s, BLOCK_K * 128);
 #pragma unroll
     for (int ks = 0; ks < KEY_STEPS; ++ks) {
         const unsigned p_frag[4] = {p16[2 * ks][0], p16[2 * ks][1], p16[2 * ks + 1][0], p16[2 * ks + 1][1]};
-        wgmma_rs_tb<HEAD_DIM>(o, p_frag, desc_mn_major(sadd_bytes(v_s, ks * 16 * 128), BLOCK_K * 128), 1);
+        wgmma_rs_tb<HEAD_DIM>(o, p_frag, desc_add(v_desc, ks * 16 * 128), 1);
     }
 }
 
