@@ -214,28 +214,44 @@ __device__ __forceinline__ void issue_qk(float* sacc, gmma_desc_t q_desc, saddr_
 }
 
 // 4-5. The online-softmax step of one tile for this thread's two rows, in base 2. Scales S into log2
-//    units and masks it (only in a tile that reaches past n_k or past the warp's first row's causal
+//    units and masks it (MASK: a tile that reaches past n_k or past the warp's first row's causal
 //    diagonal); then m2 moves to the new max, alpha[h] = 2^(m_old - m_new), and sacc is overwritten
 //    with P = 2^(S - m_new) (float32; a masked key gets 0); row_sum[h] is this thread's part of the
 //    rows' sum of P (the caller folds it into l). Touches neither o nor the 16-bit P (pack_p does that).
-__device__ __forceinline__ void softmax_step(float* sacc, float* m2, float* alpha, float* row_sum,
-                                             int k_start, int warp_q0, int row_g, int t, int n_q, int n_k,
-                                             int causal, float scale_log2) {
-    const bool needs_mask = k_start + BLOCK_K > n_k || (causal && k_start + BLOCK_K - 1 > warp_q0 + n_k - n_q);
-    float tile_max[2] = {NEG_INF, NEG_INF};
+__device__ __forceinline__ bool tile_needs_mask(int k_start, int warp_q0, int n_q, int n_k, int causal) {
+    return k_start + BLOCK_K > n_k || (causal && k_start + BLOCK_K - 1 > warp_q0 + n_k - n_q);
+}
+// S in log2 units, masked (MASK) where a key lies past n_k or past the row's causal diagonal; and the max
+// of each of the thread's two rows over its scores
+template <bool MASK>
+__device__ __forceinline__ void scale_and_mask(float* sacc, float* tile_max, int k_start, int row_g, int t, int n_q,
+                                               int n_k, int causal, float scale_log2) {
+    tile_max[0] = tile_max[1] = NEG_INF;
 #pragma unroll
     for (int n = 0; n < S_TILES; ++n)
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int h = i / 2;
             float x = sacc[4 * n + i] * scale_log2;
-            if (needs_mask) {
+            if (MASK) {
                 const int key = k_start + n * 8 + 2 * t + i % 2;
                 if (key >= n_k || (causal && key > (row_g + 8 * h) + n_k - n_q)) x = NEG_INF;
             }
             sacc[4 * n + i] = x;
             tile_max[h] = fmaxf(tile_max[h], x);
         }
+}
+// Two copies of the scale-and-mask, picked per tile (the test is the same for the warp's 32 threads): most
+// tiles need no mask, and their copy has no mask code at all (in one copy with a run-time test ptxas
+// predicates the mask instead: an integer compare and a select per score in every tile).
+__device__ __forceinline__ void softmax_step(float* sacc, float* m2, float* alpha, float* row_sum,
+                                             int k_start, int warp_q0, int row_g, int t, int n_q, int n_k,
+                                             int causal, float scale_log2) {
+    float tile_max[2];
+    if (tile_needs_mask(k_start, warp_q0, n_q, n_k, causal))
+        scale_and_mask<true>(sacc, tile_max, k_start, row_g, t, n_q, n_k, causal, scale_log2);
+    else
+        scale_and_mask<false>(sacc, tile_max, k_start, row_g, t, n_q, n_k, causal, scale_log2);
     float m_safe[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {                // a row's 4 lanes form a quad
