@@ -165,12 +165,20 @@ __device__ __forceinline__ HopperBlock hopper_block(unsigned char* smem_raw, int
     return b;
 }
 
+// The thread's warpgroup (0: the producer, 1 and 2: the consumers), read from lane 0 of its warp: the same
+// number, but one the compiler can tell is the same for the whole warp. So the branch between producer and
+// consumers is not divergent, and what a consumer computes from warp-uniform values (the Q, K and V
+// descriptors, the stage) can stay in the uniform registers wgmma reads its descriptors from, instead of
+// being computed per thread and moved there (R2UR) for every product. (CUTLASS's canonical_warp_group_idx
+// does the same.)
+__device__ __forceinline__ int warpgroup_index() { return __shfl_sync(0xffffffffu, (int)threadIdx.x / 128, 0); }
+
 // The producer warpgroup's jobs: thread 0 copies, warp 1 checks V, the other 64 threads have none.
 // True for every thread of the producer warpgroup (the caller then returns), false for a consumer.
 __device__ __forceinline__ bool produce(const HopperBlock& b, const TmaDescriptor* tm_q, const TmaDescriptor* tm_k,
                                         const TmaDescriptor* tm_v) {
     const int tid = threadIdx.x;
-    if (tid >= 128) return false;
+    if (warpgroup_index() != 0) return false;
     if (tid == 0) copy_tiles(tm_q, tm_k, tm_v, b.base, b.q_start, b.bh, b.n_tiles);
     else if (tid >= 32 && tid < 64) check_v_tiles(b.base, b.smem, b.v_flags, tid - 32, b.n_tiles);
     return true;
@@ -185,7 +193,7 @@ __device__ __forceinline__ ConsumerThread consumer_thread(const HopperBlock& b) 
     const int ctid = threadIdx.x - 128;            // 0 .. 255
     const int lane = threadIdx.x % 32;
     ConsumerThread c;
-    c.wg = ctid / 128;
+    c.wg = warpgroup_index() - 1;
     c.g = lane / 4;
     c.t = lane % 4;
     c.warp_q0 = b.q_start + c.wg * 64 + ((ctid % 128) / 32) * 16;
