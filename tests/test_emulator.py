@@ -172,6 +172,22 @@ __global__ void deferred(float* out) {
     out[2 * threadIdx.x + 1] = d[0];                     // 7 + 16 ones
 }
 
+// desc_add: the operand its descriptor points at is the one desc_k_major / desc_mn_major build for the address
+// `bytes` on, also where that crosses a multiple of 2^18 (a carry out of the 14-bit start field). 1: the same,
+// 0: not, -1: desc_add refused the step (not a multiple of 16 bytes)
+extern "C" int check_desc_add(unsigned long long address, int bytes) {
+    const saddr_t a = (saddr_t)(uintptr_t)address, b = sadd_bytes(a, bytes);
+    try {
+        const emu::Operand k = emu::decode(desc_add(desc_k_major(a), bytes)), k_want = emu::decode(desc_k_major(b));
+        const emu::Operand m = emu::decode(desc_add(desc_mn_major(a, 8192), bytes));
+        const emu::Operand m_want = emu::decode(desc_mn_major(b, 8192));
+        return k.start == k_want.start && k.lbo == k_want.lbo && k.sbo == k_want.sbo && m.start == m_want.start &&
+               m.lbo == m_want.lbo && m.sbo == m_want.sbo;
+    } catch (int) {
+        return -1;
+    }
+}
+
 extern "C" int run_deferred(float* out) {
     return emulate_launch(deferred, dim3{1, 1, 1}, dim3{128, 1, 1}, out);
 }
@@ -205,6 +221,21 @@ def test_an_mbarrier_wait_that_can_never_end_fails_the_launch(hopper_lib):
     assert hopper_lib.run_handoff(64, _ptr(out), 3, 0) == 1      # no producer: the consumers would spin forever
     assert hopper_lib.run_handoff(64, _ptr(out), 3, 1) == 0      # and the next launch runs normally
     assert (out[32:] == 6).all()
+
+
+@pytest.mark.parametrize("address, step", [
+    pytest.param(0x7F0000100000, 32, id="a-16-wide-k-step"),
+    pytest.param(0x7F0000104000, 16 * 128 * 3, id="the-fourth-16-row-step-of-V"),
+    pytest.param(0x7F000013FFE0, 32, id="the-start-field-carries-across-5x2^18"),
+    pytest.param(0x7F000013C000, 0x4000 + 96, id="a-second-panel-across-the-same-boundary"),
+    pytest.param(0x7F0000100400, 0, id="no-step"),
+])
+def test_desc_add_points_where_building_the_descriptor_again_would(hopper_lib, address, step):
+    assert hopper_lib.check_desc_add(ctypes.c_ulonglong(address), step) == 1
+
+
+def test_desc_add_refuses_a_step_that_is_not_whole_16_byte_units(hopper_lib):
+    assert hopper_lib.check_desc_add(ctypes.c_ulonglong(0x7F0000100000), 8) == -1
 
 
 def test_a_wgmma_result_reaches_the_registers_only_at_its_wait(hopper_lib):
