@@ -180,7 +180,7 @@ def test_the_pipes_figure_draws_the_three_times():
     assert all(row["issue_clocks"] in ends for row in table)
     texts = " ".join(t.get_text() for t in ax.texts)
     for row in table:
-        assert f"at most {row['ceiling'] / 1e12:.0f} TFLOP/s" in texts
+        assert f"at most\n{row['ceiling'] / 1e12:.0f} TFLOP/s ({row['share']:.0%} of the peak)" in texts
     bad = [dict(table[0], classes={"other float": 1})]
     with pytest.raises(ValueError, match="must be a dict that sums"):
         warpgroup_pipes_figure(bad)

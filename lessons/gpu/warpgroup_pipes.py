@@ -143,7 +143,8 @@ class WarpgroupTile:
 
     @property
     def bound(self) -> str:
-        """The pipe that sets S and, past T, the tile: ``"issue"`` or ``"MUFU"`` (``"tensor"`` when T >= S)."""
+        """The longest of the three pipes: ``"tensor"`` when T >= S (the softmax can hide beside the products), else
+        the one that sets S, ``"MUFU"`` or ``"issue"``."""
         if self.tensor_clocks >= self.softmax_clocks:
             return "tensor"
         return "MUFU" if self.mufu_clocks > self.issue_clocks else "issue"
@@ -206,7 +207,7 @@ def warpgroup_tile(rung, d: int = 64) -> WarpgroupTile:
 def warpgroup_table(rungs=HOPPER_RUNGS, ds=(64, 128), peak_flops: float | None = None) -> list[dict]:
     """One dict per (rung, d) of :func:`warpgroup_tile`: rung, d, block_q, block_k, hgmma, instructions, mufu,
     classes (instructions by :data:`lessons.gpu.sass.ISSUE_CLASSES`), tensor_clocks, mufu_clocks, issue_clocks,
-    softmax_clocks (clocks per consumer warp and key tile), bound (the pipe past T), order (:data:`ORDERS`),
+    softmax_clocks (clocks per consumer warp and key tile), bound (the longest pipe), order (:data:`ORDERS`),
     shares (each order's share of the tensor peak), share (the rung's own order's, its two consumers in step),
     ceiling (FLOP/s: ``share x peak_flops``; default the H200's dense 16-bit peak, 989e12) and any_order (FLOP/s:
     ``shares["turns"] x peak_flops``, the bound of every order, consumers in step or not). ``rungs``: one rung or a sequence;
@@ -230,7 +231,7 @@ def warpgroup_table(rungs=HOPPER_RUNGS, ds=(64, 128), peak_flops: float | None =
 def warpgroup_markdown(table=None) -> str:
     """A Markdown table of :func:`warpgroup_table` rows (default: the Hopper rungs at d = 64 and 128): per rung and
     head dim the tiles, the three times per consumer warp and key tile (tensor T, MUFU M, issue I, in clocks), the
-    pipe that bounds the softmax, the rung's order, the most of the tensor peak it allows with its two consumers in
+    longest of them, the rung's order, the most of the tensor peak it allows with its two consumers in
     step (share and TFLOP/s) and the most any order allows (TFLOP/s).
     TypeError for a ``table`` that is not a non-empty list of such rows."""
     from lessons.gpu.sass import _check_table
@@ -238,7 +239,7 @@ def warpgroup_markdown(table=None) -> str:
     table = warpgroup_table() if table is None else table
     _check_table(table, "warpgroup_table", ("rung", "d", "block_q", "block_k", "tensor_clocks", "mufu_clocks",
                                             "issue_clocks", "bound", "order", "share", "ceiling", "any_order"))
-    lines = ["| rung | d | tiles | T: tensor clocks | M: MUFU clocks | I: instructions | softmax bound by | order: "
+    lines = ["| rung | d | tiles | T: tensor clocks | M: MUFU clocks | I: instructions | longest pipe | order: "
              "time per tile | in this order, at most: share of the tensor peak | TFLOP/s | in any order, at most: "
              "TFLOP/s |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]

@@ -302,8 +302,8 @@ def warpgroup_pipes_figure(table):
         for k, (what, value) in enumerate((("T", row["tensor_clocks"]), ("M", row["mufu_clocks"]),
                                            ("I", row["issue_clocks"]))):
             ax.text(value + longest * 0.01, yy + k * bar, f"{what} = {value:.0f}", va="center", ha="left", fontsize=7.5)
-        ax.text(longest * 1.12, yy + bar, f"at most {row['ceiling'] / 1e12:.0f} TFLOP/s\n({row['share']:.0%} of the "
-                f"peak) in its order", va="center", ha="left", fontsize=8)
+        ax.text(longest * 1.1, yy + bar, f"in its order at most\n{row['ceiling'] / 1e12:.0f} TFLOP/s "
+                f"({row['share']:.0%} of the peak)", va="center", ha="left", fontsize=8)
     ax.set_yticks([yy + bar for yy in ys], [f"{r['rung']}, d = {r['d']}" for r in order])
     ax.set_ylim(y - gap + 0.1, -0.4)
     ax.set_xlim(0, longest * 1.4)
