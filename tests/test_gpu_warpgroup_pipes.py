@@ -186,3 +186,22 @@ def test_the_pipes_figure_draws_the_three_times():
         warpgroup_pipes_figure(bad)
     with pytest.raises(TypeError, match="table must be a non-empty list"):
         warpgroup_pipes_figure([])
+
+
+@needs_tools
+def test_the_quiz_quotes_the_ping_pong_rungs_pipes():
+    from lessons.course.quiz import QUIZZES
+    from lessons.gpu.compile import nvrtc_version
+
+    if nvrtc_version()[:2] != (12, 9):
+        pytest.skip("the quiz quotes NVRTC 12.9's SASS")
+    question = next(q for q in QUIZZES["06_kernel_ladder"] if "ping-pong Hopper rung at d = 64" in q.question)
+    tile = wp.warpgroup_tile("wgmma_pingpong", 64)
+    t, m, i = int(tile.tensor_clocks), tile.mufu_clocks, tile.issue_clocks
+    assert (f"busy {t} clocks, its {tile.mufu} MUFU hold the special function unit {m} clocks, and it issues {i} "
+            "instructions") in question.question.replace("the \ntensor", "the tensor")
+    assert tile.bound == "MUFU" and m == max(t, m, i)
+    right = question.choices[question.answer]
+    assert f"{t} / {m} = {tile.shares['turns']:.0%}" in right
+    assert f"max({t}, {m}, {i}) = {m} clocks" in question.explanation
+    assert f"{t} + {m} + {i} clocks" in question.choices[3] and t / (t + m + i) < 1 / 3

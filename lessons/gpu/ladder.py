@@ -217,7 +217,9 @@ RUNGS = (
          "engine) into 2 stages handed over by mbarriers; two consumer warpgroups of 64 rows multiply with "
          "wgmma (64 x N x 16 per instruction, K and V read from shared memory through descriptors, P from "
          "registers), so the consumers spend no instructions on copies, cp.async or ldmatrix; the producer's "
-         "warp checks each V tile for inf/NaN, so the two consumers never wait for each other",
+         "warp checks each V tile for inf/NaN, so the two consumers never wait for each other; each operand's "
+         "descriptor is built once per tile and stepped by one add per product, and a tile that needs no mask "
+         "runs a copy of the scale step with no mask code",
          "compile report (NVRTC 12.9, sm_90a, no spills): 124 registers at d = 64, 124 at d = 128, x 384 "
          "threads, 83 008 / 99 392 bytes of dynamic shared memory: 1 block (12 warps) per SM; per 16-key step "
          "of P V one wgmma of the warpgroup replaces 8-16 mma.sync and 4-8 ldmatrix.x4 per warp; 128-key "

@@ -39,14 +39,13 @@ from dataclasses import dataclass
 
 from lessons.core.checks import check_int, check_positive_real
 from lessons.cost.traffic import H200
+from lessons.gpu.ladder import HOPPER_RUNGS
 from lessons.gpu.sass import ISSUE_CLASSES, _rung_among, _rungs_and_ds, _successors, disassemble, interior_pass, \
     issue_class, parse_sass
 
 __all__ = ["HOPPER_RUNGS", "SM_TENSOR_FLOPS_PER_CLOCK", "MUFU_CLOCKS", "SUB_PARTITIONS", "ORDERS", "WarpgroupTile",
            "hgmma_flops", "warpgroup_tile", "warpgroup_table", "warpgroup_markdown", "overlap_times"]
 
-#: the Hopper rungs, in ladder order (:data:`lessons.gpu.ladder.HOPPER_RUNGS`)
-HOPPER_RUNGS = ("wgmma", "wgmma_overlap", "wgmma_pingpong")
 
 #: dense 16-bit tensor FLOPs per clock of one sm_90 SM: 989 TFLOP/s over 132 SMs at 1.83 GHz (H100 white paper)
 SM_TENSOR_FLOPS_PER_CLOCK = 4096
