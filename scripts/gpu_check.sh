@@ -105,11 +105,12 @@ rest() {  # seconds left before the deadline (0 once it has passed)
     local r=$(( DEADLINE - ($(date +%s) - START) ))
     echo $(( r > 0 ? r : 0 ))
 }
-left() {  # left WANT: a step's time limit, WANT seconds or what is left when that is less (at least 1:
-          # "timeout 0" would mean no limit at all)
-    local r
+left() {  # left WANT: a step's time limit, WANT seconds (three times that on the dry run, whose compiles and
+          # emulated launches share a few CPU cores with whatever else runs) or what is left when that is less
+          # (at least 1: "timeout 0" would mean no limit at all)
+    local r want=$(( DRY == 1 ? 3 * $1 : $1 ))
     r="$(rest)"
-    r=$(( $1 < r ? $1 : r ))
+    r=$(( want < r ? want : r ))
     echo $(( r > 0 ? r : 1 ))
 }
 STEP_GROUPS="compile smoke forward backward decode sweeps pytest sanitizer ncu ring"
