@@ -205,3 +205,50 @@ def test_the_quiz_quotes_the_ping_pong_rungs_pipes():
     assert f"{t} / {m} = {tile.shares['turns']:.0%}" in right
     assert f"max({t}, {m}, {i}) = {m} clocks" in question.explanation
     assert f"{t} + {m} + {i} clocks" in question.choices[3] and t / (t + m + i) < 1 / 3
+
+
+# a row as warpgroup_table makes it (the ping-pong rung at d = 64), written out so the checks need no SASS
+ROW = dict(rung="wgmma_pingpong", d=64, block_q=128, block_k=128, hgmma=12, instructions=520, mufu=66,
+           classes={"tensor": 12, "exponentials": 66, "other float": 342, "integer and address": 75,
+                    "control and sync": 25},
+           tensor_clocks=512.0, mufu_clocks=528, issue_clocks=520, softmax_clocks=528, bound="MUFU",
+           order=wp.ORDERS["wgmma_pingpong"], shares=dict(plain=0.49, overlap=0.49, turns=0.97), share=0.97,
+           ceiling=0.97 * 989e12, any_order=0.97 * 989e12)
+
+
+@pytest.mark.parametrize("key, value, error", [
+    ("share", None, TypeError), ("ceiling", "x", TypeError), ("any_order", True, TypeError),
+    ("tensor_clocks", float("nan"), ValueError), ("mufu_clocks", -8, ValueError), ("issue_clocks", float("inf"), ValueError),
+    ("tensor_clocks", 0, ValueError), ("d", "64", TypeError), ("rung", None, TypeError), ("bound", 3, TypeError),
+])
+def test_the_markdown_and_the_figure_refuse_a_bad_value_by_name(key, value, error):
+    from lessons.views.register_tiles import warpgroup_pipes_figure
+
+    assert wp.warpgroup_markdown([ROW]).count("\n") == 2 and warpgroup_pipes_figure([ROW]) is not None
+    for call in (wp.warpgroup_markdown, warpgroup_pipes_figure):
+        if key in ("bound", "any_order") and call is warpgroup_pipes_figure:
+            continue                                     # the figure does not read them
+        with pytest.raises(error, match=rf"table\[0\]\['{key}'\]"):
+            call([dict(ROW, **{key: value})])
+
+
+@pytest.mark.parametrize("count, error", [("a", TypeError), (-12, ValueError), (float("nan"), ValueError)])
+def test_the_figure_refuses_bad_class_counts_by_name(count, error):
+    from lessons.views.register_tiles import warpgroup_pipes_figure
+
+    classes = dict(ROW["classes"], tensor=count)
+    with pytest.raises(error, match=r"table\[0\]\['classes'\]\['tensor'\]"):
+        warpgroup_pipes_figure([dict(ROW, classes=classes)])
+
+
+def test_a_warpgroup_tile_by_hand_is_checked():
+    tile = wp.WarpgroupTile("wgmma_pingpong", 64, 128, 128, 2, 12, 2 * 2 * 64 * 128 * 64, 520, {"MUFU": 66})
+    assert tile.share == pytest.approx(512 / 528) and tile.bound == "MUFU"
+    with pytest.raises(ValueError, match="rung must be one of"):
+        wp.WarpgroupTile("mma_fa2", 64, 128, 128, 2, 12, 2097152, 520, {"MUFU": 66})
+    with pytest.raises(ValueError, match="flops must be at least 1"):
+        wp.WarpgroupTile("wgmma", 64, 128, 128, 2, 0, 0, 0, {})
+    with pytest.raises(TypeError, match="instructions must be an int"):
+        wp.WarpgroupTile("wgmma", 64, 128, 128, 2, 12, 2097152, 520.0, {})
+    with pytest.raises(TypeError, match="counts must be a dict"):
+        wp.WarpgroupTile("wgmma", 64, 128, 128, 2, 12, 2097152, 520, [("MUFU", 66)])

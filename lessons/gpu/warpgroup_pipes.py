@@ -33,6 +33,8 @@ first and last tiles and the epilogue all come on top. The counts are what the i
 """
 from __future__ import annotations
 
+import math
+import numbers
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -98,6 +100,16 @@ class WarpgroupTile:
     flops: int
     instructions: int
     counts: dict
+
+    def __post_init__(self):
+        if self.rung not in ORDERS:
+            raise ValueError(f"rung must be one of {list(ORDERS)} (the Hopper rungs), got {self.rung!r}")
+        for name in ("d", "block_q", "block_k", "consumers", "flops"):
+            check_int(getattr(self, name), name, min=1)
+        for name in ("hgmma", "instructions"):
+            check_int(getattr(self, name), name, min=0)
+        if not isinstance(self.counts, dict):
+            raise TypeError(f"counts must be a dict of base opcode -> count, got {type(self.counts).__name__}")
 
     @property
     def exps(self) -> int:
@@ -227,17 +239,53 @@ def warpgroup_table(rungs=HOPPER_RUNGS, ds=(64, 128), peak_flops: float | None =
     return out
 
 
+def _check_rows(table, keys: tuple) -> None:
+    """The rows of :func:`warpgroup_table` that :func:`warpgroup_markdown` or
+    :func:`lessons.views.register_tiles.warpgroup_pipes_figure` reads, checked: TypeError naming ``table`` unless
+    it is a non-empty list of dicts that each hold ``keys``; then each value under ``keys`` named as
+    ``table[i]['key']``: ``rung``, ``bound`` and ``order`` a str, ``d``, ``block_q`` and ``block_k`` an int >= 1,
+    ``classes`` a dict of counts, every other a real number (TypeError otherwise, bools too) that is finite and
+    not negative, ``tensor_clocks`` above 0 (ValueError otherwise)."""
+    from lessons.gpu.sass import _check_table
+
+    _check_table(table, "warpgroup_table", keys)
+    for n, row in enumerate(table):
+        for key in keys:
+            name, value = f"table[{n}][{key!r}]", row[key]
+            if key in ("rung", "bound", "order"):
+                if not isinstance(value, str):
+                    raise TypeError(f"{name} must be a str, got {type(value).__name__} {value!r}")
+            elif key in ("d", "block_q", "block_k"):
+                check_int(value, name, min=1)
+            elif key == "classes":
+                if not isinstance(value, dict):
+                    raise TypeError(f"{name} must be a dict of instruction class -> count, got "
+                                    f"{type(value).__name__} {value!r}")
+                for cls, count in value.items():
+                    _check_count(count, f"{name}[{cls!r}]")
+            else:
+                _check_count(value, name, positive=key == "tensor_clocks")
+
+
+def _check_count(value, name: str, positive: bool = False) -> None:
+    """TypeError naming ``name`` unless ``value`` is a real number (not a bool); ValueError unless it is finite and
+    at least 0 (above 0 with ``positive``)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise ValueError(f"{name} must be a finite number {'above' if positive else 'of at least'} 0, got {value!r}")
+
+
 def warpgroup_markdown(table=None) -> str:
     """A Markdown table of :func:`warpgroup_table` rows (default: the Hopper rungs at d = 64 and 128): per rung and
     head dim the tiles, the three times per consumer warp and key tile (tensor T, MUFU M, issue I, in clocks), the
     longest of them, the rung's order, the most of the tensor peak it allows with its two consumers in
     step (share and TFLOP/s) and the most any order allows (TFLOP/s).
-    TypeError for a ``table`` that is not a non-empty list of such rows."""
-    from lessons.gpu.sass import _check_table
-
+    TypeError for a ``table`` that is not a non-empty list of such rows; TypeError or ValueError naming
+    ``table[i]['key']`` for a value of the wrong kind, a negative one or one that is not finite."""
     table = warpgroup_table() if table is None else table
-    _check_table(table, "warpgroup_table", ("rung", "d", "block_q", "block_k", "tensor_clocks", "mufu_clocks",
-                                            "issue_clocks", "bound", "order", "share", "ceiling", "any_order"))
+    _check_rows(table, ("rung", "d", "block_q", "block_k", "tensor_clocks", "mufu_clocks", "issue_clocks", "bound",
+                        "order", "share", "ceiling", "any_order"))
     lines = ["| rung | d | tiles | T: tensor clocks | M: MUFU clocks | I: instructions | longest pipe | order: "
              "time per tile | in this order, at most: share of the tensor peak | TFLOP/s | in any order, at most: "
              "TFLOP/s |",

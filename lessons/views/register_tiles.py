@@ -254,14 +254,13 @@ def warpgroup_pipes_figure(table):
     them, the most of the tensor peak the rung's order allows ("at most", ``ceiling`` in TFLOP/s and ``share``).
     Returns a Figure. TypeError for a ``table`` that is not a non-empty list of such rows (rung, d, tensor_clocks,
     mufu_clocks, issue_clocks, classes, share, ceiling); ValueError for a row whose classes do not sum to its
-    issue clocks."""
-    keys = ("rung", "d", "tensor_clocks", "mufu_clocks", "issue_clocks", "classes", "share", "ceiling")
-    if not isinstance(table, (list, tuple)) or not table or not all(isinstance(r, dict) and all(k in r for k in keys)
-                                                                    for r in table):
-        raise TypeError(f"table must be a non-empty list of rows from lessons.gpu.warpgroup_pipes.warpgroup_table() "
-                        f"(each with {', '.join(keys)})")
+    issue clocks; TypeError or ValueError naming ``table[i]['key']`` for a value of the wrong kind, a negative one
+    or one that is not finite."""
+    from lessons.gpu.warpgroup_pipes import _check_rows
+
+    _check_rows(table, ("rung", "d", "tensor_clocks", "mufu_clocks", "issue_clocks", "classes", "share", "ceiling"))
     for row in table:
-        if not isinstance(row["classes"], dict) or sum(row["classes"].values()) != row["issue_clocks"]:
+        if sum(row["classes"].values()) != row["issue_clocks"]:
             raise ValueError(f"table: the classes of {row['rung']} at d={row['d']} must be a dict that sums to its "
                              f"{row['issue_clocks']} issue clocks, got {row['classes']!r}")
     ds = list(dict.fromkeys(r["d"] for r in table))
