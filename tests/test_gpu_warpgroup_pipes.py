@@ -34,6 +34,9 @@ def test_hgmma_flops_are_read_from_the_shape():
     assert wp.hgmma_flops("HGMMA.64x64x16.F32.BF16") == 131072
     with pytest.raises(ValueError, match="opcode must be an HGMMA"):
         wp.hgmma_flops("HMMA.16816.F32")
+    for empty in ("HGMMA.0x128x16.F32", "HGMMA.64x0x16.F32", "HGMMA.64x128x00.F32"):
+        with pytest.raises(ValueError, match="opcode must be an HGMMA"):
+            wp.hgmma_flops(empty)
     with pytest.raises(TypeError, match="opcode must be a str"):
         wp.hgmma_flops(64)
 

@@ -63,7 +63,7 @@ MUFU_CLOCKS = 8
 ORDERS = {"wgmma": "plain: T + S", "wgmma_overlap": "softmax overlapped with P V: T/2 + max(S, T/2)",
           "wgmma_pingpong": "consumers taking turns: max(T, S)"}
 
-_HGMMA = re.compile(r"^HGMMA\.(\d+)x(\d+)x(\d+)\.")
+_HGMMA = re.compile(r"^HGMMA\.([1-9]\d*)x([1-9]\d*)x([1-9]\d*)\.")
 
 
 def hgmma_flops(opcode: str) -> int:
