@@ -45,7 +45,7 @@ __all__ = ["NVDISASM_HINT", "CUDA_CORE_RUNGS", "find_nvdisasm", "nvdisasm_availa
            "Instruction", "Loop", "parse_sass", "inner_loops", "fma_loops", "product_loops", "tile_share",
            "fma_loop_table", "fma_loop_markdown", "RUNG_OPCODES", "rung_opcodes", "every_pass", "KeyTile", "key_tile",
            "MIX_METRICS", "parse_ncu_metrics", "measured_mix", "launch_at_least",
-           "TENSOR_CORE_RUNGS", "HMMA_CLOCKS", "HMMA_FLOPS", "ISSUE_CLASSES", "issue_class", "interior_pass",
+           "TENSOR_CORE_RUNGS", "HMMA_CLOCKS", "HMMA_FLOPS", "ISSUE_CLASSES", "issue_class", "classes_of", "interior_pass",
            "TensorTile", "tensor_tile", "tensor_tile_table", "tensor_tile_markdown"]
 
 #: how to get nvdisasm, for the errors that need it
@@ -655,6 +655,16 @@ def issue_class(opcode: str) -> str:
     return _CLASS_OF.get(opcode.split(".")[0], "other")
 
 
+def classes_of(counts: dict) -> dict:
+    """Instruction counts by base opcode (``{"HMMA": 128, ...}``) summed per class of :data:`ISSUE_CLASSES`, every
+    class present (0 where none), ``"other"`` last. The errors of :func:`issue_class` for a key that is not a
+    str."""
+    out = {name: 0 for name, _ in ISSUE_CLASSES} | {"other": 0}
+    for opcode, count in counts.items():
+        out[issue_class(opcode)] += count
+    return out
+
+
 def _key_tile_loop(instructions, labels) -> tuple[int, int]:
     """``(head, branch back)`` of the key-tile loop: the shortest loop (a backward edge of the control-flow graph)
     whose span holds every ``HMMA``. Where no loop holds them all but they lie in loops one after another (the lean
@@ -774,10 +784,7 @@ class TensorTile:
 
     @property
     def classes(self) -> dict:
-        out = {name: 0 for name, _ in ISSUE_CLASSES} | {"other": 0}
-        for opcode, count in self.counts.items():
-            out[issue_class(opcode)] += count
-        return out
+        return classes_of(self.counts)
 
 
 def tensor_tile(rung, d: int = 64, arch: str = "sm_90") -> TensorTile:

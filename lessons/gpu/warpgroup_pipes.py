@@ -42,8 +42,8 @@ from dataclasses import dataclass
 from lessons.core.checks import check_int, check_positive_real
 from lessons.cost.traffic import H200
 from lessons.gpu.ladder import HOPPER_RUNGS
-from lessons.gpu.sass import ISSUE_CLASSES, _rung_among, _rungs_and_ds, _successors, disassemble, interior_pass, \
-    issue_class, parse_sass
+from lessons.gpu.sass import _rung_among, _rungs_and_ds, _successors, classes_of, disassemble, interior_pass, \
+    parse_sass
 
 __all__ = ["HOPPER_RUNGS", "SM_TENSOR_FLOPS_PER_CLOCK", "MUFU_CLOCKS", "SUB_PARTITIONS", "ORDERS", "WarpgroupTile",
            "hgmma_flops", "warpgroup_tile", "warpgroup_table", "warpgroup_markdown", "overlap_times"]
@@ -162,10 +162,7 @@ class WarpgroupTile:
 
     @property
     def classes(self) -> dict:
-        out = {name: 0 for name, _ in ISSUE_CLASSES} | {"other": 0}
-        for opcode, count in self.counts.items():
-            out[issue_class(opcode)] += count
-        return out
+        return classes_of(self.counts)
 
 
 def _key_tile_loop(instructions, labels, flops: int) -> tuple[int, int]:
