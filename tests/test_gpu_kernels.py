@@ -305,6 +305,15 @@ def test_tensor_core_kernel_refuses_what_it_cannot_do():
         gpu.mma_probe_gpu(np.zeros((16, 8), np.float16), np.zeros((16, 8), np.float16), backend="emulator")
     with pytest.raises(TypeError, match="takes float16 q, k, v .* got float64"):       # not "float32 or float16"
         gpu.flash_attention_mma_gpu(*[f16.astype(np.float64)] * 3, backend="emulator")
+    # bfloat16 bits (uint16) without the flag: every tensor-core launcher asks for bfloat16=True
+    bits = f16.view(np.uint16)
+    for launcher in (gpu.flash_attention_mma_gpu, gpu.flash_attention_mma_async_gpu, gpu.flash_attention_mma_fa2_gpu,
+                     gpu.flash_attention_mma_fa2_lean_gpu, gpu.flash_attention_wgmma_gpu,
+                     gpu.flash_attention_wgmma_pingpong_gpu):
+        with pytest.raises(TypeError, match="got uint16 q, k, v: pass bfloat16=True if they hold bfloat16 bits"):
+            launcher(bits, bits, bits, backend="emulator")
+    with pytest.raises(TypeError, match="tensor-core backward got uint16 q, k, v, o, do: pass bfloat16=True"):
+        gpu.flash_attention_backward_mma_gpu(bits, bits, bits, bits, np.zeros(8, np.float32), bits, backend="emulator")
     wide = np.zeros((8, 272), np.float16)
     with pytest.raises(ValueError, match=r"head_dim must be in 16\.\.256"):
         gpu.flash_attention_mma_gpu(wide, wide, wide, backend="emulator")

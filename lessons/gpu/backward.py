@@ -246,13 +246,11 @@ def flash_attention_backward_mma_gpu(q, k, v, o, lse, do, *, scale=None, causal:
     128; RuntimeError with backend "cupy" and no CUDA device, or one older than compute capability 8.0.
     Source: Dao 2023 (FlashAttention-2), Alg. 2 and Sec. 3.3; PTX ISA, mma.m16n8k16.
     """
-    from lessons.gpu.launch import _aligned, _require_tensor_cores
+    from lessons.gpu.launch import _aligned, _check_tensor_core_dtype, _require_tensor_cores
 
     backend = _check_backend(backend)
-    dtype = getattr(q, "dtype", None)
-    if dtype is not None and not bfloat16 and np.dtype(dtype) != np.float16:
-        raise TypeError(f"the tensor-core backward takes float16 q, k, v, o, do (or bfloat16 bits with "
-                        f"bfloat16=True), got {np.dtype(dtype)}; use flash_attention_backward_gpu for float32")
+    _check_tensor_core_dtype(q, bfloat16, "use flash_attention_backward_gpu for float32", "the tensor-core backward",
+                             "q, k, v, o, do")
     f = _check_backward_inputs(q, k, v, o, lse, do, scale, causal, bfloat16)
     build = flash_attention_backward_mma_build(f.d, f.dtype)        # ValueError for d not 64 or 128
     preprocess = flash_attention_backward_build(f.d, f.dtype)        # D = rowsum(dO * O), reused

@@ -445,10 +445,7 @@ def flash_attention_mma_gpu(q, k, v, *, scale=None, causal: bool = False, block_
     Source: Dao 2023 (FlashAttention-2), Alg. 1 and Sec. 3.3; PTX ISA, mma.m16n8k16.
     """
     backend = _check_backend(backend)
-    dtype = getattr(q, "dtype", None)
-    if dtype is not None and not bfloat16 and np.dtype(dtype) != np.float16:
-        raise TypeError(f"the tensor-core kernel takes float16 q, k, v (or bfloat16 bits with bfloat16=True), "
-                        f"got {np.dtype(dtype)}; convert with q.astype(np.float16) or use flash_attention_gpu")
+    _check_tensor_core_dtype(q, bfloat16, "convert with q.astype(np.float16) or use flash_attention_gpu")
     if len(getattr(q, "shape", ())) >= 2:
         flash_attention_mma_config(int(q.shape[-1]), block_k)      # the head dim and block_k it can take
     f = _check_flash(q, k, v, scale, causal, bfloat16)
@@ -552,10 +549,7 @@ def flash_attention_mma_async_gpu(q, k, v, *, scale=None, causal: bool = False, 
     Source: Dao 2023 (FlashAttention-2), Alg. 1 and Sec. 3.3; PTX ISA, cp.async and ldmatrix.
     """
     backend = _check_backend(backend)
-    dtype = getattr(q, "dtype", None)
-    if dtype is not None and not bfloat16 and np.dtype(dtype) != np.float16:
-        raise TypeError(f"the tensor-core kernel takes float16 q, k, v (or bfloat16 bits with bfloat16=True), "
-                        f"got {np.dtype(dtype)}; use flash_attention_gpu or flash_attention_regtile_gpu for float32")
+    _check_tensor_core_dtype(q, bfloat16, "use flash_attention_gpu or flash_attention_regtile_gpu for float32")
     if len(getattr(q, "shape", ())) >= 2:
         flash_attention_mma_async_config(int(q.shape[-1]), block_k)
     f = _check_flash(q, k, v, scale, causal, bfloat16)
@@ -569,14 +563,26 @@ def flash_attention_mma_async_gpu(q, k, v, *, scale=None, causal: bool = False, 
                            [_aligned(run, run.put(x)) for x in (q, k, v)], MMA_BLOCK_Q, block_k, rows)
 
 
+def _check_tensor_core_dtype(q, bfloat16, fp32_hint: str, what: str = "the tensor-core kernel",
+                             names: str = "q, k, v") -> None:
+    """TypeError unless ``q`` (``names`` in the message) holds float16, or bfloat16 bits with ``bfloat16=True``:
+    uint16 without the flag is asked whether it holds bfloat16 bits (then pass ``bfloat16=True``), any other dtype
+    gets ``fp32_hint``. An array without a dtype passes, for :func:`_check_flash` to refuse."""
+    dtype = getattr(q, "dtype", None)
+    if dtype is None or bfloat16 or np.dtype(dtype) == np.float16:
+        return
+    if np.dtype(dtype) == np.uint16:
+        raise TypeError(f"{what} got uint16 {names}: pass bfloat16=True if they hold bfloat16 bits (float16 "
+                        f"{names} need no flag)")
+    raise TypeError(f"{what} takes float16 {names} (or bfloat16 bits with bfloat16=True), got {np.dtype(dtype)}; "
+                    f"{fp32_hint}")
+
+
 def _check_fixed_tile_forward(q, k, v, scale, causal, bfloat16, config) -> _FlashInputs:
     """The checks of the tensor-core forwards whose tiles are fixed per head dim (the FA-2 recipe, the
     Hopper rung): float16 q, k, v (or bfloat16 bits), a head dim ``config`` takes (it raises), then
     :func:`_check_flash`."""
-    dtype = getattr(q, "dtype", None)
-    if dtype is not None and not bfloat16 and np.dtype(dtype) != np.float16:
-        raise TypeError(f"the tensor-core kernel takes float16 q, k, v (or bfloat16 bits with bfloat16=True), "
-                        f"got {np.dtype(dtype)}; use flash_attention_gpu or flash_attention_regtile_gpu for float32")
+    _check_tensor_core_dtype(q, bfloat16, "use flash_attention_gpu or flash_attention_regtile_gpu for float32")
     if len(getattr(q, "shape", ())) >= 2:
         config(int(q.shape[-1]))                                   # the head dims it takes
     return _check_flash(q, k, v, scale, causal, bfloat16)
