@@ -26,6 +26,10 @@
 //
 // The block's shared memory, the producer and the steps are in wgmma_forward.cuh.
 //
+// The lazy rescale of flash_attention_mma_fa2_lazy, one step further: a warp whose 16 rows all kept their max
+// over a tile skips alpha's ex2 as well as the multiplies of l and o by alpha (softmax_step, rescale_l_o in
+// wgmma_forward.cuh). Skipping a multiply by 2^0 = 1 changes no bit: the output is the eager fold's.
+//
 // NaN rule and empty rows as flash_attention_mma_fa2.cu: the checking warp tests every 16-byte
 // chunk of a stage's V tile when it lands and rewrites a chunk holding inf or NaN with zeros (then
 // fence.proxy.async, since wgmma reads shared memory through the async proxy), and leaves a flag
@@ -90,13 +94,14 @@ flash_attention_wgmma(const __grid_constant__ TmaDescriptor tm_q, const __grid_c
         wgmma_wait<0>();
         fence_s(sacc);
 
-        // 4-5. mask, the online-softmax step, P (and in 16 bits); l and o rescaled
-        float alpha[2], row_sum[2];
+        // 4-5. mask, the online-softmax step, P (and in 16 bits); l and o rescaled, lazily: a warp none of
+        //      whose 16 rows moved its max skips alpha and the multiplies (alpha would be 2^0 = 1)
+        float shift[2], alpha[2], row_sum[2];
         unsigned p16[S_TILES][2];
-        softmax_step(sacc, m2, alpha, row_sum, k_start, warp_q0, row_g, t, n_q, n_k, causal, scale_log2);
+        const bool rescale =             // false: no row of this warp moved its max (alpha = 1)
+            softmax_step(sacc, m2, shift, row_sum, k_start, warp_q0, row_g, t, n_q, n_k, causal, scale_log2);
         pack_p(sacc, p16);
-        update_l(l, alpha, row_sum);
-        rescale_o(o, alpha);
+        rescale_l_o<true>(l, o, alpha, shift, row_sum, rescale);
 
         // 2. the checking warp is done with V_j (and zeroed any inf/NaN in it)
         mbar_wait(bar_ready(base, s), (tile / STAGES) & 1);

@@ -15,13 +15,16 @@
 //         issue S_j = Q K_j^T                  (commit group 1)
 //         issue O += P_{j-1} V_{j-1}           (commit group 2)
 //         wait until at most 1 group is left:  S_j is done, P_{j-1} V_{j-1} may still run
-//         softmax(S_j) -> P_j, alpha_j, l      (CUDA cores, while the tensor cores do P_{j-1} V_{j-1})
+//         softmax(S_j) -> P_j, m_j             (CUDA cores, while the tensor cores do P_{j-1} V_{j-1})
 //         wait for all:                        P_{j-1} V_{j-1} is done; release tile j - 1's stage
-//         O = alpha_j O
+//         alpha_j, l = alpha_j l + rowsum(P_j), O = alpha_j O   (skipped, as in the plain rung, by a warp
+//                                              none of whose rows moved its max: alpha_j = 1)
 //     O += P_{T-1} V_{T-1}; wait
 //
 // The arithmetic is the plain rung's, in the plain rung's order (O = alpha_j (O + P_{j-1} V_{j-1})
 // before P_j V_j is added, as O = alpha_j O_{j-1} + P_j V_j does), so the output is bitwise the same.
+// (alpha's two ex2 come after the second wait, in the branch with O's multiplies that the lazy rescale skips
+// when no row moved: placed before it, on their own, ptxas predicates them and issues them on every tile.)
 // What it costs: registers for S_j and P_{j-1} at once (P_{j-1} must stay untouched in its registers
 // until the product reading it has finished), and one stage more (STAGES = 3): a tile's V is
 // released one iteration later than in the plain rung, so the copy of tile j + 2 can start only when
@@ -93,7 +96,7 @@ overlapped_forward(unsigned char* smem_raw, const TmaDescriptor& tm_q, const Tma
     unsigned p16[S_TILES][2];                        // P of the tile whose P V is issued next
     unsigned p_zero_bits[2] = {0u, 0u};              // its zero bits, when its V held inf or NaN
     bool prev_bad = false;                           // its V held inf or NaN
-    float alpha[2], row_sum[2];
+    float shift[2], alpha[2], row_sum[2];
     // S_j needs only K_j: it waits for full[s] (the tile has landed); P_j V_j waits for ready[s] too (the
     // checking warp is done with V_j), one iteration later, so the check of V never delays Q K^T
     auto v_checked = [&](int tile) {                 // V of `tile` is checked: its flag, its zero bits
@@ -114,9 +117,10 @@ overlapped_forward(unsigned char* smem_raw, const TmaDescriptor& tm_q, const Tma
         pass_turn<PINGPONG>(wg, false);
         wgmma_wait<0>();
         fence_s(sacc);
-        softmax_step(sacc, m2, alpha, row_sum, 0, warp_q0, row_g, t, n_q, n_k, causal, scale_log2);
+        const bool rescale =             // (true: m was -inf)
+            softmax_step(sacc, m2, shift, row_sum, 0, warp_q0, row_g, t, n_q, n_k, causal, scale_log2);
         pack_p(sacc, p16);
-        update_l(l, alpha, row_sum);                 // (o is 0: nothing to rescale)
+        rescale_l_o<false>(l, o, alpha, shift, row_sum, rescale);   // (o is 0: nothing to rescale)
 #ifdef FA_TRACE
         record_trace(trace, trace_slot, bh, n_trace_rows, trace_tiles, 0, t, m2, alpha, l);
 #endif
@@ -142,10 +146,10 @@ overlapped_forward(unsigned char* smem_raw, const TmaDescriptor& tm_q, const Tma
         // It writes P_j in float32 over S_j, registers no product in flight uses
         wgmma_wait<1>();
         fence_s(sacc);
-        softmax_step(sacc, m2, alpha, row_sum, tile * BLOCK_K, warp_q0, row_g, t, n_q, n_k, causal, scale_log2);
-        update_l(l, alpha, row_sum);
+        const bool rescale =             // false: no row of this warp moved its max (alpha = 1)
+            softmax_step(sacc, m2, shift, row_sum, tile * BLOCK_K, warp_q0, row_g, t, n_q, n_k, causal, scale_log2);
 
-        // P_{j-1} V_{j-1} is done: step 7 for tile j - 1, release its stage, rescale O for tile j, and
+        // P_{j-1} V_{j-1} is done: step 7 for tile j - 1, release its stage, l and O for tile j, and
         // only now round P_j into the registers P_{j-1} held (writing them while the product still read
         // them would be wrong, and ptxas would serialise the products to prevent it)
         wgmma_wait<0>();
@@ -153,7 +157,7 @@ overlapped_forward(unsigned char* smem_raw, const TmaDescriptor& tm_q, const Tma
         fence_p(p16);
         if (prev_bad) add_back_non_finite_v(o, p_zero_bits, v_bh, (tile - 1) * BLOCK_K, n_k, g, t);
         mbar_arrive(bar_empty(base, prev_s));
-        rescale_o(o, alpha);
+        rescale_l_o<true>(l, o, alpha, shift, row_sum, rescale);   // l too: alpha and o's multiplies in one branch
         pack_p(sacc, p16);
 #ifdef FA_TRACE
         record_trace(trace, trace_slot, bh, n_trace_rows, trace_tiles, tile, t, m2, alpha, l);

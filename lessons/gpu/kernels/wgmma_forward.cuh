@@ -223,9 +223,12 @@ __device__ __forceinline__ void issue_qk(float* sacc, gmma_desc_t q_desc, saddr_
 
 // 4-5. The online-softmax step of one tile for this thread's two rows, in base 2. Scales S into log2
 //    units and masks it (MASK: a tile that reaches past n_k or past the warp's first row's causal
-//    diagonal); then m2 moves to the new max, alpha[h] = 2^(m_old - m_new), and sacc is overwritten
-//    with P = 2^(S - m_new) (float32; a masked key gets 0); row_sum[h] is this thread's part of the
-//    rows' sum of P (the caller folds it into l). Touches neither o nor the 16-bit P (pack_p does that).
+//    diagonal); then m2 moves to the new max, shift[h] = m_old - m_new (alpha = 2^shift, computed by
+//    rescale_l_o), and sacc is overwritten with P = 2^(S - m_new) (float32; a masked key gets 0);
+//    row_sum[h] is this thread's part of the rows' sum of P (rescale_l_o folds it into l). Touches
+//    neither o nor the 16-bit P (pack_p does that).
+//    The lazy rescale (flash_attention_mma_fa2.cu's LAZY_RESCALE, one step further): returns false when no
+//    row of the warp moved its max; then alpha = 1 and rescale_l_o computes no alpha and multiplies nothing.
 __device__ __forceinline__ bool tile_needs_mask(int k_start, int warp_q0, int n_q, int n_k, int causal) {
     return k_start + BLOCK_K > n_k || (causal && k_start + BLOCK_K - 1 > warp_q0 + n_k - n_q);
 }
@@ -252,7 +255,7 @@ __device__ __forceinline__ void scale_and_mask(float* sacc, float* tile_max, int
 // Two copies of the scale-and-mask, picked per tile (the test is the same for the warp's 32 threads): most
 // tiles need no mask, and their copy has no mask code at all (in one copy with a run-time test ptxas
 // predicates the mask instead: an integer compare and a select per score in every tile).
-__device__ __forceinline__ void softmax_step(float* sacc, float* m2, float* alpha, float* row_sum,
+__device__ __forceinline__ bool softmax_step(float* sacc, float* m2, float* shift, float* row_sum,
                                              int k_start, int warp_q0, int row_g, int t, int n_q, int n_k,
                                              int causal, float scale_log2) {
     float tile_max[2];
@@ -261,14 +264,27 @@ __device__ __forceinline__ void softmax_step(float* sacc, float* m2, float* alph
     else
         scale_and_mask<false>(sacc, tile_max, k_start, row_g, t, n_q, n_k, causal, scale_log2);
     float m_safe[2];
+    bool moved = false;                          // does one of this thread's rows need its alpha?
 #pragma unroll
     for (int h = 0; h < 2; ++h) {                // a row's 4 lanes form a quad
         const float m_new = fmaxf(m2[h], group_max<4>(tile_max[h]));
         m_safe[h] = safe_max(m_new);
-        alpha[h] = fast_exp2(m2[h] - m_safe[h]);
+        shift[h] = m2[h] - m_safe[h];            // alpha = 2^shift
+        // shift is exactly 0 only when the row had a finite max and this tile did not raise it; then
+        // alpha = 2^0 = 1 exactly, and l * 1 and o * 1 are l and o bit for bit: the multiplies can go.
+        // Any other shift needs its alpha: negative (the max moved up: o and l shrink), -inf (the row
+        // saw nothing before: alpha = 2^(-inf - 0) = 0, also for a row that still sees nothing, as the
+        // NumPy fold has it) or NaN (an inf score, max inf before and after: alpha = NaN, as before).
+        // (x != 0 is true for NaN.)
+        moved |= shift[h] != 0.f;
         m2[h] = m_new;
         row_sum[h] = 0.f;
     }
+    // One answer for the whole warp (its 16 rows): if the lanes decided alone, some would rescale and
+    // others not, and the warp would run both sides of the branch one after the other. With the vote
+    // it takes one side: when no row moved, no ex2 for alpha and no multiplies of l and o; when one
+    // row moved, every row computes its alpha (a row that did not move gets 2^0 = 1: its o unchanged).
+    const bool rescale = __any_sync(0xffffffffu, moved);
 #pragma unroll
     for (int n = 0; n < S_TILES; ++n)
 #pragma unroll
@@ -279,6 +295,7 @@ __device__ __forceinline__ void softmax_step(float* sacc, float* m2, float* alph
             sacc[4 * n + 2 * h] = p0;
             sacc[4 * n + 2 * h + 1] = p1;
         }
+    return rescale;
 }
 
 // P rounded to 16 bits, two keys per word: the A fragment of O += P V (hopper.cuh)
@@ -289,16 +306,33 @@ __device__ __forceinline__ void pack_p(const float* p, unsigned (*p16)[2]) {
         for (int h = 0; h < 2; ++h) p16[n][h] = pack_float2(p[4 * n + 2 * h], p[4 * n + 2 * h + 1]);
 }
 
-// l = alpha l + (the row's sum of P over its quad)
-__device__ __forceinline__ void update_l(float* l, const float* alpha, const float* row_sum) {
+// alpha = 2^shift, l = alpha l + (the row's sum of P over its quad), o = alpha o (each row by its own
+// alpha; WITH_O false: o is still 0, nothing to rescale). When the warp does not rescale (softmax_step's
+// answer, the same for all its lanes) every shift is 0 and alpha is 1: l + sum is 1 * l + sum to the bit,
+// o * 1 is o, and the branch skips the two ex2 and the 2 + 4 * O_TILES multiplies. (The ex2 sit in the
+// same branch as o's multiplies: alone, ptxas would predicate them instead, and still issue them.)
+template <bool WITH_O>
+__device__ __forceinline__ void rescale_l_o(float* l, float* o, float* alpha, const float* shift, const float* row_sum,
+                                            bool rescale) {
+    float sum[2];
 #pragma unroll
-    for (int h = 0; h < 2; ++h) l[h] = alpha[h] * l[h] + group_sum<4>(row_sum[h]);
-}
-
-// o = alpha o (each row by its own alpha)
-__device__ __forceinline__ void rescale_o(float* o, const float* alpha) {
+    for (int h = 0; h < 2; ++h) sum[h] = group_sum<4>(row_sum[h]);
+    if (rescale) {
 #pragma unroll
-    for (int i = 0; i < O_TILES * 4; ++i) o[i] *= alpha[(i % 4) / 2];
+        for (int h = 0; h < 2; ++h) {
+            alpha[h] = fast_exp2(shift[h]);
+            l[h] = alpha[h] * l[h] + sum[h];
+        }
+        if (WITH_O)
+#pragma unroll
+            for (int i = 0; i < O_TILES * 4; ++i) o[i] *= alpha[(i % 4) / 2];
+    } else {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            alpha[h] = 1.f;                      // 2^0, as the trace records it
+            l[h] += sum[h];
+        }
+    }
 }
 
 // (for step 7, only when V held inf or NaN) bit 2n + e of p_zero_bits[h] is set when key 8n + 2t + e
