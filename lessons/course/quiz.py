@@ -327,20 +327,23 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           "register-tiled rung, the lazy and wide FA-2 rungs, the three Hopper rungs, the prefetch decode build) "
           "are not yet timed. "
           "Reread 'The targets, met or not'."),
-        Q("On an interior key tile of the ping-pong Hopper rung at d = 64, a consumer warp's products keep the "
-          "tensor cores busy 512 clocks, its 66 MUFU hold the special function unit 528 clocks, and it issues 520 "
-          "instructions. What bounds the tile, whatever the order of its steps?",
-          ("The tensor cores: wgmma takes so few issue slots that the products set the pace, 100% of the peak",
-           "The exponentials: no order keeps the tensor cores busy more than 512 / 528 = 97% of the time",
-           "The issue slots: 520 instructions against 512 clocks of products",
-           "Their sum: 512 + 528 + 520 clocks per tile, under a third of the peak"),
+        Q("On an interior key tile of the ping-pong Hopper rung at d = 64 where no row's max moves (so the lazy "
+          "rescale computes no alpha), a consumer warp's products keep the tensor cores busy 512 clocks, its 64 MUFU "
+          "hold the special function unit 512 clocks, and it issues 493 instructions. What bounds the tile, "
+          "whatever the order of its steps?",
+          ("The issue slots: 493 instructions against 512 clocks of products",
+           "The tensor cores and the exponentials together: no order keeps the tensor cores busy more than "
+           "512 / 512 = 100% of the time, and a tile whose max moves, with 2 MUFU more, falls below it",
+           "The exponentials alone: the products are done before the last MUFU",
+           "Their sum: 512 + 512 + 493 clocks per tile, about a third of the peak"),
           1,
-          "The three pipes work side by side, so the longest sets the least time a tile can take: max(512, 528, "
-          "520) = 528 clocks, of which the tensor cores are busy at most 512. The sum would be the time if nothing "
-          "overlapped; the order of the steps (overlap, turns) is what lets them overlap. At d = 64 a score costs "
-          "4d = 256 FLOPs of products and one exponential, and an SM does 4096 product FLOPs but only 16 "
-          "exponentials per clock, so the exponentials alone take as long as the products (FlashAttention-3, "
-          "Sec. 3.1). Reread 'Three pipes per key tile'."),
+          "The three pipes work side by side, so the longest sets the least time a tile can take: max(512, 512, "
+          "493) = 512 clocks, and the tensor cores and the special function unit both need all of them. The sum "
+          "would be the time if nothing overlapped; the order of the steps (overlap, turns) is what lets them "
+          "overlap. At d = 64 a score costs 4d = 256 FLOPs of products and one exponential, and an SM does 4096 "
+          "product FLOPs but only 16 exponentials per clock, so the exponentials alone take as long as the "
+          "products (FlashAttention-3, Sec. 3.1). A tile on which a row's max moves also computes the 2 rows' "
+          "alpha: 66 MUFU, 528 clocks, at most 512 / 528 = 97% of the peak. Reread 'Three pipes per key tile'."),
         Q("In the Hopper rung, what tells the producer warpgroup that it may copy the next K and V tile into "
           "a shared-memory stage?",
           ("A __syncthreads() of the whole block after every tile",

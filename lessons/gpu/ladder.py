@@ -219,8 +219,10 @@ RUNGS = (
          "registers), so the consumers spend no instructions on copies, cp.async or ldmatrix; the producer's "
          "warp checks each V tile for inf/NaN, so the two consumers never wait for each other; each operand's "
          "descriptor is built once per tile and stepped by one add per product, and a tile that needs no mask "
-         "runs a copy of the scale step with no mask code",
-         "compile report (NVRTC 12.9, sm_90a, no spills): 124 registers at d = 64, 124 at d = 128, x 384 "
+         "runs a copy of the scale step with no mask code; a warp none of whose 16 rows moved its max over a "
+         "tile skips alpha's two exp2 and the rescale of l and o (the lazy rescale: alpha would be 2^0 = 1, "
+         "so the output is bitwise the eager fold's)",
+         "compile report (NVRTC 12.9, sm_90a, no spills): 127 registers at d = 64, 127 at d = 128, x 384 "
          "threads, 83 008 / 99 392 bytes of dynamic shared memory: 1 block (12 warps) per SM; per 16-key step "
          "of P V one wgmma of the warpgroup replaces 8-16 mma.sync and 4-8 ldmatrix.x4 per warp; 128-key "
          "tiles at d = 64 halve the barriers per key of the mma_fa2 rung; aim: >= 0.75x SDPA (FlashAttention-3 "
@@ -237,7 +239,7 @@ RUNGS = (
          "cores idle: at d = 128 there are 512 product FLOPs per exponential, and an H100 does 989 TFLOP/s of "
          "products but 3.9 TFLOP/s of exponentials, so the exponentials alone can take half as long as the "
          "products (FlashAttention-3, Sec. 3.2); compile report (NVRTC 12.9, sm_90a, no spills, no serialised "
-         "wgmma): 168 registers at d = 64, 153 at d = 128 (S, P and O live at once), 115 804 / 132 188 bytes "
+         "wgmma): 156 registers at d = 64, 157 at d = 128 (S, P and O live at once), 115 804 / 132 188 bytes "
          "of dynamic shared memory; "
          "output bitwise the wgmma rung's",
          "wgmma.wait_group.sync.aligned 1", "not yet run on a GPU: built and checked on the CPU emulator only"),
@@ -249,7 +251,7 @@ RUNGS = (
          "while one warpgroup's products run, the other computes its softmax, so the tensor cores are fed by "
          "one warpgroup after the other instead of both at once and then neither; the turns change no "
          "arithmetic (output bitwise the overlapped rung's); compile report (NVRTC 12.9, sm_90a, no spills): "
-         "168 registers at d = 64, 153 at d = 128, shared memory as the overlapped rung (same file, second "
+         "156 registers at d = 64, 157 at d = 128, shared memory as the overlapped rung (same file, second "
          "entry point)",
          "bar.arrive", "not yet run on a GPU: built and checked on the CPU emulator only"),
     Rung("sdpa", "torch SDPA (the reference point)", "torch", None,
@@ -715,7 +717,8 @@ def overlap_evidence(d: int = 64) -> dict:
     ``{"wgmma": ..., "wgmma_overlap": ...}``; in the overlapped rung's PTX,
     ``wait_group_1`` (how many ``wgmma.wait_group.sync.aligned 1``: the wait that leaves P V running) and
     ``ex2_between_waits`` (how many ``ex2.approx`` lie between that wait and the next
-    ``wgmma.wait_group.sync.aligned 0``: the softmax computed while P V runs); ``s_per_thread`` (the
+    ``wgmma.wait_group.sync.aligned 0``: P's exponentials, computed while P V runs; alpha's come after that wait, in
+    the lazy rescale's branch); ``s_per_thread`` (the
     values of S_j one consumer thread holds: 64 x block_k / 128) and ``log_warnings`` (the overlapped
     rung's ptxas log lines that hold "warning"). TypeError/ValueError naming ``d`` for another head dim.
     Source: PTX ISA 8.x, ``wgmma.wait_group``; Shah et al. 2024 (FlashAttention-3), Alg. 2."""

@@ -16,8 +16,10 @@ and that runs on two other pipes of the same sub-partition:
   ``FMUL``, conversion, address and branch of the tile as well as the ``MUFU`` and ``HGMMA`` themselves.
 
 Per key tile and consumer warp this gives three times in clocks: ``tensor_clocks`` (T), ``mufu_clocks`` (M) and
-``issue_clocks`` (I, the instructions of the cheapest interior pass through the key-tile loop). The softmax part of
-a tile takes at least ``S = max(M, I)``. How much of T the tile's time is depends on the order of the steps:
+``issue_clocks`` (I, the instructions of the cheapest interior pass through the key-tile loop: with the lazy
+rescale, a tile on which no row of the warp moves its max, so no ``exp2`` for alpha and no multiplies of ``l`` and
+``o``; a tile where one moves adds 2 ``MUFU`` and the ``d / 2`` multiplies of ``o``). The softmax part of a tile takes at least
+``S = max(M, I)``. How much of T the tile's time is depends on the order of the steps:
 
 * **plain order** (``wgmma``): S_j, wait, softmax, P_j V_j, wait: nothing of one warpgroup overlaps, ``T + S`` per
   tile; the same when the two consumer warpgroups run in step, since they share the tensor cores and the issue
