@@ -200,6 +200,7 @@ class LabServer:
         except OSError:
             return []
         found = [m.group(0) for m in re.finditer(r"Traceback \(most recent call last\):\n(?:[ \t].*\n)*.*", text)]
+        found = [t for t in found if not _lost_port_race(t)]
         found += [line for line in text.splitlines() if "Exception in comm" in line]
         return found
 
@@ -419,6 +420,14 @@ def cell_prompts(page) -> list[tuple[str, str]]:
         [...panel.querySelectorAll('.jp-CodeCell')].map(c => [
             (c.querySelector('.jp-InputPrompt') || {textContent: ''}).textContent.trim(),
             (c.querySelector('.cm-content') || {textContent: ''}).textContent.trim()])""")
+
+
+def _lost_port_race(traceback: str) -> bool:
+    """A kernel that died at launch because another process took one of the ports it had been given between the
+    server's choice and its bind (``ZMQError: Address already in use`` in ``_bind_socket``): jupyter_client's
+    restarter starts it again on fresh ports before anything runs in it, so this is no error of the notebook. Seen
+    when other kernels start at the same moment (parallel test workers)."""
+    return "_bind_socket" in traceback and "ZMQError: Address already in use" in traceback.rstrip().splitlines()[-1]
 
 
 _ERROR_TEXT = re.compile(r"Traceback \(most recent call last\)|^\s*\w*(Error|Exception)\b.*$", re.M)

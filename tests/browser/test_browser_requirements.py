@@ -52,3 +52,21 @@ def test_missing_playwright_is_named(no_playwright, monkeypatch):
     assert "playwright" in jlab.missing_requirements()
     monkeypatch.setenv("CI", "true")
     assert jlab.requirement_outcome()[0] == "fail"
+
+
+def test_a_kernel_that_lost_its_port_at_launch_is_no_notebook_error(tmp_path):
+    """The server log's tracebacks count against a notebook, except a kernel's failed bind at launch (the
+    restarter starts it again on fresh ports); any other traceback in the same log still counts."""
+    lost = ("Traceback (most recent call last):\n"
+            "  File \"/x/ipykernel/kernelapp.py\", line 280, in _bind_socket\n"
+            "    return self._try_bind_socket(s, port)\n"
+            "zmq.error.ZMQError: Address already in use (addr='tcp://127.0.0.1:43725')\n")
+    real = ("Traceback (most recent call last):\n"
+            "  File \"/x/lessons/views/flash.py\", line 3, in on_change\n"
+            "ValueError: boom\n")
+    server = jlab.LabServer.__new__(jlab.LabServer)
+    server.log_path = tmp_path / "jupyterlab.log"
+    server.log_path.write_text("started\n" + lost + "more\n" + real)
+    assert server.log_errors() == [real.rstrip("\n")]
+    server.log_path.write_text(lost)
+    assert server.log_errors() == []
