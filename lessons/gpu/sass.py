@@ -665,6 +665,12 @@ def classes_of(counts: dict) -> dict:
     return out
 
 
+def _back_edges(instructions, labels) -> list[tuple[int, int]]:
+    """Every loop of the control-flow graph as ``(head, branch back)``: each edge of :func:`_successors` from an
+    instruction to itself or one before it, in address order of the branch."""
+    return [(j, i) for i in range(len(instructions)) for j in _successors(instructions, labels, i) if j <= i]
+
+
 def _key_tile_loop(instructions, labels) -> tuple[int, int]:
     """``(head, branch back)`` of the key-tile loop: the shortest loop (a backward edge of the control-flow graph)
     whose span holds every ``HMMA``. Where no loop holds them all but they lie in loops one after another (the lean
@@ -675,7 +681,7 @@ def _key_tile_loop(instructions, labels) -> tuple[int, int]:
     hmma = [i for i, x in enumerate(instructions) if x.base == "HMMA"]
     if not hmma:
         raise ValueError("the SASS holds no HMMA")
-    loops = [(j, i) for i in range(len(instructions)) for j in _successors(instructions, labels, i) if j <= i]
+    loops = _back_edges(instructions, labels)
     around = [(h, b) for h, b in loops if h <= hmma[0] and b >= hmma[-1]]
     if around:
         return min(around, key=lambda hb: hb[1] - hb[0])

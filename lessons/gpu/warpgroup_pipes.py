@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from lessons.core.checks import check_int, check_positive_real
 from lessons.cost.traffic import H200
 from lessons.gpu.ladder import HOPPER_RUNGS
-from lessons.gpu.sass import _rung_among, _rungs_and_ds, _successors, classes_of, disassemble, interior_pass, \
+from lessons.gpu.sass import _back_edges, _rung_among, _rungs_and_ds, classes_of, disassemble, interior_pass, \
     parse_sass
 
 __all__ = ["HOPPER_RUNGS", "SM_TENSOR_FLOPS_PER_CLOCK", "MUFU_CLOCKS", "SUB_PARTITIONS", "ORDERS", "WarpgroupTile",
@@ -171,8 +171,7 @@ def _key_tile_loop(instructions, labels, flops: int) -> tuple[int, int]:
     """``(head, branch back)`` of the smallest loop whose ``HGMMA`` add up to ``flops`` (one key tile's products).
     The loops that wait on an mbarrier branch back from far below and span many tiles' products; they are larger
     or hold other sums. ValueError when no loop does."""
-    loops = {(j, i) for i in range(len(instructions)) for j in _successors(instructions, labels, i) if j <= i}
-    fits = [(h, b) for h, b in loops
+    fits = [(h, b) for h, b in _back_edges(instructions, labels)
             if sum(hgmma_flops(x.opcode) for x in instructions[h:b + 1] if x.base == "HGMMA") == flops]
     if not fits:
         raise ValueError(f"no loop of the SASS holds HGMMA of {flops} FLOPs (one key tile's two products)")

@@ -184,6 +184,23 @@ CLASS_COLOURS = {"tensor": "#1f4e99", "shared loads": "#6baed6", "copies": "#9ec
                  "other": "#756bb1"}
 
 
+def _rows_by_head_dim(table, step: float, d_gap: float) -> tuple[list, list, list, float]:
+    """The layout of a figure with one bar group per row of ``table``: the rows grouped by head dim in the order
+    the dims first appear, the instruction classes they hold (those of :data:`CLASS_COLOURS` first, in its order),
+    each row's y (``step`` apart, ``d_gap`` more between head dims) and the y below the last row."""
+    ds = list(dict.fromkeys(r["d"] for r in table))
+    order = [r for d in ds for r in table if r["d"] == d]
+    names = [c for c in CLASS_COLOURS if any(r["classes"].get(c) for r in order)]
+    names += [c for r in order for c in r["classes"] if c not in CLASS_COLOURS and c not in names and r["classes"][c]]
+    ys, y = [], 0.0
+    for k, row in enumerate(order):
+        if k and row["d"] != order[k - 1]["d"]:
+            y += d_gap                                 # a gap between head dims
+        ys.append(y)
+        y += step
+    return order, names, ys, y
+
+
 def hmma_slots_figure(table):
     """Horizontal stacked bars: per row of ``table`` (rows of :func:`lessons.gpu.sass.tensor_tile_table`, grouped
     by head dim in the order given) the instructions one warp issues per ``HMMA`` on an interior key tile, split by
@@ -207,16 +224,7 @@ def hmma_slots_figure(table):
     if len(clocks) != 1:
         raise ValueError(f"table: every row must need the same clocks per HMMA (one arch), got {sorted(clocks)}")
     (clocks,) = clocks
-    ds = list(dict.fromkeys(r["d"] for r in table))
-    order = [r for d in ds for r in table if r["d"] == d]
-    names = [c for c in CLASS_COLOURS if any(r["classes"].get(c) for r in order)]
-    names += [c for r in order for c in r["classes"] if c not in CLASS_COLOURS and c not in names and r["classes"][c]]
-    ys, y = [], 0.0
-    for k, row in enumerate(order):
-        if k and row["d"] != order[k - 1]["d"]:
-            y += 0.6                                   # a gap between head dims
-        ys.append(y)
-        y += 1.0
+    order, names, ys, y = _rows_by_head_dim(table, step=1.0, d_gap=0.6)
     longest = max(max(r["instructions"] / r["hmma"] for r in order), clocks)   # (the peak's line stays in view)
     height = 1.3 + 0.36 * y
     fig = new_figure((10.0, height))
@@ -263,17 +271,9 @@ def warpgroup_pipes_figure(table):
         if sum(row["classes"].values()) != row["issue_clocks"]:
             raise ValueError(f"table: the classes of {row['rung']} at d={row['d']} must be a dict that sums to its "
                              f"{row['issue_clocks']} issue clocks, got {row['classes']!r}")
-    ds = list(dict.fromkeys(r["d"] for r in table))
-    order = [r for d in ds for r in table if r["d"] == d]
-    names = [c for c in CLASS_COLOURS if any(r["classes"].get(c) for r in order)]
-    names += [c for r in order for c in r["classes"] if c not in CLASS_COLOURS and c not in names and r["classes"][c]]
     bar, gap = 0.26, 0.5
-    ys, y = [], 0.0
-    for k, row in enumerate(order):
-        if k and row["d"] != order[k - 1]["d"]:
-            y += 0.5                                   # a gap between head dims
-        ys.append(y)
-        y += 3 * bar + gap
+    order, names, ys, y = _rows_by_head_dim(table, step=3 * bar + gap, d_gap=0.5)
+    ds = {r["d"] for r in order}
     longest = max(max(r["tensor_clocks"], r["mufu_clocks"], r["issue_clocks"]) for r in order)
     height = 2.2 + 1.05 * len(order) + 0.3 * len(ds)
     fig = new_figure((10.0, height))
