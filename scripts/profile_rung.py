@@ -31,7 +31,7 @@ import lessons.gpu as gpu  # noqa: E402
 from lessons.gpu import ladder  # noqa: E402
 
 #: the decode rungs this script can run, and the name of their kernel
-DECODE_ENTRIES = {"paged_decode_split": "paged_decode_gqa_split", "paged_decode_prefetch": "paged_decode_gqa_split"}
+DECODE_ENTRIES = {n: ladder.decode_rung_entry(n) for n in ("paged_decode_split", "paged_decode_prefetch")}
 FORWARD_RUNGS = tuple(r.name for r in ladder.RUNGS if r.kernel is not None)
 
 

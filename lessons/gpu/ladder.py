@@ -30,7 +30,7 @@ __all__ = ["Rung", "RUNGS", "RECORDED_DIR", "RECORDED_CSV", "RECORDED_LABEL", "P
            "rung_intensity", "rung_tiles", "rung_build", "measure_ladder", "ladder_points", "speedup_claim", "CLAIM",
            "ladder_markdown", "rung_evidence", "overlap_evidence", "SERIALISED_WGMMA", "Target", "TARGETS",
            "target_outcomes", "targets_markdown",
-           "DECODE_RUNGS", "DECODE_LAUNCH_OPTIONS", "DECODE_RECORDED", "decode_rung", "decode_rung_build", "decode_recorded_rows",
+           "DECODE_RUNGS", "DECODE_LAUNCH_OPTIONS", "DECODE_RECORDED", "decode_rung", "decode_rung_build", "decode_rung_entry", "decode_recorded_rows",
            "decode_recorded", "decode_table", "decode_markdown", "sdpa_backends", "sdpa_kernels",
            "SWEEP_FILES", "recorded_sweep", "best_tiles", "sweep_markdown",
            "HOPPER_RUNGS", "LEFT_OUT_VARIABLE", "LEFT_OUT_REASON", "kernel_rungs", "first_run_rungs", "rungs_left_out"]
@@ -822,6 +822,14 @@ def decode_rung_build(r: Rung | str, d: int = 128):
     if r.kernel == "paged_decode":
         return source.paged_decode_build(d, 16, 32, 8, r.dtype)
     return source.paged_decode_split_build(d, 16, 32, 8, r.dtype, **DECODE_LAUNCH_OPTIONS.get(r.name, {}))
+
+
+def decode_rung_entry(r: Rung | str) -> str:
+    """The entry point that runs decode rung ``r``'s key loop (what a profiler filters on, ``ncu -k NAME``):
+    ``paged_decode`` for the one-pass rung, ``paged_decode_split`` for flash-decoding (its merge is a second
+    kernel), ``paged_decode_gqa_split`` for the split and prefetch rungs. ValueError for another name."""
+    r = decode_rung(r) if isinstance(r, str) else r
+    return {"paged_decode": "paged_decode", "flash_decoding": "paged_decode_split"}.get(r.name, "paged_decode_gqa_split")
 
 
 def decode_recorded_rows(path: Path | None = None) -> list[dict]:

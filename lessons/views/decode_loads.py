@@ -1,0 +1,52 @@
+"""Little's law on the decode rungs: K/V read rate against the blocks that run at once (one figure)."""
+from __future__ import annotations
+
+from matplotlib.ticker import FixedLocator, ScalarFormatter
+
+from lessons.views.plot import new_figure, tidy
+
+__all__ = ["little_figure", "RUNG_STYLES"]
+
+#: colour, marker and marker size per decode rung (the later rungs' markers drawn smaller, on top)
+RUNG_STYLES = {"paged_decode": ("#bdbdbd", "o", 13), "flash_decoding": ("#6baed6", "s", 7),
+               "paged_decode_split": ("#1f4e99", "D", 9), "paged_decode_prefetch": ("#e6550d", "^", 9)}
+_LINE_COLOURS = ("#6baed6", "#1f4e99", "#e6550d", "#636363")
+_ROOF_COLOURS = ("black", "#1f4e99", "#e6550d", "#636363")
+
+
+def little_figure(plot: dict):
+    """K/V bytes read per second (TB/s, log) against thread blocks running at once (log) for the decode rungs: a
+    dashed Little's-law line per amount of bytes a block keeps in flight (``blocks x bytes / round trip``), the
+    recorded rates as markers, and the roofs dotted (the copy rate, the issue ceilings). ``plot``: the dict
+    :func:`lessons.gpu.decode_loads.little_plot` returns. Returns a Figure. TypeError for a ``plot`` that is not
+    such a dict."""
+    keys = ("round_trip", "points", "lines", "roofs")
+    if not isinstance(plot, dict) or any(k not in plot for k in keys):
+        raise TypeError(f"plot must be the dict little_plot returns (keys {list(keys)}), got {plot!r}")
+    fig = new_figure((10.5, 5.4))
+    ax = fig.add_subplot(1, 1, 1)
+    fig.subplots_adjust(left=0.08, right=0.62, top=0.91, bottom=0.11)
+    for line, colour in zip(plot["lines"], _LINE_COLOURS):
+        size = f"{line['bytes'] / 1024:g} KiB" if line["bytes"] >= 1024 else f"{line['bytes']} B"
+        ax.plot(line["blocks"], [r / 1e12 for r in line["rates"]], ls="--", lw=1.4, color=colour,
+                label=f"Little's law, {size} in flight per block\n({', '.join(line['rungs'])})")
+    for name, found in plot["points"].items():
+        colour, marker, size = RUNG_STYLES.get(name, ("#636363", "o", 8))
+        xs, ys = zip(*found)
+        ax.plot(xs, [y / 1e12 for y in ys], ls="none", marker=marker, ms=size, color=colour,
+                markeredgecolor="black", markeredgewidth=0.6, label=f"{name}, recorded on the H200")
+    for (label, rate), colour in zip(plot["roofs"].items(), _ROOF_COLOURS):
+        ax.axhline(rate / 1e12, ls=":", lw=1.6, color=colour, label=f"{label}: {rate / 1e12:.2f} TB/s")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ticks = [1, 4, 16, 64, 256, 1024]
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.set_xlabel("thread blocks running at once (every block of the launch in one wave)", fontsize=10)
+    ax.set_ylabel("K/V read (TB/s)", fontsize=10)
+    ax.set_title(f"Little's law: rate = bytes in flight / round trip ({plot['round_trip'] * 1e6:.2f} \u00b5s)",
+                 fontsize=11)
+    ax.grid(True, which="major", color="#eeeeee")
+    tidy(ax)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, labelspacing=0.9)
+    return fig
