@@ -35,7 +35,7 @@ from lessons.gpu.source import H200_NUM_SMS
 from lessons.gpu.warpgroup_pipes import SM_TENSOR_FLOPS_PER_CLOCK, SUB_PARTITIONS
 
 __all__ = ["DECODE_LOOP_RUNGS", "THREADS", "PAGE_TOKENS", "SM_CLOCK_HZ", "load_bytes", "Wait", "DecodeLoop",
-           "decode_loop", "decode_loop_table", "decode_loop_markdown", "blocks_per_sm", "round_trips",
+           "decode_loop", "decode_loop_table", "decode_loop_markdown", "blocks_per_sm", "round_trips", "round_trips_markdown",
            "little_rate", "little_plot"]
 
 #: the decode rungs, in ladder order (:data:`lessons.gpu.ladder.DECODE_RUNGS`)
@@ -283,15 +283,16 @@ def decode_loop_table(rungs=DECODE_LOOP_RUNGS, arch: str = "sm_90", copy_rate: f
     thread and pass), waits and trips (how many per pass), in_flight (bytes per thread at a wait), block_in_flight and
     sm_in_flight (bytes, x 128 threads, x blocks per SM), load_to_use (instructions), classes (the pass by
     :data:`lessons.gpu.sass.ISSUE_CLASSES`), issue_ceiling (bytes/s or None) and, with ``copy_rate`` (bytes/s),
-    ceiling_x_copy (the ceiling over it, or None). ``rungs``: one name or a sequence of names. TypeError / ValueError
-    naming the argument otherwise; the errors of :func:`decode_loop`."""
-    rungs = (rungs,) if isinstance(rungs, str) else rungs
+    ceiling_x_copy (the ceiling over it, or None). ``rungs``: one name or a sequence of names or of :class:`DecodeLoop`
+    (read on ``arch`` already; ``arch`` is then not used). TypeError / ValueError naming the argument otherwise; the
+    errors of :func:`decode_loop`."""
+    rungs = (rungs,) if isinstance(rungs, (str, DecodeLoop)) else rungs
     if not isinstance(rungs, (tuple, list)) or not rungs:
         raise TypeError(f"rungs must be a decode rung's name or a non-empty sequence of them, got {rungs!r}")
     copy = None if copy_rate is None else check_positive_real(copy_rate, "copy_rate", "number of bytes/s")
     out = []
     for name in rungs:
-        t = decode_loop(name, arch)
+        t = name if isinstance(name, DecodeLoop) else decode_loop(name, arch)
         ceiling = t.issue_ceiling
         out.append(dict(rung=t.rung, arch=t.arch, registers=t.registers, blocks_per_sm=t.blocks_per_sm,
                         instructions=t.instructions, kv_bytes=t.kv_bytes, waits=len(t.waits), trips=t.trips,
@@ -366,6 +367,24 @@ def round_trips(loops: dict, rows=None, *, num_heads: int = 32, heads_per_block:
                         trips_per_page=loop.trips, page_seconds=seconds / pages,
                         round_trip_seconds=seconds / pages / loop.trips))
     return out
+
+
+_TRIP_KEYS = ("rung", "variant", "num_seqs", "seq_len", "num_splits", "blocks", "block_rate", "trips_per_page",
+              "page_seconds", "round_trip_seconds")
+
+
+def round_trips_markdown(table) -> str:
+    """A markdown table of :func:`round_trips` rows: rung (and its split count), shape, blocks, K/V read per block
+    (GB/s), time per page (µs) and per round trip (µs). TypeError naming ``table`` for rows of another kind."""
+    _check_table(table, "round_trips", _TRIP_KEYS)
+    lines = ["| rung | sequences x tokens | splits | blocks (all at once) | K/V read per block | a page takes "
+             "| round trips per page | a round trip takes at most |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in table:
+        lines.append(f"| `{r['rung']}` | {r['num_seqs']} x {r['seq_len']} | {r['num_splits']} | {r['blocks']} | "
+                     f"{r['block_rate'] / 1e9:.2f} GB/s | {r['page_seconds'] * 1e6:.2f} \u00b5s | {r['trips_per_page']} | "
+                     f"{r['round_trip_seconds'] * 1e6:.3f} \u00b5s |")
+    return "\n".join(lines)
 
 
 def little_rate(bytes_in_flight: float, round_trip_seconds: float) -> float:

@@ -794,7 +794,7 @@ DECODE_RUNGS = (
          "them, then computes while nothing of its own is in flight; with it the next 8 rows are always on "
          "their way, 16 KiB per block from one step to the next. Compile report (NVRTC 12.9, sm_80 / sm_90, "
          "d = 128, fp16, no spills): 168 registers (at 4 blocks per SM it would spill: 224 / 248 bytes of spill stores and loads), "
-         "3 blocks per SM: 12 warps instead of 16, each with twice the loads in flight; output bitwise "
+         "3 blocks per SM: 12 warps instead of 16, each keeping a step's loads in flight while it computes too; output bitwise "
          "the split rung's; aim: 70% of the copy rate",
          "ld.global.nc.v4.u32", "not yet measured on a GPU"),
 )
