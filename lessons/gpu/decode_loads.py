@@ -27,6 +27,7 @@ import math
 import re
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 
 from lessons.core.checks import check_int, check_positive_real
 from lessons.cost.traffic import H200
@@ -36,7 +37,8 @@ from lessons.gpu.warpgroup_pipes import SM_TENSOR_FLOPS_PER_CLOCK, SUB_PARTITION
 
 __all__ = ["DECODE_LOOP_RUNGS", "THREADS", "PAGE_TOKENS", "SM_CLOCK_HZ", "load_bytes", "Wait", "DecodeLoop",
            "decode_loop", "decode_loop_table", "decode_loop_markdown", "blocks_per_sm", "round_trips", "round_trips_markdown",
-           "little_rate", "little_plot"]
+           "little_rate", "little_plot", "PROFILE_METRICS", "parse_ncu_sections", "measured_profile",
+           "PROFILED_KV_BYTES", "profile_markdown"]
 
 #: the decode rungs, in ladder order (:data:`lessons.gpu.ladder.DECODE_RUNGS`)
 DECODE_LOOP_RUNGS = ("paged_decode", "flash_decoding", "paged_decode_split", "paged_decode_prefetch")
@@ -443,3 +445,82 @@ def little_plot(loops: dict, rows=None, round_trip_seconds: float | None = None)
         if loop.issue_ceiling is not None:
             roofs[f"issue ceiling of {name}"] = loop.issue_ceiling
     return dict(round_trip=round_trip, points=points, lines=lines, roofs=roofs)
+
+
+#: what :func:`measured_profile` reads from an Nsight Compute report: its name -> the metric's name in the report
+PROFILE_METRICS = {"issued_per_scheduler": "Issued Warp Per Scheduler", "active_warps": "Active Warps Per Scheduler",
+                   "dram_pct": "DRAM Throughput", "sm_ghz": "SM Frequency", "duration_ms": "Duration"}
+_SECTION_LINE = re.compile(r"^\s+(\S.*?)\s{2,}(?:(\S+)\s+)?(-?[0-9][0-9,]*(?:\.[0-9]+)?)\s*$")
+_TO_UNIT = {("Duration", "us"): 1e-3, ("Duration", "ns"): 1e-6, ("Duration", "s"): 1e3, ("SM Frequency", "Mhz"): 1e-3}
+
+
+def parse_ncu_sections(text: str) -> dict:
+    """``{metric name: (unit, value)}`` from the section tables of an Nsight Compute text report (lines such as
+    ``    Issued Warp Per Scheduler                        0.42`` or ``    Duration   ms   1.48``: a name, a unit where
+    there is one ("" otherwise), a value with thousands separators); where a name occurs twice the first is kept.
+    TypeError for a ``text`` that is not a str."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be Nsight Compute's report (a str), got {type(text).__name__}")
+    out = {}
+    for line in text.splitlines():
+        m = _SECTION_LINE.match(line)
+        if m and not m.group(1).startswith(("-", "==")):
+            out.setdefault(m.group(1), (m.group(2) or "", float(m.group(3).replace(",", ""))))
+    return out
+
+
+def measured_profile(rung, folder: Path | None = None) -> dict | None:
+    """What Nsight Compute measured on one launch of decode rung ``rung`` (a name in :data:`DECODE_LOOP_RUNGS`), from
+    ``folder / f"ncu_{rung}.txt"`` (default: the recorded run's ``ncu`` folder, as ``scripts/gpu_check.sh`` writes
+    it): the values of :data:`PROFILE_METRICS` (``sm_ghz`` in GHz, ``duration_ms`` in ms, ``dram_pct`` in % of the
+    peak, ``issued_per_scheduler`` the share of clocks a scheduler issued an instruction, ``active_warps`` per
+    scheduler). None when the run holds no such file (the recorded run may predate it). ValueError naming the file when
+    it lacks one of them or for a rung off the list."""
+    from lessons.gpu.recorded import RECORDED_DIR
+
+    if not isinstance(rung, str) or rung not in DECODE_LOOP_RUNGS:
+        raise ValueError(f"rung must be one of {list(DECODE_LOOP_RUNGS)}, got {rung!r}")
+    path = Path(RECORDED_DIR / "ncu" if folder is None else folder) / f"ncu_{rung}.txt"
+    if not path.is_file():
+        return None
+    found = parse_ncu_sections(path.read_text(errors="replace"))
+    missing = [name for name in PROFILE_METRICS.values() if name not in found]
+    if missing:
+        raise ValueError(f"{path} holds no value for {missing}: not an ncu report of the sections gpu_check.sh asks for")
+    out = {}
+    for key, name in PROFILE_METRICS.items():
+        unit, value = found[name]
+        out[key] = value * _TO_UNIT.get((name, unit), 1.0)
+    return out
+
+
+#: K/V bytes of the launch ``scripts/profile_rung.py`` profiles for a decode rung: 64 sequences of 4096 tokens, 8 KV
+#: heads, d = 128, fp16, K and V
+PROFILED_KV_BYTES = 64 * 4096 * 8 * 128 * 2 * 2
+
+
+def profile_markdown(loops: dict, profiles: dict) -> str:
+    """A markdown table setting each profiled decode rung's Nsight Compute figures (``profiles``: rung name -> the dict
+    of :func:`measured_profile`, or None where not profiled) beside its SASS counts (``loops``: rung name ->
+    :class:`DecodeLoop` whose loop is a whole step): the K/V read rate of the launch (:data:`PROFILED_KV_BYTES` over
+    its duration), the share of clocks a scheduler issued, the rate the interior pass would read at that issue rate
+    and the measured clock (``issued x 4 x clock x 132 x 32 x kv_bytes / instructions``; near the measured rate when
+    the launch issues about the interior pass per step), DRAM throughput and active warps per scheduler.
+    TypeError for arguments of another kind; ValueError naming a rung with no loop or a staging loop."""
+    if not isinstance(loops, dict) or not isinstance(profiles, dict):
+        raise TypeError(f"loops and profiles must be dicts keyed by rung name, got {type(loops).__name__} and "
+                        f"{type(profiles).__name__}")
+    lines = ["| rung | K/V read (launch) | issued per scheduler and clock | the interior pass at that rate "
+             "| DRAM throughput | active warps per scheduler |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for name, prof in profiles.items():
+        loop = loops.get(name)
+        if not isinstance(loop, DecodeLoop) or loop.stages:
+            raise ValueError(f"loops[{name!r}] must be the DecodeLoop of a rung whose loop is a whole step")
+        if prof is None:
+            lines.append(f"| `{name}` | not profiled | | | | |")
+            continue
+        rate = PROFILED_KV_BYTES / (prof["duration_ms"] / 1e3)
+        at_issue = prof["issued_per_scheduler"] * loop.issue_ceiling * prof["sm_ghz"] * 1e9 / SM_CLOCK_HZ
+        lines.append(f"| `{name}` | {rate / 1e12:.2f} TB/s | {prof['issued_per_scheduler']:.2f} | {at_issue / 1e12:.2f} TB/s "
+                     f"| {prof['dram_pct']:.0f}% | {prof['active_warps']:.1f} |")
+    return "\n".join(lines)
