@@ -77,15 +77,35 @@ def _registers(operand: str) -> set:
     return out
 
 
+#: memory instructions whose data operand is as wide as the access: ``.64`` two registers, ``.128`` four (nvdisasm
+#: prints only the first: ``LDG.E.128 R8, ...`` fills R8..R11, ``STS.128 [R2], R8`` stores them)
+_LOADS = frozenset({"LD", "LDG", "LDL", "LDS", "LDC"})
+_STORES = frozenset({"ST", "STG", "STL", "STS"})
+_WIDE = {"64": 2, "128": 4}
+
+
+def _widened(registers: set, instruction) -> set:
+    """``registers`` (one data operand's) with the rest of a vector access's: R8 of an ``LDG.E.128`` -> R8..R11."""
+    n = next((_WIDE[p] for p in instruction.opcode.split(".")[1:] if p in _WIDE), 1)
+    return {r + k for r in registers for k in range(n)} if n > 1 and len(registers) == 1 else registers
+
+
 def _reads_and_writes(instruction) -> tuple[set, set]:
     """``(registers read, registers written)`` of one SASS instruction: the first operand is written when it is
     a plain register (``R12``, ``R4.64``), and every other register operand is read; a store's or a compare's
-    first operand (an address, a predicate) is not a register written."""
+    first operand (an address, a predicate) is not a register written. A vector load writes, and a vector store
+    reads, all the registers of its data (``LDG.E.128 R8`` writes R8..R11): a later read of R9 waits for it too."""
     operands = instruction.text.split(None, 1)[1] if " " in instruction.text else ""
     parts = [p.strip() for p in operands.split(",")]
     if parts and re.fullmatch(r"R\d+(\.64)?", parts[0]):
-        return set().union(*(_registers(p) for p in parts[1:])), _registers(parts[0])
-    return set().union(*(_registers(p) for p in parts)) if parts else set(), set()
+        written = _registers(parts[0])
+        if instruction.base in _LOADS:
+            written = _widened(written, instruction)
+        return set().union(*(_registers(p) for p in parts[1:])), written
+    reads = set().union(*(_registers(p) for p in parts)) if parts else set()
+    if instruction.base in _STORES and len(parts) > 1:
+        reads |= _widened(_registers(parts[-1]), instruction)
+    return reads, set()
 
 
 def _is_kv_load(instruction) -> bool:
