@@ -10,8 +10,10 @@ How many bytes a warp keeps in flight is in its machine code: a load's bytes are
 that asks for them until the first instruction that reads its register, where the warp waits for it. This
 module walks one pass of a decode rung's key loop (:func:`decode_loop`) and records, at every such wait, the
 bytes per thread still asked for and not yet used, and how many instructions the warp issued meanwhile; a pass
-is walked twice, so a load issued in one pass and used in the next (the prefetch rung) counts. It assumes loads
-land in the order they were issued: a wait for one load also sees the ones issued before it land.
+is walked twice, so a load issued in one pass and used in the next counts (a loop software-pipelined in its
+SASS; the prefetch rung's asks for a step ahead in its source, but its SASS copies the next step's rows into place
+at the end of the pass, and waits there). It assumes loads land in the order they were issued: a wait for one load
+also sees the ones issued before it land.
 
 The same pass gives a second limit, as for the forward rungs (:mod:`lessons.gpu.sass`): an SM's 4 schedulers
 issue one warp instruction per clock each, so a loop that issues ``I`` instructions per ``b`` bytes of K/V a
@@ -239,7 +241,7 @@ def _load_loop(instructions, labels) -> tuple[int, int, bool]:
 def decode_loop(rung, arch: str = "sm_90") -> DecodeLoop:
     """The :class:`DecodeLoop` of decode rung ``rung`` (a name in :data:`DECODE_LOOP_RUNGS` or its
     :class:`lessons.gpu.ladder.Rung`; fp16, d = 128, 32 query heads on 8 KV heads, pages of 16) compiled by NVRTC
-    for ``arch`` (``"sm_80"`` or ``"sm_90"``). The loop is the innermost one holding the most K/V loads of the
+    for ``arch`` (``"sm_80"`` or ``"sm_90"``). The loop is the outermost one holding the most K/V loads of the
     rung's entry point (:func:`lessons.gpu.ladder.decode_rung_entry`); the pass counted is the shortest through it
     that issues all of them (:func:`lessons.gpu.sass.interior_pass`). TypeError for a rung of another type;
     ValueError for a rung off the list, another arch, or SASS without such a loop or without a wait on the pass;
@@ -362,8 +364,9 @@ def round_trips(loops: dict, rows=None, *, num_heads: int = 32, heads_per_block:
       trip takes at most this long (the page's other work shares the time).
 
     Each dict: rung, variant, num_seqs, seq_len, num_splits, blocks, block_rate (K/V bytes per second per block),
-    trips_per_page, page_seconds, round_trip_seconds. TypeError for ``loops`` of another kind; ValueError naming the
-    argument for a loop that does not stage pages or a non-positive count."""
+    trips_per_page, page_seconds, round_trip_seconds. Rows of a rung that ``loops`` lacks or whose loop does not
+    stage pages are left out. TypeError for ``loops`` of another kind; ValueError naming the argument for a
+    non-positive count or ``heads_per_block`` that does not divide ``num_heads``."""
     from lessons.gpu.ladder import decode_recorded_rows
 
     if not isinstance(loops, dict) or not all(isinstance(v, DecodeLoop) for v in loops.values()):
