@@ -507,8 +507,7 @@ def test_a_page_staging_rung_reads_a_page_in_16_round_trips_of_two_values(rung):
 
 
 @needs_tools
-@pytest.mark.parametrize("rung, arch", [("paged_decode_split", "sm_90"), ("paged_decode_prefetch", "sm_90"),
-                                        ("paged_decode_split", "sm_80")])
+@pytest.mark.parametrize("rung, arch", [("paged_decode_split", "sm_90"), ("paged_decode_split", "sm_80")])
 def test_a_split_rung_has_a_steps_eight_16_byte_loads_in_flight_at_its_first_wait(rung, arch):
     d = _split_defines()
     loads, width = 2 * d["UNROLL"] * d["CHUNKS"], 2 * d["VEC"]
@@ -526,6 +525,24 @@ def test_a_split_rung_has_a_steps_eight_16_byte_loads_in_flight_at_its_first_wai
     assert t.issue_ceiling == pytest.approx(4 * CLOCK * SMS * 32 * 128 / t.instructions)
     assert t.issue_ceiling == pytest.approx(4 * (989e12 / (132 * 4096)) * 132 * 32 * 128 / t.instructions)
     assert sum(t.counts.values()) == t.instructions and t.counts["LDG"] >= loads
+    assert t.steps == 1 and t.step_instructions == t.instructions
+
+
+@needs_tools
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_prefetch_rungs_pass_is_two_steps_one_per_register_set(arch):
+    # the loop body is two steps (the even and the odd register set), each of 2 x UNROLL x CHUNKS 16-byte loads
+    d = _split_defines()
+    loads, width = 2 * d["UNROLL"] * d["CHUNKS"], 2 * d["VEC"]
+    t = _loop("paged_decode_prefetch", arch)
+    res = _resources("paged_decode_prefetch", arch)
+    assert t.registers == res.registers and t.blocks_per_sm == dl.blocks_per_sm(res.registers, 16640) == 3
+    assert not t.stages and (t.steps, t.kv_loads, t.kv_bytes) == (2, 2 * loads, 2 * loads * width) == (2, 16, 256)
+    assert _kv_opcodes("paged_decode_prefetch", arch) == {"LDG.E.128.CONSTANT"}
+    assert t.step_instructions == t.instructions / 2
+    assert t.issue_ceiling == pytest.approx(4 * CLOCK * SMS * 32 * 256 / t.instructions)
+    # every wait is for rows asked for about a step before: nearly a step's instructions lie in between
+    assert min(w.distance for w in t.waits) == t.load_to_use >= 0.9 * t.step_instructions
 
 
 @needs_tools
@@ -533,7 +550,10 @@ def test_the_prefetch_rung_waits_later_than_the_split_rung():
     split, prefetch = _loop("paged_decode_split"), _loop("paged_decode_prefetch")
     # its loads are asked for a step ahead: the work of a step lies between a load and its first use
     assert prefetch.load_to_use > split.load_to_use
-    assert prefetch.load_to_use >= prefetch.instructions / 2
+    assert prefetch.load_to_use >= 0.9 * prefetch.step_instructions > 4 * split.load_to_use
+    # two register sets taking turns: no copy of a step's rows from one set to the other, so a step issues about as
+    # many instructions as the split rung's
+    assert abs(prefetch.step_instructions / split.step_instructions - 1) < 0.03
     assert prefetch.registers > split.registers and prefetch.blocks_per_sm < split.blocks_per_sm
 
 
@@ -568,8 +588,8 @@ def test_load_to_use_is_the_nearest_reader_of_any_word_of_a_16_byte_load(rung):
     instructions, labels = sass.parse_sass(sass.disassemble(build, "sm_90", entry))
     first, last, _ = dl._load_loop(instructions, labels)
     wide = [i for i in range(first, last + 1) if instructions[i].opcode == "LDG.E.128.CONSTANT"]
-    assert len(wide) == 8
-    path = sass.interior_pass(instructions, labels, first, last, 8,
+    assert len(wide) == 8 * _loop(rung).steps                 # a step's 8, one step per register set
+    path = sass.interior_pass(instructions, labels, first, last, len(wide),
                               is_copy=lambda x: x.opcode == "LDG.E.128.CONSTANT")
     twice = [instructions[i] for i in path + path]
     distances = []
@@ -578,7 +598,7 @@ def test_load_to_use_is_the_nearest_reader_of_any_word_of_a_16_byte_load(rung):
             base = int(re.match(r"LDG\S* R(\d+),", x.text).group(1))
             words = set(range(base, base + 4))
             distances.append(next(q - p for q in range(p + 1, len(twice)) if _named(twice[q].text) & words))
-    assert len(distances) == 8 and _loop(rung).load_to_use == min(distances)
+    assert len(distances) == len(wide) and _loop(rung).load_to_use == min(distances)
 
 
 @needs_tools
@@ -654,3 +674,28 @@ def test_decode_loop_and_its_table_refuse_bad_input_by_name():
     for copy_rate in (-1.0, 0, float("nan"), "4e12", True):
         with pytest.raises(ValueError, match="copy_rate must be a positive finite number of bytes/s"):
             dl.decode_loop_table("paged_decode", copy_rate=copy_rate)
+
+
+@needs_tools
+def test_the_quiz_quotes_the_first_decode_rungs_bytes_in_flight():
+    from lessons.course.quiz import QUIZZES
+
+    q = next(q for q in QUIZZES["06_kernel_ladder"] if "flat rate per block" in q.question)
+    loops = {n: _loop(n) for n in STAGING}
+    trips = dl.round_trips(loops)
+    rates = [t["block_rate"] for t in trips if t["rung"] == "paged_decode"]
+    assert f"read {min(rates) / 1e9:.2f} to {max(rates) / 1e9:.2f} GB/s" in q.question
+    assert {t["blocks"] for t in trips if t["rung"] == "paged_decode"} >= {8, 512}
+    t = loops["paged_decode"]
+    right = q.choices[q.answer]
+    assert f"only {t.in_flight} bytes per thread in flight" in right
+    plot = dl.little_plot(loops)
+    L, copy = plot["round_trip"], plot["roofs"]["device copy rate (recorded)"]
+    full = SMS * t.blocks_per_sm * t.block_in_flight / L
+    text = q.explanation
+    assert f"keeps {t.block_in_flight} bytes in flight and a page takes {t.trips} round trips of at most {L * 1e6:.2f}" in text
+    assert f"recorded {copy / 1e12:.2f} TB/s copy rate takes about {copy * L / 1e6:.1f} MB in flight, " \
+           f"{copy * L / SMS / 1024:.0f} KiB per SM" in text
+    assert f"with {t.blocks_per_sm} blocks per SM this rung holds {t.blocks_per_sm * t.block_in_flight / 1024:.1f} KiB, " \
+           f"so at most {full / 1e12:.2f} TB/s ({full / copy:.0%})" in text
+    assert f"{_loop('paged_decode_split').block_in_flight // 1024} KiB per block" in text

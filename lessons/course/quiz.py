@@ -402,19 +402,20 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
         Q("On the recorded H200 run one block of the first decode rung (paged_decode) read 0.71 to 0.74 GB/s of "
           "K/V whether 8 or 512 blocks ran. Its SASS asks for one 2-byte value of K and one of V per thread, then "
           "stores them to shared memory at once. What does the flat rate per block say?",
-          ("HBM was already saturated at 8 blocks",
-           "Each block waits on its own round trips: 512 bytes in flight per block (4 per thread), 16 round trips "
-           "per page of 8 KiB, about 0.7 \u00b5s each, whatever the other blocks do; more blocks add their own bytes in "
-           "flight, so the GPU's rate grows with the blocks",
-           "The block-table look-up makes the blocks take turns",
-           "The GPU ran only 8 blocks at a time, the others waited"),
+          ("HBM was saturated, so each block got an equal share of it",
+           "Each block waits on its own round trips with only 4 bytes per thread in flight; the blocks do not "
+           "compete yet, so more blocks read proportionally more",
+           "The SM's schedulers were the limit, busy issuing every clock",
+           "The K/V came from the L2 cache, whose latency does not depend on the load"),
           1,
-          "Little's law: a memory system with B bytes asked for and not yet arrived delivers B / L per second. Each "
-          "block keeps 512 bytes in flight, so 64 times more blocks read 64 times faster and nothing is shared "
-          "yet. To read at the recorded 4.28 TB/s copy rate with 0.70 \u00b5s round trips takes about 3.0 MB in "
-          "flight, 22 KiB per SM; with 9 blocks per SM this rung holds 4.5 KiB, so at most 0.87 TB/s (20%), "
-          "however the keys are split. The split rung asks for 16 bytes of 4 keys' K and V per lane before it "
-          "uses any: 16 KiB per block, 64 KiB per SM. Reread 'Bytes in flight: Little's law'."),
+          "Little's law: a memory system with B bytes asked for and not yet delivered delivers B / L per second. Each "
+          "block keeps 512 bytes in flight and a page takes 16 round trips of at most 0.70 \u00b5s, so 64 times more "
+          "blocks read 64 times faster. Had HBM been saturated, or the schedulers full, the rate per block would fall "
+          "as blocks were added (about four blocks share an SM at 512); and 0.5-1 GiB of K/V is far larger than the "
+          "50 MB L2. To read at the recorded 4.28 TB/s copy rate takes about 3.0 MB in flight, 22 KiB per SM; with 9 "
+          "blocks per SM this rung holds 4.5 KiB, so at most 0.87 TB/s (20%), however the keys are split. The split "
+          "rung asks for 16 bytes of 4 keys' K and V per lane before it uses any: 16 KiB per block. Reread 'Bytes in "
+          "flight: Little's law'."),
     ),
     "07_paged_attention": (
         Q("What is the one difference between the paged loop and the flash loop?",

@@ -37,7 +37,7 @@ from lessons.gpu.sass import _back_edges, _check_table, classes_of, disassemble,
 from lessons.gpu.source import H200_NUM_SMS
 from lessons.gpu.warpgroup_pipes import SM_TENSOR_FLOPS_PER_CLOCK, SUB_PARTITIONS
 
-__all__ = ["DECODE_LOOP_RUNGS", "THREADS", "PAGE_TOKENS", "SM_CLOCK_HZ", "load_bytes", "Wait", "DecodeLoop",
+__all__ = ["DECODE_LOOP_RUNGS", "THREADS", "STEP_LOADS", "PAGE_TOKENS", "SM_CLOCK_HZ", "load_bytes", "Wait", "DecodeLoop",
            "decode_loop", "decode_loop_table", "decode_loop_markdown", "blocks_per_sm", "round_trips", "round_trips_markdown",
            "little_rate", "little_plot", "PROFILE_METRICS", "parse_ncu_sections", "measured_profile",
            "PROFILED_KV_BYTES", "profile_markdown"]
@@ -47,6 +47,10 @@ DECODE_LOOP_RUNGS = ("paged_decode", "flash_decoding", "paged_decode_split", "pa
 
 #: threads per block of both decode kernels (``NUM_THREADS`` in ``paged_decode.cu`` and ``paged_decode_split.cu``)
 THREADS = 128
+
+#: K/V loads per thread in one step of the split rungs at d = 128 in fp16 (``paged_decode_split.cu``): the K and V rows
+#: of UNROLL = 4 keys, one 16-byte load each (``CHUNKS`` = 1)
+STEP_LOADS = 8
 
 #: tokens per page of the decode rungs' paged cache (``BLOCK_SIZE``: :func:`lessons.gpu.ladder.decode_rung_build`)
 PAGE_TOKENS = 16
@@ -136,7 +140,8 @@ class DecodeLoop:
 
     ``instructions``: the fewest on a pass that issues all the loop's K/V loads (one issue slot each);
     ``counts``: that pass by opcode; ``kv_loads`` and ``kv_bytes``: its K/V loads per thread and their bytes;
-    ``waits``: the :class:`Wait` of the pass, in order; ``stages``: whether the loop stages each page in shared
+    ``waits``: the :class:`Wait` of the pass, in order; ``steps``: the steps a pass holds (1; 2 where two register
+    sets take turns, the prefetch rung; 1 page for a staging loop); ``stages``: whether the loop stages each page in shared
     memory through an inner loop of loads (the one-page-per-barrier rungs: a pass is one page, 32 loads per thread
     at d = 128 in fp16) or loads and absorbs one step's keys itself (a pass is one step)."""
 
@@ -150,11 +155,12 @@ class DecodeLoop:
     kv_bytes: int
     waits: tuple
     stages: bool
+    steps: int = 1
 
     def __post_init__(self):
         if self.rung not in DECODE_LOOP_RUNGS:
             raise ValueError(f"rung must be one of {list(DECODE_LOOP_RUNGS)}, got {self.rung!r}")
-        for name in ("registers", "instructions", "kv_loads", "kv_bytes"):
+        for name in ("registers", "instructions", "kv_loads", "kv_bytes", "steps"):
             check_int(getattr(self, name), name, min=1)
         check_int(self.shared_bytes, "shared_bytes", min=0)
         if not self.waits or not all(isinstance(w, Wait) for w in self.waits):
@@ -169,6 +175,11 @@ class DecodeLoop:
     def block_in_flight(self) -> int:
         """Bytes per block in flight when its warps wait: :attr:`in_flight` x :data:`THREADS`."""
         return self.in_flight * THREADS
+
+    @property
+    def step_instructions(self) -> float:
+        """Instructions per step (or page): :attr:`instructions` over :attr:`steps`."""
+        return self.instructions / self.steps
 
     @property
     def trips(self) -> int:
@@ -270,10 +281,15 @@ def decode_loop(rung, arch: str = "sm_90") -> DecodeLoop:
     waits = _walk(instructions, path)
     if not waits:
         raise ValueError(f"{name} ({arch}): no instruction on the pass reads a K/V load's register")
+    steps = 1
+    if not stages:                                     # a step: UNROLL = 4 keys' K and V, one 16-byte load each
+        if loads % STEP_LOADS:
+            raise ValueError(f"{name} ({arch}): the key loop holds {loads} K/V loads, not whole steps of {STEP_LOADS}")
+        steps = loads // STEP_LOADS
     on_path = [instructions[i] for i in path]
     return DecodeLoop(name, arch, resources.registers, resources.smem_bytes + resources.dynamic_smem_bytes, len(path),
                       dict(Counter(x.base for x in on_path)), sum(_is_kv_load(x) for x in on_path),
-                      sum(load_bytes(x.opcode) for x in on_path if _is_kv_load(x)), waits, stages)
+                      sum(load_bytes(x.opcode) for x in on_path if _is_kv_load(x)), waits, stages, steps)
 
 
 #: per SM of compute capability 8.0 and 9.0: registers, the unit a warp's registers are allocated in, threads,
@@ -303,8 +319,8 @@ def blocks_per_sm(registers: int, shared_bytes: int, threads: int = THREADS) -> 
 
 
 def decode_loop_table(rungs=DECODE_LOOP_RUNGS, arch: str = "sm_90", copy_rate: float | None = None) -> list[dict]:
-    """One dict per rung of :func:`decode_loop`: rung, arch, registers, blocks_per_sm, instructions, kv_bytes (per
-    thread and pass), waits and trips (how many per pass), in_flight (bytes per thread at a wait), block_in_flight and
+    """One dict per rung of :func:`decode_loop`: rung, arch, registers, blocks_per_sm, instructions (per pass), steps
+    (per pass), step_instructions, kv_bytes (per thread and pass), waits and trips (how many per pass), in_flight (bytes per thread at a wait), block_in_flight and
     sm_in_flight (bytes, x 128 threads, x blocks per SM), load_to_use (instructions), classes (the pass by
     :data:`lessons.gpu.sass.ISSUE_CLASSES`), issue_ceiling (bytes/s or None) and, with ``copy_rate`` (bytes/s),
     ceiling_x_copy (the ceiling over it, or None). ``rungs``: one name or a sequence of names or of :class:`DecodeLoop`
@@ -319,7 +335,8 @@ def decode_loop_table(rungs=DECODE_LOOP_RUNGS, arch: str = "sm_90", copy_rate: f
         t = name if isinstance(name, DecodeLoop) else decode_loop(name, arch)
         ceiling = t.issue_ceiling
         out.append(dict(rung=t.rung, arch=t.arch, registers=t.registers, blocks_per_sm=t.blocks_per_sm,
-                        instructions=t.instructions, kv_bytes=t.kv_bytes, waits=len(t.waits), trips=t.trips,
+                        instructions=t.instructions, steps=t.steps, step_instructions=t.step_instructions,
+                        kv_bytes=t.kv_bytes, waits=len(t.waits), trips=t.trips,
                         in_flight=t.in_flight,
                         block_in_flight=t.block_in_flight, sm_in_flight=t.block_in_flight * t.blocks_per_sm,
                         load_to_use=t.load_to_use, classes=t.classes, issue_ceiling=ceiling,
@@ -327,7 +344,7 @@ def decode_loop_table(rungs=DECODE_LOOP_RUNGS, arch: str = "sm_90", copy_rate: f
     return out
 
 
-_TABLE_KEYS = ("rung", "registers", "blocks_per_sm", "instructions", "kv_bytes", "trips", "in_flight",
+_TABLE_KEYS = ("rung", "registers", "blocks_per_sm", "instructions", "steps", "kv_bytes", "trips", "in_flight",
                "block_in_flight", "sm_in_flight", "load_to_use", "issue_ceiling")
 
 
@@ -345,10 +362,11 @@ def decode_loop_markdown(table=None) -> str:
     for r in table:
         staged = r["issue_ceiling"] is None
         ceiling = "none counted" if staged else f"{r['issue_ceiling'] / 1e12:.2f} TB/s"
-        lines.append(f"| `{r['rung']}` | {r['registers']} | {r['blocks_per_sm']} | {'one page' if staged else 'one step'} "
+        what = "one page" if staged else "one step" if r["steps"] == 1 else f"{r['steps']} steps"
+        lines.append(f"| `{r['rung']}` | {r['registers']} | {r['blocks_per_sm']} | {what} "
                      f"| {r['kv_bytes']} | {r['trips']} | {r['in_flight']} B / {r['block_in_flight']:,} B / "
                      f"{r['sm_in_flight'] / 1024:.1f} KiB | {r['load_to_use']} | "
-                     f"{'(inner loops)' if staged else r['instructions']} | {ceiling} |")
+                     f"{'not counted (inner loops over d)' if staged else r['instructions']} | {ceiling} |")
     return "\n".join(lines)
 
 
@@ -435,7 +453,8 @@ def little_plot(loops: dict, rows=None, round_trip_seconds: float | None = None)
     * ``lines``: one dict per distinct :attr:`DecodeLoop.block_in_flight`: bytes (per block), rungs (those with
       it), blocks and rates (bytes per second): Little's law, ``blocks x bytes / round_trip``, from 1 block to
       all the GPU holds of the rung that fits most (132 x blocks per SM);
-    * ``roofs``: label -> bytes per second: the recorded copy rate, and each loop's issue ceiling.
+    * ``roofs``: label -> bytes per second: the recorded copy rate, and each loop's issue ceiling (one of two within
+      2% of each other: the first).
 
     TypeError for ``loops`` of another kind; ValueError when no row gives a round trip and none is given."""
     from lessons.gpu.ladder import decode_recorded_rows
@@ -465,7 +484,8 @@ def little_plot(loops: dict, rows=None, round_trip_seconds: float | None = None)
     copies = [r["tb_per_s"] * 1e12 * 100 / r["pct"] for r in rows if r["pct"] > 0]
     roofs = {"device copy rate (recorded)": copies[0]} if copies else {}
     for name, loop in loops.items():
-        if loop.issue_ceiling is not None:
+        near = [r for r in roofs.values() if abs(r / loop.issue_ceiling - 1) < 0.02] if loop.issue_ceiling else True
+        if not near:                                   # a ceiling within 2% of one drawn already would hide behind it
             roofs[f"issue ceiling of {name}"] = loop.issue_ceiling
     return dict(round_trip=round_trip, points=points, lines=lines, roofs=roofs)
 

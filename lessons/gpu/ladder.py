@@ -788,12 +788,13 @@ DECODE_RUNGS = (
          "paged_decode_split", "lessons.gpu.paged_decode_split_gpu", "float16",
          "the same kernel built with PREFETCH=1 (paged_decode_split_gpu(..., prefetch=True)): each lane group "
          "issues the K and V loads of its next step before it absorbs this step's 4 keys, software pipelining "
-         "in registers; the rows of two steps live at once, so the build asks for 3 blocks per SM instead of 4 "
-         "and num_splits fills a wave of 132 x 3 blocks",
+         "in registers, two sets of registers taking turns (even and odd steps, so no step's rows are copied "
+         "from one set to the other); the rows of two steps live at once, so the build asks for 3 blocks per SM "
+         "instead of 4 and num_splits fills a wave of 132 x 3 blocks",
          "without it a lane group's loads are in flight only between its steps: it issues 8 rows, waits for "
          "them, then computes while nothing of its own is in flight; with it the next 8 rows are always on "
          "their way, 16 KiB per block from one step to the next. Compile report (NVRTC 12.9, sm_80 / sm_90, "
-         "d = 128, fp16, no spills): 168 registers (at 4 blocks per SM it would spill: 224 / 248 bytes of spill stores and loads), "
+         "d = 128, fp16, no spills): 168 registers (at 4 blocks per SM it would spill: 388 / 452 bytes of spill stores and loads), "
          "3 blocks per SM: 12 warps instead of 16, each keeping a step's loads in flight while it computes too; output bitwise "
          "the split rung's; aim: 70% of the copy rate",
          "ld.global.nc.v4.u32", "not yet measured on a GPU"),

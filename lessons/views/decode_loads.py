@@ -30,6 +30,10 @@ def little_figure(plot: dict):
         size = f"{line['bytes'] / 1024:g} KiB" if line["bytes"] >= 1024 else f"{line['bytes']} B"
         ax.plot(line["blocks"], [r / 1e12 for r in line["rates"]], ls="--", lw=1.4, color=colour,
                 label=f"Little's law, {size} in flight per block\n({', '.join(line['rungs'])})")
+        if line is plot["lines"][0]:                   # the fewest bytes: where every SM full still leaves it
+            ax.annotate(f"every SM full ({line['blocks'][-1]} blocks):\n{line['rates'][-1] / 1e12:.2f} TB/s",
+                        (line["blocks"][-1], line["rates"][-1] / 1e12), xytext=(0, 8), textcoords="offset points",
+                        ha="right", va="bottom", fontsize=8, color="#3182bd")
     for name, found in plot["points"].items():
         colour, marker, size = RUNG_STYLES.get(name, ("#636363", "o", 8))
         xs, ys = zip(*found)
@@ -39,13 +43,15 @@ def little_figure(plot: dict):
         ax.axhline(rate / 1e12, ls=":", lw=1.6, color=colour, label=f"{label}: {rate / 1e12:.2f} TB/s")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    lowest = min(min(line["rates"]) for line in plot["lines"])
+    ax.set_ylim(lowest / 1e12 / 2, max(list(plot["roofs"].values()) + [lowest]) / 1e12 * 2.5)
     ticks = [1, 4, 16, 64, 256, 1024]
     ax.xaxis.set_major_locator(FixedLocator(ticks))
     ax.xaxis.set_major_formatter(ScalarFormatter())
     ax.set_xlabel("thread blocks running at once (every block of the launch in one wave)", fontsize=10)
     ax.set_ylabel("K/V read (TB/s)", fontsize=10)
-    ax.set_title(f"Little's law: rate = bytes in flight / round trip ({plot['round_trip'] * 1e6:.2f} \u00b5s)",
-                 fontsize=11)
+    ax.set_title(f"Little's law: rate = bytes in flight / round trip (at most {plot['round_trip'] * 1e6:.2f} \u00b5s, "
+                 "from the page-staging points)", fontsize=10)
     ax.grid(True, which="major", color="#eeeeee")
     tidy(ax)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, labelspacing=0.9)

@@ -369,19 +369,27 @@ paged_decode_gqa_split(const scalar_t* __restrict__ q, const scalar_t* __restric
     int first = key_begin + warp * KEYS_PER_WARP * UNROLL;
 #if PREFETCH
     // Software pipelining in registers: the rows of step i + 1 are loaded while step i is absorbed,
-    // so a lane group always has a step's loads in flight (not only between its steps).
-    StepRows cur;
-    load_step(cur, first + key_in_warp * UNROLL, key_end, page_of(table, first + key_in_warp * UNROLL, key_end),
+    // so a lane group always has a step's loads in flight (not only between its steps). Two sets of
+    // registers take turns, `even` for steps 0, 2, 4, ... and `odd` for 1, 3, 5, ...: the loop body is
+    // two steps, so no step's rows are copied from one set to the other (a copy would read the rows,
+    // and so wait for them, at the end of every step).
+    StepRows even, odd;
+    load_step(even, first + key_in_warp * UNROLL, key_end, page_of(table, first + key_in_warp * UNROLL, key_end),
               table, k_cache, v_cache, num_kv_heads, kv_head, sub);
     int page = page_of(table, first + key_in_warp * UNROLL + keys_per_step, key_end);
-    for (; first < key_end; first += keys_per_step) {
-        const int key0 = first + key_in_warp * UNROLL;           // this group's first key
-        const int page_after = page_of(table, key0 + 2 * keys_per_step, key_end);
-        StepRows next;
-        load_step(next, key0 + keys_per_step, key_end, page, table, k_cache, v_cache, num_kv_heads, kv_head, sub);
+    // each pass of the loop is two steps: the even set's, then the odd set's; key0 is this group's first key
+    for (int key0 = first + key_in_warp * UNROLL; first < key_end; first += keys_per_step, key0 += keys_per_step) {
+        int page_after = page_of(table, key0 + 2 * keys_per_step, key_end);
+        load_step(odd, key0 + keys_per_step, key_end, page, table, k_cache, v_cache, num_kv_heads, kv_head, sub);
         page = page_after;
-        absorb_step(cur, key0, key_end, scale, qv, m, l, o, lane, sub);
-        cur = next;
+        absorb_step(even, key0, key_end, scale, qv, m, l, o, lane, sub);
+        first += keys_per_step;
+        key0 += keys_per_step;
+        if (first >= key_end) break;                             // the same for every lane of the warp
+        page_after = page_of(table, key0 + 2 * keys_per_step, key_end);
+        load_step(even, key0 + keys_per_step, key_end, page, table, k_cache, v_cache, num_kv_heads, kv_head, sub);
+        page = page_after;
+        absorb_step(odd, key0, key_end, scale, qv, m, l, o, lane, sub);
     }
 #else
     int page = page_of(table, first + key_in_warp * UNROLL, key_end);
