@@ -699,3 +699,60 @@ def test_the_quiz_quotes_the_first_decode_rungs_bytes_in_flight():
     assert f"with {t.blocks_per_sm} blocks per SM this rung holds {t.blocks_per_sm * t.block_in_flight / 1024:.1f} KiB, " \
            f"so at most {full / 1e12:.2f} TB/s ({full / copy:.0%})" in text
     assert f"{_loop('paged_decode_split').block_in_flight // 1024} KiB per block" in text
+
+
+# an Nsight Compute text report as gpu_check.sh writes it (section tables: name, unit where there is one, value)
+NCU_REPORT = """==PROF== Connected to process 7 (/usr/bin/python3.12)
+  paged_decode_gqa_split (8, 64, 1)x(128, 1, 1), Context 1, Stream 7, Device 0, CC 9.0
+    Section: GPU Speed Of Light Throughput
+    ----------------------- ----------- ------------
+    Metric Name             Metric Unit Metric Value
+    ----------------------- ----------- ------------
+    DRAM Frequency                  Ghz         3.20
+    SM Frequency                    Ghz         1.75
+    Elapsed Cycles                cycle    1,234,567
+    DRAM Throughput                   %        71.25
+    Duration                         us       400.00
+    ----------------------- ----------- ------------
+    Section: Scheduler Statistics
+    Issued Warp Per Scheduler                        0.61
+    Active Warps Per Scheduler          warp         3.90
+"""
+
+
+def test_parse_ncu_sections_reads_names_units_and_values():
+    found = dl.parse_ncu_sections(NCU_REPORT)
+    assert found["Elapsed Cycles"] == ("cycle", 1234567.0)
+    assert found["Issued Warp Per Scheduler"] == ("", 0.61)
+    assert found["Duration"] == ("us", 400.0) and found["DRAM Throughput"] == ("%", 71.25)
+    assert "Metric Name" not in found
+    with pytest.raises(TypeError, match="text must be"):
+        dl.parse_ncu_sections(b"bytes")
+
+
+def test_measured_profile_reads_the_report_and_converts_units(tmp_path):
+    assert dl.measured_profile("paged_decode_split", tmp_path) is None            # no report: not profiled yet
+    (tmp_path / "ncu_paged_decode_split.txt").write_text(NCU_REPORT)
+    got = dl.measured_profile("paged_decode_split", tmp_path)
+    assert got == dict(issued_per_scheduler=0.61, active_warps=3.9, dram_pct=71.25, sm_ghz=1.75, duration_ms=0.4)
+    (tmp_path / "ncu_paged_decode_prefetch.txt").write_text(NCU_REPORT.replace("Issued Warp", "Issued Whatever"))
+    with pytest.raises(ValueError, match="ncu_paged_decode_prefetch.txt holds no value for"):
+        dl.measured_profile("paged_decode_prefetch", tmp_path)
+    with pytest.raises(ValueError, match="rung must be one of"):
+        dl.measured_profile("mma_fa2", tmp_path)
+
+
+def test_profile_markdown_sets_the_profile_beside_the_pass(tmp_path):
+    (tmp_path / "ncu_paged_decode_split.txt").write_text(NCU_REPORT)
+    prof = dl.measured_profile("paged_decode_split", tmp_path)
+    loops = {"paged_decode_split": HAND["paged_decode_split"], "paged_decode_prefetch": HAND["paged_decode_prefetch"]}
+    text = dl.profile_markdown(loops, {"paged_decode_split": prof, "paged_decode_prefetch": None})
+    rate = 64 * 4096 * 8 * 128 * 2 * 2 / 400e-6                   # 1 GiB of K/V in 400 us
+    # 0.61 of the clocks at 1.75 GHz: 4 x 1.75e9 x 132 x 32 x 128 bytes / 731 instructions, times 0.61
+    at_issue = 0.61 * 4 * 1.75e9 * 132 * 32 * 128 / 731
+    assert f"| `paged_decode_split` | {rate / 1e12:.2f} TB/s | 0.61 | {at_issue / 1e12:.2f} TB/s | 71% | 3.9 |" in text
+    assert "| `paged_decode_prefetch` | not profiled |" in text
+    with pytest.raises(ValueError, match="whole step"):
+        dl.profile_markdown({"paged_decode": HAND["paged_decode"]}, {"paged_decode": prof})
+    with pytest.raises(TypeError, match="must be dicts"):
+        dl.profile_markdown([], {})

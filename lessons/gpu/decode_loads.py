@@ -4,16 +4,15 @@ Decoding reads each K/V byte once and does 2 FLOPs with it, so a decode kernel i
 fast. A load takes a round trip (the latency ``L``, from the load's issue until its data can be used), and
 *Little's law* says how much must be asked for meanwhile: a GPU that has ``B`` bytes in flight on average
 reads at ``B / L`` bytes per second. To read at the copy rate ``R`` it needs ``R x L`` bytes in flight (Little
-1961; for GPUs: Volkov 2016, Sec. 4, "Understanding latency hiding on GPUs").
+1961; for GPUs: Volkov 2016, "Understanding latency hiding on GPUs", PhD thesis, UC Berkeley).
 
 How many bytes a warp keeps in flight is in its machine code: a load's bytes are in flight from the ``LDG``
 that asks for them until the first instruction that reads its register, where the warp waits for it. This
 module walks one pass of a decode rung's key loop (:func:`decode_loop`) and records, at every such wait, the
 bytes per thread still asked for and not yet used, and how many instructions the warp issued meanwhile; a pass
-is walked twice, so a load issued in one pass and used in the next counts (a loop software-pipelined in its
-SASS; the prefetch rung's asks for a step ahead in its source, but its SASS copies the next step's rows into place
-at the end of the pass, and waits there). It assumes loads land in the order they were issued: a wait for one load
-also sees the ones issued before it land.
+is walked twice, so a load issued in one pass and used in the next counts (the prefetch rung: its pass is two
+steps, one per register set, and the rows its second step asks for are used in the next pass's first). It assumes
+loads land in the order they were issued: a wait for one load also sees the ones issued before it land.
 
 The same pass gives a second limit, as for the forward rungs (:mod:`lessons.gpu.sass`): an SM's 4 schedulers
 issue one warp instruction per clock each, so a loop that issues ``I`` instructions per ``b`` bytes of K/V a
