@@ -38,7 +38,7 @@ from lessons.gpu.warpgroup_pipes import SM_TENSOR_FLOPS_PER_CLOCK, SUB_PARTITION
 
 __all__ = ["DECODE_LOOP_RUNGS", "THREADS", "STEP_LOADS", "PAGE_TOKENS", "SM_CLOCK_HZ", "load_bytes", "Wait", "DecodeLoop",
            "decode_loop", "decode_loop_table", "decode_loop_markdown", "blocks_per_sm", "round_trips", "round_trips_markdown",
-           "little_rate", "little_plot", "PROFILE_METRICS", "parse_ncu_sections", "measured_profile",
+           "little_rate", "little_plot", "PROFILE_METRICS", "parse_ncu_sections", "top_stall", "measured_profile",
            "PROFILED_KV_BYTES", "profile_markdown"]
 
 #: the decode rungs, in ladder order (:data:`lessons.gpu.ladder.DECODE_RUNGS`)
@@ -491,7 +491,26 @@ def little_plot(loops: dict, rows=None, round_trip_seconds: float | None = None)
 
 #: what :func:`measured_profile` reads from an Nsight Compute report: its name -> the metric's name in the report
 PROFILE_METRICS = {"issued_per_scheduler": "Issued Warp Per Scheduler", "active_warps": "Active Warps Per Scheduler",
-                   "dram_pct": "DRAM Throughput", "sm_ghz": "SM Frequency", "duration_ms": "Duration"}
+                   "dram_pct": "DRAM Throughput", "sm_ghz": "SM Frequency", "duration_ms": "Duration",
+                   "cycles_per_issue": "Warp Cycles Per Issued Instruction"}
+_STALL = re.compile(r"each warp of this (?:workload|kernel) spends ([0-9.]+) cycles being stalled (.+?)\. .*?"
+                    r"This stall type represents about ([0-9.]+)% of the total average of ([0-9.]+) cycles", re.S)
+
+
+def top_stall(text: str) -> dict | None:
+    """The stall an Nsight Compute report's Warp State Statistics rule names as the largest (its advice text: "each
+    warp of this workload spends X cycles being stalled <why>. ... This stall type represents about Y% of the total
+    average of Z cycles between issuing two instructions"): dict why (str), cycles, share (Y / 100) and
+    cycles_per_issue (Z); None when the report holds no such text (the rule names a stall only where it matters).
+    TypeError for a ``text`` that is not a str."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be Nsight Compute's report (a str), got {type(text).__name__}")
+    flat = " ".join(line.strip() for line in text.splitlines())
+    m = _STALL.search(flat)
+    if m is None:
+        return None
+    return dict(why=m.group(2), cycles=float(m.group(1)), share=float(m.group(3)) / 100,
+                cycles_per_issue=float(m.group(4)))
 _SECTION_LINE = re.compile(r"^\s+(\S.*?)\s{2,}(?:(\S+)\s+)?(-?[0-9][0-9,]*(?:\.[0-9]+)?)\s*$")
 _TO_UNIT = {("Duration", "us"): 1e-3, ("Duration", "ns"): 1e-6, ("Duration", "s"): 1e3, ("SM Frequency", "Mhz"): 1e-3}
 
@@ -516,7 +535,8 @@ def measured_profile(rung, folder: Path | None = None) -> dict | None:
     ``folder / f"ncu_{rung}.txt"`` (default: the recorded run's ``ncu`` folder, as ``scripts/gpu_check.sh`` writes
     it): the values of :data:`PROFILE_METRICS` (``sm_ghz`` in GHz, ``duration_ms`` in ms, ``dram_pct`` in % of the
     peak, ``issued_per_scheduler`` the share of clocks a scheduler issued an instruction, ``active_warps`` per
-    scheduler). None when the run holds no such file (the recorded run may predate it). ValueError naming the file when
+    scheduler, ``cycles_per_issue`` a warp's cycles between two of its instructions) and ``top_stall`` (:func:`top_stall`,
+    or None). None when the run holds no such file (the recorded run may predate it). ValueError naming the file when
     it lacks one of them or for a rung off the list."""
     from lessons.gpu.recorded import RECORDED_DIR
 
@@ -533,6 +553,7 @@ def measured_profile(rung, folder: Path | None = None) -> dict | None:
     for key, name in PROFILE_METRICS.items():
         unit, value = found[name]
         out[key] = value * _TO_UNIT.get((name, unit), 1.0)
+    out["top_stall"] = top_stall(path.read_text(errors="replace"))
     return out
 
 
@@ -547,22 +568,26 @@ def profile_markdown(loops: dict, profiles: dict) -> str:
     :class:`DecodeLoop` whose loop is a whole step): the K/V read rate of the launch (:data:`PROFILED_KV_BYTES` over
     its duration), the share of clocks a scheduler issued, the rate the interior pass would read at that issue rate
     and the measured clock (``issued x 4 x clock x 132 x 32 x kv_bytes / instructions``; near the measured rate when
-    the launch issues about the interior pass per step), DRAM throughput and active warps per scheduler.
+    the launch issues about the interior pass per step), DRAM throughput, active warps per scheduler, a warp's cycles
+    between two issues and the largest stall the report names (:func:`top_stall`).
     TypeError for arguments of another kind; ValueError naming a rung with no loop or a staging loop."""
     if not isinstance(loops, dict) or not isinstance(profiles, dict):
         raise TypeError(f"loops and profiles must be dicts keyed by rung name, got {type(loops).__name__} and "
                         f"{type(profiles).__name__}")
     lines = ["| rung | K/V read (launch) | issued per scheduler and clock | the interior pass at that rate "
-             "| DRAM throughput | active warps per scheduler |", "| --- | ---: | ---: | ---: | ---: | ---: |"]
+             "| DRAM throughput | active warps per scheduler | a warp's cycles between issues | the largest stall |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for name, prof in profiles.items():
         loop = loops.get(name)
         if not isinstance(loop, DecodeLoop) or loop.stages:
             raise ValueError(f"loops[{name!r}] must be the DecodeLoop of a rung whose loop is a whole step")
         if prof is None:
-            lines.append(f"| `{name}` | not profiled | | | | |")
+            lines.append(f"| `{name}` | not profiled | | | | | | |")
             continue
         rate = PROFILED_KV_BYTES / (prof["duration_ms"] / 1e3)
         at_issue = prof["issued_per_scheduler"] * loop.issue_ceiling * prof["sm_ghz"] * 1e9 / SM_CLOCK_HZ
+        stall = prof.get("top_stall")
+        said = "none named" if not stall else f"{stall['share']:.0%}: stalled {stall['why']}"
         lines.append(f"| `{name}` | {rate / 1e12:.2f} TB/s | {prof['issued_per_scheduler']:.2f} | {at_issue / 1e12:.2f} TB/s "
-                     f"| {prof['dram_pct']:.0f}% | {prof['active_warps']:.1f} |")
+                     f"| {prof['dram_pct']:.0f}% | {prof['active_warps']:.1f} | {prof['cycles_per_issue']:.1f} | {said} |")
     return "\n".join(lines)
