@@ -781,3 +781,41 @@ def test_top_stall_reads_the_rule_text_across_its_wrapped_lines():
     assert dl.top_stall(NCU_REPORT.split("    OPT")[0]) is None            # no rule named a stall
     with pytest.raises(TypeError, match="text must be"):
         dl.top_stall(None)
+
+
+@needs_tools
+def test_step_classes_add_up_to_a_steps_instructions():
+    for rung in STAGING + SPLIT:
+        t = _loop(rung)
+        classes = t.step_classes
+        assert list(classes) == [name for name, _ in dl.DECODE_CLASSES]
+        assert sum(classes.values()) == pytest.approx(t.step_instructions)
+    split = _loop("paged_decode_split").step_classes
+    # four multiply-adds per value a lane holds (8 values of K and 8 of V per key, 4 keys, 4 heads): 256, and
+    # one 16-bit-to-float32 widening per value (2 x 4 x 8 = 64)
+    assert split["multiply-adds"] >= 4 * 2 * 4 * 8 and split["16-bit to float32"] == 2 * 4 * 8
+
+
+@needs_tools
+def test_the_decode_step_figure_draws_one_bar_per_step_rung():
+    import io
+
+    from matplotlib.patches import Rectangle
+
+    from lessons.views.decode_loads import decode_step_figure
+
+    table = dl.decode_loop_table()
+    fig = decode_step_figure(table)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == list(reversed(SPLIT))
+    widths = sum(p.get_width() for p in ax.patches if isinstance(p, Rectangle))
+    assert widths == pytest.approx(sum(r["step_instructions"] for r in table if r["rung"] in SPLIT))
+    texts = [t.get_text() for t in ax.texts]
+    for r in table:
+        if r["rung"] in SPLIT:
+            assert f"{r['step_instructions']:.0f} per step: at most {r['issue_ceiling'] / 1e12:.2f} TB/s" in texts
+    fig.savefig(io.BytesIO(), format="png")
+    with pytest.raises(ValueError, match="whole step"):
+        decode_step_figure([r for r in table if r["rung"] in STAGING])
+    with pytest.raises(TypeError, match="table must be"):
+        decode_step_figure([{"rung": "x"}])

@@ -36,7 +36,7 @@ from lessons.gpu.sass import _back_edges, _check_table, classes_of, disassemble,
 from lessons.gpu.source import H200_NUM_SMS
 from lessons.gpu.warpgroup_pipes import SM_TENSOR_FLOPS_PER_CLOCK, SUB_PARTITIONS
 
-__all__ = ["DECODE_LOOP_RUNGS", "THREADS", "STEP_LOADS", "PAGE_TOKENS", "SM_CLOCK_HZ", "load_bytes", "Wait", "DecodeLoop",
+__all__ = ["DECODE_LOOP_RUNGS", "DECODE_CLASSES", "THREADS", "STEP_LOADS", "PAGE_TOKENS", "SM_CLOCK_HZ", "load_bytes", "Wait", "DecodeLoop",
            "decode_loop", "decode_loop_table", "decode_loop_markdown", "blocks_per_sm", "round_trips", "round_trips_markdown",
            "little_rate", "little_plot", "PROFILE_METRICS", "parse_ncu_sections", "top_stall", "measured_profile",
            "PROFILED_KV_BYTES", "profile_markdown"]
@@ -57,6 +57,20 @@ PAGE_TOKENS = 16
 #: the SM clock the H200's tensor peak implies: 989e12 FLOP/s over 132 SMs x 4096 FLOPs per clock, 1.83 GHz
 #: (NVIDIA H100 white paper)
 SM_CLOCK_HZ = H200.peak_flops["bf16"] / (H200_NUM_SMS * SM_TENSOR_FLOPS_PER_CLOCK)
+
+#: what a decode step's instructions do, by base opcode, finer than :data:`lessons.gpu.sass.ISSUE_CLASSES` where the
+#: decode loop spends its slots (the last class takes every opcode not named)
+DECODE_CLASSES = (
+    ("multiply-adds", ("FFMA",)),
+    ("16-bit to float32", ("HADD2",)),
+    ("other float", ("FADD", "FMUL", "FMNMX", "FSEL", "FSETP", "FSET", "HFMA2", "F2F", "F2FP")),
+    ("exponentials", ("MUFU",)),
+    ("K/V loads and table look-ups", ("LDG",)),
+    ("shuffles", ("SHFL",)),
+    ("register moves", ("MOV", "CS2R", "UMOV")),
+    ("branches and convergence", ("BRA", "BSSY", "BSYNC", "WARPSYNC", "VOTE", "VOTEU")),
+    ("integer and address", ()),
+)
 
 _WIDTHS = {"128": 16, "64": 8, "U16": 2, "S16": 2, "U8": 1, "S8": 1}
 _REGISTER = re.compile(r"(?<![\w.])R(\d+)(\.64)?\b")
@@ -209,6 +223,16 @@ class DecodeLoop:
     def classes(self) -> dict:
         return classes_of(self.counts)
 
+    @property
+    def step_classes(self) -> dict:
+        """Instructions per step by :data:`DECODE_CLASSES` (in its order; a class with none is 0): the pass's
+        :attr:`counts` over :attr:`steps`."""
+        named = {op: name for name, ops in DECODE_CLASSES for op in ops}
+        out = {name: 0.0 for name, _ in DECODE_CLASSES}
+        for op, n in self.counts.items():
+            out[named.get(op, DECODE_CLASSES[-1][0])] += n / self.steps
+        return out
+
 
 def _walk(instructions, path: list) -> tuple:
     """The :class:`Wait` of a second pass along ``path`` (indices into ``instructions``; the first pass only
@@ -321,7 +345,7 @@ def decode_loop_table(rungs=DECODE_LOOP_RUNGS, arch: str = "sm_90", copy_rate: f
     """One dict per rung of :func:`decode_loop`: rung, arch, registers, blocks_per_sm, instructions (per pass), steps
     (per pass), step_instructions, kv_bytes (per thread and pass), waits and trips (how many per pass), in_flight (bytes per thread at a wait), block_in_flight and
     sm_in_flight (bytes, x 128 threads, x blocks per SM), load_to_use (instructions), classes (the pass by
-    :data:`lessons.gpu.sass.ISSUE_CLASSES`), issue_ceiling (bytes/s or None) and, with ``copy_rate`` (bytes/s),
+    :data:`lessons.gpu.sass.ISSUE_CLASSES`), step_classes (a step by :data:`DECODE_CLASSES`), issue_ceiling (bytes/s or None) and, with ``copy_rate`` (bytes/s),
     ceiling_x_copy (the ceiling over it, or None). ``rungs``: one name or a sequence of names or of :class:`DecodeLoop`
     (read on ``arch`` already; ``arch`` is then not used). TypeError / ValueError naming the argument otherwise; the
     errors of :func:`decode_loop`."""
@@ -338,7 +362,8 @@ def decode_loop_table(rungs=DECODE_LOOP_RUNGS, arch: str = "sm_90", copy_rate: f
                         kv_bytes=t.kv_bytes, waits=len(t.waits), trips=t.trips,
                         in_flight=t.in_flight,
                         block_in_flight=t.block_in_flight, sm_in_flight=t.block_in_flight * t.blocks_per_sm,
-                        load_to_use=t.load_to_use, classes=t.classes, issue_ceiling=ceiling,
+                        load_to_use=t.load_to_use, classes=t.classes, step_classes=t.step_classes,
+                        issue_ceiling=ceiling,
                         ceiling_x_copy=None if copy is None or ceiling is None else ceiling / copy))
     return out
 

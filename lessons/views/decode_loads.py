@@ -5,7 +5,7 @@ from matplotlib.ticker import FixedLocator, ScalarFormatter
 
 from lessons.views.plot import new_figure, tidy
 
-__all__ = ["little_figure", "RUNG_STYLES"]
+__all__ = ["little_figure", "RUNG_STYLES", "decode_step_figure", "DECODE_CLASS_COLOURS"]
 
 #: colour, marker and marker size per decode rung (the later rungs' markers drawn smaller, on top)
 RUNG_STYLES = {"paged_decode": ("#bdbdbd", "o", 13), "flash_decoding": ("#6baed6", "s", 7),
@@ -55,4 +55,54 @@ def little_figure(plot: dict):
     ax.grid(True, which="major", color="#eeeeee")
     tidy(ax)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, labelspacing=0.9)
+    return fig
+
+
+#: a colour per class of :data:`lessons.gpu.decode_loads.DECODE_CLASSES`
+DECODE_CLASS_COLOURS = {"multiply-adds": "#1f4e99", "16-bit to float32": "#6baed6", "other float": "#fdae6b",
+                        "exponentials": "#e6550d", "K/V loads and table look-ups": "#31a354", "shuffles": "#9e9ac8",
+                        "register moves": "#bdbdbd", "branches and convergence": "#d9d9d9",
+                        "integer and address": "#737373"}
+
+
+def decode_step_figure(table):
+    """One horizontal bar per decode rung whose loop is a whole step (rows of
+    :func:`lessons.gpu.decode_loads.decode_loop_table` with an issue ceiling): its instructions per step and warp,
+    split by ``step_classes``, each part labelled with its count where it is wide enough, and the issue ceiling the
+    total allows written at the bar's end. Returns a Figure. TypeError naming ``table`` for rows of another kind;
+    ValueError when no row has an issue ceiling."""
+    from lessons.gpu.sass import _check_table
+
+    _check_table(table, "decode_loop_table", ("rung", "step_classes", "step_instructions", "issue_ceiling"),
+                 "step_classes")
+    rows = [r for r in table if r["issue_ceiling"] is not None]
+    if not rows:
+        raise ValueError("table must hold a rung whose loop is a whole step (an issue ceiling), got only page-staging rungs")
+    fig = new_figure((10.5, 1.9 + 0.75 * len(rows)))
+    ax = fig.add_subplot(1, 1, 1)
+    fig.subplots_adjust(left=0.19, right=0.97, top=1 - 0.45 / fig.get_figheight(), bottom=1.35 / fig.get_figheight())
+    names = [n for n in DECODE_CLASS_COLOURS if any(r["step_classes"].get(n) for r in rows)]
+    names += [n for r in rows for n in r["step_classes"] if n not in names and r["step_classes"][n]]
+    for y, r in enumerate(reversed(rows)):
+        left = 0.0
+        for n in names:
+            width = r["step_classes"].get(n, 0)
+            if not width:
+                continue
+            ax.barh(y, width, 0.6, left=left, color=DECODE_CLASS_COLOURS.get(n, "#ffffff"), edgecolor="white",
+                    label=n if y == 0 else None)
+            if width >= 25:
+                dark = n in ("multiply-adds", "integer and address")
+                ax.text(left + width / 2, y, f"{width:.0f}", ha="center", va="center", fontsize=8,
+                        color="white" if dark else "black")
+            left += width
+        ax.text(left + 8, y, f"{r['step_instructions']:.0f} per step: at most {r['issue_ceiling'] / 1e12:.2f} TB/s",
+                va="center", fontsize=9)
+    ax.set_yticks(range(len(rows)), [r["rung"] for r in reversed(rows)], fontsize=9)
+    ax.set_xlim(0, max(r["step_instructions"] for r in rows) * 1.45)
+    ax.set_xlabel("instructions one warp issues per step (4 keys: 4 KiB of K and V)", fontsize=10)
+    ax.set_title("What a decode step issues, from its SASS", fontsize=11)
+    tidy(ax)
+    fig.legend(*ax.get_legend_handles_labels(), fontsize=8, ncol=5, loc="lower center", bbox_to_anchor=(0.55, 0.0),
+               frameon=False)
     return fig
