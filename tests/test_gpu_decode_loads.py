@@ -819,3 +819,16 @@ def test_the_decode_step_figure_draws_one_bar_per_step_rung():
         decode_step_figure([r for r in table if r["rung"] in STAGING])
     with pytest.raises(TypeError, match="table must be"):
         decode_step_figure([{"rung": "x"}])
+
+
+@needs_tools
+def test_the_prefetch_rungs_text_quotes_its_sass():
+    from lessons.gpu.compile import nvrtc_version
+
+    if nvrtc_version()[:2] != (12, 9):
+        pytest.skip("the rung's text quotes NVRTC 12.9's SASS")
+    split, pre = _loop("paged_decode_split"), _loop("paged_decode_prefetch")
+    text = ladder.decode_rung("paged_decode_prefetch").predicted
+    assert (f"a step's rows asked for {pre.load_to_use} instructions before their first use (the split rung: "
+            f"{split.load_to_use}), {pre.step_instructions:g} instructions per step (the split rung: "
+            f"{split.step_instructions:g})") in text

@@ -795,8 +795,10 @@ DECODE_RUNGS = (
          "them, then computes while nothing of its own is in flight; with it the next 8 rows are always on "
          "their way, 16 KiB per block from one step to the next. Compile report (NVRTC 12.9, sm_80 / sm_90, "
          "d = 128, fp16, no spills): 168 registers (at 4 blocks per SM it would spill: 388 / 452 bytes of spill stores and loads), "
-         "3 blocks per SM: 12 warps instead of 16, each keeping a step's loads in flight while it computes too; output bitwise "
-         "the split rung's; aim: 70% of the copy rate",
+         "3 blocks per SM: 12 warps instead of 16, each keeping a step's loads in flight while it computes too. SASS "
+         "(sm_90, lessons.gpu.decode_loads): a step's rows asked for 720 instructions before their first use (the split "
+         "rung: 115), 734.5 instructions per step (the split rung: 731); output bitwise the split rung's; aim: 70% of "
+         "the copy rate",
          "ld.global.nc.v4.u32", "not yet measured on a GPU"),
 )
 
