@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -424,8 +425,8 @@ def round_trips(loops: dict, rows=None, *, num_heads: int = 32, heads_per_block:
         if loop is None or not loop.stages:
             continue
         splits = r["num_splits"]
-        blocks = num_heads // heads_per_block * r["num_seqs"] * splits
-        if blocks > H200_NUM_SMS * loop.blocks_per_sm:
+        blocks = _one_wave(loop, r, num_heads, heads_per_block)
+        if blocks is None:
             continue
         pages = math.ceil(math.ceil(r["seq_len"] / PAGE_TOKENS) / splits)
         seconds = r["ms"] / 1e3
@@ -481,16 +482,16 @@ def little_plot(loops: dict, rows=None, round_trip_seconds: float | None = None)
       2% of each other: the first).
 
     TypeError for ``loops`` of another kind; ValueError when no row gives a round trip and none is given."""
-    from lessons.gpu.ladder import decode_recorded_rows
+    from lessons.gpu.ladder import decode_recorded_rows, recorded_copy_rate
 
     if not isinstance(loops, dict) or not loops or not all(isinstance(v, DecodeLoop) for v in loops.values()):
         raise TypeError(f"loops must be a non-empty dict of rung name -> DecodeLoop, got {loops!r}")
     rows = decode_recorded_rows() if rows is None else rows
     if round_trip_seconds is None:
-        trips = sorted(r["round_trip_seconds"] for r in round_trips(loops, rows))
+        trips = [r["round_trip_seconds"] for r in round_trips(loops, rows)]
         if not trips:
             raise ValueError("no recorded row of a page-staging rung runs in one wave: give round_trip_seconds")
-        round_trip_seconds = trips[len(trips) // 2] if len(trips) % 2 else sum(trips[len(trips) // 2 - 1:][:2]) / 2
+        round_trip_seconds = statistics.median(trips)
     round_trip = check_positive_real(round_trip_seconds, "round_trip_seconds", "number of seconds")
     points, by_bytes = {}, {}
     for name, loop in loops.items():
@@ -505,8 +506,8 @@ def little_plot(loops: dict, rows=None, round_trip_seconds: float | None = None)
         blocks = [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) if b < most] + [most]
         lines.append(dict(bytes=nbytes, rungs=tuple(names), blocks=blocks,
                           rates=[b * nbytes / round_trip for b in blocks]))
-    copies = [r["tb_per_s"] * 1e12 * 100 / r["pct"] for r in rows if r["pct"] > 0]
-    roofs = {"device copy rate (recorded)": copies[0]} if copies else {}
+    copy = recorded_copy_rate(rows)
+    roofs = {} if copy is None else {"device copy rate (recorded)": copy}
     for name, loop in loops.items():
         near = [r for r in roofs.values() if abs(r / loop.issue_ceiling - 1) < 0.02] if loop.issue_ceiling else True
         if not near:                                   # a ceiling within 2% of one drawn already would hide behind it
@@ -570,7 +571,8 @@ def measured_profile(rung, folder: Path | None = None) -> dict | None:
     path = Path(RECORDED_DIR / "ncu" if folder is None else folder) / f"ncu_{rung}.txt"
     if not path.is_file():
         return None
-    found = parse_ncu_sections(path.read_text(errors="replace"))
+    text = path.read_text(errors="replace")
+    found = parse_ncu_sections(text)
     missing = [name for name in PROFILE_METRICS.values() if name not in found]
     if missing:
         raise ValueError(f"{path} holds no value for {missing}: not an ncu report of the sections gpu_check.sh asks for")
@@ -578,7 +580,7 @@ def measured_profile(rung, folder: Path | None = None) -> dict | None:
     for key, name in PROFILE_METRICS.items():
         unit, value = found[name]
         out[key] = value * _TO_UNIT.get((name, unit), 1.0)
-    out["top_stall"] = top_stall(path.read_text(errors="replace"))
+    out["top_stall"] = top_stall(text)
     return out
 
 

@@ -30,7 +30,7 @@ __all__ = ["Rung", "RUNGS", "RECORDED_DIR", "RECORDED_CSV", "RECORDED_LABEL", "P
            "rung_intensity", "rung_tiles", "rung_build", "measure_ladder", "ladder_points", "speedup_claim", "CLAIM",
            "ladder_markdown", "rung_evidence", "overlap_evidence", "SERIALISED_WGMMA", "Target", "TARGETS",
            "target_outcomes", "targets_markdown",
-           "DECODE_RUNGS", "DECODE_LAUNCH_OPTIONS", "DECODE_RECORDED", "decode_rung", "decode_rung_build", "decode_rung_entry", "decode_recorded_rows",
+           "DECODE_RUNGS", "DECODE_LAUNCH_OPTIONS", "DECODE_RECORDED", "decode_rung", "decode_rung_build", "decode_rung_entry", "recorded_copy_rate", "decode_recorded_rows",
            "decode_recorded", "decode_table", "decode_markdown", "sdpa_backends", "sdpa_kernels",
            "SWEEP_FILES", "recorded_sweep", "best_tiles", "sweep_markdown",
            "HOPPER_RUNGS", "LEFT_OUT_VARIABLE", "LEFT_OUT_REASON", "kernel_rungs", "first_run_rungs", "rungs_left_out"]
@@ -861,6 +861,16 @@ def decode_recorded_rows(path: Path | None = None) -> list[dict]:
 _DECODE_KEYS = ("name", "num_seqs", "seq_len", "num_splits", "pct")
 
 
+def recorded_copy_rate(rows=None) -> float | None:
+    """The device's copy rate (bytes/s) in a decode run (``rows`` as :func:`decode_recorded_rows` gives them, default
+    the recorded run): a row's K/V read rate over its share of the copy rate, every row of a run sharing the one copy
+    rate it was measured against; None when no row has a share above 0. The errors of reading ``rows``."""
+    for r in _decode_rows(rows):
+        if r["pct"] > 0:
+            return r["tb_per_s"] * 1e12 * 100 / r["pct"]
+    return None
+
+
 def _decode_rows(rows) -> list:
     """``rows`` (default: the recorded decode run) as a list of row dicts with the keys the tables read;
     TypeError for rows that are not dicts, ValueError naming the first row that lacks a key."""
@@ -988,9 +998,9 @@ def target_outcomes(n: int = 8192, rows=None, decode_rows=None) -> list[dict]:
             peak = H200.peak_flops["fp32" if dtype == "float32" else "bf16"] / 1e12
             needs_peak = {d: None if v is None else v / peak for d, v in needs.items()}
         elif t.metric == "pct_of_copy":
-            copy = [r["tb_per_s"] * 100 / r["pct"] for r in _decode_rows(decode_rows) if r["pct"] > 0]
-            if copy:                                   # (every row of a run shares the device's copy rate)
-                needs = {sh: t.goal / 100 * copy[0] for sh in t.shapes}
+            copy = recorded_copy_rate(decode_rows)
+            if copy is not None:
+                needs = {sh: t.goal / 100 * copy / 1e12 for sh in t.shapes}
                 needs_peak = {sh: v / (H200.hbm_bytes_per_s / 1e12) for sh, v in needs.items()}
         if t.rung is not None and t.metric == "pct_of_copy":
             pcts = {name: decode_recorded(name, decode_rows) or {} for name in (t.rung, *t.also)}

@@ -372,7 +372,8 @@ paged_decode_gqa_split(const scalar_t* __restrict__ q, const scalar_t* __restric
     // so a lane group always has a step's loads in flight (not only between its steps). Two sets of
     // registers take turns, `even` for steps 0, 2, 4, ... and `odd` for 1, 3, 5, ...: the loop body is
     // two steps, so no step's rows are copied from one set to the other (a copy would read the rows,
-    // and so wait for them, at the end of every step).
+    // and so wait for them, at the end of every step). The two steps are written out: as an inner loop
+    // over an array of two sets, NVRTC 12.9 spilled (68 bytes at d = 128 in fp16).
     StepRows even, odd;
     load_step(even, first + key_in_warp * UNROLL, key_end, page_of(table, first + key_in_warp * UNROLL, key_end),
               table, k_cache, v_cache, num_kv_heads, kv_head, sub);
