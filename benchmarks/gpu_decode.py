@@ -16,7 +16,8 @@ reads the cache at. Measured here:
   split count :func:`lessons.gpu.source.decode_splits` picks, and with one split fewer and one more
   (a check of the wave model that picks it: :func:`kernel_runs`); ``paged_decode_prefetch`` (the same
   kernel, each lane group's next K/V rows loaded while it absorbs the current ones, 3 blocks per SM)
-  with its own pick.
+  and ``paged_decode_cp_async`` (the same kernel, K/V rows copied into a ring in shared memory with cp.async
+  two steps ahead, 4 blocks per SM), each with its own pick.
 
 Bytes counted (:func:`kv_bytes`): every K and V value of the used tokens once, for each KV head
 (what a kernel must read at least; query, output and block tables are under 0.1% of it).
@@ -50,7 +51,8 @@ KERNELS = (("paged_decode", "paged_decode_gpu", None),
            ("flash_decoding s=8", "flash_decoding_gpu", 8),
            ("flash_decoding s=32", "flash_decoding_gpu", 32),
            ("paged_decode_split auto", "paged_decode_split_gpu", None),
-           ("paged_decode_prefetch auto", "paged_decode_split_gpu", None))
+           ("paged_decode_prefetch auto", "paged_decode_split_gpu", None),
+           ("paged_decode_cp_async auto", "paged_decode_split_gpu", None))
 #: launcher keywords per rung (the first word of a label): the ladder's, so the prefetch rung is the split
 #: launcher's prefetch build
 RUNG_OPTIONS = DECODE_LAUNCH_OPTIONS
@@ -58,13 +60,14 @@ FIELDS = ("kernel", "num_seqs", "seq_len", "num_splits", "seconds", "kv_bytes", 
           "max_abs_diff")
 
 
-def auto_splits(num_seqs: int, seq_len: int, num_sms: int, prefetch: bool = False) -> int:
+def auto_splits(num_seqs: int, seq_len: int, num_sms: int, prefetch: bool = False, cp_async: bool = False) -> int:
     """The split count the split launcher picks itself at one shape (its own function,
-    :func:`lessons.gpu.source.paged_decode_split_auto_splits`), with or without ``prefetch``."""
+    :func:`lessons.gpu.source.paged_decode_split_auto_splits`), for the plain, ``prefetch`` or ``cp_async``
+    build."""
     from lessons.gpu.source import paged_decode_split_auto_splits
 
     return paged_decode_split_auto_splits(num_seqs, seq_len, HEAD_DIM, BLOCK_SIZE, NUM_HEADS, NUM_KV_HEADS,
-                                          num_sms=num_sms, prefetch=prefetch)
+                                          num_sms=num_sms, prefetch=prefetch, cp_async=cp_async)
 
 
 def kernel_runs(num_seqs: int, seq_len: int, num_sms: int) -> list[tuple]:

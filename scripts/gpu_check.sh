@@ -43,7 +43,7 @@
 #      GPU_CHECK_SANITIZER_JOBS (default 8) at a time                  -> sanitizer/*.txt
 #   6. Nsight Compute (ncu --clock-control none, 7 sections) of one launch of each rung in
 #      GPU_CHECK_NCU_RUNGS (default: mma_fa2, mma_fa2_lazy, mma_fa2_wide, mma_fa2_lean, the three Hopper rungs, the two
-#      fast decode rungs,
+#      fast decode rungs and the cp.async one,
 #      then the wide register-tiled rung; d = 128,
 #      N = 8192, 8 heads; a rung in GPU_CHECK_LEFT_OUT is skipped), where ncu is installed; "none" skips it
 #                                                                     -> ncu/ncu_<rung>.txt
@@ -414,7 +414,7 @@ ended() {  # ended NAME RC DETAIL FILE: NAME ok with DETAIL when RC is 0, else F
     if [ "$2" -eq 0 ]; then step "$1" ok "$3"
     else step "$1" FAIL "exit $2$([ "$2" -eq 124 ] && echo ', timed out') ($4)"; fi
 }
-read -r -a NCU_RUNGS <<< "${GPU_CHECK_NCU_RUNGS:-mma_fa2 mma_fa2_lazy mma_fa2_wide mma_fa2_lean wgmma wgmma_overlap wgmma_pingpong paged_decode_split paged_decode_prefetch regtile_wide}"
+read -r -a NCU_RUNGS <<< "${GPU_CHECK_NCU_RUNGS:-mma_fa2 mma_fa2_lazy mma_fa2_wide mma_fa2_lean wgmma wgmma_overlap wgmma_pingpong paged_decode_split paged_decode_prefetch paged_decode_cp_async regtile_wide}"
 NCU=""
 for candidate in ncu /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu; do
     if command -v "$candidate" >/dev/null 2>&1; then NCU="$(command -v "$candidate")"; break; fi

@@ -6,7 +6,7 @@
 RUNG is a forward rung with a kernel of ours (``lessons.gpu.ladder.RUNGS``: scalar, regtile, regtile_wide, mma,
 mma_async, mma_fa2, mma_fa2_lazy, mma_fa2_wide, mma_fa2_lean, wgmma, wgmma_overlap, wgmma_pingpong) or a decode
 rung,
-``paged_decode_split`` or ``paged_decode_prefetch``.
+``paged_decode_split``, ``paged_decode_prefetch`` or ``paged_decode_cp_async``.
 The script runs the rung's launcher twice on random inputs: the first launch compiles and warms up,
 the second is the one to profile (``--launch-skip 1``). Forward rungs: N = ``--n`` queries and keys
 (default 8192), ``--heads`` heads (8), head dim ``--d`` (128), in the rung's dtype (float32 for the
@@ -31,7 +31,8 @@ import lessons.gpu as gpu  # noqa: E402
 from lessons.gpu import ladder  # noqa: E402
 
 #: the decode rungs this script can run, and the name of their kernel
-DECODE_ENTRIES = {n: ladder.decode_rung_entry(n) for n in ("paged_decode_split", "paged_decode_prefetch")}
+DECODE_ENTRIES = {n: ladder.decode_rung_entry(n) for n in ("paged_decode_split", "paged_decode_prefetch",
+                                                             "paged_decode_cp_async")}
 FORWARD_RUNGS = tuple(r.name for r in ladder.RUNGS if r.kernel is not None)
 
 

@@ -262,12 +262,14 @@ def run_flash_decoding(cp, backend) -> bool:
 def run_paged_decode_split(cp, backend) -> bool:
     args, ref = _paged(cp, np.random.default_rng(5), [37, 0, 16, 1], d=128)
     ok = True
-    for prefetch in (False, True):                       # the split rung and the prefetch rung
-        if left_out(backend, "paged_decode_prefetch" if prefetch else "paged_decode_split"):
+    # the split rung, the prefetch rung and the cp.async rung
+    for rung, options in (("paged_decode_split", {}), ("paged_decode_prefetch", dict(prefetch=True)),
+                          ("paged_decode_cp_async", dict(cp_async=True))):
+        if left_out(backend, rung):
             continue
         for num_splits in (None, 1, 3, 8):               # auto, one pass, splits, empty splits
-            out, _ = launch.paged_decode_split_gpu(*args, num_splits, prefetch=prefetch, backend=backend)
-            ok &= _close(f"paged_decode_split num_splits={num_splits} prefetch={prefetch}", out, ref, 1e-5)
+            out, _ = launch.paged_decode_split_gpu(*args, num_splits, backend=backend, **options)
+            ok &= _close(f"{rung} num_splits={num_splits}", out, ref, 1e-5)
     return ok
 
 

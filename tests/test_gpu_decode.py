@@ -222,12 +222,13 @@ def test_split_decode_keeps_nan_input_nan(backend, num_heads, d):
 
 @BOTH_SOFTMAX_PATHS
 @pytest.mark.parametrize("poison", [np.nan, np.inf, -np.inf])
-@pytest.mark.parametrize("prefetch", [False, True], ids=["plain", "prefetch"])
-def test_split_decode_never_sees_slots_past_seq_len_or_unused_pages(backend, poison, num_heads, d, prefetch):
+@pytest.mark.parametrize("variant", ["plain", "prefetch", "cp_async"])
+def test_split_decode_never_sees_slots_past_seq_len_or_unused_pages(backend, poison, num_heads, d, variant):
     from types import SimpleNamespace
 
-    if prefetch:
-        skip_left_out(backend, "paged_decode_prefetch")        # (where gpu_check.sh left the rung out)
+    options = {} if variant == "plain" else {variant: True}
+    if options:
+        skip_left_out(backend, f"paged_decode_{variant}")      # (where gpu_check.sh left the rung out)
 
     from test_gpu_kernels import stored
 
@@ -241,9 +242,8 @@ def test_split_decode_never_sees_slots_past_seq_len_or_unused_pages(backend, poi
                                "tables": np.where(c.tables < 0, spare[0], c.tables).astype(np.int32)})
     dirty.k[spare[0]] = dirty.v[spare[0]] = bad[0]
     for num_splits in (1, 3):
-        out, lse = gpu.paged_decode_split_gpu(*decode_args(clean), num_splits, prefetch=prefetch, backend=backend)
-        out_p, lse_p = gpu.paged_decode_split_gpu(*decode_args(dirty), num_splits, prefetch=prefetch,
-                                                  backend=backend)
+        out, lse = gpu.paged_decode_split_gpu(*decode_args(clean), num_splits, backend=backend, **options)
+        out_p, lse_p = gpu.paged_decode_split_gpu(*decode_args(dirty), num_splits, backend=backend, **options)
         assert out_p.tobytes() == out.tobytes() and lse_p.tobytes() == lse.tobytes()
         assert_decode_close(out, lse, c)
 
@@ -265,6 +265,47 @@ def test_prefetch_decode_is_bitwise_the_plain_build(backend, d, block_size, dtyp
         assert_decode_close(ahead[0], ahead[1], c)
         assert ahead[0].tobytes() == plain[0].tobytes() and ahead[1].tobytes() == plain[1].tobytes()
         assert all(ahead[2][k].tobytes() == plain[2][k].tobytes() for k in ("m", "l", "o"))
+
+
+# the cp.async rung: the rows of each step land in a ring in shared memory, and are read back as load_step would
+# have loaded them (zeros past the split); the same shapes as above but d = 3 (no 16-byte pieces), and 5 splits
+# of 17 keys, so most lane groups copy nothing for their last two steps
+@pytest.mark.parametrize("d, block_size, dtype, num_heads, seq_lens", [
+    (128, 16, "float16", 8, [300, 0, 17]), (64, 16, "float16", 8, SEQ_LENS), (80, 32, "bfloat16", 8, SEQ_LENS),
+    (128, 16, "float32", 8, [77, 5]), (16, 1, "float32", 4, [9, 40, 1]), (256, 3, "float16", 4, [85, 2]),
+])
+def test_cp_async_decode_is_bitwise_the_plain_build(backend, d, block_size, dtype, num_heads, seq_lens):
+    skip_left_out(backend, "paged_decode_cp_async")
+    c = paged_case(19, num_heads, 2, d, block_size, seq_lens, dtype)
+    for num_splits in (1, 2, 5):
+        kw = dict(bfloat16=dtype == "bfloat16", return_partials=True, backend=backend)
+        plain = gpu.paged_decode_split_gpu(*decode_args(c), num_splits, **kw)
+        ring = gpu.paged_decode_split_gpu(*decode_args(c), num_splits, cp_async=True, **kw)
+        assert_decode_close(ring[0], ring[1], c)
+        assert ring[0].tobytes() == plain[0].tobytes() and ring[1].tobytes() == plain[1].tobytes()
+        assert all(ring[2][k].tobytes() == plain[2][k].tobytes() for k in ("m", "l", "o"))
+
+
+def test_cp_async_decode_fills_a_wave_of_four_blocks_and_refuses_what_it_cannot_copy():
+    from lessons.gpu.source import (DECODE_ASYNC_BLOCKS_PER_SM, DECODE_ASYNC_STAGES,
+                                    paged_decode_split_auto_splits as auto)
+
+    assert (DECODE_ASYNC_STAGES, DECODE_ASYNC_BLOCKS_PER_SM) == (3, 4)
+    # the plain build's wave: 528 blocks, 8 per split at one sequence of 131072 tokens -> 66 splits
+    assert auto(1, 131072, 128, 16, 32, 8, cp_async=True) == 66 == decode_splits(1, 8, 131072, blocks_per_sm=4)
+    with pytest.raises(TypeError, match="cp_async"):
+        auto(1, 4096, 128, 16, 32, 8, cp_async=1)
+    c = paged_case(1, 8, 2, 64, 16, [20])
+    with pytest.raises(ValueError, match="at most one"):
+        gpu.paged_decode_split_gpu(*decode_args(c), prefetch=True, cp_async=True, backend="emulator")
+    with pytest.raises(TypeError, match="cp_async"):
+        gpu.paged_decode_split_gpu(*decode_args(c), cp_async="yes", backend="emulator")
+    # 16-byte pieces: d = 12 in float16 is 24 bytes a row (the plain build reads it a value at a time)
+    with pytest.raises(ValueError, match="head_dim must be a multiple of 8 in float16, got 12"):
+        gpu.paged_decode_split_build(12, 16, 8, 2, "float16", cp_async=True)
+    with pytest.raises(ValueError, match="head_dim must be a multiple of 4 in float32, got 6"):
+        gpu.paged_decode_split_build(6, 16, 8, 2, "float32", cp_async=True)
+    gpu.paged_decode_split_build(12, 16, 8, 2, "float32", cp_async=True)     # 48 bytes: three pieces
 
 
 def test_prefetch_decode_fills_a_wave_of_three_blocks_per_sm():
@@ -316,16 +357,22 @@ def test_split_decode_refuses_bad_input():
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("d, dtype", [(128, "float16"), (128, "bfloat16"), (128, "float32"), (64, "float16"),
                                       (256, "float16"), (80, "bfloat16")])
-@pytest.mark.parametrize("prefetch", [False, True], ids=["plain", "prefetch"])
-def test_split_decode_compiles_without_spills(arch, d, dtype, prefetch):
-    res = gpu.compile_kernel(gpu.paged_decode_split_build(d, 16, 32, 8, dtype, prefetch), arch).resources
+@pytest.mark.parametrize("variant", ["plain", "prefetch", "cp_async"])
+def test_split_decode_compiles_without_spills(arch, d, dtype, variant):
+    options = {} if variant == "plain" else {variant: True}
+    build = gpu.paged_decode_split_build(d, 16, 32, 8, dtype, **options)
+    res = gpu.compile_kernel(build, arch).resources
     # the launch bounds: 4 blocks of 128 threads per SM (<= 128 registers), 3 with prefetch (<= 168)
-    assert res["paged_decode_gqa_split"].registers <= 65536 // (128 * (3 if prefetch else 4))
+    assert res["paged_decode_gqa_split"].registers <= 65536 // (128 * (3 if variant == "prefetch" else 4))
     for entry in ("paged_decode_gqa_split", "merge_split_states"):
         assert res[entry].spill_store_bytes == 0 and res[entry].spill_load_bytes == 0, entry
         assert res[entry].stack_bytes == 0, entry
-    build = gpu.paged_decode_split_build(d, 16, 32, 8, dtype, prefetch)
-    assert res["paged_decode_gqa_split"].smem_bytes == paged_decode_split_smem_bytes(d, 4, dtype)
+    # the cp.async build: a ring of 3 steps, 16 KiB each at d = 128 in fp16 (8 pieces of 16 bytes per thread),
+    # 8 KiB in bfloat16 (2 keys a step), the merge's states in the same bytes
+    stages = 3 if variant == "cp_async" else 0
+    assert res["paged_decode_gqa_split"].smem_bytes == paged_decode_split_smem_bytes(d, 4, dtype, stages)
+    if (d, dtype, variant) in ((128, "float16", "cp_async"), (128, "bfloat16", "cp_async")):
+        assert res["paged_decode_gqa_split"].smem_bytes == 3 * (4 if dtype == "float16" else 2) * 2 * 128 * 16
     assert res["merge_split_states"].smem_bytes == build.entry_smem_bytes("merge_split_states") == 4 * 4 * (2 + d)
 
 
@@ -355,10 +402,11 @@ def test_decode_rungs_carry_the_recorded_csv():
     import csv
 
     names = [r.name for r in ladder.DECODE_RUNGS]
-    assert names == ["paged_decode", "flash_decoding", "paged_decode_split", "paged_decode_prefetch"]
-    for top in (ladder.decode_rung("paged_decode_split"), ladder.decode_rung("paged_decode_prefetch")):
+    assert names == ["paged_decode", "flash_decoding", "paged_decode_split", "paged_decode_prefetch",
+                     "paged_decode_cp_async"]
+    for top in map(ladder.decode_rung, ("paged_decode_split", "paged_decode_prefetch", "paged_decode_cp_async")):
         assert top.kernel == "paged_decode_split" and top.launcher == "lessons.gpu.paged_decode_split_gpu"
-    measured, names = names[:3], names             # the recorded run predates the prefetch rung
+    measured, names = names[:3], names             # the recorded run predates the prefetch and cp.async rungs
     assert ladder.DECODE_RECORDED.parent.parent.name == "gpu_h200_2026-12-01"
     # the same file read with the csv module alone: the best split count per (kernel, shape)
     best = {}
@@ -368,8 +416,8 @@ def test_decode_rungs_carry_the_recorded_csv():
             if float(r["pct_of_copy"]) > best.get(key, (-1,))[0]:
                 best[key] = (float(r["pct_of_copy"]), int(r["num_splits"]))
     table = {e["name"]: e for e in ladder.decode_table()}
-    assert table["paged_decode_prefetch"]["figure"] == ladder.NOT_MEASURED
-    assert table["paged_decode_prefetch"]["pct"] is None
+    for name in names[3:]:
+        assert table[name]["figure"] == ladder.NOT_MEASURED and table[name]["pct"] is None
     for name in measured:
         assert table[name]["figure"] != ladder.NOT_MEASURED
         assert table[name]["pct"] == {(s, n): p for (k, s, n), (p, _) in best.items() if k == name}
@@ -395,7 +443,8 @@ def test_decode_rungs_carry_the_recorded_csv():
 
 
 @needs_nvrtc
-@pytest.mark.parametrize("name", ["paged_decode", "flash_decoding", "paged_decode_split", "paged_decode_prefetch"])
+@pytest.mark.parametrize("name", ["paged_decode", "flash_decoding", "paged_decode_split", "paged_decode_prefetch",
+                                  "paged_decode_cp_async"])
 def test_each_decode_rung_holds_its_instruction(name):
     from lessons.gpu.compile import compile_ptx
 
@@ -417,6 +466,26 @@ def test_the_prefetch_rung_loads_a_step_ahead():
     assert loads(ladder.decode_rung_build("paged_decode_prefetch")) == 28
     assert dict(ladder.decode_rung_build("paged_decode_prefetch").defines) == dict(
         HEAD_DIM=128, BLOCK_SIZE=16, HEADS_PER_BLOCK=4, PREFETCH=1, MIN_BLOCKS=3)
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_cp_async_rung_copies_two_steps_ahead(arch):
+    # d = 128 fp16: a step is 8 copies of 16 bytes per thread (K and V of 4 keys). Two steps are copied before
+    # the loop and one in it (3 x 8); the only 16-byte global loads left are q's (4 heads); in the loop the thread
+    # waits with 2 groups still in flight, after the loop with none; the pieces come back from shared memory
+    from lessons.gpu.compile import compile_ptx
+
+    build = ladder.decode_rung_build("paged_decode_cp_async")
+    assert dict(build.defines) == dict(HEAD_DIM=128, BLOCK_SIZE=16, HEADS_PER_BLOCK=4, ASYNC_STAGES=3, MIN_BLOCKS=4)
+    body = compile_ptx(build, arch).split(".entry merge_split_states")[0]
+    assert body.count("cp.async.cg.shared.global") == 24
+    assert body.count("cp.async.commit_group") == 3
+    assert body.count("cp.async.wait_group 2;") == 1 and body.count("cp.async.wait_group 0;") == 1
+    assert body.count("ld.global.nc.v4.u32") == 4
+    assert body.count("ld.shared.v4.u32") >= 8
+    plain = compile_ptx(ladder.decode_rung_build("paged_decode_split"), arch)
+    assert "cp.async" not in plain.split(".entry merge_split_states")[0]
 
 
 # ---------------------------------------------------------------------------
@@ -457,7 +526,8 @@ def test_benchmark_times_the_split_kernel_beside_its_pick():
     assert [r[2] for r in b.kernel_runs(1, 48, 132)[len(b.KERNELS):]] == [2]        # 3 pages: auto 3, no s=4
     # the prefetch rung: the split launcher's prefetch build, at its own pick
     assert ("paged_decode_prefetch auto", "paged_decode_split_gpu", None) in b.KERNELS
-    assert b.RUNG_OPTIONS == {"paged_decode_prefetch": dict(prefetch=True)}
+    assert b.RUNG_OPTIONS == {"paged_decode_prefetch": dict(prefetch=True), "paged_decode_cp_async": dict(cp_async=True)}
+    assert ("paged_decode_cp_async auto", "paged_decode_split_gpu", None) in b.KERNELS
     assert {label.split()[0] for label, *_ in b.KERNELS} == {r.name for r in ladder.DECODE_RUNGS}
 
 

@@ -43,7 +43,8 @@ __all__ = ["DECODE_LOOP_RUNGS", "DECODE_CLASSES", "THREADS", "STEP_LOADS", "PAGE
            "PROFILED_KV_BYTES", "profile_markdown"]
 
 #: the decode rungs, in ladder order (:data:`lessons.gpu.ladder.DECODE_RUNGS`)
-DECODE_LOOP_RUNGS = ("paged_decode", "flash_decoding", "paged_decode_split", "paged_decode_prefetch")
+DECODE_LOOP_RUNGS = ("paged_decode", "flash_decoding", "paged_decode_split", "paged_decode_prefetch",
+                     "paged_decode_cp_async")
 
 #: threads per block of both decode kernels (``NUM_THREADS`` in ``paged_decode.cu`` and ``paged_decode_split.cu``)
 THREADS = 128
@@ -79,13 +80,14 @@ _REGISTER = re.compile(r"(?<![\w.])R(\d+)(\.64)?\b")
 
 def load_bytes(opcode: str) -> int:
     """Bytes one thread reads with the global load ``opcode``: ``LDG.E.128...`` 16, ``.64`` 8, ``.U16`` / ``.S16``
-    2, ``.U8`` / ``.S8`` 1, a plain ``LDG.E`` 4 (one 32-bit word). TypeError for a non-str; ValueError for an
-    opcode that is not an ``LDG``."""
+    2, ``.U8`` / ``.S8`` 1, a plain ``LDG.E`` 4 (one 32-bit word); the same widths for a copy from global to shared
+    memory (``LDGSTS.E.BYPASS.128``: cp.async, 16). TypeError for a non-str; ValueError for an opcode that is not
+    an ``LDG`` or ``LDGSTS``."""
     if not isinstance(opcode, str):
         raise TypeError(f"opcode must be a str such as 'LDG.E.128.CONSTANT', got {type(opcode).__name__}")
     parts = opcode.split(".")
-    if parts[0] != "LDG":
-        raise ValueError(f"opcode must be a global load (LDG...), got {opcode!r}")
+    if parts[0] not in ("LDG", "LDGSTS"):
+        raise ValueError(f"opcode must be a global load (LDG...) or copy (LDGSTS...), got {opcode!r}")
     return next((_WIDTHS[p] for p in parts[1:] if p in _WIDTHS), 4)
 
 
@@ -129,9 +131,18 @@ def _reads_and_writes(instruction) -> tuple[set, set]:
 
 
 def _is_kv_load(instruction) -> bool:
-    """A load of K or V: an ``LDG`` with a width (``.128`` or ``.U16``); the 32-bit ``LDG.E`` of a block-table
-    entry or a sequence length is not one (the decode rungs' caches are 16-bit)."""
-    return instruction.base == "LDG" and load_bytes(instruction.opcode) != 4
+    """A load of K or V: an ``LDG`` with a width (``.128`` or ``.U16``), or a copy of K or V to shared memory
+    (``LDGSTS``, cp.async); the 32-bit ``LDG.E`` of a block-table entry or a sequence length is not one (the decode
+    rungs' caches are 16-bit)."""
+    return instruction.base in ("LDG", "LDGSTS") and load_bytes(instruction.opcode) != 4
+
+
+def _depbar_groups(instruction) -> int | None:
+    """N of ``DEPBAR.LE SB0, N`` (cp.async.wait_group N: wait until at most N of the thread's copy groups are in
+    flight), else None."""
+    if instruction.base != "DEPBAR" or "SB0" not in instruction.text:
+        return None
+    return int(instruction.text.rsplit(",", 1)[1].strip(), 0)
 
 
 @dataclass(frozen=True)
@@ -235,27 +246,42 @@ class DecodeLoop:
         return out
 
 
-def _walk(instructions, path: list) -> tuple:
-    """The :class:`Wait` of a second pass along ``path`` (indices into ``instructions``; the first pass only
-    issues): loads land in issue order, so a wait for one retires it and every load issued before it, and a wait
-    starts a new round trip when its load was issued after the warp last stalled."""
+def _walk(instructions, path: list, passes: int = 2) -> tuple:
+    """The :class:`Wait` of the last of ``passes`` passes along ``path`` (indices into ``instructions``; the passes
+    before it only issue): loads land in issue order, so a wait for one retires it and every load issued before it,
+    and a wait starts a new round trip when its load was issued after the warp last stalled. A copy to shared
+    memory (``LDGSTS``, cp.async) fills no register: it joins the thread's open group, ``LDGDEPBAR`` (commit_group)
+    closes the group, and ``DEPBAR.LE SB0, N`` (wait_group N) is the wait for every group but the N newest."""
     pending, waits = [], []                            # pending: [step issued, registers, bytes], oldest first
+    groups, open_group = [], []                        # cp.async: closed groups (oldest first), the open one
     step, stalled = 0, -1
-    for walk in range(2):
+    for walk in range(passes):
         for position, i in enumerate(path):
             x = instructions[i]
             reads, writes = _reads_and_writes(x)
             hit = [k for k, (_, regs, _) in enumerate(pending) if regs & reads]
-            if hit:
-                issued = pending[hit[-1]][0]
+            keep = _depbar_groups(x)
+            retired = groups[:max(0, len(groups) - keep)] if keep is not None else []
+            if hit or any(retired):
+                issued = max(([pending[hit[-1]][0]] if hit else []) + [s for g in retired for s, _ in g])
                 trip = issued > stalled
-                if walk == 1:
-                    waits.append(Wait(position, sum(b for _, _, b in pending), step - issued, trip))
+                if walk == passes - 1:
+                    flying = sum(b for _, _, b in pending) + sum(b for g in groups + [open_group] for _, b in g)
+                    waits.append(Wait(position, flying, step - issued, trip))
                 if trip:
                     stalled = step
-                del pending[:hit[-1] + 1]
-            if _is_kv_load(x):
+                if hit:
+                    del pending[:hit[-1] + 1]
+                del groups[:len(retired)]
+            elif retired:
+                del groups[:len(retired)]              # (empty groups: nothing to wait for)
+            if x.base == "LDGSTS" and _is_kv_load(x):
+                open_group.append((step, load_bytes(x.opcode)))
+            elif _is_kv_load(x):
                 pending.append((step, writes, load_bytes(x.opcode)))
+            elif x.base == "LDGDEPBAR":
+                groups.append(open_group)
+                open_group = []
             step += 1
     return tuple(waits)
 
@@ -302,6 +328,11 @@ def decode_loop(rung, arch: str = "sm_90") -> DecodeLoop:
             raise ValueError(f"{name} ({arch}): the page loop's K/V loads have several widths {sorted(widths)}")
         loads = 2 * PAGE_TOKENS * 128 * 2 // THREADS // widths.pop()
     path = interior_pass(instructions, labels, first, last, loads, is_copy=_is_kv_load)
+    if any(instructions[i].base == "LDGSTS" for i in path):
+        # a ring of ASYNC_STAGES steps in shared memory: a step's copies are waited for ASYNC_STAGES - 1 steps after
+        # they were issued, so a pass is that many steps, and its waits are read once every step has been through
+        # each slot
+        path = path * dict(build.defines)["ASYNC_STAGES"]
     waits = _walk(instructions, path)
     if not waits:
         raise ValueError(f"{name} ({arch}): no instruction on the pass reads a K/V load's register")
@@ -309,7 +340,7 @@ def decode_loop(rung, arch: str = "sm_90") -> DecodeLoop:
     if not stages:                                     # a step: UNROLL = 4 keys' K and V, one 16-byte load each
         if loads % STEP_LOADS:
             raise ValueError(f"{name} ({arch}): the key loop holds {loads} K/V loads, not whole steps of {STEP_LOADS}")
-        steps = loads // STEP_LOADS
+        steps = sum(_is_kv_load(instructions[i]) for i in path) // STEP_LOADS
     on_path = [instructions[i] for i in path]
     return DecodeLoop(name, arch, resources.registers, resources.smem_bytes + resources.dynamic_smem_bytes, len(path),
                       dict(Counter(x.base for x in on_path)), sum(_is_kv_load(x) for x in on_path),

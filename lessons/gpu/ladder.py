@@ -800,12 +800,25 @@ DECODE_RUNGS = (
          "rung: 115), 734.5 instructions per step (the split rung: 731); output bitwise the split rung's; aim: 70% of "
          "the copy rate",
          "ld.global.nc.v4.u32", "not yet measured on a GPU"),
+    Rung("paged_decode_cp_async", "+ rows copied to shared memory with cp.async, two steps ahead",
+         "paged_decode_cp_async", "paged_decode_split", "lessons.gpu.paged_decode_split_gpu", "float16",
+         "the same kernel built with ASYNC_STAGES=3 (paged_decode_split_gpu(..., cp_async=True)): each thread "
+         "copies its 16-byte pieces of K and V straight into a ring of 3 steps in shared memory (cp.async, "
+         "sm_80+), issuing step i + 2's copies before it waits for step i's (cp.async.wait_group 2) and "
+         "absorbs it; it reads back only what it copied itself, so no barrier; the ring and the final merge "
+         "share the block's 48 KiB",
+         "the rows in flight wait in shared memory, not in registers: 128 registers and 4 blocks per SM as "
+         "the split rung, while two steps (32 KiB per block, 128 KiB per SM) are on their way during every "
+         "step, against the 22 KiB per SM Little's law asks at the copy rate; the step's work is the split "
+         "rung's plus one shared-memory read per piece; aim: 70% of the copy rate",
+         "cp.async.cg.shared.global", "not yet measured on a GPU"),
 )
 
 #: launcher keywords of a decode rung that is another build of the same launcher (its name -> keywords): the
-#: prefetch rung is ``paged_decode_split_gpu(..., prefetch=True)``; the rung's build, the decode benchmark and
+#: prefetch rung is ``paged_decode_split_gpu(..., prefetch=True)``, the cp.async rung ``cp_async=True``; the rung's
+#: build, the decode benchmark and
 #: the profiling script all read this
-DECODE_LAUNCH_OPTIONS = {"paged_decode_prefetch": {"prefetch": True}}
+DECODE_LAUNCH_OPTIONS = {"paged_decode_prefetch": {"prefetch": True}, "paged_decode_cp_async": {"cp_async": True}}
 
 
 def decode_rung(name: str) -> Rung:
@@ -830,7 +843,7 @@ def decode_rung_build(r: Rung | str, d: int = 128):
 def decode_rung_entry(r: Rung | str) -> str:
     """The entry point that runs decode rung ``r``'s key loop (what a profiler filters on, ``ncu -k NAME``):
     ``paged_decode`` for the one-pass rung, ``paged_decode_split`` for flash-decoding (its merge is a second
-    kernel), ``paged_decode_gqa_split`` for the split and prefetch rungs. ValueError for another name."""
+    kernel), ``paged_decode_gqa_split`` for the split, prefetch and cp.async rungs. ValueError for another name."""
     r = decode_rung(r) if isinstance(r, str) else r
     return {"paged_decode": "paged_decode", "flash_decoding": "paged_decode_split"}.get(r.name, "paged_decode_gqa_split")
 

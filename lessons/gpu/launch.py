@@ -930,12 +930,18 @@ def _tma_operands(run, dtype: str, operands) -> tuple[list, list]:
 
 def _require_tensor_cores(run) -> None:
     """RuntimeError on a GPU older than compute capability 8.0 (no mma.m16n8k16 there)."""
+    _require_sm80(run, "the tensor-core kernel", "flash_attention_gpu")
+
+
+def _require_sm80(run, what: str, instead: str) -> None:
+    """RuntimeError naming ``what`` and ``instead`` on a GPU older than compute capability 8.0 (no mma.m16n8k16,
+    no cp.async there); nothing on the emulator."""
     if run.backend != "cupy":
         return
     cc = int(run.xp.cuda.Device().compute_capability)
     if cc < 80:
-        raise RuntimeError(f"the tensor-core kernel needs a GPU of compute capability 8.0 or newer (A100, H100, "
-                           f"H200); this one is {cc // 10}.{cc % 10}. Use flash_attention_gpu instead.")
+        raise RuntimeError(f"{what} needs a GPU of compute capability 8.0 or newer (A100, H100, "
+                           f"H200); this one is {cc // 10}.{cc % 10}. Use {instead} instead.")
 
 
 def _aligned(run, x, align: int = 16):
@@ -1153,7 +1159,8 @@ def _num_sms(run) -> int:
 
 def paged_decode_split_gpu(q, k_cache, v_cache, block_tables, seq_lens, num_splits: int | None = None, *,
                            scale=None, bfloat16: bool = False, return_partials: bool = False,
-                           check_tables: bool = True, prefetch: bool = False, backend: str = "cupy"):
+                           check_tables: bool = True, prefetch: bool = False, cp_async: bool = False,
+                           backend: str = "cupy"):
     """Paged GQA decode at memory speed: one block per (sequence, GQA group, split), 16-byte loads.
 
     Arguments as :func:`flash_decoding_gpu` (q (num_seqs, num_heads, d); k_cache, v_cache
@@ -1172,6 +1179,12 @@ def paged_decode_split_gpu(q, k_cache, v_cache, block_tables, seq_lens, num_spli
         registers), built for 3 blocks per SM instead of 4 (:data:`lessons.gpu.source.DECODE_BLOCKS_PER_SM`),
         and the automatic split count fills that wave. Output and lse bitwise those of ``prefetch=False``
         with the same ``num_splits``.
+    cp_async : bool (default False). True runs the ``paged_decode_cp_async`` rung: each thread copies its
+        16-byte pieces of K and V straight into a ring of :data:`lessons.gpu.source.DECODE_ASYNC_STAGES` steps
+        in shared memory (cp.async), two steps ahead of the one it absorbs, so the rows in flight hold no
+        registers and 4 blocks fit on an SM of an H100 / H200. Needs compute capability 8.0+ and a head dim
+        that is a whole number of 16-byte pieces. Output and lse bitwise those of the plain build. At most
+        one of ``prefetch`` and ``cp_async``.
     No ``trace_rows``: the keys of a split are spread over the block's warps, so there is no
     page-by-page state to record (flash_decoding_gpu has the traced version of this schedule).
 
@@ -1196,14 +1209,17 @@ def paged_decode_split_gpu(q, k_cache, v_cache, block_tables, seq_lens, num_spli
             raise ValueError(f"num_splits must be in 1..{_GRID_YZ_LIMIT} or None (auto), got {num_splits}")
     scale = _kernel_scale(scale, d)
     return_partials = check_flag(return_partials, "return_partials")
-    prefetch = check_flag(prefetch, "prefetch")
-    build = paged_decode_split_build(d, block_size, num_heads, num_kv_heads, dtype, prefetch)
+    prefetch, cp_async = check_flag(prefetch, "prefetch"), check_flag(cp_async, "cp_async")
+    build = paged_decode_split_build(d, block_size, num_heads, num_kv_heads, dtype, prefetch, cp_async)
     hpb = dict(build.defines)["HEADS_PER_BLOCK"]
 
     run = Runner(backend, kind)
+    if cp_async:
+        _require_sm80(run, "the cp.async decode kernel", "paged_decode_split_gpu without cp_async")
     if num_splits is None:                 # (at most decode_splits' 65535 = _GRID_YZ_LIMIT)
         num_splits = paged_decode_split_auto_splits(num_seqs, max_blocks * block_size, d, block_size, num_heads,
-                                                    num_kv_heads, num_sms=_num_sms(run), prefetch=prefetch)
+                                                    num_kv_heads, num_sms=_num_sms(run), prefetch=prefetch,
+                                                    cp_async=cp_async)
     q_d, k_d, v_d = (_aligned(run, run.put(x)) for x in (q, k_cache, v_cache))   # 16-byte loads
     tables_d, lens_d = run.put(block_tables), run.put(seq_lens)
     out = run.xp.empty(q.shape, dtype=q.dtype)

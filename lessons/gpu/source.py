@@ -44,7 +44,8 @@ __all__ = [
     "flash_attention_wgmma_build", "wgmma_swizzle", "WGMMA_KERNELS", "WGMMA_OVERLAP_STAGES",
     "flash_attention_wgmma_overlap_build",
     "MAX_SPLIT_HEADS_PER_BLOCK", "paged_decode_split_layout", "paged_decode_split_smem_bytes",
-    "paged_decode_split_config", "paged_decode_split_build", "DECODE_BLOCKS_PER_SM", "paged_decode_split_auto_splits",
+    "paged_decode_split_config", "paged_decode_split_build", "DECODE_BLOCKS_PER_SM", "DECODE_ASYNC_STAGES",
+    "DECODE_ASYNC_BLOCKS_PER_SM", "paged_decode_split_auto_splits",
     "decode_splits", "decode_split_cost", "H200_NUM_SMS",
 ]
 
@@ -843,11 +844,17 @@ def paged_decode_split_layout(head_dim: int, dtype: str = "float16") -> dict:
                 num_states=(NUM_THREADS // 32) * (32 // lanes), unroll=unroll)
 
 
-def paged_decode_split_smem_bytes(head_dim: int, heads_per_block: int, dtype: str = "float16") -> int:
+def paged_decode_split_smem_bytes(head_dim: int, heads_per_block: int, dtype: str = "float16",
+                                  async_stages: int = 0) -> int:
     """Static shared memory of ``paged_decode_gqa_split`` in bytes: float32 ``m[S][h]``, ``l[S][h]``,
-    ``o[S][h][d]`` for the block's ``S = num_states`` running states (see :func:`paged_decode_split_layout`)."""
-    states = paged_decode_split_layout(head_dim, dtype)["num_states"]
-    return 4 * states * heads_per_block * (head_dim + 2)
+    ``o[S][h][d]`` for the block's ``S = num_states`` running states (see :func:`paged_decode_split_layout`).
+    With ``async_stages`` > 0 (the cp.async build's ``ASYNC_STAGES``) the ring of that many steps shares the
+    space (a union: the states are written after the last copy has landed), and the larger of the two counts:
+    ``async_stages x unroll x 2 (K, V) x chunks x 128 threads x 16`` bytes."""
+    layout = paged_decode_split_layout(head_dim, dtype)
+    merge = 4 * layout["num_states"] * heads_per_block * (head_dim + 2)
+    ring = async_stages * layout["unroll"] * 2 * layout["chunks"] * NUM_THREADS * 16
+    return max(merge, ring)
 
 
 def paged_decode_split_config(head_dim: int, block_size: int, num_heads: int, num_kv_heads: int) -> int:
@@ -872,36 +879,63 @@ def paged_decode_split_config(head_dim: int, block_size: int, num_heads: int, nu
 #: d = 128 in float16, NVRTC 12.9; capped at 128 for 4 blocks it would spill 224 / 248 bytes on sm_80 / sm_90),
 #: so 3 blocks fit.
 DECODE_BLOCKS_PER_SM = {False: 4, True: 3}
+#: steps of K/V rows in flight in the ``paged_decode_cp_async`` rung's ring in shared memory (``ASYNC_STAGES``):
+#: a thread's copies of the two steps after the one it absorbs are in flight while it absorbs it. The ring takes
+#: 16 KiB per step at d = 128 in float16 (128 threads x 4 keys x K and V x 16 bytes), 48 KiB in all, so 4 blocks
+#: fit on an H100 / H200 SM (228 KiB) and 3 on an A100's (164 KiB)
+DECODE_ASYNC_STAGES = 3
+#: blocks per SM the ``paged_decode_cp_async`` build is made for (its launch bounds) and whose wave its automatic
+#: split count fills: 4, as the plain build (its rows wait in shared memory, not in registers: 128 registers)
+DECODE_ASYNC_BLOCKS_PER_SM = 4
 
 
 def paged_decode_split_build(head_dim: int, block_size: int, num_heads: int, num_kv_heads: int,
-                             dtype: str = "float16", prefetch: bool = False) -> "KernelBuild":
+                             dtype: str = "float16", prefetch: bool = False, cp_async: bool = False) -> "KernelBuild":
     """The :class:`KernelBuild` of ``paged_decode_split.cu`` (see :func:`paged_decode_split_config`).
 
     ``prefetch`` (bool): the ``paged_decode_prefetch`` rung's build (``PREFETCH=1``): each lane group issues
     the loads of its next step's K/V rows before it absorbs this step's, so loads stay in flight while it
-    computes; built for :data:`DECODE_BLOCKS_PER_SM` ``[True]`` = 3 blocks per SM (``MIN_BLOCKS``). The output
-    is bitwise the plain build's (the same keys, in the same order, per lane group). TypeError naming
-    ``prefetch`` for a non-bool."""
+    computes; built for :data:`DECODE_BLOCKS_PER_SM` ``[True]`` = 3 blocks per SM (``MIN_BLOCKS``).
+    ``cp_async`` (bool): the ``paged_decode_cp_async`` rung's build (``ASYNC_STAGES`` =
+    :data:`DECODE_ASYNC_STAGES`): each thread copies its 16-byte pieces of K and V straight into a ring in
+    shared memory with cp.async (sm_80+), two steps ahead of the step it absorbs, so the rows in flight hold no
+    registers; 4 blocks per SM. Either output is bitwise the plain build's (the same keys, in the same order,
+    per lane group). TypeError naming ``prefetch`` or ``cp_async`` for a non-bool; ValueError when both are
+    True, or for ``cp_async`` with a ``head_dim`` whose row is not a whole number of 16-byte pieces (a multiple
+    of 8 in float16 / bfloat16, of 4 in float32)."""
     hpb = paged_decode_split_config(head_dim, block_size, num_heads, num_kv_heads)
-    extra = dict(PREFETCH=1, MIN_BLOCKS=DECODE_BLOCKS_PER_SM[True]) if check_flag(prefetch, "prefetch") else {}
+    prefetch, cp_async = check_flag(prefetch, "prefetch"), check_flag(cp_async, "cp_async")
+    if prefetch and cp_async:
+        raise ValueError("prefetch and cp_async are two ways to keep loads in flight (in registers, in shared "
+                         "memory): give at most one of them")
+    extra = {}
+    if prefetch:
+        extra = dict(PREFETCH=1, MIN_BLOCKS=DECODE_BLOCKS_PER_SM[True])
+    elif cp_async:
+        per_piece = 4 if dtype == "float32" else 8              # values per 16 bytes (make checks the dtype)
+        if head_dim % per_piece:
+            raise ValueError(f"cp_async copies 16-byte pieces of each row: head_dim must be a multiple of "
+                             f"{per_piece} in {dtype}, got {head_dim}")
+        extra = dict(ASYNC_STAGES=DECODE_ASYNC_STAGES, MIN_BLOCKS=DECODE_ASYNC_BLOCKS_PER_SM)
     return KernelBuild.make("paged_decode_split", dtype, False, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
                             HEADS_PER_BLOCK=hpb, **extra)
 
 
 def paged_decode_split_auto_splits(num_seqs: int, seq_len: int, head_dim: int, block_size: int, num_heads: int,
-                                   num_kv_heads: int, *, num_sms: int = H200_NUM_SMS, prefetch: bool = False) -> int:
+                                   num_kv_heads: int, *, num_sms: int = H200_NUM_SMS, prefetch: bool = False,
+                                   cp_async: bool = False) -> int:
     """The split count ``paged_decode_split_gpu(..., num_splits=None)`` runs: :func:`decode_splits` for one block per
     ``heads_per_block`` query heads of a group (:func:`paged_decode_split_config`), ``num_sms`` SMs and the build's
-    :data:`DECODE_BLOCKS_PER_SM` (3 with ``prefetch``, else 4). ``seq_len``: the longest sequence in tokens (the
+    blocks per SM (3 with ``prefetch``, else 4, ``cp_async`` included). ``seq_len``: the longest sequence in tokens (the
     launcher passes its block table's width times ``block_size``). The launcher, the decode benchmark and the split
     sweep all ask this one function. Errors as decode_splits and paged_decode_split_config; TypeError naming
-    ``prefetch`` for a non-bool. At 32 query heads on 8 KV heads, d = 128, pages of 16, an H200: 1 x 131072 ->
+    ``prefetch`` or ``cp_async`` for a non-bool. At 32 query heads on 8 KV heads, d = 128, pages of 16, an H200: 1 x 131072 ->
     66 splits, 49 with prefetch."""
     hpb = paged_decode_split_config(head_dim, block_size, num_heads, num_kv_heads)
     return decode_splits(num_seqs, num_kv_heads, seq_len, block_size=block_size,
                          heads_per_kv_head=num_heads // num_kv_heads // hpb, num_sms=num_sms,
-                         blocks_per_sm=DECODE_BLOCKS_PER_SM[check_flag(prefetch, "prefetch")])
+                         blocks_per_sm=DECODE_ASYNC_BLOCKS_PER_SM if check_flag(cp_async, "cp_async")
+                         else DECODE_BLOCKS_PER_SM[check_flag(prefetch, "prefetch")])
 
 
 def decode_splits(num_seqs: int, num_kv_heads: int, seq_len: int, *, block_size: int = 16,
@@ -1176,7 +1210,8 @@ class KernelBuild:
         if self.kernel == "paged_decode":
             return paged_decode_smem_bytes(d["HEAD_DIM"], d["BLOCK_SIZE"], d["HEADS_PER_BLOCK"])
         if self.kernel == "paged_decode_split":
-            return paged_decode_split_smem_bytes(d["HEAD_DIM"], d["HEADS_PER_BLOCK"], self.dtype)
+            return paged_decode_split_smem_bytes(d["HEAD_DIM"], d["HEADS_PER_BLOCK"], self.dtype,
+                                                 d.get("ASYNC_STAGES", 0))
         if self.kernel == "flash_attention_mma_async":
             return 2 * flash_attention_mma_smem_bytes(d["HEAD_DIM"], d["BLOCK_K"])
         if self.kernel == "flash_attention_mma_fa2":

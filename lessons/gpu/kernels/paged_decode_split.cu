@@ -25,6 +25,13 @@
 //    step's rows are always in flight, also while it computes (software pipelining in registers:
 //    two steps' rows live at once, so the build asks for MIN_BLOCKS = 3 blocks per SM, not 4). The
 //    same keys are absorbed in the same order: the output is bitwise that of PREFETCH=0.
+//    With ASYNC_STAGES=S (2..4) the rows do not wait in registers at all: each thread copies its
+//    16-byte pieces of K and V straight into a ring of S steps in shared memory (cp.async, sm_80+),
+//    S - 1 steps ahead of the step it absorbs, and waits only for the oldest of its copies
+//    (cp.async.wait_group S - 2 after issuing the next). The copies of S - 1 steps stay in flight
+//    while a step is absorbed, and they hold no registers, so 4 blocks still fit on an SM. A
+//    thread reads back only what it copied itself, so no barrier is needed. The output is again
+//    bitwise that of the plain build.
 // 4. At the end the block merges its NUM_STATES states in shared memory, in a fixed order, by
 //    the rule of lessons.merge_states: m = max m_i, l = sum exp(m_i - m) l_i, o likewise.
 // 5. Split-KV (flash-decoding, Dao, Haziza, Massa, Sizov 2023): with few sequences a grid of one
@@ -49,8 +56,10 @@
 // Launch: paged_decode_gqa_split  grid = (num_heads / HEADS_PER_BLOCK, num_seqs, num_splits), block = 128
 //         merge_split_states      grid = (num_heads, num_seqs),                               block = 128
 // Defines: HEAD_DIM (1..256), BLOCK_SIZE (1..32), HEADS_PER_BLOCK (1..4, divides the group), FA_DTYPE,
-//          PREFETCH (0 or 1, default 0), MIN_BLOCKS (the launch bounds' blocks per SM, default 4).
+//          PREFETCH (0 or 1, default 0), ASYNC_STAGES (0: off, default; 2..4: the cp.async ring's steps),
+//          MIN_BLOCKS (the launch bounds' blocks per SM, default 4).
 #include "common.cuh"
+#include "async_copy.cuh"
 
 #ifndef HEAD_DIM
 #error "compile with -DHEAD_DIM=<d>"
@@ -67,6 +76,10 @@
 #endif
 // blocks per SM the launch bounds ask for: 4 (<= 128 registers per thread), or fewer when the
 // prefetched rows need more registers
+// 2..4: K/V rows copied into a ring of that many steps in shared memory with cp.async (0: off)
+#ifndef ASYNC_STAGES
+#define ASYNC_STAGES 0
+#endif
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 4
 #endif
@@ -101,6 +114,9 @@ static_assert(BLOCK_SIZE >= 1 && BLOCK_SIZE <= 32, "BLOCK_SIZE must be in 1..32"
 static_assert(HEADS_PER_BLOCK >= 1 && HEADS_PER_BLOCK <= 4, "HEADS_PER_BLOCK must be in 1..4");
 static_assert(PREFETCH == 0 || PREFETCH == 1, "PREFETCH must be 0 or 1");
 static_assert(MIN_BLOCKS >= 1 && MIN_BLOCKS <= 16, "MIN_BLOCKS must be in 1..16");
+static_assert(ASYNC_STAGES == 0 || (ASYNC_STAGES >= 2 && ASYNC_STAGES <= 4), "ASYNC_STAGES must be 0 or in 2..4");
+static_assert(ASYNC_STAGES == 0 || PREFETCH == 0, "PREFETCH and ASYNC_STAGES are two ways to the same end: pick one");
+static_assert(ASYNC_STAGES == 0 || VEC != 1, "ASYNC_STAGES copies 16-byte pieces: the row must be a whole number of them");
 static_assert(PER_LANE <= 8, "a lane holds at most 8 values of a row");
 
 // One load of a row: VEC values as raw words (16 bytes, or one value widened to a word).
@@ -197,6 +213,54 @@ __device__ __forceinline__ int page_of(const int* __restrict__ table, int key, i
 #endif
 }
 
+#if ASYNC_STAGES
+// The ring: slot [stage][u][0 = K, 1 = V][j][thread] holds load j of key u's row of one step, for
+// each thread its own 16-byte pieces (thread-minor, so a warp's 16-byte accesses are contiguous).
+// At most 2 * UNROLL * CHUNKS <= 8 pieces per thread and step (UNROLL_FIT): <= 16 KiB per step.
+typedef uint4 Ring[ASYNC_STAGES][UNROLL][2][CHUNKS][NUM_THREADS];
+static_assert(sizeof(Ring) <= 48 * 1024, "the ring must fit in 48 KiB of static shared memory: fewer ASYNC_STAGES");
+
+// Copy the K and V pieces of keys key0 .. key0 + UNROLL - 1 that lie before key_end into ring slot
+// `stage` (the others copy nothing); pages as in load_step.
+__device__ __forceinline__ void copy_step(Ring& ring, int stage, int key0, int key_end, int page,
+                                          const int* __restrict__ table, const scalar_t* __restrict__ k_cache,
+                                          const scalar_t* __restrict__ v_cache, int num_kv_heads, int kv_head,
+                                          int sub) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        const int key = key0 + u;
+        if (key < key_end) {
+#if BLOCK_SIZE % UNROLL != 0
+            page = table[key / BLOCK_SIZE];
+#endif
+            const long long off = (((long long)page * BLOCK_SIZE + key % BLOCK_SIZE) * num_kv_heads + kv_head) * HEAD_DIM;
+#pragma unroll
+            for (int j = 0; j < CHUNKS; ++j)
+                if (chunk_in_row(j, sub)) {
+                    const int c = (j * LANES + sub) * VEC;
+                    cp_async16(&ring[stage][u][0][j][threadIdx.x], k_cache + off + c);
+                    cp_async16(&ring[stage][u][1][j][threadIdx.x], v_cache + off + c);
+                }
+        }
+    }
+}
+
+// Read ring slot `stage` back into registers as load_step would have loaded it: zeros for keys
+// past key_end and for pieces past the row (this thread copied exactly the others).
+__device__ __forceinline__ void read_step(StepRows& r, const Ring& ring, int stage, int key0, int key_end, int sub) {
+#pragma unroll
+    for (int u = 0; u < UNROLL; ++u) {
+        r.valid[u] = key0 + u < key_end;
+#pragma unroll
+        for (int j = 0; j < CHUNKS; ++j) {
+            const bool copied = r.valid[u] && chunk_in_row(j, sub);
+            r.k[u].w[j] = copied ? ring[stage][u][0][j][threadIdx.x] : make_uint4(0u, 0u, 0u, 0u);
+            r.v[u].w[j] = copied ? ring[stage][u][1][j][threadIdx.x] : make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+}
+#endif
+
 // One head's running state (m, l, o) moved to the new max m_new: rescaled by alpha = exp(m - m_new) where the max
 // moved, left as it is where it did not (alpha would be exactly 1).
 __device__ __forceinline__ void move_max(float& m, float& l, float (&o)[PER_LANE], float m_new) {
@@ -208,6 +272,28 @@ __device__ __forceinline__ void move_max(float& m, float& l, float (&o)[PER_LANE
         m = m_new;
     }
 }
+
+#if SCATTER_SOFTMAX && ASYNC_STAGES
+// One level of the reduce-scatter of absorb_step, for the cp.async build: lanes OFF apart swap
+// halves of their OFF first pairs, a lane keeping the upper half where bit OFF of its `sub` is set,
+// and add what they get; then the next level with OFF / 2. A template per level makes every loop
+// bound, so every index of v, a constant. (The plain and prefetch builds keep the loop of
+// absorb_step, which NVRTC leaves rolled with v in local memory and ptxas then unrolls into
+// registers; in the larger cp.async kernel ptxas does not, and v stayed in local memory, 64
+// bytes. Written this way for all builds, the prefetch build spilled 16 bytes at its 168
+// registers, so those two keep the code they were measured and tested with.)
+template <int OFF>
+__device__ __forceinline__ void scatter_level(float (&v)[LANES], int sub) {
+    const bool upper = (sub & OFF) != 0;
+#pragma unroll
+    for (int i = 0; i < OFF; ++i) {
+        const float send = upper ? v[i] : v[i + OFF];
+        const float keep = upper ? v[i + OFF] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
+    }
+    if constexpr (OFF > 1) scatter_level<OFF / 2>(v, sub);
+}
+#endif
 
 // Absorb one step's UNROLL keys (key0.., loaded in r) into this lane group's running states
 // (m, l, o) of its HEADS_PER_BLOCK heads: the online-softmax update of the header.
@@ -241,6 +327,9 @@ __device__ __forceinline__ void absorb_step(const StepRows& r, int key0, int key
     for (int u = 0; u < UNROLL; ++u)
 #pragma unroll
         for (int h = 0; h < HEADS_PER_BLOCK; ++h) v[h * UNROLL + u] = s[u][h];
+#if ASYNC_STAGES
+    scatter_level<LANES / 2>(v, sub);
+#else
 #pragma unroll
     for (int off = LANES / 2; off > 0; off /= 2) {
         const bool upper = (sub & off) != 0;       // keep the upper half of the pairs, send the lower
@@ -251,6 +340,7 @@ __device__ __forceinline__ void absorb_step(const StepRows& r, int key0, int key
             v[i] = keep + __shfl_xor_sync(0xffffffffu, send, off);
         }
     }
+#endif
     const int my_head = sub / UNROLL, group_lane = lane - sub;     // first lane of this row's group
     const float s_mine = key0 + sub % UNROLL < key_end ? v[0] * scale : NEG_INF;
     float m_old = m[0];
@@ -325,7 +415,16 @@ paged_decode_gqa_split(const scalar_t* __restrict__ q, const scalar_t* __restric
                        int num_kv_heads, float scale, int num_splits, int write_partials,
                        float* __restrict__ part_m, float* __restrict__ part_l, float* __restrict__ part_o,
                        scalar_t* __restrict__ out, float* __restrict__ lse) {
+#if ASYNC_STAGES
+    // the ring while the keys stream, then (after every copy has landed and a barrier) the merge
+    __shared__ union {
+        Ring ring;
+        SplitShared merge;
+    } smem;
+    SplitShared& sh = smem.merge;
+#else
     __shared__ SplitShared sh;
+#endif
     const int seq = blockIdx.y, split = blockIdx.z;
     const int head0 = blockIdx.x * HEADS_PER_BLOCK;
     const int kv_head = head0 / (num_heads / num_kv_heads);
@@ -392,6 +491,37 @@ paged_decode_gqa_split(const scalar_t* __restrict__ q, const scalar_t* __restric
         page = page_after;
         absorb_step(odd, key0, key_end, scale, qv, m, l, o, lane, sub);
     }
+#elif ASYNC_STAGES
+    // A ring of ASYNC_STAGES steps in shared memory: before step i is absorbed, the copies of step
+    // i + ASYNC_STAGES - 1 are issued into the slot step i - 1 used (read into registers and absorbed
+    // already), one commit group per step (empty past the end, so the count stays the same), then
+    // the thread waits until at most ASYNC_STAGES - 1 groups are in flight: step i's has landed.
+    int key0 = first + key_in_warp * UNROLL;                     // this group's first key
+    int page = page_of(table, key0, key_end);
+#pragma unroll
+    for (int i = 0; i < ASYNC_STAGES - 1; ++i) {
+        const int next_page = page_of(table, key0 + (i + 1) * keys_per_step, key_end);
+        copy_step(smem.ring, i, key0 + i * keys_per_step, key_end, page, table, k_cache, v_cache,
+                  num_kv_heads, kv_head, sub);
+        cp_async_commit();
+        page = next_page;
+    }
+    int stage = 0, refill = ASYNC_STAGES - 1;                     // slots of step i and of step i + S - 1
+    for (; first < key_end; first += keys_per_step, key0 += keys_per_step) {
+        const int next_page = page_of(table, key0 + ASYNC_STAGES * keys_per_step, key_end);
+        copy_step(smem.ring, refill, key0 + (ASYNC_STAGES - 1) * keys_per_step, key_end, page, table, k_cache,
+                  v_cache, num_kv_heads, kv_head, sub);
+        cp_async_commit();
+        page = next_page;
+        cp_async_wait<ASYNC_STAGES - 1>();                       // step i's copies (this thread's) have landed
+        StepRows r;
+        read_step(r, smem.ring, stage, key0, key_end, sub);
+        absorb_step(r, key0, key_end, scale, qv, m, l, o, lane, sub);
+        stage = stage + 1 == ASYNC_STAGES ? 0 : stage + 1;
+        refill = refill + 1 == ASYNC_STAGES ? 0 : refill + 1;
+    }
+    cp_async_wait<0>();                                          // nothing lands in the ring after this
+    __syncthreads();                                             // every thread's, before it becomes sh
 #else
     int page = page_of(table, first + key_in_warp * UNROLL, key_end);
     for (; first < key_end; first += keys_per_step) {

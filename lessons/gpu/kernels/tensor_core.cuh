@@ -4,7 +4,7 @@
 // flash_attention_wgmma.cu and flash_attention_backward_mma.cu include it after common.cuh. It holds
 // only how data gets into and out of the tensor cores: 16-bit packing (two floats in one
 // cvt.rn instruction too), exp2 in one ex2.approx, the inf/NaN test of a 16-byte chunk, the
-// mma.sync instruction, fragment loads, cp.async and ldmatrix. The fold itself (scores,
+// mma.sync instruction, fragment loads, cp.async (async_copy.cuh) and ldmatrix. The fold itself (scores,
 // masking, m, l, alpha, o, P V) stays written out in each kernel, next to FA-2 Alg. 1.
 //
 // Every helper is __forceinline__, and each is the code one of those kernels carried as its own
@@ -16,6 +16,8 @@
 // Sources: PTX ISA, "Warp-level matrix instructions: mma" (fragment layouts of m16n8k16),
 // "ldmatrix", "cp.async"; Dao 2023 (FlashAttention-2), Sec. 3.3. Needs sm_80 or newer.
 #pragma once
+
+#include "async_copy.cuh"
 
 #if FA_DTYPE != 1 && FA_DTYPE != 2
 #error "tensor_core.cuh: tensor cores take float16 (FA_DTYPE 1) or bfloat16 (FA_DTYPE 2) inputs"
@@ -156,26 +158,15 @@ __device__ __forceinline__ void load_a_fragment(unsigned a[4], const scalar_t* m
 // ---------------------------------------------------------------------------
 // Shared-memory addresses, cp.async and ldmatrix (PTX ISA 7.0+, sm_80+)
 // ---------------------------------------------------------------------------
-// saddr_t is a shared-memory address: on the GPU a 32-bit address in the shared window (what
-// cp.async and ldmatrix take), on the emulator a pointer. saddr(p) converts a pointer into a
-// __shared__ array (one cvta.to.shared); sadd(a, e) is the address e 16-bit values further on
-// (a plain integer add, so a kernel can convert once and add offsets).
-//
-// cp_async16(dst, src): copy 16 bytes from global to shared memory without passing through
-// registers; the thread does not wait. dst is a saddr_t or a pointer into a __shared__ array. cp_async_commit() closes the group of copies issued
-// since the last commit; cp_async_wait<N>() waits until at most N groups are still in flight.
+// saddr_t, saddr and cp.async: async_copy.cuh. sadd(a, e) is the shared-memory address e 16-bit
+// values past a (a plain integer add, so a kernel can convert once and add offsets).
 //
 // ldmatrix_x2 / ldmatrix_x4(r, row, trans): the warp loads 2 or 4 8x8 matrices of 16-bit
 // values. Lane 8i + j names (row) the address of row j of matrix i; lane L receives, of
 // matrix i, row L/4 elements 2(L%4), 2(L%4)+1 in r[i] (.trans: column L/4 of rows 2(L%4),
 // 2(L%4)+1). Lanes whose rows are not read (16..31 for .x2) must still name valid rows.
 #ifdef FA_CPU_EMULATION
-typedef unsigned short* saddr_t;
-inline saddr_t saddr(const void* p) { return (saddr_t)p; }
 inline saddr_t sadd(saddr_t a, int elems) { return a + elems; }
-inline void cp_async16(void* dst, const void* src) { __builtin_memcpy(dst, src, 16); }   // (synchronous)
-inline void cp_async_commit() {}
-template <int N> inline void cp_async_wait() {}
 inline const unsigned short* ldm_rows[1024];
 // ldmatrix by its definition: every lane publishes its row address, then picks its elements
 // out of the other lanes' rows, between two warp barriers (as the emulated mma)
@@ -200,21 +191,7 @@ inline void ldmatrix(unsigned r[MATRICES], saddr_t row, bool trans) {
 inline void ldmatrix_x2(unsigned r[2], saddr_t row, bool trans) { ldmatrix<2>(r, row, trans); }
 inline void ldmatrix_x4(unsigned r[4], saddr_t row, bool trans) { ldmatrix<4>(r, row, trans); }
 #else
-typedef unsigned saddr_t;
-__device__ __forceinline__ saddr_t saddr(const void* p) {
-    unsigned a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
 __device__ __forceinline__ saddr_t sadd(saddr_t a, int elems) { return a + 2u * (unsigned)elems; }
-__device__ __forceinline__ void cp_async16(saddr_t dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) { cp_async16(saddr(dst), src); }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
-}
 __device__ __forceinline__ void ldmatrix_x2(unsigned r[2], saddr_t row, bool trans) {
     if (trans)
         asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];"
