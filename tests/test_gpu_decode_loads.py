@@ -412,6 +412,14 @@ def test_the_figure_draws_the_plot_and_refuses_another_dict():
     for bad in ({}, [], "plot", {k: plot[k] for k in ("round_trip", "points", "lines")}):
         with pytest.raises(TypeError, match="plot must be the dict little_plot returns"):
             little_figure(bad)
+    # where the markers were measured goes on a second title line; the roofs' legend keeps its own names
+    assert "\n" not in ax.get_title(loc="left")
+    labelled = little_figure(plot, label="recorded on one NVIDIA H200, 2026-12-01").axes[0]
+    assert labelled.get_title(loc="left").endswith("\nmarkers: recorded on one NVIDIA H200, 2026-12-01")
+    assert any(t.get_text().startswith("device copy rate (recorded): ") for t in labelled.get_legend().get_texts())
+    for bad in ("", "  ", 3):
+        with pytest.raises(TypeError, match="label must be a non-empty string"):
+            little_figure(plot, label=bad)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -271,6 +271,9 @@ def test_recorded_run_is_the_2026_12_01_one_and_its_label_says_so():
     assert "580.159.04" in env and "driver 580.159.04" in ladder.RECORDED_LABEL
     assert "CUDA 13.0" in readme and "CUDA 13.0" in ladder.RECORDED_LABEL
     assert "NVIDIA H200" in env and ladder.RECORDED_LABEL.startswith("recorded on one NVIDIA H200, 2026-12-01")
+    # the short label (for legends) is the long one's machine and date
+    assert ladder.RECORDED_ON == "recorded on one NVIDIA H200, 2026-12-01"
+    assert ladder.RECORDED_LABEL.startswith(ladder.RECORDED_ON + " (")
     # the run before it stays in the repository: its Nsight Compute notes and the SDPA backends
     assert (ladder.PROFILED_DIR / "sdpa_backends.txt").is_file() and "2026-11-30" in ladder.PROFILED_LABEL
     assert all("2026-11-30" in r.limit for r in ladder.RUNGS if "ncu" in r.limit)

@@ -25,7 +25,7 @@ from lessons.cost.traffic import H200, flash_io, textbook_io
 from lessons.gpu.measure import attention_flops  # 4 N^2 d per head, half when causal
 from lessons.gpu.recorded import RECORDED_DIR, _shipped, typed_csv_rows  # RECORDED_DIR: the H200 run (forward/, backward/, decode/)
 
-__all__ = ["Rung", "RUNGS", "RECORDED_DIR", "RECORDED_CSV", "RECORDED_LABEL", "PROFILED_DIR", "PROFILED_LABEL",
+__all__ = ["Rung", "RUNGS", "RECORDED_DIR", "RECORDED_CSV", "RECORDED_ON", "RECORDED_LABEL", "PROFILED_DIR", "PROFILED_LABEL",
            "SDPA_KERNEL", "NOT_MEASURED", "rung", "attention_flops", "recorded_rows", "recorded", "ladder_table",
            "rung_intensity", "rung_tiles", "rung_build", "measure_ladder", "ladder_points", "speedup_claim", "CLAIM",
            "ladder_markdown", "rung_evidence", "overlap_evidence", "SERIALISED_WGMMA", "Target", "TARGETS",
@@ -38,8 +38,10 @@ __all__ = ["Rung", "RUNGS", "RECORDED_DIR", "RECORDED_CSV", "RECORDED_LABEL", "P
 ROOT = Path(__file__).resolve().parents[2]
 #: its forward table: every rung, naive CuPy and torch SDPA at N = 1024, 4096, 8192, d = 64, 128
 RECORDED_CSV = RECORDED_DIR / "forward" / "results.csv"
+#: machine and date of the recorded run, short enough for a legend entry
+RECORDED_ON = "recorded on one NVIDIA H200, 2026-12-01"
 #: how every recorded figure is labelled (machine, date, driver, CUDA, commit: RECORDED_DIR/README.md, env.txt)
-RECORDED_LABEL = "recorded on one NVIDIA H200, 2026-12-01 (driver 580.159.04, CUDA 13.0, commit 5ea12bd)"
+RECORDED_LABEL = f"{RECORDED_ON} (driver 580.159.04, CUDA 13.0, commit 5ea12bd)"
 #: the run before it, which has the Nsight Compute notes quoted in Rung.limit and sdpa_backends.txt
 PROFILED_DIR = ROOT / "benchmarks" / "results" / "gpu_h200_2026-11-30"
 #: how the Nsight Compute notes of that run are credited

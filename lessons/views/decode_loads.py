@@ -14,15 +14,19 @@ _LINE_COLOURS = ("#6baed6", "#1f4e99", "#e6550d", "#636363")
 _ROOF_COLOURS = ("black", "#1f4e99", "#e6550d", "#636363")
 
 
-def little_figure(plot: dict):
+def little_figure(plot: dict, *, label: str | None = None):
     """K/V bytes read per second (TB/s, log) against thread blocks running at once (log) for the decode rungs: a
     dashed Little's-law line per amount of bytes a block keeps in flight (``blocks x bytes / round trip``), the
     recorded rates as markers, and the roofs dotted (the copy rate, the issue ceilings). ``plot``: the dict
-    :func:`lessons.gpu.decode_loads.little_plot` returns. Returns a Figure. TypeError for a ``plot`` that is not
-    such a dict."""
+    :func:`lessons.gpu.decode_loads.little_plot` returns; ``label``, if given, says where the markers were
+    measured (e.g. :data:`lessons.gpu.ladder.RECORDED_LABEL`: machine, date, driver, commit) on a second title
+    line. Returns a Figure. TypeError for a ``plot`` that is not such a dict, or a ``label`` that is not a
+    non-empty string."""
     keys = ("round_trip", "points", "lines", "roofs")
     if not isinstance(plot, dict) or any(k not in plot for k in keys):
         raise TypeError(f"plot must be the dict little_plot returns (keys {list(keys)}), got {plot!r}")
+    if label is not None and (not isinstance(label, str) or not label.strip()):
+        raise TypeError(f"label must be a non-empty string saying where the markers were measured, got {label!r}")
     fig = new_figure((10.5, 5.4))
     ax = fig.add_subplot(1, 1, 1)
     fig.subplots_adjust(left=0.08, right=0.62, top=0.91, bottom=0.11)
@@ -39,8 +43,8 @@ def little_figure(plot: dict):
         xs, ys = zip(*found)
         ax.plot(xs, [y / 1e12 for y in ys], ls="none", marker=marker, ms=size, color=colour,
                 markeredgecolor="black", markeredgewidth=0.6, label=f"{name}, recorded on the H200")
-    for (label, rate), colour in zip(plot["roofs"].items(), _ROOF_COLOURS):
-        ax.axhline(rate / 1e12, ls=":", lw=1.6, color=colour, label=f"{label}: {rate / 1e12:.2f} TB/s")
+    for (roof, rate), colour in zip(plot["roofs"].items(), _ROOF_COLOURS):
+        ax.axhline(rate / 1e12, ls=":", lw=1.6, color=colour, label=f"{roof}: {rate / 1e12:.2f} TB/s")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     lowest = min(min(line["rates"]) for line in plot["lines"])
@@ -51,7 +55,8 @@ def little_figure(plot: dict):
     ax.set_xlabel("thread blocks running at once (every block of the launch in one wave)", fontsize=10)
     ax.set_ylabel("K/V read (TB/s)", fontsize=10)
     ax.set_title(f"Little's law: rate = bytes in flight / round trip (at most {plot['round_trip'] * 1e6:.2f} \u00b5s, "
-                 "from the page-staging points)", fontsize=10)
+                 "from the page-staging points)" + ("" if label is None else f"\nmarkers: {label}"), fontsize=10,
+                 loc="left")
     ax.grid(True, which="major", color="#eeeeee")
     tidy(ax)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, labelspacing=0.9)
