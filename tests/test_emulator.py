@@ -188,6 +188,32 @@ extern "C" int check_desc_add(unsigned long long address, int bytes) {
     }
 }
 
+// cp.async: each thread copies 16 bytes of `src` (its own 4 floats) into shared memory in two groups (round 0
+// into slot 0, round 1 into slot 1, src + 0 then src + 512) and records slot 0's first float three times: before
+// any wait (the 0 it held), after wait_group 1 (group 0 landed), and slot 1's after wait_group 0; a copy left out
+// of every group (no commit) has not landed after wait_group 0 either: slot 2 reads 0
+__global__ void copies(const float* src, float* out) {
+    __shared__ __align__(16) float slots[3][128 * 4];
+    for (int s = 0; s < 3; ++s)
+        for (int i = 0; i < 4; ++i) slots[s][threadIdx.x * 4 + i] = 0.f;
+    const int t = threadIdx.x;
+    cp_async16(&slots[0][t * 4], src + t * 4);
+    cp_async_commit();
+    cp_async16(&slots[1][t * 4], src + 512 + t * 4);
+    cp_async_commit();
+    cp_async16(&slots[2][t * 4], src + t * 4);           // never committed
+    out[4 * t] = slots[0][t * 4];
+    cp_async_wait<1>();
+    out[4 * t + 1] = slots[0][t * 4] + slots[1][t * 4];  // group 0 only
+    cp_async_wait<0>();
+    out[4 * t + 2] = slots[1][t * 4];
+    out[4 * t + 3] = slots[2][t * 4];
+}
+
+extern "C" int run_copies(const float* src, float* out) {
+    return emulate_launch(copies, dim3{2, 1, 1}, dim3{128, 1, 1}, src, out);
+}
+
 extern "C" int run_deferred(float* out) {
     return emulate_launch(deferred, dim3{1, 1, 1}, dim3{128, 1, 1}, out);
 }
@@ -236,6 +262,18 @@ def test_desc_add_points_where_building_the_descriptor_again_would(hopper_lib, a
 
 def test_desc_add_refuses_a_step_that_is_not_whole_16_byte_units(hopper_lib):
     assert hopper_lib.check_desc_add(ctypes.c_ulonglong(0x7F0000100000), 8) == -1
+
+
+def test_a_cp_async_copy_lands_only_at_the_wait_that_covers_its_group(hopper_lib):
+    src = np.arange(1, 1025, dtype=np.float32)
+    out = np.full(4 * 128, -1, np.float32)
+    assert hopper_lib.run_copies(_ptr(src), _ptr(out)) == 0
+    before, first, second, uncommitted = out[0::4], out[1::4], out[2::4], out[3::4]
+    t = np.arange(128)
+    assert (before == 0).all()                                   # issued, not waited for: the old value
+    assert (first == src[4 * t]).all()                           # group 0 landed, group 1 not yet (slot 1 still 0)
+    assert (second == src[512 + 4 * t]).all()
+    assert (uncommitted == 0).all()                              # in no group: no wait covers it
 
 
 def test_a_wgmma_result_reaches_the_registers_only_at_its_wait(hopper_lib):

@@ -12,17 +12,59 @@
 // this thread's groups are still in flight. A thread waits only for its own copies: another
 // thread's must be waited for by that thread and then published by a barrier.
 //
-// On the emulator (FA_CPU_EMULATION) a copy happens at once and the waits do nothing, so it checks
-// the addresses, not the waits. Source: PTX ISA, "cp.async", "cp.async.commit_group",
-// "cp.async.wait_group".
+// On the emulator (FA_CPU_EMULATION) a copy waits in its thread's queue, tagged with the group it
+// will be committed in, and lands (its 16 bytes read and written) only at the first
+// cp_async_wait<N>() that covers its group: a copy still in the open group, or in one of the N
+// newest committed groups, has not landed, so a kernel that reads a slot before the wait that
+// covers it reads what was there before, and its output goes wrong in the tests. A thread's
+// queue is emptied as it starts a block (copies never waited for are dropped: on a GPU they land
+// while the block still runs, but nothing may read them without a wait). Source: PTX ISA,
+// "cp.async", "cp.async.commit_group", "cp.async.wait_group".
 #pragma once
 
 #ifdef FA_CPU_EMULATION
 typedef unsigned short* saddr_t;
 inline saddr_t saddr(const void* p) { return (saddr_t)p; }
-inline void cp_async16(void* dst, const void* src) { __builtin_memcpy(dst, src, 16); }   // (synchronous)
-inline void cp_async_commit() {}
-template <int N> inline void cp_async_wait() {}
+namespace emu_copy {
+struct Copy {
+    void* dst;
+    const void* src;
+    long group;                            // the commits the thread had made when it issued the copy
+};
+constexpr int CAPACITY = 256;              // copies one thread may have in flight
+inline Copy queue[1024][CAPACITY];
+inline int head[1024], tail[1024];         // queue[t][head .. tail) are in flight, oldest first
+inline long commits[1024];
+inline void reset() {
+    const unsigned t = threadIdx.x;
+    head[t] = tail[t] = 0;
+    commits[t] = 0;
+}
+inline const bool cleared_per_block = (emu::on_block_start = reset, true);
+}  // namespace emu_copy
+inline void cp_async16(void* dst, const void* src) {
+    using namespace emu_copy;
+    const unsigned t = threadIdx.x;
+    if (tail[t] == CAPACITY) {                      // move what is in flight to the front
+        memmove(queue[t], queue[t] + head[t], (tail[t] - head[t]) * sizeof(Copy));
+        tail[t] -= head[t];
+        head[t] = 0;
+    }
+    if (tail[t] == CAPACITY) {
+        fprintf(stderr, "cp.async: thread %u has %d copies in flight, more than the emulator holds\n", t, CAPACITY);
+        throw 2;
+    }
+    queue[t][tail[t]++] = Copy{dst, src, commits[t]};
+}
+inline void cp_async_commit() { ++emu_copy::commits[threadIdx.x]; }
+template <int N> inline void cp_async_wait() {      // land every copy of a group older than the N newest
+    using namespace emu_copy;
+    const unsigned t = threadIdx.x;
+    while (head[t] < tail[t] && queue[t][head[t]].group < commits[t] - N) {
+        __builtin_memcpy(queue[t][head[t]].dst, queue[t][head[t]].src, 16);
+        ++head[t];
+    }
+}
 #else
 typedef unsigned saddr_t;
 __device__ __forceinline__ saddr_t saddr(const void* p) {

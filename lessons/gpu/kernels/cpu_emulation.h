@@ -15,6 +15,8 @@
 //     warp barriers; __syncthreads_or does the same with block barriers;
 //   * mma.sync (the tensor-core product) is rebuilt from the warp's registers by its documented
 //     fragment layout, between two warp barriers (emu::mma_m16n8k16);
+//   * a cp.async copy waits in its thread's queue and lands at the cp.async.wait_group that covers
+//     its group (kernels/async_copy.cuh), so a read of shared memory before that wait sees old data;
 //   * a thread that waits for an mbarrier phase (kernels/hopper.cuh) yields to the others until
 //     the phase completes; a warpgroup barrier (128 threads) serves wgmma;
 //   * a barrier that some thread never reaches (a divergent __syncthreads, a bug on a GPU
@@ -27,6 +29,7 @@
 #include <sys/mman.h>
 #include <ucontext.h>
 #include <unistd.h>
+#include <stdio.h>
 #include <string.h>
 
 #define FA_CPU_EMULATION 1
@@ -84,6 +87,7 @@ inline Barrier warp_barrier[32];
 inline Barrier group_barrier[8];           // one per warpgroup (128 threads): wgmma
 inline unsigned long progress = 0;         // arrivals so far: a sweep that adds none is stuck
 inline void (*on_launch)() = nullptr;      // state a header keeps per thread, cleared before each launch
+inline void (*on_block_start)() = nullptr; // the running thread's state a header keeps, cleared as it starts a block
 inline float shuffle_slot[1024];
 inline int vote_slot[1024];
 
@@ -121,6 +125,7 @@ inline void fiber_main() {
             for (unsigned y = gridDim.y; y-- > 0;)
                 for (unsigned x = gridDim.x; x-- > 0;) {
                     blockIdx = dim3{x, y, z};
+                    if (on_block_start) on_block_start();
                     body(body_data);
                     wait(block_barrier);
                 }
