@@ -186,11 +186,12 @@ def test_the_rungs_that_never_ran_on_a_gpu_come_from_the_registry_and_the_record
     want = [r.name for r in ladder.RUNGS if r.kernel is not None and r.impl is None] + \
         [r.name for r in ladder.DECODE_RUNGS if r.impl not in recorded_decode]
     assert list(ladder.first_run_rungs()) == want
-    assert set(ladder.HOPPER_RUNGS) <= set(want) and "paged_decode_prefetch" in want and len(want) == 8
+    assert set(ladder.HOPPER_RUNGS) <= set(want) and "paged_decode_prefetch" in want and len(want) == 9
+    assert "paged_decode_cp_async" in want
     assert "mma_fa2_lean" in want
     # none of them has a GPU figure: their texts say so, and the ladder's table has no number for them
     for name in want:
-        r = ladder.decode_rung(name) if name == "paged_decode_prefetch" else ladder.rung(name)
+        r = ladder.decode_rung(name) if name.startswith("paged_decode_") else ladder.rung(name)
         assert r.limit.startswith("not yet") and "on a GPU" in r.limit, (name, r.limit)
     table = {e["name"]: e for e in ladder.ladder_table()}
     assert all(table[name]["ms"] is None for name in want if name in table)
@@ -288,7 +289,7 @@ def test_a_left_out_value_that_names_no_rung_of_ours_is_refused_with_the_valid_n
     assert message.endswith(f"got {bad}") and "'all'" in message
     assert str(list(ladder.kernel_rungs())) in message
     assert ladder.kernel_rungs()[:3] == ("scalar", "regtile", "regtile_wide") and \
-        ladder.kernel_rungs()[-1] == "paged_decode_prefetch" and "naive" not in ladder.kernel_rungs()
+        ladder.kernel_rungs()[-1] == "paged_decode_cp_async" and "naive" not in ladder.kernel_rungs()
 
 
 def test_a_left_out_rung_is_skipped_by_the_sweeps_and_the_sanitizer_drivers(monkeypatch, tmp_path, capsys):
@@ -321,7 +322,8 @@ def test_a_left_out_rung_is_skipped_by_the_sweeps_and_the_sanitizer_drivers(monk
         monkeypatch.setattr(sanitize, "left_out", lambda backend, rung: rung == "paged_decode_prefetch")
         assert sanitize.run_paged_decode_split(np, "emulator") is True
         printed = capsys.readouterr().out
-        assert printed.count("prefetch=False") == 4 and "prefetch=True" not in printed
+        assert printed.count("paged_decode_split num_splits=") == 4 and "paged_decode_prefetch" not in printed
+        assert printed.count("paged_decode_cp_async num_splits=") == 4
 
 
 def test_the_gpu_cases_of_a_left_out_rung_are_skipped_with_the_reason(monkeypatch):

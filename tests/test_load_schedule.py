@@ -88,3 +88,36 @@ def test_the_prefetch_picture_needs_a_step_and_says_so():
         prefetch_figure(2.0)
     fig = prefetch_figure(1, latency=3, compute=1)
     assert "all steps done at 4" in fig.axes[1].get_title(loc="left")
+
+
+def test_a_ring_of_three_keeps_three_steps_of_loads_in_flight():
+    # worked by hand, latency 3, compute 1: steps 0, 1, 2 issued at 0 (the prologue's two and the top of iteration
+    # 0), land at 3; absorbs 0 [3, 4], 1 [4, 5], 2 [5, 6]; step 3 issued when absorb 0 ends (4), lands at 7:
+    # absorb 3 [7, 8]. 8 in all (prefetch: 9, plain: 16)
+    ev = load_schedule(4, latency=3, compute=1, stages=3)
+    assert _bars(ev, "producer") == [(0, 0, 0, 3), (1, 1, 0, 3), (2, 2, 0, 3), (3, 0, 4, 7)]
+    assert _bars(ev, "consumers") == [(0, 0, 3, 4), (1, 1, 4, 5), (2, 2, 5, 6), (3, 0, 7, 8)]
+    # stages 1 and 2 are the plain loop and prefetch, bar for bar
+    for n in (1, 3, 6):
+        assert load_schedule(n, latency=2.5, compute=1, stages=1) == load_schedule(n, latency=2.5, compute=1)
+        assert load_schedule(n, latency=2.5, compute=1, stages=2) == load_schedule(n, latency=2.5, compute=1,
+                                                                                   prefetch=True)
+    # a slot is reused only once the step before in it was absorbed
+    ev = load_schedule(9, latency=5, compute=1, stages=3)
+    loads, work = _bars(ev, "producer"), _bars(ev, "consumers")
+    assert all(loads[j][2] >= work[j - 3][3] for j in range(3, 9))
+    with pytest.raises(ValueError, match="not both"):
+        load_schedule(2, prefetch=True, stages=3)
+    with pytest.raises(ValueError, match="stages"):
+        load_schedule(2, stages=0)
+    with pytest.raises(TypeError, match="stages"):
+        load_schedule(2, stages=True)
+
+
+def test_the_picture_has_a_panel_for_the_ring():
+    from lessons.views.pipeline import prefetch_figure
+
+    fig = prefetch_figure(4, latency=3, compute=1)
+    ring_ax = fig.axes[2]
+    assert "cp.async" in ring_ax.get_title() + ring_ax.get_title(loc="left")
+    assert "all steps done at 8" in ring_ax.get_title(loc="left")

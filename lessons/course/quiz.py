@@ -324,7 +324,8 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           "Every rung up to the FA-2 recipe was timed on 2026-12-01: the FA-2 recipe rung is 20x / 12x naive "
           "CuPy, but register tiling reached 2.7x / 1.4x (aim 3x), the FA-2 rung 0.43x / 0.30x SDPA (aim 0.5x) "
           "and the split decode kernel 51-68% of the copy rate (aim 70%); the rungs built later (the wide "
-          "register-tiled rung, the lazy and wide FA-2 rungs, the three Hopper rungs, the prefetch decode build) "
+          "register-tiled rung, the lazy and wide FA-2 rungs, the three Hopper rungs, the prefetch and cp.async decode "
+          "builds) "
           "are not yet timed. "
           "Reread 'The targets, met or not'."),
         Q("On an interior key tile of the ping-pong Hopper rung at d = 64 where no row's max moves (so the lazy "
@@ -416,6 +417,22 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           "blocks per SM this rung holds 4.5 KiB, so at most 0.87 TB/s (20%), however the keys are split. The split "
           "rung asks for 16 bytes of 4 keys' K and V per lane before it uses any: 16 KiB per block. Reread 'Bytes in "
           "flight: Little's law'."),
+        Q("The prefetch decode rung keeps the next step's K/V rows in registers while it absorbs this step's, and "
+          "needs 168 registers, so only 3 blocks fit on an SM. The cp.async rung keeps two steps ahead and still "
+          "fits 4 blocks with 128 registers. Why?",
+          ("cp.async compresses the rows, so they take fewer registers",
+           "Its copies go from global straight into a ring in shared memory: the rows in flight hold no "
+           "registers, only 48 KiB of shared memory per block, and 4 x 48 KiB fit in an SM's 228 KiB",
+           "It reads each row twice as fast, so it needs half the rows in flight",
+           "It waits for every copy at once at the end of the split, so nothing is in flight during a step"),
+          1,
+          "A register load (LDG) must land in registers the warp owns from the moment it asks until it uses them, so "
+          "every step in flight costs registers. cp.async (LDGSTS in SASS) writes shared memory instead; the thread "
+          "waits later for a whole group of its copies (cp.async.wait_group 2: until at most 2 groups are still on "
+          "their way). Each thread reads back only its own pieces, so no barrier is needed. Registers stay at the "
+          "split rung's 128 and 4 blocks fit, with 384 bytes per thread in flight at a wait: 192 KiB per SM against "
+          "the 22 KiB Little's law asks at the copy rate. Reread 'The decode ladder' and 'Bytes in flight: Little's "
+          "law'."),
     ),
     "07_paged_attention": (
         Q("What is the one difference between the paged loop and the flash loop?",

@@ -67,7 +67,7 @@ DECODE_CLASSES = (
     ("16-bit to float32", ("HADD2",)),
     ("other float", ("FADD", "FMUL", "FMNMX", "FSEL", "FSETP", "FSET", "HFMA2", "F2F", "F2FP")),
     ("exponentials", ("MUFU",)),
-    ("K/V loads and table look-ups", ("LDG",)),
+    ("K/V loads, copies and table look-ups", ("LDG", "LDGSTS", "LDGDEPBAR", "DEPBAR", "LDS")),
     ("shuffles", ("SHFL",)),
     ("register moves", ("MOV", "CS2R", "UMOV")),
     ("branches and convergence", ("BRA", "BSSY", "BSYNC", "WARPSYNC", "VOTE", "VOTEU")),

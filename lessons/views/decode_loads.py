@@ -65,7 +65,7 @@ def little_figure(plot: dict, *, label: str | None = None):
 
 #: a colour per class of :data:`lessons.gpu.decode_loads.DECODE_CLASSES`
 DECODE_CLASS_COLOURS = {"multiply-adds": "#1f4e99", "16-bit to float32": "#6baed6", "other float": "#fdae6b",
-                        "exponentials": "#e6550d", "K/V loads and table look-ups": "#31a354", "shuffles": "#9e9ac8",
+                        "exponentials": "#e6550d", "K/V loads, copies and table look-ups": "#31a354", "shuffles": "#9e9ac8",
                         "register moves": "#bdbdbd", "branches and convergence": "#d9d9d9",
                         "integer and address": "#737373"}
 

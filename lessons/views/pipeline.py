@@ -94,24 +94,26 @@ def pipeline_figure(schedules: dict, *, unit: str = "time", lanes=None, item: st
 
 
 def prefetch_figure(n_steps: int = 4, *, latency: float = 3.0, compute: float = 1.5):
-    """The decode split rung against its prefetch build, one lane group's steps in time: two panels of
-    :func:`pipeline_figure` over :func:`lessons.cost.latency.load_schedule` (loads from issue to landing,
-    one sub-row per register set where two steps' loads are in flight at once; absorbs below). A model,
-    labelled as one. Returns a Figure; TypeError/ValueError as load_schedule for bad arguments, and a
-    ValueError naming ``n_steps`` for 0 steps (nothing to draw)."""
+    """The decode split rung against its prefetch and cp.async builds, one lane group's steps in time: three
+    panels of :func:`pipeline_figure` over :func:`lessons.cost.latency.load_schedule` (loads from issue to
+    landing, one sub-row per register set or ring slot where several steps' loads are in flight at once;
+    absorbs below). A model, labelled as one. Returns a Figure; TypeError/ValueError as load_schedule for bad
+    arguments, and a ValueError naming ``n_steps`` for 0 steps (nothing to draw)."""
     from lessons.core.checks import check_int
     from lessons.cost.latency import load_schedule
 
     check_int(n_steps, "n_steps", min=1)
     schedules = {"split rung (load, wait, absorb)": load_schedule(n_steps, latency=latency, compute=compute),
                  "prefetch rung (the next step's loads issued before this step is absorbed)":
-                     load_schedule(n_steps, latency=latency, compute=compute, prefetch=True)}
+                     load_schedule(n_steps, latency=latency, compute=compute, prefetch=True),
+                 "cp.async rung (a ring of 3 steps in shared memory: copies issued two steps ahead)":
+                     load_schedule(n_steps, latency=latency, compute=compute, stages=3)}
     return pipeline_figure(schedules, unit=f"model time: absorbing a step takes {compute:g}, a load lands {latency:g} "
                                            f"after it is issued",
                            lanes=("a step's K/V rows in flight\n(issued \u2192 landed)",
                                   "absorb the step\n(dots, softmax, o += p v)"),
-                           item="step", stage_title="colour: the register set holding a step's rows",
-                           stage_word="register set")
+                           item="step", stage_title="colour: the register set, or ring slot, holding a step's rows",
+                           stage_word="set / slot")
 
 
 _UNIT_ROWS = (("tensor cores", "tensor cores\n($QK^\\top$ and $PV$)"), ("CUDA cores", "CUDA cores\n(softmax)"))
