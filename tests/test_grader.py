@@ -378,6 +378,7 @@ def test_run_prints_the_score_card_first_and_details_on_request(tmp_path):
     assert grade.run(answers, ["absorb"], details=True, out=long) == 1
     text = long.getvalue()
     assert text.index("score card") < text.index("FAILURES") and "test_o_after_every_tile" in text
+    assert text.count("score card") == 1, "the details repeat the score card"
 
 
 def test_score_card_has_one_line_per_exercise():

@@ -222,6 +222,10 @@ def _status_text(r: ExerciseResult) -> str:
     return "not attempted"
 
 
+#: The first line of every score card starts with this (see :func:`format_score_card`).
+SCORE_CARD_TITLE = "score card: "
+
+
 def format_score_card(results, *, answers: str = "exercises", width: int = 100) -> str:
     """The score card as plain text (a rich table): one row per exercise.
 
@@ -232,7 +236,7 @@ def format_score_card(results, *, answers: str = "exercises", width: int = 100) 
     from rich.table import Table
 
     lesson = {ex.name: ex.notebook[:2] for ex in EXERCISES}
-    table = Table(title=f"score card: {answers}", title_justify="left", show_lines=False, expand=False)
+    table = Table(title=f"{SCORE_CARD_TITLE}{answers}", title_justify="left", show_lines=False, expand=False)
     table.add_column("nb", no_wrap=True)
     table.add_column("exercise", no_wrap=True)
     table.add_column("result", no_wrap=True)
@@ -327,9 +331,12 @@ def _failure_details(pytest_output: str) -> str:
     start = next((i for i, line in enumerate(lines) if "FAILURES" in line and line.startswith("=")), None)
     if start is None:
         return pytest_output
+    # the section ends at pytest's next "=" heading, or earlier at the score card that the grader's
+    # terminal summary prints (pytest writes it inside the FAILURES section, before the short summary)
     stop = next((i for i in range(start + 1, len(lines))
-                 if lines[i].startswith("=") and "FAILURES" not in lines[i]), len(lines))
-    return "\n".join(lines[start:stop]) + "\n"
+                 if (lines[i].startswith("=") and "FAILURES" not in lines[i])
+                 or lines[i].startswith(SCORE_CARD_TITLE)), len(lines))
+    return "\n".join(lines[start:stop]).rstrip() + "\n"
 
 
 @dataclass(frozen=True)
