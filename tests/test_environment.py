@@ -64,3 +64,12 @@ def test_environment_yml_matches_pyproject():
 def test_environment_yml_uses_conda_forge():
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     assert env["channels"] == ["conda-forge"]
+
+
+def test_test_extra_holds_the_gpu_extra():
+    """README: `make test` installs the GPU packages whatever LAB_EXTRAS says, because [test] lists them too."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    gpu, test = dict(map(_split, extras["gpu"])), dict(map(_split, extras["test"]))
+    assert gpu.items() <= test.items(), f"[gpu] {gpu} is not all in [test] {test}"
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "the same GPU packages, which the kernel tests need, whatever `LAB_EXTRAS` says" in readme
