@@ -42,3 +42,25 @@ def test_the_package_docstring_holds_the_same_table():
         assert re.search(rf"^{number} ", doc, re.M), number
         for name in [m.replace("/", ".") for m in schedules + views] + kernels + exercises:
             assert name in doc, name
+
+
+def _sections(notebook: Path) -> list[str]:
+    """The notebook's "## " headings, in order."""
+    import json
+    cells = json.loads(notebook.read_text())["cells"]
+    return [line[3:].strip() for c in cells if c["cell_type"] == "markdown"
+            for line in "".join(c["source"]).splitlines() if line.startswith("## ")]
+
+
+def test_the_notebooks_end_as_the_readme_says():
+    """README: every notebook ends with "Your turn", a self-test and (all but 06) a GPU appendix."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    without = set(re.findall(r"all but `(\d\d_\w+)`", readme))
+    assert without == set(re.findall(r"Each notebook but `(\d\d_\w+)` ends with a section", readme)), without
+    for path in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")):
+        heads = _sections(path)
+        if path.stem in without:
+            assert heads[-2:] == ["Your turn", "Self-test"], (path.name, heads[-3:])
+        else:
+            assert heads[-3:-1] == ["Your turn", "Self-test"] and heads[-1].startswith("Appendix"), (path.name, heads[-3:])
+            assert "lessons.gpu" in path.read_text(), path.name
