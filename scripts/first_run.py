@@ -4,7 +4,8 @@
 
 What it checks. The rungs of :func:`lessons.gpu.ladder.first_run_rungs`: the forward rungs with a kernel of ours
 and no recorded GPU row, then the decode rungs the recorded decode run lacks (today regtile_wide, mma_fa2_lazy,
-mma_fa2_wide, mma_fa2_lean, wgmma, wgmma_overlap, wgmma_pingpong, paged_decode_prefetch). ``--rung NAME`` (repeatable) checks
+mma_fa2_wide, mma_fa2_lean, wgmma, wgmma_overlap, wgmma_pingpong, paged_decode_prefetch,
+paged_decode_cp_async). ``--rung NAME`` (repeatable) checks
 those rungs only; by default all of them, in ladder order. Per rung, one line per check (the largest
 difference from the reference, the tolerance, ok or WRONG):
 
@@ -16,7 +17,8 @@ difference from the reference, the tolerance, ok or WRONG):
   rung's dtype in the ladder; the lean rung's launcher runs its pre-pass kernel too), at d = 64 and 128: the same causal forward; then one launch of 1 head x 1024 queries
   x 1024 keys at d = 128, not causal: many blocks, every tile full (256 x 256 with ``--emulator``: there
   1024 x 1024 takes about 45 s for each FA-2 rung on two cores);
-* the decode rung (paged_decode_prefetch: ``paged_decode_split_gpu(..., prefetch=True)``): fp16, 32 query heads
+* the decode rungs (paged_decode_prefetch: ``paged_decode_split_gpu(..., prefetch=True)``; paged_decode_cp_async:
+  ``cp_async=True``): fp16, 32 query heads
   on 8 KV heads, d = 128, pages of 16, five sequences of 517, 64, 37, 1 and 0 tokens whose pages lie scattered
   in the cache, every slot past a sequence's end and every unused page holding NaN (a read of one would show),
   with the launcher's own split count and with 3 splits; output and lse.
