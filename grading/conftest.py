@@ -7,21 +7,37 @@ Options (besides pytest's own):
     --answer NAME=PATH    grade the file PATH as the answer to exercise NAME (repeatable)
     --grade-report PATH   also write the per-check results as JSON
     --no-shrink           report failing Hypothesis examples unshrunk (faster, same verdicts)
+    --check-timeout SEC   time limit of each check, import included (default 60; 0: none)
 
 Each ``test_<name>.py`` sets ``EXERCISE = "<name>"`` and takes the ``answer`` fixture:
 the answer module, imported by path without writing bytecode, whose functions turn
 ``NotImplementedError`` into a skip marked "not attempted". Checks carry
 ``@pytest.mark.catches(...)`` (mistake keys, see ``mistakes.py``) and/or
 ``@pytest.mark.hint(text)``; a failure shows them on the score card.
+
+Two guards keep a broken answer from taking the grader or the learner's files with it:
+
+* a check that runs past ``--check-timeout`` seconds (an endless loop, in the answer's
+  functions or at its import) fails with that message, and the exercise's remaining
+  checks fail at once instead of each waiting out the limit (POSIX timers; elsewhere no
+  limit);
+* the files of the answers folder (and of each ``--answer`` file) are read before the
+  first check and compared after each one: a file the answer deleted is written back,
+  and a file that changed stays as it is now with its content from before grading saved
+  beside it as ``NAME.bak-YYYYmmdd-HHMMSS`` (never overwriting a file). Either way the
+  exercise whose check was running fails, and its first hint says what happened.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.util
 import json
 import os
+import signal
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -29,12 +45,14 @@ from hypothesis import HealthCheck, Phase, settings
 
 sys.dont_write_bytecode = True        # never write __pycache__ next to an answer
 
-from lessons.course.grade import format_score_card, get_exercise, summarise  # noqa: E402
+from lessons.course.grade import _backup_path, format_score_card, get_exercise, summarise  # noqa: E402
 
 from mistakes import hint_text  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOT_ATTEMPTED = "not attempted"
+CHECK_TIMEOUT = 60.0          # seconds per check (setup, call and teardown each); the solutions take < 1 s
+SNAPSHOT_MAX_BYTES = 4 << 20  # files of the answers folder larger than this are not guarded
 
 settings.register_profile(
     "grading", max_examples=20, deadline=None, derandomize=True, database=None, print_blob=False,
@@ -55,6 +73,8 @@ def pytest_addoption(parser):
     group.addoption("--grade-report", default=None, metavar="PATH", help="write the results as JSON")
     group.addoption("--no-shrink", action="store_true",
                     help="do not shrink failing Hypothesis examples (faster; same verdicts, larger examples)")
+    group.addoption("--check-timeout", type=float, default=CHECK_TIMEOUT, metavar="SECONDS",
+                    help=f"fail a check that runs longer than this (default {CHECK_TIMEOUT:g}; 0: no limit)")
 
 
 def _resolve(path: str) -> Path:
@@ -78,8 +98,11 @@ def pytest_configure(config):
         except ValueError as exc:
             raise pytest.UsageError(str(exc)) from None
         overrides[name] = _resolve(path)
-    config._grading = {"answers": _resolve(config.getoption("--answers")), "overrides": overrides,
-                       "modules": {}}
+    if config.getoption("--check-timeout") < 0:
+        raise pytest.UsageError(f"--check-timeout must be >= 0 seconds, got {config.getoption('--check-timeout')}")
+    answers = _resolve(config.getoption("--answers"))
+    config._grading = {"answers": answers, "overrides": overrides, "modules": {}, "timed_out": {},
+                       "files": _snapshot([answers, *overrides.values()])}
     config.pluginmanager.register(ScoreCard(config), "grading-score-card")
     if config.getoption("--no-shrink"):
         settings.load_profile("grading-no-shrink")
@@ -140,6 +163,11 @@ def load_answer(config, name: str) -> Answer:
         del sys.modules[modname]
         pytest.fail(f"could not import {path} (it called sys.exit({exc.code!r}) at import; "
                     f"keep such code under `if __name__ == \"__main__\":`)", pytrace=False)
+    except SetupTimeout:
+        del sys.modules[modname]
+        limit = config.getoption("--check-timeout")
+        pytest.fail(f"could not import {path}: the import ran longer than {limit:g} s (an endless loop "
+                    f"outside the functions? keep such code under `if __name__ == \"__main__\":`)", pytrace=False)
     except Exception as exc:
         del sys.modules[modname]
         pytest.fail(f"could not import {path}: {type(exc).__name__}: {exc}", pytrace=False)
@@ -153,6 +181,126 @@ def load_answer(config, name: str) -> Answer:
 def answer(request):
     """The answer module for this test file's ``EXERCISE``."""
     return load_answer(request.config, request.module.EXERCISE)
+
+
+# --- guards: a time limit per check, and the answers' files kept -----------------------------
+
+class CheckTimeout(BaseException):
+    """A check ran past ``--check-timeout``. A BaseException, so that neither an answer's
+    ``except Exception`` nor Hypothesis (which would replay the example) swallows it."""
+
+
+class SetupTimeout(Exception):
+    """The setup of a check (the answer's import) ran past ``--check-timeout``. An Exception: pytest
+    keeps a module fixture's state only for those, and the import reports it as its failure."""
+
+
+class NotRunAfterTimeout(Exception):
+    """A check not run because an earlier check of its exercise timed out (a failure, whose message
+    is not advice of its own: the timed-out check's message is the one to read)."""
+
+
+def _exercise_of(item):
+    return getattr(getattr(item, "module", None), "EXERCISE", None)
+
+
+@contextlib.contextmanager
+def _time_limit(item, error=CheckTimeout):
+    """Raise ``error`` in what runs inside once ``--check-timeout`` seconds have passed."""
+    limit = item.config.getoption("--check-timeout")
+    if not limit or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def expired(signum, frame):
+        raise error(f"this check ran longer than {limit:g} s (an endless loop?); "
+                    f"the limit is the grader's --check-timeout")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, limit, 1.0)     # again every second, should the first be swallowed
+    try:
+        yield
+    except error:
+        item.config._grading["timed_out"].setdefault(_exercise_of(item), item.name)
+        raise
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    """Setup, where the answer module is imported, under the time limit."""
+    with _time_limit(item, SetupTimeout):
+        return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """The check under the time limit; once a check of an exercise timed out, its other checks
+    fail at once (their setup still runs: pytest keeps its fixtures' state)."""
+    first = item.config._grading["timed_out"].get(_exercise_of(item))
+    if first is not None:
+        raise NotRunAfterTimeout(f"not run: the check {first} of this exercise ran past the time limit")
+    with _time_limit(item):
+        return (yield)
+
+
+def _snapshot(places) -> dict:
+    """``{path: bytes}`` of the regular files in each folder of ``places`` (not recursing) and of
+    each file in it, those up to :data:`SNAPSHOT_MAX_BYTES`."""
+    files = {}
+    for place in places:
+        paths = sorted(place.iterdir()) if place.is_dir() else [place]
+        for path in paths:
+            try:
+                if path.is_file() and not path.is_symlink() and path.stat().st_size <= SNAPSHOT_MAX_BYTES:
+                    files[path] = path.read_bytes()
+            except OSError:
+                pass
+    return files
+
+
+def _restore_files(files: dict) -> list[str]:
+    """Put right what a check did to the snapshot ``files`` (updated in place); say what was done."""
+    done = []
+    for path, before in list(files.items()):
+        try:
+            now = path.read_bytes() if path.is_file() else None
+        except OSError:
+            now = None
+        if now == before:
+            continue
+        if now is None and not os.path.lexists(path):         # deleted (or its folder was): write it back
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.grading-tmp")
+            tmp.write_bytes(before)
+            os.replace(tmp, path)
+            done.append(f"{path.name} was deleted while this check ran; the grader wrote it back")
+            continue
+        backup = _backup_path(path, datetime.now())       # changed, or something else is in its place
+        with open(backup, "xb") as fh:                     # "x": never overwrites a file
+            fh.write(before)
+        done.append(f"{path.name} changed while this check ran; its content from before grading "
+                    f"is saved as {backup.name}")
+        if now is None:
+            del files[path]
+        else:
+            files[path] = now
+    return done
+
+
+class AnswerFilesChanged(Exception):
+    """An answer deleted or changed a file of the answers folder (which was put right)."""
+
+
+@pytest.fixture(autouse=True)
+def _keep_answer_files(request):
+    """After each check, the answers folder's files as they were before grading (see the module's text)."""
+    yield
+    done = _restore_files(request.config._grading["files"])
+    if done:
+        raise AnswerFilesChanged("; ".join(done) + " (does the answer write or delete files?)")
 
 
 # --- collecting results -------------------------------------------------------------------
@@ -171,6 +319,10 @@ def pytest_runtest_makereport(item, call):
     rep._grading_exercise = getattr(module, "EXERCISE", None)
     rep._grading_catches = [k for m in item.iter_markers("catches") for k in m.args]
     rep._grading_hints = _hints(item)
+    excinfo = call.excinfo
+    rep._grading_files = str(excinfo.value) if excinfo is not None and excinfo.errisinstance(AnswerFilesChanged) else ""
+    rep._grading_not_run = excinfo is not None and excinfo.errisinstance(NotRunAfterTimeout)
+    rep._grading_timeout = str(excinfo.value) if excinfo is not None and excinfo.errisinstance(CheckTimeout) else ""
 
 
 def _skip_reason(report) -> str:
@@ -200,10 +352,18 @@ class ScoreCard:
             return
         rec = self.records.setdefault(report.nodeid, {
             "exercise": exercise, "test": report.nodeid.split("::", 1)[-1], "outcome": "passed",
-            "catches": report._grading_catches, "hints": [], "advice": [], "message": ""})
-        if report.failed:
+            "catches": report._grading_catches, "hints": [], "advice": [], "message": "", "files": []})
+        if report._grading_files:                        # the answer deleted or changed files: shown first
+            rec["files"].append(report._grading_files)
+            if rec["outcome"] != "failed":
+                rec.update(outcome="failed", message=report._grading_files)
+        elif report.failed:
             message = _failure_message(report)
             mistakes, advice = report._grading_hints if report.when == "call" else ([], [])
+            if report._grading_not_run:                  # the check that timed out says why
+                mistakes, advice, message = [], [], ""
+            elif report._grading_timeout:                # no mistake of the check's: it never finished
+                mistakes, advice, message = [], [report._grading_timeout], report._grading_timeout
             rec.update(outcome="failed", message=message, hints=mistakes,
                        advice=advice or ([message] if message and not mistakes else []))
         elif report.skipped and rec["outcome"] != "failed":

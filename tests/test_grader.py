@@ -8,6 +8,7 @@ verdicts, much faster); the JSON report it writes is what these tests read.
 from __future__ import annotations
 
 import ast
+import io
 import importlib.util
 import json
 import os
@@ -59,11 +60,11 @@ def _mutants():
 MUTANTS = _mutants()
 
 
-def start_grader(tmp_path, *, answers=None, files=None, names=()):
+def start_grader(tmp_path, *, answers=None, files=None, names=(), extra=()):
     """Start the grader as ``make grade`` runs it; :func:`finish` waits for it."""
     report = tmp_path / f"report-{len(list(tmp_path.iterdir()))}.json"
     report.write_text("")
-    cmd = grade.pytest_command(answers, names, answer_files=files, report=report, extra=["--no-shrink"])
+    cmd = grade.pytest_command(answers, names, answer_files=files, report=report, extra=["--no-shrink", *extra])
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
     env.pop("PYTEST_ADDOPTS", None)
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -512,3 +513,78 @@ def test_check_grades_the_folder_lessons_answers_names(monkeypatch):
     monkeypatch.setenv("LESSONS_ANSWERS", "solutions")
     done = check("absorb")
     assert done.status == "passed" and str(done).startswith("absorb: all ") and done.result.failed == 0
+
+
+# --- answers that loop, print or touch files ---------------------------------------------------
+
+@pytest.fixture()
+def solved(tmp_path):
+    """A temporary copy of the reference answers as an answers folder."""
+    ex = tmp_path / "answers"
+    ex.mkdir()
+    for n in NAMES:
+        (ex / f"{n}.py").write_bytes((ROOT / "solutions" / f"{n}.py").read_bytes())
+    return ex
+
+
+def _with_line_after_imports(path: Path, line: str):
+    text = path.read_text()
+    path.write_text(text.replace("import numpy as np\n", f"import numpy as np\n{line}\n", 1))
+
+
+def test_an_answer_that_deletes_or_overwrites_files_loses_no_file(solved, tmp_path):
+    """ring_step deletes gqa_decode.py and overwrites itself at import: the grader writes the deleted
+    file back, keeps the overwritten one's content as a backup, and fails ring_step saying so."""
+    mine = {n: (solved / f"{n}.py").read_bytes() for n in NAMES}
+    _with_line_after_imports(solved / "ring_step.py", 'import pathlib; pathlib.Path(__file__).with_name('
+                             '"gqa_decode.py").unlink(); pathlib.Path(__file__).write_text("# gone\\n")')
+    ring = (solved / "ring_step.py").read_bytes()
+    report, code, _ = run_grader(tmp_path, answers=solved, names=("ring_step", "gqa_decode"))
+    status = {r["name"]: r for r in report["results"]}
+    assert code == 1 and status["gqa_decode"]["status"] == "passed"
+    hint = status["ring_step"]["hints"][0]
+    assert status["ring_step"]["status"] == "failed" and status["ring_step"]["failed"] == 1, status["ring_step"]
+    assert "gqa_decode.py was deleted while this check ran; the grader wrote it back" in hint
+    backups = sorted(solved.glob("ring_step.py.bak-*"))
+    assert len(backups) == 1 and f"ring_step.py changed while this check ran; its content from before grading " \
+        f"is saved as {backups[0].name}" in hint
+    assert backups[0].read_bytes() == ring and (solved / "ring_step.py").read_text() == "# gone\n"
+    assert all((solved / f"{n}.py").read_bytes() == mine[n] for n in NAMES if n != "ring_step")
+    assert sorted(p.name for p in solved.iterdir()) == sorted([f"{n}.py" for n in NAMES] + [backups[0].name])
+
+
+def test_an_endless_loop_fails_its_exercise_and_the_rest_is_graded(solved, tmp_path):
+    """A loop in an answer's function fails that check at the time limit and the exercise's other
+    checks at once; a loop at import fails the import; the other exercises are graded as usual."""
+    _with_line_after_imports(solved / "paged.py", "while True:\n    pass")
+    text = (solved / "merge_states.py").read_text()
+    (solved / "merge_states.py").write_text(text.replace(
+        "def merge_states(o_a, lse_a, o_b, lse_b):\n", "def merge_states(o_a, lse_a, o_b, lse_b):\n"
+        "    while True:\n        try:\n            pass\n        except Exception:\n            pass\n", 1))
+    assert "while True" in (solved / "merge_states.py").read_text()
+    started = datetime.now()
+    report, code, _ = run_grader(tmp_path, answers=solved, names=("paged", "merge_states", "absorb"),
+                                 extra=["--check-timeout", "2"])
+    assert (datetime.now() - started).total_seconds() < 60
+    status = {r["name"]: r for r in report["results"]}
+    assert code == 1 and status["absorb"]["status"] == "passed"
+    merge, paged = status["merge_states"], status["paged"]
+    assert merge["status"] == "failed" and merge["passed"] == 0 and merge["failed"] >= 5, merge
+    assert merge["hints"][0] == "this check ran longer than 2 s (an endless loop?); the limit is the grader's " \
+                                "--check-timeout"
+    assert sum("ran longer than" in r["message"] for r in report["records"] if r["exercise"] == "merge_states") == 1
+    assert paged["status"] == "failed" and paged["passed"] == 0
+    assert "could not import" in paged["hints"][0] and "the import ran longer than 2 s" in paged["hints"][0]
+
+
+def test_an_answer_that_prints_a_lot_is_graded_and_its_output_not_shown(solved):
+    """5 MB printed at import and at every call: the score card is as for the quiet answer."""
+    _with_line_after_imports(solved / "merge_states.py", 'print("x" * 5_000_000)')
+    text = (solved / "merge_states.py").read_text()
+    (solved / "merge_states.py").write_text(text.replace(
+        "def merge_states(o_a, lse_a, o_b, lse_b):\n", "def merge_states(o_a, lse_a, o_b, lse_b):\n"
+        '    print("y" * 100_000)\n', 1))
+    out = io.StringIO()
+    assert grade.run(solved, ["merge_states"], out=out) == 0
+    text = out.getvalue()
+    assert "merge_states" in text and "all " in text and " passed, none failed" in text and len(text) < 5000

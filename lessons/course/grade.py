@@ -17,7 +17,10 @@ Command line (``python -m lessons.course.grade ...``)::
 
 The plain pytest command is ``python -m pytest grading --answers exercises``.
 Grading only reads the answer files: nothing is written into ``exercises/``
-(not even ``__pycache__``).
+(not even ``__pycache__``), unless an answer deletes or changes a file there: then the
+grader writes the deleted file back, or saves the changed one's old content beside it,
+and fails that exercise saying so. Each check has a time limit (60 s; pytest's
+``--check-timeout``), so an endless loop fails its exercise instead of hanging the run.
 """
 from __future__ import annotations
 
@@ -192,7 +195,8 @@ def summarise(records, *, max_hints: int = 3) -> list[ExerciseResult]:
         else:                                        # no named mistake: the checks' advice, or what failed
             advice = [list(r.get("advice") or ()) or ([r["message"]] if r.get("message") else [])
                       for r in failed]
-        hints = _ranked(named) + _ranked(advice)
+        files = [m for r in recs for m in (r.get("files") or ())]
+        hints = files + _ranked(named) + _ranked(advice)
         hints = [h for h in dict.fromkeys(hints) if h][:max_hints]
         if count["failed"]:
             status = "failed"
