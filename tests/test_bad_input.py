@@ -73,6 +73,25 @@ def _paged_batch(block_size: int):
     (lambda: masked_rows_report(Q, K, V, 0), ValueError, "tile must be at least 1"),
     (lambda: masked_rows_report(np.zeros((0, 8)), K, V, 2), ValueError, r"with Nq >= 1 here, got shape \(0, 8\)"),
     (lambda: lesson.io_on_gpu(ns=np.array(1024), use_device=False), TypeError, "ns must be a sequence of ints"),
+    (lambda: lessons.roofline_points(ds=64), TypeError, "ds must be a sequence of ints, got int 64"),
+    (lambda: lessons.roofline_points(ds=[64, 0]), ValueError, "ds must be at least 1, got 0"),
+    # the fold's own pieces, public as lessons.State and lessons.correction_factor
+    (lambda: lessons.State.empty(-1, 3), ValueError, "rows must be at least 0, got -1"),
+    (lambda: lessons.State.empty(2.0, 3), TypeError, "rows must be an int, got float 2.0"),
+    (lambda: lessons.State.empty(2, 3, int), TypeError, "dtype must be a NumPy float dtype"),
+    (lambda: lessons.correction_factor(np.zeros(2), np.zeros(3)), ValueError,
+     r"m_old and m_new must have the same shape \(one max per row\), got \(2,\) and \(3,\)"),
+    (lambda: lessons.correction_factor(np.zeros(2, int), np.zeros(2)), TypeError, "m_old must have a float dtype"),
+    (lambda: lessons.run_variants(None), TypeError, "case must be a Case"),
+    (lambda: lessons.run_variants(lessons.example_case(), ["textbook", "nope"]), ValueError,
+     "variants must hold names from .*, got 'nope'"),
+    # a choice given as an array (or list) is refused by name, not "truth value of an array is ambiguous"
+    (lambda: flash_decoding(Q, K, V, 2, order=np.array(["left", "tree"])), ValueError, "order must be one of"),
+    (lambda: lessons.reduce_states(np.zeros((2, 3, 4)), np.zeros((2, 3)), order=np.array(["left"])), ValueError,
+     "order must be one of"),
+    (lambda: lessons.run_variant(["textbook"], Q, K, V, 2), ValueError, "variant must be one of"),
+    (lambda: lessons.softmax_traffic(np.array(["safe"]), 8), ValueError, "method must be one of"),
+    (lambda: lessons.flash_io(64, 8, m_bytes=1 << 17, order=["fa2"]), ValueError, "order must be 'fa1' or 'fa2'"),
 ])
 def test_bad_input_is_refused_with_a_message_naming_it(call, error, match):
     with pytest.raises(error, match=match):
@@ -124,3 +143,18 @@ def test_check_positive_real_takes_finite_numbers_above_zero_and_names_what_it_r
     for bad in (0, -1.0, math.inf, math.nan, True, np.bool_(True), "1", None):
         with pytest.raises(ValueError, match=r"peak_flops must be a positive finite number of FLOP/s, got"):
             check_positive_real(bad, "peak_flops", "number of FLOP/s")
+
+
+def test_run_variants_takes_one_name_as_one_variant():
+    case = lessons.example_case()
+    one = lessons.run_variants(case, "textbook")
+    assert list(one) == ["textbook"]
+    ref = lessons.attention(case.q, case.k, case.v, scale=case.scale)
+    np.testing.assert_allclose(one["textbook"].output[-1], ref, rtol=1e-12, atol=1e-12)
+
+
+def test_state_empty_and_correction_factor_still_take_what_they_documented():
+    s = lessons.State.empty(np.int64(2), 0, np.float32)
+    assert s.m.dtype == np.float32 and s.o.shape == (2, 0) and np.isneginf(s.m).all() and not s.l.any()
+    alpha = lessons.correction_factor(np.array([-np.inf, 1.0, -np.inf]), np.array([-np.inf, 3.0, 0.5]))
+    np.testing.assert_array_equal(alpha, [0.0, np.exp(1.0 - 3.0), 0.0])

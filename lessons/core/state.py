@@ -48,7 +48,18 @@ class State:
         """The state before any key: ``m = -inf``, ``l = 0``, ``o = 0``.
 
         ``rows`` and ``dv`` are non-negative ints; ``dtype`` a NumPy float dtype.
+        Raises TypeError for a count that is not an int or a dtype that is not a float
+        dtype, ValueError for a negative count.
         """
+        from lessons.core.checks import check_int
+
+        rows, dv = check_int(rows, "rows", min=0), check_int(dv, "dv", min=0)
+        try:
+            kind = np.dtype(dtype)
+        except TypeError:
+            kind = None
+        if kind is None or not np.issubdtype(kind, np.floating):
+            raise TypeError(f"dtype must be a NumPy float dtype (the state's m, l, o are floats), got {dtype!r}")
         return cls(
             m=np.full(rows, -np.inf, dtype=dtype),
             l=np.zeros(rows, dtype=dtype),
@@ -102,8 +113,17 @@ def correction_factor(m_old: np.ndarray, m_new: np.ndarray) -> np.ndarray:
     Returns an array of that shape with ``0 <= alpha <= 1``. Where both maxima are
     ``-inf`` (nothing visible yet) it returns 0, not ``exp(nan)``: the state is empty,
     so there is nothing to rescale (the NaN trap of a fully masked tile).
+
+    Raises TypeError for non-float input and ValueError for shapes that differ (one
+    max per row on both sides; nothing is broadcast).
     """
-    return np.exp(np.asarray(m_old) - safe_max(m_new))
+    from lessons.core.checks import as_float_array
+
+    m_old, m_new = as_float_array(m_old, "m_old"), as_float_array(m_new, "m_new")
+    if m_old.shape != m_new.shape:
+        raise ValueError(f"m_old and m_new must have the same shape (one max per row), got {m_old.shape} "
+                         f"and {m_new.shape}")
+    return np.exp(m_old - safe_max(m_new))
 
 
 def weighted_sum(p: np.ndarray, v: np.ndarray) -> np.ndarray:

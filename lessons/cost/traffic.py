@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lessons.core.checks import check_positive_int
+from lessons.core.checks import check_int_sequence, check_positive_int
 from lessons.schedules.flash import flash_attention
 from lessons.cost.memory import peak_bytes
 from lessons.core.reference import attention
@@ -189,7 +189,7 @@ def flash_io(n, d, *, m_bytes, element_size=2, order="fa2", block_q=None, block_
     """
     n, d = check_positive_int(n, "n"), check_positive_int(d, "d")
     es = _check_element_size(element_size)
-    if order not in ("fa1", "fa2"):
+    if not isinstance(order, str) or order not in ("fa1", "fa2"):
         raise ValueError(f"order must be 'fa1' or 'fa2', got {order!r}")
     m_bytes = check_positive_int(m_bytes, "m_bytes")
     br = None if block_q is None else check_positive_int(block_q, "block_q")
@@ -320,7 +320,8 @@ def roofline_points(n=8192, ds=(64, 128), *, hardware=H200, precisions=("bf16", 
     and returns a list of :class:`RooflinePoint` labelled ``"textbook d=64 bf16"``,
     ``"FA-2 d=64 bf16"``, ``"FA-1 d=64 bf16"``. A single string (``precisions="fp32"``,
     ``orders="fa1"``) is one value. Raises ValueError for an unknown precision or order,
-    TypeError naming ``precisions`` when it is neither a string nor an iterable of strings.
+    TypeError naming ``precisions`` when it is neither a string nor an iterable of strings,
+    and TypeError / ValueError naming ``ds`` unless it is a sequence of ints >= 1.
     """
     orders = (orders,) if isinstance(orders, str) else tuple(orders)
     for order in orders:
@@ -336,6 +337,7 @@ def roofline_points(n=8192, ds=(64, 128), *, hardware=H200, precisions=("bf16", 
     for precision in precisions:
         if not isinstance(precision, str):
             raise TypeError(f"precisions must hold strings, got {type(precision).__name__} {precision!r}")
+    ds = check_int_sequence(ds, "ds", min=1)
     points = []
     for precision in precisions:
         if precision not in ELEMENT_SIZES or precision not in hardware.peak_flops:

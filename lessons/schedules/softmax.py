@@ -274,7 +274,7 @@ def softmax_traffic(method, n, *, tile=None, rows=1):
 
     Raises ValueError for an unknown method or a count < 1, TypeError for non-ints.
     """
-    if method not in SOFTMAX_METHODS:
+    if not isinstance(method, str) or method not in SOFTMAX_METHODS:
         raise ValueError(f"method must be one of {SOFTMAX_METHODS}, got {method!r}")
     n = check_positive_int(n, "n")
     rows = check_positive_int(rows, "rows")

@@ -132,7 +132,7 @@ def reduce_states(o, lse, *, order="left"):
     Raises ValueError for an unknown ``order`` or mismatched shapes (see
     :func:`merge_states`).
     """
-    if order not in REDUCE_ORDERS:
+    if not isinstance(order, str) or order not in REDUCE_ORDERS:
         raise ValueError(f"order must be one of {REDUCE_ORDERS}, got {order!r}")
     o = as_float_array(o, "o", tuple(range(2, 34)))
     lse = as_float_array(lse, "lse", tuple(range(1, 33)))
@@ -219,7 +219,7 @@ def flash_decoding(q, k, v, num_splits, *, block_k=None, scale=None, order="left
     num_splits = check_positive_int(num_splits, "num_splits")
     block_k = check_block_k(block_k, tile)
     return_lse, return_partials = check_flag(return_lse, "return_lse"), check_flag(return_partials, "return_partials")
-    if order not in REDUCE_ORDERS:
+    if not isinstance(order, str) or order not in REDUCE_ORDERS:
         raise ValueError(f"order must be one of {REDUCE_ORDERS}, got {order!r}")
     nq = q2.shape[0]
     scale = check_scale(scale, q2.shape[1])

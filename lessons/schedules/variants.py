@@ -204,7 +204,7 @@ def run_variant(variant, q, k, v, tile, *, scale=None, causal=False, mask=None, 
     Raises ValueError for an unknown variant, and the errors of
     :func:`lessons.attention` for bad q, k, v, scale, mask or tile.
     """
-    if variant not in VARIANTS:
+    if not isinstance(variant, str) or variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANT_NAMES}, got {variant!r}")
     q2, k, v, single, dtype = check_qkv(q, k, v)
     tile = check_positive_int(tile, "tile")
@@ -316,7 +316,18 @@ def _verdict(t, vis, dtype) -> str:
 
 
 def run_variants(case, variants=VARIANT_NAMES):
-    """:func:`run_variant` for each name in ``variants`` on a :class:`Case`; returns ``{name: VariantTrace}``."""
+    """:func:`run_variant` for each name in ``variants`` on a :class:`Case`; returns ``{name: VariantTrace}``.
+
+    ``variants``: names of :data:`VARIANTS` (a single name is one variant). Raises TypeError for a
+    ``case`` that is not a :class:`Case` (:func:`example_case` or :func:`case_from_scores` make one),
+    ValueError for an unknown variant, before any variant runs.
+    """
+    if not isinstance(case, Case):
+        raise TypeError(f"case must be a Case (from example_case or case_from_scores), got {type(case).__name__}")
+    variants = (variants,) if isinstance(variants, str) else tuple(variants)
+    for name in variants:
+        if not isinstance(name, str) or name not in VARIANTS:
+            raise ValueError(f"variants must hold names from {VARIANT_NAMES}, got {name!r}")
     return {name: run_variant(name, case.q, case.k, case.v, case.tile, scale=case.scale,
                               causal=case.causal, mask=case.mask) for name in variants}
 
