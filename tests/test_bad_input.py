@@ -33,6 +33,13 @@ def _paged_batch(block_size: int):
     return np.zeros((2, 4, 16), np.float32), cache, cache, np.zeros((2, 2), np.int32), np.zeros(2, np.int32)
 
 
+def _stray_page_batch():
+    """Sequence 0 (10 tokens in pages of 4) names page 10**6 of a 6-page cache in its third used block."""
+    cache = np.zeros((6, 4, 2, 16), np.float32)
+    tables = np.array([[0, 2, 10**6], [5, 1, -1]], np.int32)
+    return np.zeros((2, 4, 16), np.float32), cache, cache, tables, np.array([10, 6], np.int32)
+
+
 @pytest.mark.parametrize("call, error, match", [
     # every return_* flag is True or False, never "any truthy value"
     (lambda: flash_decoding(Q, K, V, 2, return_lse="no"), TypeError, "return_lse must be True or False"),
@@ -51,6 +58,13 @@ def _paged_batch(block_size: int):
      "trace_rows must name 1..64"),
     (lambda: paged_decode_gpu(*_paged_batch(4), backend="emulator", trace_rows=[(0, 1), (0, 1)]), ValueError,
      r"must not repeat a \(seq, head\) pair, got \[\[0, 1\], \[0, 1\]\]"),
+    # on the emulator the tables are always checked: check_tables=False would read a stray page in this process
+    (lambda: paged_decode_gpu(*_stray_page_batch(), check_tables=False, backend="emulator"), ValueError,
+     r"block_tables\[0\] points at pages \[1000000\] outside the cache's 6 blocks"),
+    (lambda: flash_decoding_gpu(*_stray_page_batch(), 2, check_tables=False, backend="emulator"), ValueError,
+     r"block_tables\[0\] points at pages \[1000000\] outside the cache's 6 blocks"),
+    (lambda: paged_decode_split_gpu(*_stray_page_batch(), check_tables=False, backend="emulator"), ValueError,
+     r"block_tables\[0\] points at pages \[1000000\] outside the cache's 6 blocks"),
     # non-float data is refused, never cast
     (lambda: kernel_backward_trace(*[np.ones((4, 16), int)] * 4, np.zeros(4), np.ones((4, 16)), use_device=False),
      TypeError, "q must have a float dtype"),

@@ -1002,6 +1002,13 @@ class SplitTraces:
     merge: GpuTrace
 
 
+def _tables_checked(check_tables, backend: str) -> bool:
+    """Whether to check the block tables on the host: as ``check_tables`` says on a device, always on the
+    emulator, where the tables are on the host already and a bad page would read outside the cache in this
+    very process (NaN from a stray page, or a crash of the Python process)."""
+    return check_flag(check_tables, "check_tables") or backend == "emulator"
+
+
 def _check_paged(q, k_cache, v_cache, block_tables, seq_lens, bfloat16, check_tables):
     arrays = {"q": q, "k_cache": k_cache, "v_cache": v_cache}
     kind = _check_arrays({**arrays, "block_tables": block_tables, "seq_lens": seq_lens})
@@ -1059,7 +1066,9 @@ def paged_decode_gpu(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None,
     seq_lens : int32 (num_seqs,): tokens per sequence; slots at or past it are never read.
     scale : float, default ``1/sqrt(d)``.
     trace_rows : optional ``(seq, head)`` pairs; one record per page absorbed.
-    check_tables : check on the host that seq_lens fit and the used pages exist (copies them back).
+    check_tables : check on the host that seq_lens fit and the used pages exist (copies them back);
+        False skips it on a device (for timing), never on the emulator, where the tables are on the
+        host already and a bad page would be read outside the cache by the CPU process itself.
     backend : ``"cupy"`` or ``"emulator"``.
 
     Returns ``(out, lse)`` or ``(out, lse, trace)``: out (num_seqs, num_heads, d) in q's dtype;
@@ -1070,7 +1079,7 @@ def paged_decode_gpu(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None,
     """
     backend = _check_backend(backend)
     kind, dtype, num_seqs, num_heads, d, block_size, num_kv_heads, max_blocks = _check_paged(
-        q, k_cache, v_cache, block_tables, seq_lens, bfloat16, check_flag(check_tables, "check_tables"))
+        q, k_cache, v_cache, block_tables, seq_lens, bfloat16, _tables_checked(check_tables, backend))
     scale = _kernel_scale(scale, d)
     tracing = trace_rows is not None
     rows = _check_pairs(trace_rows, num_seqs, num_heads) if tracing else []
@@ -1110,7 +1119,7 @@ def flash_decoding_gpu(q, k_cache, v_cache, block_tables, seq_lens, num_splits: 
     """
     backend = _check_backend(backend)
     kind, dtype, num_seqs, num_heads, d, block_size, num_kv_heads, max_blocks = _check_paged(
-        q, k_cache, v_cache, block_tables, seq_lens, bfloat16, check_flag(check_tables, "check_tables"))
+        q, k_cache, v_cache, block_tables, seq_lens, bfloat16, _tables_checked(check_tables, backend))
     num_splits = check_int(num_splits, "num_splits")
     if not 1 <= num_splits <= _GRID_YZ_LIMIT:
         raise ValueError(f"num_splits must be in 1..{_GRID_YZ_LIMIT}, got {num_splits}")
@@ -1202,7 +1211,7 @@ def paged_decode_split_gpu(q, k_cache, v_cache, block_tables, seq_lens, num_spli
 
     backend = _check_backend(backend)
     kind, dtype, num_seqs, num_heads, d, block_size, num_kv_heads, max_blocks = _check_paged(
-        q, k_cache, v_cache, block_tables, seq_lens, bfloat16, check_flag(check_tables, "check_tables"))
+        q, k_cache, v_cache, block_tables, seq_lens, bfloat16, _tables_checked(check_tables, backend))
     if num_splits is not None:
         num_splits = check_int(num_splits, "num_splits")
         if not 1 <= num_splits <= _GRID_YZ_LIMIT:
