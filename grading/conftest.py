@@ -40,6 +40,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
@@ -102,7 +103,8 @@ def pytest_configure(config):
         raise pytest.UsageError(f"--check-timeout must be >= 0 seconds, got {config.getoption('--check-timeout')}")
     answers = _resolve(config.getoption("--answers"))
     config._grading = {"answers": answers, "overrides": overrides, "modules": {}, "timed_out": {},
-                       "files": _snapshot([answers, *overrides.values()])}
+                       "files": _snapshot([answers, *overrides.values()]),
+                       "start": (np.geterr(), np.geterrcall(), os.getcwd())}
     config.pluginmanager.register(ScoreCard(config), "grading-score-card")
     if config.getoption("--no-shrink"):
         settings.load_profile("grading-no-shrink")
@@ -292,6 +294,19 @@ def _restore_files(files: dict) -> list[str]:
 
 class AnswerFilesChanged(Exception):
     """An answer deleted or changed a file of the answers folder (which was put right)."""
+
+
+@pytest.fixture(autouse=True)
+def _same_numpy_and_folder_for_every_check(request):
+    """After each check, the floating-point error handling and working folder the grader started with:
+    an answer's ``np.seterr(all="raise")`` or ``os.chdir`` (at its import, say) never reaches the
+    reference computations of the exercises graded after it."""
+    yield
+    errors, handler, cwd = request.config._grading["start"]
+    np.seterr(**errors)
+    np.seterrcall(handler)
+    if os.getcwd() != cwd:
+        os.chdir(cwd)
 
 
 @pytest.fixture(autouse=True)
