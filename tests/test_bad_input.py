@@ -72,6 +72,9 @@ def _stray_page_batch():
                                      emulate=False), TypeError, "q must have a float dtype"),
     (lambda: lesson.paged_decode_on_gpu(**{**PAGED, "k_cache": np.ones((1, 4, 8), int)}, use_device=False,
                                         emulate=False), TypeError, "k_cache must have a float dtype"),
+    # bfloat16 bits (uint16) given to the NumPy reference: the message says how to read them
+    (lambda: lessons.attention(lessons.gpu.to_bfloat16_bits(Q.astype(np.float32)), K, V), TypeError,
+     r"q must have a float dtype .* got dtype uint16; .*lessons.gpu.from_bfloat16_bits\(q\) gives float32"),
     # objects of the wrong kind
     (lambda: ladder.rung_intensity(5), TypeError, "rung must be a Rung or a rung's name, got int"),
     (lambda: ladder.rung_build(5), TypeError, "rung must be a Rung or a rung's name, got int"),

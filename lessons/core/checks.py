@@ -15,15 +15,18 @@ __all__ = ["as_float_array", "check_qkv", "check_scale", "check_int", "check_int
 def as_float_array(x, name: str, ndims: tuple[int, ...] | None = None) -> np.ndarray:
     """Return ``x`` as a float ndarray with one of the allowed ranks (``ndims``; None: any), or raise.
 
-    Raises TypeError for non-array-like or non-float input, ValueError for a wrong rank.
+    Raises TypeError for non-array-like or non-float input (for uint16, the bfloat16 bits the GPU
+    launchers take, the message names :func:`lessons.gpu.from_bfloat16_bits`), ValueError for a wrong rank.
     """
     if isinstance(x, (str, bytes)) or x is None:
         raise TypeError(f"{name} must be a float array, got {type(x).__name__}")
     arr = np.asarray(x)
     if not np.issubdtype(arr.dtype, np.floating):
+        bits = (f" (bfloat16 bits, as the GPU launchers take them? lessons.gpu.from_bfloat16_bits({name}) "
+                f"gives float32)") if arr.dtype == np.uint16 else ""
         raise TypeError(
             f"{name} must have a float dtype (float16/32/64), got dtype {arr.dtype}; "
-            f"convert with {name}.astype(np.float64)"
+            f"convert with {name}.astype(np.float64){bits}"
         )
     if ndims is not None and arr.ndim not in ndims:
         if len(ndims) > 3 and tuple(ndims) == tuple(range(min(ndims), max(ndims) + 1)):
