@@ -37,6 +37,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from datetime import datetime
 from pathlib import Path
 
@@ -316,6 +317,27 @@ def _keep_answer_files(request):
     done = _restore_files(request.config._grading["files"])
     if done:
         raise AnswerFilesChanged("; ".join(done) + " (does the answer write or delete files?)")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    session.config._grading["exitstatus"] = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    """End the grader now if an answer left a thread running (a non-daemon thread would hold the
+    process, and ``make grade`` with it, until the thread ends: forever, for an endless one). The
+    score card and the report are written by then."""
+    grading = getattr(config, "_grading", None)
+    if grading is None or "exitstatus" not in grading or hasattr(config, "workerinput"):
+        return                                            # (an xdist worker ends as xdist says)
+    left = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+    if left:
+        sys.stderr.write(f"grader: an answer left {len(left)} thread(s) running "
+                         f"({', '.join(t.name for t in left)}); ending without waiting for them\n")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(grading["exitstatus"])
 
 
 # --- collecting results -------------------------------------------------------------------

@@ -598,3 +598,14 @@ def test_numpy_error_handling_set_by_one_answer_does_not_fail_another(solved, tm
     failed = [(r["exercise"], r["test"], r["message"]) for r in report["records"] if r["outcome"] != "passed"]
     assert code == 0 and not failed, failed
     assert [r["status"] for r in report["results"]] == ["passed", "passed"]
+
+
+def test_a_thread_left_running_by_an_answer_does_not_hold_the_grader(solved, tmp_path):
+    """absorb.py starts a (non-daemon) thread that sleeps for an hour: the grader still ends once every
+    check has run, with the score card and its exit status."""
+    _with_line_after_imports(solved / "absorb.py", "import threading, time; "
+                             "threading.Thread(target=time.sleep, args=(3600,), daemon=False).start()")
+    started = datetime.now()
+    report, code, stdout = run_grader(tmp_path, answers=solved, names=("absorb",))
+    assert (datetime.now() - started).total_seconds() < 120
+    assert code == 0 and [r["status"] for r in report["results"]] == ["passed"] and "score card" in stdout
