@@ -55,6 +55,7 @@ ROOT = Path(__file__).resolve().parents[1]
 NOT_ATTEMPTED = "not attempted"
 CHECK_TIMEOUT = 60.0          # seconds per check (setup, call and teardown each); the solutions take < 1 s
 SNAPSHOT_MAX_BYTES = 4 << 20  # files of the answers folder larger than this are not guarded
+CAPTURED_KEEP = 4000          # characters of an answer's printed output a failing check's report shows
 
 settings.register_profile(
     "grading", max_examples=20, deadline=None, derandomize=True, database=None, print_blob=False,
@@ -360,6 +361,17 @@ def pytest_runtest_makereport(item, call):
     rep._grading_files = str(excinfo.value) if excinfo is not None and excinfo.errisinstance(AnswerFilesChanged) else ""
     rep._grading_not_run = excinfo is not None and excinfo.errisinstance(NotRunAfterTimeout)
     rep._grading_timeout = str(excinfo.value) if excinfo is not None and excinfo.errisinstance(CheckTimeout) else ""
+    rep.sections = [(title, _shortened(text) if title.startswith("Captured") else text) for title, text in rep.sections]
+
+
+def _shortened(text: str, keep: int = CAPTURED_KEEP) -> str:
+    """What an answer printed, as a failing check's report shows it: the first and last ``keep // 2``
+    characters when there is more (an answer printing in a loop would fill the terminal)."""
+    if len(text) <= keep:
+        return text
+    half = keep // 2
+    return (f"{text[:half]}\n... ({len(text) - 2 * half:,} characters of this output left out by the grader) ...\n"
+            f"{text[-half:]}")
 
 
 def _skip_reason(report) -> str:

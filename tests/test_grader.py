@@ -609,3 +609,18 @@ def test_a_thread_left_running_by_an_answer_does_not_hold_the_grader(solved, tmp
     report, code, stdout = run_grader(tmp_path, answers=solved, names=("absorb",))
     assert (datetime.now() - started).total_seconds() < 120
     assert code == 0 and [r["status"] for r in report["results"]] == ["passed"] and "score card" in stdout
+
+
+def test_what_a_failing_answer_prints_is_shortened_in_the_details(tmp_path):
+    """A wrong absorb that prints 200,000 characters per call: the details (make grade DETAILS=1) show
+    the start and end of each check's output, not all of it."""
+    answers = tmp_path / "answers"
+    answers.mkdir()
+    (answers / "absorb.py").write_text((ROOT / "mutants" / "absorb__alpha_missing_on_o.py").read_text() + (
+        "\n\n_absorb = absorb\n\n\ndef absorb(*args, **kwargs):\n    print('x' * 200_000)\n"
+        "    return _absorb(*args, **kwargs)\n"))
+    out = io.StringIO()
+    assert grade.run(answers, ["absorb"], details=True, out=out) == 1
+    text = out.getvalue()
+    assert "alpha missing on o" in text and "Captured stdout call" in text
+    assert "characters of this output left out by the grader" in text and len(text) < 60_000
