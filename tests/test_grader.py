@@ -624,3 +624,20 @@ def test_what_a_failing_answer_prints_is_shortened_in_the_details(tmp_path):
     text = out.getvalue()
     assert "alpha missing on o" in text and "Captured stdout call" in text
     assert "characters of this output left out by the grader" in text and len(text) < 60_000
+
+
+def test_an_answer_that_ends_the_grading_process_fails_alone(solved):
+    """causal.py calls os._exit(0) at import: the grading process ends without its report, so each
+    exercise is graded in a process of its own; causal fails saying why, the others are graded."""
+    _with_line_after_imports(solved / "causal.py", "import os; os._exit(0)")
+    out = io.StringIO()
+    assert grade.run(solved, ["online_softmax", "causal", "merge_states"], out=out) == 1
+    rows = [line.split("│")[1:-1] for line in out.getvalue().splitlines() if line.startswith("│")]
+    hint = " ".join(" ".join(r[-1].split()) for r in rows if len(r) == 4 and (r[1].strip() in ("causal", ""))
+                    and not r[2].strip().startswith("all")).strip()
+    status = {r[1].strip(): r[2].strip() for r in rows if len(r) == 4 and r[1].strip()}
+    assert status == {"online_softmax": "all 12 checks passed", "causal": "1 of 1 check failed",
+                      "merge_states": "all 8 checks passed"}, status
+    assert hint == ("- the grading process ended without a report while grading causal (exit status 0): does "
+                    "the answer call os._exit, kill its own process or crash Python?"), hint
+    assert "3 exercises graded: 2 passed, 1 failed" in out.getvalue()

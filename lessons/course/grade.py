@@ -20,7 +20,9 @@ Grading only reads the answer files: nothing is written into ``exercises/``
 (not even ``__pycache__``), unless an answer deletes or changes a file there: then the
 grader writes the deleted file back, or saves the changed one's old content beside it,
 and fails that exercise saying so. Each check has a time limit (60 s; pytest's
-``--check-timeout``), so an endless loop fails its exercise instead of hanging the run.
+``--check-timeout``), so an endless loop fails its exercise instead of hanging the run;
+an answer that ends the grading process (``os._exit``, a crash) fails alone, the other
+exercises being graded again one process each.
 """
 from __future__ import annotations
 
@@ -303,30 +305,68 @@ def run(answers="exercises", names=(), *, details: bool = False, out=None) -> in
     ``details=True`` pytest's report of each failing check (its assertion and the
     lines of the grading test) follows the card. ``out``: a text stream (default
     ``sys.stdout``). Returns pytest's exit status (0: nothing failed; 1: a check failed).
+
+    Should the grading process end without its report (an answer calling ``os._exit``,
+    killing its process or crashing Python), each exercise is graded again in a process of
+    its own, and an exercise whose process ends so is failed, saying so, on the card.
     """
     out = sys.stdout if out is None else out
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         cmd = pytest_command(answers, names, report=report, extra=["--tb=short" if details else "--tb=no"])
         proc = subprocess.run(cmd, cwd=repo_root(), env=_env(), capture_output=True, text=True)
-        if not report.is_file():
-            out.write(proc.stdout + proc.stderr)
-            return proc.returncode or 1
-        data = json.loads(report.read_text())
-    results = summarise(data["records"])
-    out.write(data["score_card"])
+        if report.is_file():
+            data = json.loads(report.read_text())
+            records, card, returncode, pytest_out = data["records"], data["score_card"], proc.returncode, proc.stdout
+        else:
+            records, card, returncode, pytest_out = _grade_one_by_one(answers, names, details, Path(tmp))
+            if not records:
+                out.write(proc.stdout + proc.stderr)
+                return proc.returncode or 1
+    results = summarise(records)
+    out.write(card)
     failed = sum(r.failed for r in results)
     total = sum(r.total for r in results)
     if failed:
         out.write(f"{failed} of {_checks(total)} failed.")
         if details:
             out.write(" The failing checks, as pytest reports them:\n\n")
-            out.write(_failure_details(proc.stdout))
+            out.write(_failure_details(pytest_out))
         else:
             out.write(" For what each failing check asserted: make grade DETAILS=1\n")
     elif total:
         out.write(f"{total - sum(r.not_attempted for r in results)} of {_checks(total)} passed, none failed.\n")
-    return proc.returncode
+    return returncode
+
+
+def _grade_one_by_one(answers, names, details: bool, tmp: Path):
+    """Grade each exercise of ``names`` (all if empty) in a process of its own: ``(records, score card,
+    exit status, pytest's output)``. An exercise whose process ends without a report gets one failed
+    record saying so; no records at all when no exercise could be graded (the grader itself is broken)."""
+    records, outputs, returncode, graded = [], [], 0, 0
+    for name in names or [ex.name for ex in EXERCISES]:
+        report = tmp / f"report-{name}.json"
+        cmd = pytest_command(answers, [name], report=report, extra=["--tb=short" if details else "--tb=no"])
+        proc = subprocess.run(cmd, cwd=repo_root(), env=_env(), capture_output=True, text=True)
+        outputs.append(proc.stdout)
+        if report.is_file():
+            records += json.loads(report.read_text())["records"]
+            returncode, graded = max(returncode, proc.returncode), graded + 1
+            continue
+        records.append({"exercise": name, "test": f"grading/test_{name}.py", "outcome": "failed", "catches": [],
+                        "hints": [], "files": [], "message": "",
+                        "advice": [f"the grading process ended without a report while grading {name} (exit status "
+                                   f"{proc.returncode}): does the answer call os._exit, kill its own process or "
+                                   f"crash Python?"]})
+        returncode = max(returncode, 1)
+    if not graded:
+        return [], "", returncode, ""
+    label = Path(answers).resolve()
+    try:
+        label = f"{label.relative_to(repo_root())}/"
+    except ValueError:
+        pass
+    return records, format_score_card(summarise(records), answers=str(label)), returncode, "\n".join(outputs)
 
 
 def _failure_details(pytest_output: str) -> str:
