@@ -19,8 +19,8 @@ Two guards keep a broken answer from taking the grader or the learner's files wi
 
 * a check that runs past ``--check-timeout`` seconds (an endless loop, in the answer's
   functions or at its import) fails with that message, and the exercise's remaining
-  checks fail at once instead of each waiting out the limit (POSIX timers; elsewhere no
-  limit);
+  checks fail at once instead of each waiting out the limit (POSIX timers, in the main
+  thread; elsewhere no limit);
 * the files of the answers folder (and of each ``--answer`` file) are read before the
   first check and compared after each one: a file the answer deleted is written back,
   and a file that changed stays as it is now with its content from before grading saved
@@ -212,8 +212,8 @@ def _exercise_of(item):
 def _time_limit(item, error=CheckTimeout):
     """Raise ``error`` in what runs inside once ``--check-timeout`` seconds have passed."""
     limit = item.config.getoption("--check-timeout")
-    if not limit or not hasattr(signal, "setitimer"):
-        yield
+    if not limit or not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        yield                                              # (signals reach the main thread only)
         return
 
     def expired(signum, frame):
