@@ -63,11 +63,11 @@ def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
     expected = {"compile report", "pytest pass 1 (-n 2)", "benchmark forward", "benchmark backward", "total",
                 "tune mma_fa2_lean tiles", "tune mma_fa2_lazy tiles", "tune mma_fa2_wide tiles", "tune regtile tiles",
                 "tune regtile_wide tiles", "decode split sweep", "decode split sweep (prefetch)"}
-    expected |= {f"first run {rung}" for rung in ladder.first_run_rungs()}      # (eight today)
+    expected |= {f"first run {rung}" for rung in ladder.first_run_rungs()}      # (nine today)
     assert "mma_fa2_lean" in ladder.first_run_rungs()
     expected |= {f"ncu {rung}" for rung in ("mma_fa2", "mma_fa2_lazy", "mma_fa2_wide", "mma_fa2_lean", "wgmma",
                                            "wgmma_overlap", "wgmma_pingpong", "paged_decode_split",
-                                           "paged_decode_prefetch", "regtile_wide")}
+                                           "paged_decode_prefetch", "paged_decode_cp_async", "regtile_wide")}
     expected |= {f"ncu mix {rung}" for rung in ("scalar", "regtile", "regtile_wide")}    # the CUDA-core rungs' mix
     expected |= {f"drivers (emulator) {k}" for k in sanitize.KERNELS}      # the script runs every driver
     assert set(steps) == expected and set(steps.values()) == {"ok"}, summary
@@ -142,7 +142,7 @@ def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
     for kernel in sanitize.KERNELS:
         assert "all results match NumPy" in (tmp_path / "sanitizer" / f"emulator_{kernel}.txt").read_text()
     # the profiling driver ran each rung twice on the emulator (on a GPU: under ncu)
-    for rung in ("paged_decode_split", "paged_decode_prefetch"):
+    for rung in ("paged_decode_split", "paged_decode_prefetch", "paged_decode_cp_async"):
         assert f"ran {rung} (paged_decode_gqa_split) twice on emulator; output finite: True" in \
             (tmp_path / "ncu" / f"ncu_{rung}.txt").read_text()
     assert "ran regtile_wide (flash_attention_regtile_wide) twice on emulator; output finite: True" in \
@@ -371,7 +371,8 @@ def test_the_profiling_driver_names_the_kernel_to_filter_on(capsys):
             "mma_fa2_lazy": "flash_attention_mma_fa2_lazy", "mma_fa2_wide": "flash_attention_mma_fa2_wide",
             "mma_fa2_lean": "flash_attention_mma_fa2_lean",
             "wgmma": "flash_attention_wgmma", "wgmma_pingpong": "flash_attention_wgmma_pingpong",
-            "paged_decode_split": "paged_decode_gqa_split", "paged_decode_prefetch": "paged_decode_gqa_split"}
+            "paged_decode_split": "paged_decode_gqa_split", "paged_decode_prefetch": "paged_decode_gqa_split",
+            "paged_decode_cp_async": "paged_decode_gqa_split"}
     for rung, name in want.items():
         assert prof.main([rung, "--entry"]) == 0 and capsys.readouterr().out.strip() == name
     assert set(prof.FORWARD_RUNGS) == {r.name for r in prof.ladder.RUNGS if r.kernel}
