@@ -83,7 +83,7 @@ RUNGS = (
     Rung("naive", "naive CuPy (S materialised)", "naive", None, "lessons.gpu.measure.naive_attention", "float32",
          "the textbook: S = scale Q K^T written to HBM in float32, softmax, then P V (cuBLAS matmuls)",
          "HBM traffic grows with N^2: S (N x N float32 per head) is written and read back; at N = 8192 "
-         "that is 256 MiB per head, 2 GiB for 8 heads, against 6 MiB of Q, K, V per head at d = 64",
+         "that is 256 MiB per head, 2 GiB for 8 heads, against 6 MiB of Q, K, V per head at d = 64 (12 MiB at d = 128)",
          None, "HBM traffic of S and the separate softmax passes"),
     Rung("scalar", "CUDA cores, one thread per row slice", "kernel", "flash_attention", "lessons.gpu.flash_attention_gpu",
          "float32",
