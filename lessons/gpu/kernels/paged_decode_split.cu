@@ -181,6 +181,17 @@ struct StepRows {
     bool valid[UNROLL];
 };
 
+// Where the row of key `key` (of KV head kv_head) starts in the cache, in elements. When UNROLL divides
+// BLOCK_SIZE, `page` is the key's page, looked up by the caller ahead of time; otherwise the key looks
+// its own page up here.
+__device__ __forceinline__ long long row_offset(const int* __restrict__ table, int page, int key, int num_kv_heads,
+                                                int kv_head) {
+#if BLOCK_SIZE % UNROLL != 0
+    page = table[key / BLOCK_SIZE];
+#endif
+    return (((long long)page * BLOCK_SIZE + key % BLOCK_SIZE) * num_kv_heads + kv_head) * HEAD_DIM;
+}
+
 // Issue the loads of keys key0 .. key0 + UNROLL - 1 that lie before key_end (the others load nothing).
 // When UNROLL divides BLOCK_SIZE the UNROLL keys share one page, `page`, looked up by the caller
 // ahead of time; otherwise each key looks its own page up here.
@@ -192,13 +203,7 @@ __device__ __forceinline__ void load_step(StepRows& r, int key0, int key_end, in
     for (int u = 0; u < UNROLL; ++u) {
         const int key = key0 + u;
         r.valid[u] = key < key_end;
-        long long off = 0;
-        if (r.valid[u]) {
-#if BLOCK_SIZE % UNROLL != 0
-            page = table[key / BLOCK_SIZE];
-#endif
-            off = (((long long)page * BLOCK_SIZE + key % BLOCK_SIZE) * num_kv_heads + kv_head) * HEAD_DIM;
-        }
+        const long long off = r.valid[u] ? row_offset(table, page, key, num_kv_heads, kv_head) : 0;
         load_row(r.k[u], k_cache + off, sub, r.valid[u]);
         load_row(r.v[u], v_cache + off, sub, r.valid[u]);
     }
@@ -230,10 +235,7 @@ __device__ __forceinline__ void copy_step(Ring& ring, int stage, int key0, int k
     for (int u = 0; u < UNROLL; ++u) {
         const int key = key0 + u;
         if (key < key_end) {
-#if BLOCK_SIZE % UNROLL != 0
-            page = table[key / BLOCK_SIZE];
-#endif
-            const long long off = (((long long)page * BLOCK_SIZE + key % BLOCK_SIZE) * num_kv_heads + kv_head) * HEAD_DIM;
+            const long long off = row_offset(table, page, key, num_kv_heads, kv_head);
 #pragma unroll
             for (int j = 0; j < CHUNKS; ++j)
                 if (chunk_in_row(j, sub)) {
