@@ -26,6 +26,7 @@
 #      then the split decode kernel at split counts around its automatic pick, per decode shape
 #      (scripts/tune_decode.py, 60 s at most)                          -> decode_splits/
 #      and its prefetch build's (--prefetch, 45 s at most)             -> decode_splits_prefetch/
+#      and its cp.async build's (--cp-async, 45 s at most)             -> decode_splits_cp_async/
 #      then every legal tile configuration of the lean FA-2 rung (the wide-warp rung whose interior key tiles
 #      run without mask code, V's inf/NaN test in a pre-pass; first: the most promising FA-2 rung) at N = 8192,
 #      d = 64 and 128 (scripts/tune_tiles.py, 60 s at most), beside the FA-2 rung -> fa2_lean_configs/
@@ -309,6 +310,9 @@ if ! skip_left_out sweeps "decode split sweep" paged_decode_split; then
 fi
 if ! skip_left_out sweeps "decode split sweep (prefetch)" paged_decode_prefetch; then
     sweep "decode split sweep (prefetch)" decode_splits_prefetch 45 budget scripts/tune_decode.py --prefetch
+fi
+if ! skip_left_out sweeps "decode split sweep (cp.async)" paged_decode_cp_async; then
+    sweep "decode split sweep (cp.async)" decode_splits_cp_async 45 budget scripts/tune_decode.py --cp-async
 fi
 for args in "mma_fa2_lean fa2_lean_configs 60" "mma_fa2_wide fa2_wide_configs 75" "mma_fa2_lazy fa2_configs 60" \
             "regtile regtile_configs 75" "regtile_wide regtile_wide_configs 75"; do

@@ -4,14 +4,14 @@
 
 ``RESULTS_DIR`` is what gpu_check.sh wrote on the GPU machine (``env.txt``, ``summary.txt``, ``benchmark/``,
 ``backward/``, ...). The recorded run goes to a new folder ``<into>/gpu_<gpu>_<date>/`` (for example
-``benchmarks/results/gpu_h200_2026-12-02/``), laid out as :mod:`lessons.gpu.recorded` and
-:mod:`lessons.gpu.ladder` read it: ``forward/`` (from ``benchmark/``), ``backward/``, ``decode/``, the sweeps
-(``decode_splits/``, which also takes ``decode_splits_prefetch/``'s tables, ``fa2_configs/``, ``fa2_wide_configs/``,
-``fa2_lean_configs/``, ``regtile_configs/``, ``regtile_wide_configs/``), the Nsight Compute reports, the first-run logs of the rungs
-that had never run on a GPU (``smoke_<rung>.txt``; ``hopper_smoke_<rung>.txt`` in older runs, whose first runs
-were of the Hopper rungs only), the compile report, the test and environment logs, and a ``README.md`` whose title
-and driver line give every figure its label (:func:`lessons.gpu.recorded.recorded_label`: machine, date, driver,
-CUDA, commit).
+``benchmarks/results/gpu_h200_2026-12-02/``), laid out as :mod:`lessons.gpu.recorded` and :mod:`lessons.gpu.ladder`
+read it: ``forward/`` (from ``benchmark/``), ``backward/``, ``decode/``, the sweeps (``decode_splits/``, which also
+takes ``decode_splits_prefetch/``'s and ``decode_splits_cp_async/``'s tables, ``fa2_configs/``,
+``fa2_wide_configs/``, ``fa2_lean_configs/``, ``regtile_configs/``, ``regtile_wide_configs/``), the Nsight Compute
+reports, the first-run logs of the rungs that had never run on a GPU (``smoke_<rung>.txt``;
+``hopper_smoke_<rung>.txt`` in older runs, whose first runs were of the Hopper rungs only), the compile report, the
+test and environment logs, and a ``README.md`` whose title and driver line give every figure its label
+(:func:`lessons.gpu.recorded.recorded_label`: machine, date, driver, CUDA, commit).
 Result files only: the JUnit XML and the benchmarks' logs stay behind. ``--commit`` is the commit the GPU machine
 ran (default: this checkout's HEAD); the date and the machine come from ``env.txt``.
 
@@ -38,6 +38,7 @@ LAYOUT = (
     ("decode", "decode", ("results.csv", "results.md")),
     ("decode_splits", "decode_splits", ("*.csv", "*.md")),
     ("decode_splits_prefetch", "decode_splits", ("*.csv", "*.md")),
+    ("decode_splits_cp_async", "decode_splits", ("*.csv", "*.md")),
     ("fa2_configs", "fa2_configs", ("*.csv", "*.md")),
     ("fa2_wide_configs", "fa2_wide_configs", ("*.csv", "*.md")),
     ("fa2_lean_configs", "fa2_lean_configs", ("*.csv", "*.md")),
@@ -53,7 +54,8 @@ WHAT = {
     "backward": "the backward kernels against naive CuPy and torch SDPA (`benchmarks/gpu_backward.py`)",
     "decode": "the decode kernels' K/V read rate against the device copy rate (`benchmarks/gpu_decode.py`)",
     "decode_splits": "the split decode kernel at split counts around its automatic pick, per decode shape "
-                     "(`scripts/tune_decode.py`; its prefetch build in `decode_splits_prefetch.*`, `--prefetch`)",
+                     "(`scripts/tune_decode.py`; its prefetch build in `decode_splits_prefetch.*`, `--prefetch`; "
+                     "its cp.async build in `decode_splits_cp_async.*`, `--cp-async`)",
     "fa2_configs": "every tile configuration of the lazy-rescaling FA-2 rung (`scripts/tune_tiles.py`)",
     "fa2_wide_configs": "every tile configuration of the wide-warp FA-2 rung, 32 rows per warp "
                         "(`scripts/tune_tiles.py --rung mma_fa2_wide`)",

@@ -4,6 +4,7 @@
                                   [--target-seconds 0.05] [--copy-mib 2048] [--time-budget 40]
     python scripts/tune_decode.py --emulator [--out DIR] [--shapes 2x64]
     python scripts/tune_decode.py --prefetch ...   (the same sweep for the prefetch build)
+    python scripts/tune_decode.py --cp-async ...   (the same sweep for the cp.async build)
 
 For each shape (``SEQSxTOKENS``: sequences x tokens, every sequence full length)
 :func:`lessons.gpu.paged_decode_split_gpu` runs with ``num_splits=None`` (the launcher's own pick,
@@ -20,12 +21,17 @@ row's: above 1 is faster than the pick) and the largest difference from the auto
 Only the split count is swept: the kernel's other knobs (heads per block, keys per step) are fixed by its
 build and source. ``--prefetch`` sweeps the ``paged_decode_prefetch`` rung instead (``prefetch=True``: each lane
 group's next K/V rows loaded while it absorbs the current ones, 3 blocks per SM, so its automatic pick fills a
-wave of 3 blocks per SM) and writes ``decode_splits_prefetch.csv`` / ``.md``.
+wave of 3 blocks per SM) and writes ``decode_splits_prefetch.csv`` / ``.md``; ``--cp-async`` sweeps the
+``paged_decode_cp_async`` rung (``cp_async=True``: K/V rows copied into a ring of shared memory with cp.async, two
+steps ahead, 4 blocks per SM as the plain build, so its automatic pick is the plain build's) and writes
+``decode_splits_cp_async.csv`` / ``.md``. At most one of the two (an argparse error otherwise). The builds and
+their launcher keywords: :data:`BUILDS`.
 
 Writes ``decode_splits.csv`` and ``decode_splits.md`` (its last line names the fastest count per shape) into
 ``--out``, after each shape, so a run cut short keeps what it measured; a count that would start after
 ``--time-budget`` seconds is skipped (noted). Without a CUDA device it says so and exits 0; so it does, writing
-nothing, when the rung swept (``paged_decode_split``, or ``paged_decode_prefetch`` with ``--prefetch``) is named in
+nothing, when the rung swept (``paged_decode_split``, ``paged_decode_prefetch`` with ``--prefetch``,
+``paged_decode_cp_async`` with ``--cp-async``) is named in
 ``$GPU_CHECK_LEFT_OUT`` (:func:`lessons.gpu.ladder.rungs_left_out`: its first run on this machine failed,
 ``scripts/first_run.py``). ``--emulator``
 runs a tiny shape (default 2 x 64, 4 query heads on 2 KV heads, d = 128, pages of 16) at each of its split
@@ -50,7 +56,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import lessons  # noqa: E402
 import lessons.gpu as gpu  # noqa: E402
-from lessons.gpu.ladder import LEFT_OUT_REASON, rungs_left_out  # noqa: E402
+from lessons.gpu.ladder import DECODE_LAUNCH_OPTIONS, LEFT_OUT_REASON, rungs_left_out  # noqa: E402
 from lessons.gpu.source import H200_NUM_SMS, paged_decode_split_auto_splits  # noqa: E402
 
 import gpu_decode  # noqa: E402  (benchmarks/gpu_decode.py: the decode benchmark's cache, bytes and timing)
@@ -66,6 +72,25 @@ MAX_SPLITS = 65535
 #: fp16 output against NumPy in float64: a few units in the last place of values of magnitude about 1
 EMULATOR_TOLERANCE = 3e-3
 STEM = "decode_splits"
+
+
+class Build(NamedTuple):
+    """One build of the split decode kernel a sweep can time: the suffix of its results' file stem and what its
+    title calls it."""
+
+    suffix: str
+    title: str
+
+
+#: the decode rung each sweep times -> its :class:`Build`; the launcher keywords of each come from
+#: :data:`lessons.gpu.ladder.DECODE_LAUNCH_OPTIONS` (:func:`launch_options`)
+BUILDS = {
+    "paged_decode_split": Build("", "split decode kernel"),
+    "paged_decode_prefetch": Build("_prefetch", "split decode kernel's prefetch build"),
+    "paged_decode_cp_async": Build("_cp_async", "split decode kernel's cp.async build"),
+}
+#: the rung swept without ``--prefetch`` or ``--cp-async``
+DEFAULT_RUNG = "paged_decode_split"
 
 
 class Geometry(NamedTuple):
@@ -92,29 +117,40 @@ def parse_shape(text: str) -> tuple[int, int]:
     return int(parts[0]), int(parts[1])
 
 
-def rung_name(prefetch: bool) -> str:
-    """The ladder's decode rung a sweep times: ``paged_decode_split``, or ``paged_decode_prefetch``."""
-    return "paged_decode_prefetch" if prefetch else "paged_decode_split"
+def _build(rung: str) -> Build:
+    """The :class:`Build` of ``rung`` (a key of :data:`BUILDS`); ValueError naming ``rung`` otherwise."""
+    if rung not in BUILDS:
+        raise ValueError(f"rung must be one of {list(BUILDS)}, got {rung!r}")
+    return BUILDS[rung]
 
 
-def build_name(prefetch: bool) -> str:
-    """What a sweep's title calls the kernel it times."""
-    return "split decode kernel's prefetch build" if prefetch else "split decode kernel"
+def launch_options(rung: str = DEFAULT_RUNG) -> dict:
+    """The keywords ``paged_decode_split_gpu`` and ``paged_decode_split_auto_splits`` take for ``rung``'s build:
+    ``{}``, ``{"prefetch": True}`` or ``{"cp_async": True}`` (:data:`lessons.gpu.ladder.DECODE_LAUNCH_OPTIONS`);
+    ValueError naming ``rung`` when it is not a key of :data:`BUILDS`."""
+    _build(rung)
+    return dict(DECODE_LAUNCH_OPTIONS.get(rung, {}))
+
+
+def build_name(rung: str = DEFAULT_RUNG) -> str:
+    """What a sweep's title calls the kernel it times: ``split decode kernel`` and its prefetch or cp.async
+    build."""
+    return _build(rung).title
 
 
 def shape_name(num_seqs: int, seq_len: int) -> str:
     return f"{num_seqs}x{seq_len}"
 
 
-def auto_splits(num_seqs: int, seq_len: int, geometry: Geometry, num_sms: int, prefetch: bool = False) -> int:
-    """The split count ``paged_decode_split_gpu(..., num_splits=None, prefetch=prefetch)`` picks for full
+def auto_splits(num_seqs: int, seq_len: int, geometry: Geometry, num_sms: int, rung: str = DEFAULT_RUNG) -> int:
+    """The split count ``paged_decode_split_gpu(..., num_splits=None, **launch_options(rung))`` picks for full
     sequences of ``seq_len`` tokens: :func:`lessons.gpu.source.paged_decode_split_auto_splits`, the function the
-    launcher asks, for the table's ``ceil(seq_len / block_size)`` pages and ``num_sms`` SMs (the launcher uses the
-    H200's 132 SMs on the emulator)."""
+    launcher asks, for the table's ``ceil(seq_len / block_size)`` pages, ``num_sms`` SMs (the launcher uses the
+    H200's 132 SMs on the emulator) and the blocks per SM of ``rung``'s build (a key of :data:`BUILDS`)."""
     g = geometry
     pages = -(-seq_len // g.block_size)
     return paged_decode_split_auto_splits(num_seqs, pages * g.block_size, g.head_dim, g.block_size, g.num_heads,
-                                          g.num_kv_heads, num_sms=num_sms, prefetch=prefetch)
+                                          g.num_kv_heads, num_sms=num_sms, **launch_options(rung))
 
 
 def split_counts(auto: int, pages: int) -> list[int]:
@@ -130,12 +166,12 @@ def split_counts(auto: int, pages: int) -> list[int]:
     return sorted(s for s in near | wide if 1 <= s <= min(pages, MAX_SPLITS))
 
 
-def plan(shapes, geometry: Geometry, num_sms: int, prefetch: bool = False) -> list[tuple[int, int, int, list[int]]]:
-    """``(num_seqs, seq_len, auto, split counts)`` per shape, in the order given (``prefetch``: the prefetch
-    build's automatic pick)."""
+def plan(shapes, geometry: Geometry, num_sms: int, rung: str = DEFAULT_RUNG) -> list[tuple[int, int, int, list[int]]]:
+    """``(num_seqs, seq_len, auto, split counts)`` per shape, in the order given (``auto``: the automatic pick of
+    ``rung``'s build)."""
     out = []
     for num_seqs, seq_len in shapes:
-        auto = auto_splits(num_seqs, seq_len, geometry, num_sms, prefetch)
+        auto = auto_splits(num_seqs, seq_len, geometry, num_sms, rung)
         out.append((num_seqs, seq_len, auto, split_counts(auto, -(-seq_len // geometry.block_size))))
     return out
 
@@ -199,41 +235,44 @@ def markdown(rows, title: str) -> str:
     return "\n".join(lines + ["", best_line(rows)]) + "\n"
 
 
-def stem(prefetch: bool = False) -> str:
-    """The results' file stem: ``decode_splits``, or ``decode_splits_prefetch`` for the prefetch build."""
-    return f"{STEM}_prefetch" if prefetch else STEM
+def stem(rung: str = DEFAULT_RUNG) -> str:
+    """The results' file stem of ``rung``'s sweep: ``decode_splits``, ``decode_splits_prefetch`` for the prefetch
+    build, ``decode_splits_cp_async`` for the cp.async build."""
+    return STEM + _build(rung).suffix
 
 
-def write_results(rows, out: Path, title: str, prefetch: bool = False) -> None:
+def write_results(rows, out: Path, title: str, rung: str = DEFAULT_RUNG) -> None:
     """``decode_splits.csv`` (:data:`COLUMNS`) and ``decode_splits.md`` (:func:`markdown`) in ``out``
-    (``decode_splits_prefetch.*`` with ``prefetch``)."""
+    (``decode_splits_prefetch.*`` or ``decode_splits_cp_async.*`` for those builds: :func:`stem`)."""
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / f"{stem(prefetch)}.csv", "w", newline="") as f:
+    with open(out / f"{stem(rung)}.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(COLUMNS))
         writer.writeheader()
         writer.writerows({c: r[c] for c in COLUMNS} for r in rows)
-    (out / f"{stem(prefetch)}.md").write_text(markdown(rows, title))
+    (out / f"{stem(rung)}.md").write_text(markdown(rows, title))
 
 
-def _launch(inputs, num_splits, backend: str, prefetch: bool = False, **kwargs):
-    """One ``paged_decode_split_gpu`` call on ``inputs`` (q, k_cache, v_cache, block_tables, seq_lens)."""
-    return gpu.paged_decode_split_gpu(*inputs, num_splits, check_tables=False, prefetch=prefetch, backend=backend,
-                                      **kwargs)
+def _launch(inputs, num_splits, backend: str, rung: str = DEFAULT_RUNG, **kwargs):
+    """One ``paged_decode_split_gpu`` call of ``rung``'s build on ``inputs`` (q, k_cache, v_cache, block_tables,
+    seq_lens)."""
+    return gpu.paged_decode_split_gpu(*inputs, num_splits, check_tables=False, backend=backend,
+                                      **launch_options(rung), **kwargs)
 
 
-def picked_splits(inputs, backend: str, prefetch: bool = False) -> int:
+def picked_splits(inputs, backend: str, rung: str = DEFAULT_RUNG) -> int:
     """The split count the launcher picks itself on ``inputs``: the last axis of its partial states."""
-    return int(_launch(inputs, None, backend, prefetch=prefetch, return_partials=True)[2]["m"].shape[-1])
+    return int(_launch(inputs, None, backend, rung=rung, return_partials=True)[2]["m"].shape[-1])
 
 
 def sweep_shape(inputs, num_seqs: int, seq_len: int, auto: int, counts, backend: str, measure=None,
-                check=None, progress=None, budget_spent=lambda: False, prefetch: bool = False) -> tuple[list[dict], bool]:
+                check=None, progress=None, budget_spent=lambda: False,
+                rung: str = DEFAULT_RUNG) -> tuple[list[dict], bool]:
     """The rows of one shape (ascending split count) and whether all went well. The automatic pick runs
     first (``num_splits=None``; its row holds the count the launcher picked, with a note and ``ok`` False
     when that is not ``auto``); each row's output is compared with its. ``measure(row, fn)`` times
     ``fn`` into the row (None: untimed); ``check(row, out)``: False when the float64 output ``out``
     (num_seqs, num_heads, d) is wrong; ``progress(label)`` before each run; once ``budget_spent()``
-    the remaining counts are not run (noted). ``prefetch``: run the prefetch build."""
+    the remaining counts are not run (noted). ``rung``: the build run (a key of :data:`BUILDS`)."""
     rows, ok, auto_out = [], True, None
     for s in [auto] + [s for s in counts if s != auto]:
         row = new_row(num_seqs, seq_len, s, s == auto)
@@ -243,10 +282,10 @@ def sweep_shape(inputs, num_seqs: int, seq_len: int, auto: int, counts, backend:
             add_note(row, "skipped: time budget spent")
             rows.append(row)
             continue
-        fn = (lambda: _launch(inputs, None, backend, prefetch=prefetch)) if row["auto"] else (
-            lambda s=s: _launch(inputs, s, backend, prefetch=prefetch))
+        fn = (lambda: _launch(inputs, None, backend, rung=rung)) if row["auto"] else (
+            lambda s=s: _launch(inputs, s, backend, rung=rung))
         try:
-            picked = picked_splits(inputs, backend, prefetch) if row["auto"] else s
+            picked = picked_splits(inputs, backend, rung) if row["auto"] else s
             if picked != s:
                 row["num_splits"] = picked
                 add_note(row, f"the launcher picked {picked} splits, auto_splits {auto}")
@@ -290,7 +329,7 @@ def run_emulator(args) -> tuple[list[dict], bool]:
     """Every split count of each shape once on the CPU emulator, each output against NumPy's paged decode
     (float64; at most :data:`EMULATOR_TOLERANCE` apart)."""
     rows, ok = [], True
-    for num_seqs, seq_len, auto, counts in plan(args.shapes, EMULATOR_GEOMETRY, H200_NUM_SMS, args.prefetch):
+    for num_seqs, seq_len, auto, counts in plan(args.shapes, EMULATOR_GEOMETRY, H200_NUM_SMS, args.rung):
         inputs = host_inputs(num_seqs, seq_len, EMULATOR_GEOMETRY)
         reference = lessons.paged_decode(*(x.astype(np.float64) for x in inputs[:3]), *inputs[3:])
 
@@ -300,7 +339,7 @@ def run_emulator(args) -> tuple[list[dict], bool]:
             return err <= EMULATOR_TOLERANCE
 
         shape_rows, shape_ok = sweep_shape(inputs, num_seqs, seq_len, auto, counts, "emulator", check=check,
-                                           prefetch=args.prefetch)
+                                           rung=args.rung)
         rows += shape_rows
         ok = ok and shape_ok
     return rows, ok
@@ -316,7 +355,7 @@ def run_gpu(args, sms: int, progress=None) -> tuple[list[dict], bool]:
     import cupy
 
     copy_bps = gpu_decode.device_copy_rate(cupy, args.copy_mib, args.repeats)
-    title = (f"The {build_name(args.prefetch)} at split counts around its pick, on {gpu.device_name()} ({sms} SMs): fp16, "
+    title = (f"The {build_name(args.rung)} at split counts around its pick, on {gpu.device_name()} ({sms} SMs): fp16, "
              f"{GPU_GEOMETRY.num_heads} query heads on {GPU_GEOMETRY.num_kv_heads} KV heads, "
              f"d = {GPU_GEOMETRY.head_dim}, pages of {GPU_GEOMETRY.block_size}; device copy rate (read + write) "
              f"{copy_bps / 1e12:.2f} TB/s")
@@ -324,7 +363,7 @@ def run_gpu(args, sms: int, progress=None) -> tuple[list[dict], bool]:
     host_rng = np.random.default_rng(0)
     t0 = time.perf_counter()
     rows, ok = [], True
-    for num_seqs, seq_len, auto, counts in plan(args.shapes, GPU_GEOMETRY, sms, args.prefetch):
+    for num_seqs, seq_len, auto, counts in plan(args.shapes, GPU_GEOMETRY, sms, args.rung):
         q, tables, lens = gpu_decode.shape_inputs(cupy, host_rng, k_cache.shape[0], num_seqs, seq_len)
         nbytes = gpu_decode.kv_bytes(num_seqs, seq_len)
 
@@ -336,10 +375,10 @@ def run_gpu(args, sms: int, progress=None) -> tuple[list[dict], bool]:
         shape_rows, shape_ok = sweep_shape((q, k_cache, v_cache, tables, lens), num_seqs, seq_len, auto, counts,
                                            "cupy", measure=measure, progress=progress,
                                            budget_spent=lambda: time.perf_counter() - t0 > args.time_budget,
-                                           prefetch=args.prefetch)
+                                           rung=args.rung)
         rows += add_ratios(shape_rows)
         ok = ok and shape_ok
-        write_results(rows, args.out, title, args.prefetch)
+        write_results(rows, args.out, title, args.rung)
         del q, tables, lens
         cupy.get_default_memory_pool().free_all_blocks()
     return rows, ok
@@ -357,8 +396,13 @@ def parse_args(argv=None):
     p.add_argument("--time-budget", type=float, default=40.0,
                    help="seconds after which the counts not yet timed are skipped")
     p.add_argument("--emulator", action="store_true", help="run each count once on the CPU emulator")
-    p.add_argument("--prefetch", action="store_true",
-                   help="sweep the prefetch build (paged_decode_prefetch) instead of the plain split kernel")
+    builds = p.add_mutually_exclusive_group()          # args.rung: the rung swept, a key of BUILDS
+    builds.add_argument("--prefetch", dest="rung", action="store_const", const="paged_decode_prefetch",
+                        default=DEFAULT_RUNG,
+                        help="sweep the prefetch build (paged_decode_prefetch) instead of the plain split kernel")
+    builds.add_argument("--cp-async", dest="rung", action="store_const", const="paged_decode_cp_async",
+                        default=DEFAULT_RUNG,
+                        help="sweep the cp.async build (paged_decode_cp_async) instead of the plain split kernel")
     args = p.parse_args(argv)
     if args.out.exists() and not args.out.is_dir():
         p.error(f"--out must be a folder (it is made if missing), but {args.out} is a file")
@@ -377,16 +421,16 @@ def main(argv=None) -> int:
     if args.emulator:
         rows, ok = run_emulator(args)
         g = EMULATOR_GEOMETRY
-        write_results(rows, args.out, f"The {build_name(args.prefetch)} at split counts around its pick, on the CPU "
+        write_results(rows, args.out, f"The {build_name(args.rung)} at split counts around its pick, on the CPU "
                                       f"emulator (not timed): fp16, {g.num_heads} query heads on {g.num_kv_heads} "
-                                      f"KV heads, d = {g.head_dim}, pages of {g.block_size}", args.prefetch)
+                                      f"KV heads, d = {g.head_dim}, pages of {g.block_size}", args.rung)
         print(markdown(rows, "decode split sweep (emulator)"))
         counted = f"{len(rows)} split count" + ("" if len(rows) == 1 else "s")
         print(f"{counted}: " + ("all match NumPy" if ok else "NOT ALL MATCH NumPy (see the note column)")
               + f"; results in {args.out}")
         return 0 if ok else 1
-    if rung_name(args.prefetch) in rungs_left_out():
-        print(f"decode split sweep not run: the {rung_name(args.prefetch)} rung {LEFT_OUT_REASON} (it is in "
+    if args.rung in rungs_left_out():
+        print(f"decode split sweep not run: the {args.rung} rung {LEFT_OUT_REASON} (it is in "
               f"GPU_CHECK_LEFT_OUT); nothing written")
         return 0
     if not gpu.device_available():
@@ -398,7 +442,7 @@ def main(argv=None) -> int:
     from lessons.gpu.measure import progress_steps
 
     sms = device_sms(cupy)
-    total = sum(len(counts) for *_, counts in plan(args.shapes, GPU_GEOMETRY, sms, args.prefetch))
+    total = sum(len(counts) for *_, counts in plan(args.shapes, GPU_GEOMETRY, sms, args.rung))
     with progress_steps(total, "split counts") as step:
         rows, ok = run_gpu(args, sms, step)
     print(markdown(rows, "decode split sweep"))

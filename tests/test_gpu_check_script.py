@@ -62,7 +62,8 @@ def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
     assert decode == ("ok" if (ROOT / "benchmarks" / "gpu_decode.py").exists() else "skip")
     expected = {"compile report", "pytest pass 1 (-n 2)", "benchmark forward", "benchmark backward", "total",
                 "tune mma_fa2_lean tiles", "tune mma_fa2_lazy tiles", "tune mma_fa2_wide tiles", "tune regtile tiles",
-                "tune regtile_wide tiles", "decode split sweep", "decode split sweep (prefetch)"}
+                "tune regtile_wide tiles", "decode split sweep", "decode split sweep (prefetch)",
+                "decode split sweep (cp.async)"}
     expected |= {f"first run {rung}" for rung in ladder.first_run_rungs()}      # (nine today)
     assert "mma_fa2_lean" in ladder.first_run_rungs()
     expected |= {f"ncu {rung}" for rung in ("mma_fa2", "mma_fa2_lazy", "mma_fa2_wide", "mma_fa2_lean", "wgmma",
@@ -139,6 +140,18 @@ def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
     with open(tmp_path / "decode_splits_prefetch" / "decode_splits_prefetch.csv", newline="") as f:
         assert [int(r["num_splits"]) for r in csv.DictReader(f)] == counts        # (2 x 64: 4 pages, the same counts)
     assert "split counts: all match NumPy" in (tmp_path / "decode_splits_prefetch" / "log.txt").read_text()
+    # and the cp.async build's (4 blocks per SM: the plain build's pick), into its own folder and file stem
+    assert tune_decode.plan(tune_decode.EMULATOR_SHAPES, tune_decode.EMULATOR_GEOMETRY, 132,
+                            "paged_decode_cp_async")[0][3] == counts
+    assert sorted(p.name for p in (tmp_path / "decode_splits_cp_async").iterdir()) == \
+        ["decode_splits_cp_async.csv", "decode_splits_cp_async.md", "log.txt"]
+    with open(tmp_path / "decode_splits_cp_async" / "decode_splits_cp_async.csv", newline="") as f:
+        assert [int(r["num_splits"]) for r in csv.DictReader(f)] == counts
+    assert "cp.async build" in (tmp_path / "decode_splits_cp_async" / "decode_splits_cp_async.md").read_text()
+    assert "split counts: all match NumPy" in (tmp_path / "decode_splits_cp_async" / "log.txt").read_text()
+    # the three decode sweeps in their order: plain, prefetch, cp.async
+    order = [line[:52].strip() for line in summary.splitlines() if line.startswith("decode split sweep")]
+    assert order == ["decode split sweep", "decode split sweep (prefetch)", "decode split sweep (cp.async)"], order
     for kernel in sanitize.KERNELS:
         assert "all results match NumPy" in (tmp_path / "sanitizer" / f"emulator_{kernel}.txt").read_text()
     # the profiling driver ran each rung twice on the emulator (on a GPU: under ncu)
@@ -307,6 +320,13 @@ def test_a_left_out_rung_is_skipped_by_the_sweeps_and_the_sanitizer_drivers(monk
     assert capsys.readouterr().out.strip() == (f"decode split sweep not run: the paged_decode_prefetch rung {why} (it "
                                                "is in GPU_CHECK_LEFT_OUT); nothing written")
     assert not out.exists()
+    # and of the cp.async build, when its rung is left out
+    monkeypatch.setenv("GPU_CHECK_LEFT_OUT", "regtile_wide paged_decode_cp_async")
+    assert tune_decode.main(["--cp-async", "--out", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == (f"decode split sweep not run: the paged_decode_cp_async rung {why} (it "
+                                               "is in GPU_CHECK_LEFT_OUT); nothing written")
+    assert not out.exists()
+    monkeypatch.setenv("GPU_CHECK_LEFT_OUT", "regtile_wide paged_decode_prefetch")
     # on the emulator nothing is left out: the variable speaks of this machine's GPU
     assert tune.main(["--rung", "regtile_wide", "--emulator", "--out", str(out), "--n", "40", "--head-dims", "64"]) == 0
     assert (out / "regtile_wide_configs.csv").is_file()
@@ -494,7 +514,8 @@ def test_a_run_past_its_deadline_skips_the_rest_names_them_and_fails(tmp_path):
     # the compile report's 180 s were cut to 3: everything after it found the deadline passed
     assert {"benchmark forward", "decode split sweep", "tune mma_fa2_lazy tiles", "tune mma_fa2_wide tiles",
             "tune mma_fa2_lean tiles", "tune regtile tiles", "tune regtile_wide tiles", "pytest pass 1 (-n 2)",
-            "compute-sanitizer", "ncu mma_fa2"} <= set(late), summary
+            "compute-sanitizer", "ncu mma_fa2", "decode split sweep (prefetch)", "decode split sweep (cp.async)"} <= \
+        set(late), summary
     assert steps["total"][0] == "FAIL" and int(steps["total"][1].split()[0]) < 120
 
 
@@ -511,9 +532,9 @@ def test_steps_left_out_of_gpu_check_steps_are_named_and_do_not_fail_the_run(tmp
     off = {name for name, (status, detail) in steps.items()
            if status == "skip" and detail.strip() == "not in GPU_CHECK_STEPS"}
     assert off == {"compile report", "first run", "benchmark forward", "benchmark decode",
-                   "decode split sweep", "decode split sweep (prefetch)", "tune mma_fa2_lean tiles",
-                   "tune mma_fa2_wide tiles", "tune mma_fa2_lazy tiles", "tune regtile tiles", "tune regtile_wide tiles",
-                   "pytest (GPU cases)", "compute-sanitizer"}, summary
+                   "decode split sweep", "decode split sweep (prefetch)", "decode split sweep (cp.async)",
+                   "tune mma_fa2_lean tiles", "tune mma_fa2_wide tiles", "tune mma_fa2_lazy tiles",
+                   "tune regtile tiles", "tune regtile_wide tiles", "pytest (GPU cases)", "compute-sanitizer"}, summary
     why = "in GPU_CHECK_LEFT_OUT: failed its first run on this machine (scripts/first_run.py)"
     assert steps["ncu wgmma"] == ["skip", why] and steps["ncu regtile_wide"] == ["skip", why]
     assert steps["ncu mix regtile_wide"] == ["skip", why] and steps["ncu mix regtile"][0] == "ok"
@@ -548,8 +569,9 @@ def test_a_left_out_given_for_a_second_run_is_checked_spelled_out_and_honoured(t
     steps = {line[:52].strip(): line[52:].split(None, 1) for line in summary.splitlines()}
     why = "in GPU_CHECK_LEFT_OUT: failed its first run on this machine (scripts/first_run.py)"
     left = {name for name, (status, detail) in steps.items() if status == "skip" and detail.strip() == why}
-    assert left == {"decode split sweep", "decode split sweep (prefetch)", "tune mma_fa2_lean tiles",
-                    "tune mma_fa2_wide tiles", "tune mma_fa2_lazy tiles", "tune regtile tiles", "tune regtile_wide tiles",
+    assert left == {"decode split sweep", "decode split sweep (prefetch)", "decode split sweep (cp.async)",
+                    "tune mma_fa2_lean tiles", "tune mma_fa2_wide tiles", "tune mma_fa2_lazy tiles",
+                    "tune regtile tiles", "tune regtile_wide tiles",
                     "ncu mma_fa2_wide", "ncu paged_decode_prefetch", "ncu mix regtile", "ncu mix regtile_wide"}, summary
     assert steps["ncu mix scalar"][0] == "ok"
     assert steps["ncu mma_fa2"][0] == "ok" and steps["first run"] == ["skip", "not in GPU_CHECK_STEPS"]

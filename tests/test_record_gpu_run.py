@@ -39,6 +39,10 @@ def gpu_check_folder(tmp_path):
     (src / "decode_splits").mkdir()
     for name in ("decode_splits.csv", "decode_splits.md", "log.txt"):                  # (the log stays behind)
         (src / "decode_splits" / name).write_text(f"{name}\n")
+    for build in ("prefetch", "cp_async"):                   # the other builds' sweeps, each in its own folder
+        (src / f"decode_splits_{build}").mkdir()
+        for name in (f"decode_splits_{build}.csv", f"decode_splits_{build}.md", "log.txt"):
+            (src / f"decode_splits_{build}" / name).write_text(f"decode_splits_{build}/{name}\n")
     for sweep in ("regtile_configs", "regtile_wide_configs"):                           # the register-tiled sweeps
         (src / sweep).mkdir()
         for name in (f"{sweep}.csv", f"{sweep}.md", "log.txt"):                       # (the log stays behind)
@@ -69,12 +73,23 @@ def test_a_run_is_laid_out_as_the_course_reads_it(gpu_check_folder, tmp_path):
     assert (dest / "smoke_paged_decode_prefetch.txt").read_text() == "WRONG HERE: paged_decode_prefetch\n"
     assert not (dest / "pytest_1_n8.xml").exists() and not (dest / "forward" / "log.txt").exists()
     assert not (dest / "decode_splits" / "log.txt").exists()
+    # the three builds' tables side by side in decode_splits/, each as it was (their logs stay behind)
+    assert sorted(p.name for p in (dest / "decode_splits").iterdir()) == sorted(
+        f"decode_splits{suffix}.{ext}" for suffix in ("", "_prefetch", "_cp_async") for ext in ("csv", "md"))
+    for build in ("prefetch", "cp_async"):
+        for ext in ("csv", "md"):
+            assert (dest / "decode_splits" / f"decode_splits_{build}.{ext}").read_text() == \
+                f"decode_splits_{build}/decode_splits_{build}.{ext}\n"
+    assert not (dest / "decode_splits_prefetch").exists() and not (dest / "decode_splits_cp_async").exists()
     for sweep in ("regtile_configs", "regtile_wide_configs"):                   # each in its own folder, as it was
         assert sorted(p.name for p in (dest / sweep).iterdir()) == [f"{sweep}.csv", f"{sweep}.md"]
         assert (dest / sweep / f"{sweep}.csv").read_text() == f"{sweep}/{sweep}.csv\n"
     text = (dest / "README.md").read_text()
     assert "| `forward/` |" in text and "| `ncu/` |" in text and "| `fa2_configs/` |" not in text   # what is there
     assert "| `decode_splits/` | the split decode kernel at split counts around its automatic pick" in text
+    assert "its prefetch build in `decode_splits_prefetch.*`, `--prefetch`; its cp.async build in " \
+           "`decode_splits_cp_async.*`, `--cp-async`)" in text
+    assert "| `decode_splits_prefetch/` |" not in text and "| `decode_splits_cp_async/` |" not in text
     assert "| `regtile_configs/` | the register-tiled rung's tiles against naive CuPy" in text
     assert "| `regtile_wide_configs/` | the wide register-tiled rung's tiles, 16 lanes per row group, against naive " \
            "CuPy (`scripts/tune_tiles.py --rung regtile_wide`) |" in text

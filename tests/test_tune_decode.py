@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import lessons.gpu as gpu
+from lessons.gpu import ladder
 from lessons.gpu.source import decode_splits
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -101,21 +102,69 @@ def test_the_emulator_sweep_agrees_with_numpy_and_writes_both_files(tmp_path, ca
 
 def test_the_prefetch_sweep_picks_from_a_wave_of_three_blocks_per_sm():
     # 1 x 131072 on an H200: 8 blocks per split, 396 / 8 -> 49 splits with prefetch (528 / 8 -> 66 without)
-    (_, _, auto, counts), = tune.plan([(1, 131072)], tune.GPU_GEOMETRY, 132, True)
+    (_, _, auto, counts), = tune.plan([(1, 131072)], tune.GPU_GEOMETRY, 132, "paged_decode_prefetch")
     assert auto == decode_splits(1, 8, 131072, blocks_per_sm=3) == 49 and counts == documented_counts(49, 8192)
     assert tune.auto_splits(1, 131072, tune.GPU_GEOMETRY, 132) == 66
-    assert (tune.stem(), tune.stem(True)) == ("decode_splits", "decode_splits_prefetch")
+    assert (tune.stem(), tune.stem("paged_decode_prefetch")) == ("decode_splits", "decode_splits_prefetch")
+
+
+def test_the_cp_async_sweep_picks_from_a_wave_of_four_blocks_per_sm_as_the_plain_build():
+    # 4 blocks per SM as the plain build: at each GPU shape the same pick and counts, 1 x 131072 -> 528 / 8 -> 66
+    cp_async = tune.plan(tune.GPU_SHAPES, tune.GPU_GEOMETRY, 132, "paged_decode_cp_async")
+    assert cp_async == tune.plan(tune.GPU_SHAPES, tune.GPU_GEOMETRY, 132)
+    assert [auto for _, _, auto, _ in cp_async] == [decode_splits(n, 8, length) for n, length in tune.GPU_SHAPES]
+    assert cp_async[-1][2] == 66 and cp_async[-1][3] == documented_counts(66, 8192)
+    assert tune.stem("paged_decode_cp_async") == "decode_splits_cp_async"
+    # each build's launcher keywords are the ladder's, the rung names the ladder's decode rungs
+    assert [tune.launch_options(r) for r in tune.BUILDS] == [{}, {"prefetch": True}, {"cp_async": True}]
+    assert set(tune.BUILDS) <= {r.name for r in ladder.DECODE_RUNGS}
+    assert "cp.async build" in tune.build_name("paged_decode_cp_async")
+    with pytest.raises(ValueError, match="rung must be one of .*got 'paged_decode'"):
+        tune.stem("paged_decode")
+
+
+@pytest.mark.parametrize("flags, rung", [([], "paged_decode_split"), (["--prefetch"], "paged_decode_prefetch"),
+                                         (["--cp-async"], "paged_decode_cp_async")])
+def test_each_build_flag_picks_its_rung(flags, rung):
+    assert tune.parse_args(flags).rung == rung
+
+
+@pytest.mark.parametrize("flags", [["--prefetch", "--cp-async"], ["--cp-async", "--prefetch"]])
+def test_the_prefetch_and_cp_async_flags_are_refused_together(flags, capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit_:
+        tune.main(flags + ["--emulator", "--out", str(tmp_path / "o")])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flags[1]}: not allowed with argument {flags[0]}" in err
+    assert not (tmp_path / "o").exists()
 
 
 @needs_emulator
 def test_the_emulator_prefetch_sweep_agrees_with_numpy_in_its_own_files(tmp_path, capsys):
     assert tune.main(["--emulator", "--prefetch", "--out", str(tmp_path), "--shapes", "1x48"]) == 0
     rows = read_csv(tmp_path / "decode_splits_prefetch.csv")
-    (_, _, auto, counts), = tune.plan([(1, 48)], tune.EMULATOR_GEOMETRY, 132, True)
+    (_, _, auto, counts), = tune.plan([(1, 48)], tune.EMULATOR_GEOMETRY, 132, "paged_decode_prefetch")
     assert [int(r["num_splits"]) for r in rows] == counts
     assert all(float(r["max_abs_diff"]) <= tune.EMULATOR_TOLERANCE for r in rows)
     assert not (tmp_path / "decode_splits.csv").exists()
     assert "prefetch build" in (tmp_path / "decode_splits_prefetch.md").read_text().splitlines()[0]
+
+
+@needs_emulator
+def test_the_emulator_cp_async_sweep_agrees_with_numpy_in_its_own_files(tmp_path, capsys):
+    assert tune.main(["--emulator", "--cp-async", "--out", str(tmp_path), "--shapes", "1x48"]) == 0
+    rows = read_csv(tmp_path / "decode_splits_cp_async.csv")
+    (_, _, auto, counts), = tune.plan([(1, 48)], tune.EMULATOR_GEOMETRY, 132, "paged_decode_cp_async")
+    assert [int(r["num_splits"]) for r in rows] == counts
+    assert [int(r["num_splits"]) for r in rows if r["auto"] == "True"] == [auto]
+    inputs = tune.host_inputs(1, 48, tune.EMULATOR_GEOMETRY)                  # the sweep's inputs, seed 0
+    reference = tune.lessons.paged_decode(*(x.astype(np.float64) for x in inputs[:3]), *inputs[3:])
+    for r in rows:                    # each note gives that count's own distance from NumPy, within the tolerance
+        out = gpu.paged_decode_split_gpu(*inputs, int(r["num_splits"]), cp_async=True, backend="emulator")[0]
+        err = float(np.abs(np.asarray(out, np.float64) - reference).max())
+        assert f"max abs diff from NumPy {err:.1e}" in r["note"] and err <= tune.EMULATOR_TOLERANCE
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["decode_splits_cp_async.csv", "decode_splits_cp_async.md"]
+    assert "cp.async build" in (tmp_path / "decode_splits_cp_async.md").read_text().splitlines()[0]
 
 
 @needs_emulator
@@ -185,3 +234,28 @@ def test_the_gpu_path_times_each_count_and_names_the_fastest(tmp_path, monkeypat
     rows = read_csv(tmp_path / "late" / "decode_splits.csv")
     assert len(rows) == len(counts) and all(r["note"] == "skipped: time budget spent" for r in rows)
     assert (tmp_path / "late" / "decode_splits.md").read_text().splitlines()[-1] == "fastest: nothing was timed"
+
+
+@needs_emulator
+def test_the_gpu_path_of_the_cp_async_build_launches_it_and_writes_its_own_files(tmp_path, monkeypatch, capsys):
+    launch, calls = tune._launch, []
+
+    def emulated(inputs, s, backend, **kw):
+        calls.append(tune.launch_options(kw.get("rung", tune.DEFAULT_RUNG)))
+        return launch(inputs, s, "emulator", **kw)
+
+    monkeypatch.setitem(sys.modules, "cupy", stand_in_cupy())
+    monkeypatch.setattr(tune, "_launch", emulated)
+    monkeypatch.setattr(tune.gpu_decode, "device_copy_rate", lambda cupy, mib, repeats: 4e12)
+    monkeypatch.setattr(tune.gpu, "device_available", lambda: True)
+    monkeypatch.setattr(tune.gpu, "device_name", lambda: "STAND-IN GPU")
+    assert tune.main(["--cp-async", "--out", str(tmp_path), "--shapes", "1x48", "--repeats", "1",
+                      "--target-seconds", "1e-6"]) == 0
+    assert calls and all(c == {"cp_async": True} for c in calls)       # every launch, timed or not, of that build
+    rows = read_csv(tmp_path / "decode_splits_cp_async.csv")
+    (_, _, auto, counts), = tune.plan([(1, 48)], tune.GPU_GEOMETRY, 132, "paged_decode_cp_async")
+    assert [int(r["num_splits"]) for r in rows] == counts and all(float(r["seconds"]) > 0 for r in rows)
+    assert [int(r["num_splits"]) for r in rows if r["auto"] == "True"] == [auto]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["decode_splits_cp_async.csv", "decode_splits_cp_async.md"]
+    title = (tmp_path / "decode_splits_cp_async.md").read_text().splitlines()[0]
+    assert title.startswith("# The split decode kernel's cp.async build at split counts") and "STAND-IN GPU" in title
