@@ -19,8 +19,8 @@ Two guards keep a broken answer from taking the grader or the learner's files wi
 
 * a check that runs past ``--check-timeout`` seconds (an endless loop, in the answer's
   functions or at its import) fails with that message, and the exercise's remaining
-  checks fail at once instead of each waiting out the limit (POSIX timers, in the main
-  thread; elsewhere no limit);
+  checks fail at once instead of each waiting out the limit (pytest-timeout's "signal"
+  method, SIGALRM, in the main thread; elsewhere no limit);
 * the files of the answers folder (and of each ``--answer`` file) are read before the
   first check and compared after each one: a file the answer deleted is written back,
   and a file that changed stays as it is now with its content from before grading saved
@@ -29,13 +29,11 @@ Two guards keep a broken answer from taking the grader or the learner's files wi
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import importlib.util
 import json
 import os
-import signal
 import sys
 import threading
 from datetime import datetime
@@ -44,6 +42,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, settings
+from pytest_timeout import HAVE_SIGALRM, PYTEST_FAILURE_MESSAGE
 
 sys.dont_write_bytecode = True        # never write __pycache__ next to an answer
 
@@ -103,6 +102,9 @@ def pytest_configure(config):
         overrides[name] = _resolve(path)
     if config.getoption("--check-timeout") < 0:
         raise pytest.UsageError(f"--check-timeout must be >= 0 seconds, got {config.getoption('--check-timeout')}")
+    if config.getoption("--check-timeout") and not config.pluginmanager.has_plugin("timeout"):
+        raise pytest.UsageError("--check-timeout needs the pytest-timeout plugin, which is disabled "
+                                "(-p no:timeout); give --check-timeout 0 to grade without a time limit")
     answers = _resolve(config.getoption("--answers"))
     config._grading = {"answers": answers, "overrides": overrides, "modules": {}, "timed_out": {},
                        "files": _snapshot([answers, *overrides.values()]),
@@ -118,10 +120,11 @@ def answer_path(config, name: str) -> Path:
 
 
 class Answer:
-    """The learner's module seen through the grader: ``NotImplementedError`` becomes a skip."""
+    """The learner's module seen through the grader: ``NotImplementedError`` becomes a skip, and
+    the time limit's failure (``--check-timeout``, through pytest-timeout) a :class:`CheckTimeout`."""
 
-    def __init__(self, module, name: str, path: Path):
-        self._module, self._name, self._path = module, name, path
+    def __init__(self, module, name: str, path: Path, config):
+        self._module, self._name, self._path, self._config = module, name, path, config
 
     def __repr__(self) -> str:                 # what a failing check's details show for `answer`
         return f"<your {self._name} in {self._path}>"
@@ -141,6 +144,10 @@ class Answer:
                 return obj(*args, **kwargs)
             except NotImplementedError:
                 pytest.skip(f"{NOT_ATTEMPTED}: {self._name}.{attr} still raises NotImplementedError")
+            except pytest.fail.Exception as exc:
+                if not _is_timeout(self._config, exc):
+                    raise
+                raise CheckTimeout(_timeout_message(self._config)).with_traceback(exc.__traceback__) from None
         return call
 
 
@@ -167,7 +174,9 @@ def load_answer(config, name: str) -> Answer:
         del sys.modules[modname]
         pytest.fail(f"could not import {path} (it called sys.exit({exc.code!r}) at import; "
                     f"keep such code under `if __name__ == \"__main__\":`)", pytrace=False)
-    except SetupTimeout:
+    except pytest.fail.Exception as exc:                  # pytest-timeout's, at the time limit
+        if not _is_timeout(config, exc):
+            raise
         del sys.modules[modname]
         limit = config.getoption("--check-timeout")
         pytest.fail(f"could not import {path}: the import ran longer than {limit:g} s (an endless loop "
@@ -177,7 +186,7 @@ def load_answer(config, name: str) -> Answer:
         pytest.fail(f"could not import {path}: {type(exc).__name__}: {exc}", pytrace=False)
     finally:
         sys.dont_write_bytecode = before
-    cache[path] = Answer(module, name, path)
+    cache[path] = Answer(module, name, path, config)
     return cache[path]
 
 
@@ -190,13 +199,9 @@ def answer(request):
 # --- guards: a time limit per check, and the answers' files kept -----------------------------
 
 class CheckTimeout(BaseException):
-    """A check ran past ``--check-timeout``. A BaseException, so that neither an answer's
-    ``except Exception`` nor Hypothesis (which would replay the example) swallows it."""
-
-
-class SetupTimeout(Exception):
-    """The setup of a check (the answer's import) ran past ``--check-timeout``. An Exception: pytest
-    keeps a module fixture's state only for those, and the import reports it as its failure."""
+    """A check ran past ``--check-timeout`` in the answer's code. pytest-timeout stops it with pytest's
+    ``Failed``, which Hypothesis takes for a failing example and runs again (endlessly, for an endless
+    loop); leaving the answer it becomes this BaseException, which Hypothesis does not catch."""
 
 
 class NotRunAfterTimeout(Exception):
@@ -208,46 +213,57 @@ def _exercise_of(item):
     return getattr(getattr(item, "module", None), "EXERCISE", None)
 
 
-@contextlib.contextmanager
-def _time_limit(item, error=CheckTimeout):
-    """Raise ``error`` in what runs inside once ``--check-timeout`` seconds have passed."""
+def _timeout_message(config) -> str:
+    return (f"this check ran longer than {config.getoption('--check-timeout'):g} s (an endless loop?); "
+            f"the limit is the grader's --check-timeout")
+
+
+def _is_timeout(config, exc) -> bool:
+    """Whether ``exc`` is pytest-timeout's failure at the grader's time limit."""
+    limit = config.getoption("--check-timeout")
+    return bool(limit) and isinstance(exc, pytest.fail.Exception) and str(exc) == PYTEST_FAILURE_MESSAGE % limit
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Each check (its setup, where the answer module is imported, included) under ``--check-timeout``
+    as pytest-timeout's limit, with its "signal" method (SIGALRM) where there is one and this is the
+    main thread (where signals arrive); elsewhere no limit (its "thread" method would end the process)."""
     limit = item.config.getoption("--check-timeout")
-    if not limit or not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
-        yield                                              # (signals reach the main thread only)
-        return
-
-    def expired(signum, frame):
-        raise error(f"this check ran longer than {limit:g} s (an endless loop?); "
-                    f"the limit is the grader's --check-timeout")
-
-    previous = signal.signal(signal.SIGALRM, expired)
-    signal.setitimer(signal.ITIMER_REAL, limit, 1.0)     # again every second, should the first be swallowed
-    try:
-        yield
-    except error:
-        item.config._grading["timed_out"].setdefault(_exercise_of(item), item.name)
-        raise
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_setup(item):
-    """Setup, where the answer module is imported, under the time limit."""
-    with _time_limit(item, SetupTimeout):
-        return (yield)
+    if not (HAVE_SIGALRM and threading.current_thread() is threading.main_thread()):
+        limit = 0
+    if item.config.pluginmanager.has_plugin("timeout"):     # (0: none, whatever --timeout or PYTEST_TIMEOUT say)
+        item.add_marker(pytest.mark.timeout(limit, method="signal", func_only=False))
+    return (yield)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
-    """The check under the time limit; once a check of an exercise timed out, its other checks
-    fail at once (their setup still runs: pytest keeps its fixtures' state)."""
-    first = item.config._grading["timed_out"].get(_exercise_of(item))
+    """Once a check of an exercise timed out, its other checks fail at once (their setup still
+    runs: pytest keeps its fixtures' state)."""
+    config = item.config
+    first = config._grading["timed_out"].get(_exercise_of(item))
     if first is not None:
         raise NotRunAfterTimeout(f"not run: the check {first} of this exercise ran past the time limit")
-    with _time_limit(item):
+    try:
         return (yield)
+    except (CheckTimeout, pytest.fail.Exception) as exc:
+        if isinstance(exc, CheckTimeout) or _is_timeout(config, exc):
+            config._grading["timed_out"].setdefault(_exercise_of(item), item.name)
+        raise
+
+
+def _end_time_limit(item):
+    """Stop the check's time limit (pytest-timeout's cancel; nothing to do with the plugin disabled)."""
+    cancel = getattr(item.config.pluginmanager.hook, "pytest_timeout_cancel_timer", None)
+    if cancel is not None:
+        cancel(item=item)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item):
+    """The teardown (where the answers' files are put right) runs without the time limit."""
+    _end_time_limit(item)
 
 
 def _snapshot(places) -> dict:
@@ -351,6 +367,8 @@ def _hints(item) -> tuple[list[str], list[str]]:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
+    if call.excinfo is not None and call.when != "teardown":
+        _end_time_limit(item)       # a setup or call that failed (at the time limit, say) is timed no more
     outcome = yield
     rep = outcome.get_result()
     module = getattr(item, "module", None)
@@ -360,7 +378,8 @@ def pytest_runtest_makereport(item, call):
     excinfo = call.excinfo
     rep._grading_files = str(excinfo.value) if excinfo is not None and excinfo.errisinstance(AnswerFilesChanged) else ""
     rep._grading_not_run = excinfo is not None and excinfo.errisinstance(NotRunAfterTimeout)
-    rep._grading_timeout = str(excinfo.value) if excinfo is not None and excinfo.errisinstance(CheckTimeout) else ""
+    rep._grading_timeout = (_timeout_message(item.config) if excinfo is not None and (
+        excinfo.errisinstance(CheckTimeout) or _is_timeout(item.config, excinfo.value)) else "")
     rep.sections = [(title, _shortened(text) if title.startswith("Captured") else text) for title, text in rep.sections]
 
 
