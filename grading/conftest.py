@@ -34,6 +34,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import signal
 import sys
 import threading
 from datetime import datetime
@@ -235,6 +236,17 @@ def pytest_runtest_protocol(item, nextitem):
     if item.config.pluginmanager.has_plugin("timeout"):     # (0: none, whatever --timeout or PYTEST_TIMEOUT say)
         item.add_marker(pytest.mark.timeout(limit, method="signal", func_only=False))
     return (yield)
+
+
+@pytest.hookimpl(wrapper=True, optionalhook=True)
+def pytest_timeout_set_timer(item, settings):
+    """pytest-timeout's SIGALRM fires once; an answer's ``except:`` (or ``except BaseException``) in its
+    loop can swallow that one failure, so the alarm is made to fire again every second until the check
+    ends (pytest-timeout's cancel stops it: ``setitimer(ITIMER_REAL, 0)``)."""
+    armed = yield
+    if settings.method == "signal" and threading.current_thread() is threading.main_thread():
+        signal.setitimer(signal.ITIMER_REAL, settings.timeout, 1.0)
+    return armed
 
 
 @pytest.hookimpl(wrapper=True)

@@ -577,6 +577,29 @@ def test_an_endless_loop_fails_its_exercise_and_the_rest_is_graded(solved, tmp_p
     assert "could not import" in paged["hints"][0] and "the import ran longer than 2 s" in paged["hints"][0]
 
 
+def test_an_endless_loop_that_catches_everything_still_ends_at_the_time_limit(solved, tmp_path):
+    """merge_states loops calling a function inside ``try: ... except: pass``, which also catches the
+    time limit's failure when it lands in the call: the alarm fires again every second until one gets
+    out of the loop, and the exercise fails with the time limit's message."""
+    text = (solved / "merge_states.py").read_text()
+    (solved / "merge_states.py").write_text(text.replace(
+        "def merge_states(o_a, lse_a, o_b, lse_b):\n", "def _tick():\n    return 1\n\n\n"
+        "def merge_states(o_a, lse_a, o_b, lse_b):\n"
+        "    while True:\n        try:\n            _tick()\n        except:  # noqa: E722\n            pass\n", 1))
+    assert "except:  # noqa" in (solved / "merge_states.py").read_text()
+    proc, report = start_grader(tmp_path, answers=solved, names=("merge_states",), extra=["--check-timeout", "1"])
+    try:
+        proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        pytest.fail("the grader was still running 120 s after it started")
+    merge = json.loads(report.read_text())["results"][0]
+    assert proc.returncode == 1 and merge["status"] == "failed" and merge["passed"] == 0, merge
+    assert merge["hints"][0] == "this check ran longer than 1 s (an endless loop?); the limit is the grader's " \
+                                "--check-timeout"
+
+
 def test_an_answer_that_prints_a_lot_is_graded_and_its_output_not_shown(solved):
     """5 MB printed at import and at every call: the score card is as for the quiet answer."""
     _with_line_after_imports(solved / "merge_states.py", 'print("x" * 5_000_000)')
