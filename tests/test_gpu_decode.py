@@ -590,3 +590,23 @@ def test_the_prefetch_rungs_text_quotes_the_compiler():
             assert gpu.compile_kernel(build, arch).resources["paged_decode_gqa_split"].registers == 168
             spills.append(gpu.compile_kernel(at_four, arch).resources["paged_decode_gqa_split"].spill_bytes)
         assert f"{spills[0]} / {spills[1]} bytes of spill" in text and spills == [388, 452]
+
+
+def test_cp_async_decode_refuses_a_gpu_without_cp_async(monkeypatch):
+    # a Turing card (compute capability 7.5) has no cp.async: the launcher says so before it builds anything
+    from lessons.gpu import launch
+
+    class OldDevice:
+        compute_capability = "75"
+
+    fake = type("cupy", (), {"cuda": type("cuda", (), {"Device": OldDevice})})
+
+    class FakeRunner:
+        def __init__(self, backend, kind=None):
+            self.backend, self.xp = "cupy", fake
+
+    monkeypatch.setattr(launch, "Runner", FakeRunner)
+    c = paged_case(1, 8, 2, 64, 16, [20])
+    with pytest.raises(RuntimeError, match="cp.async decode kernel needs a GPU of compute capability 8.0 or newer "
+                                           ".* this one is 7.5. Use paged_decode_split_gpu without cp_async"):
+        gpu.paged_decode_split_gpu(*decode_args(c), cp_async=True, backend="cupy")
