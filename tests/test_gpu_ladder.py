@@ -347,6 +347,31 @@ def test_a_rung_without_rows_shows_not_measured():
     assert ladder.NOT_MEASURED in ladder.ladder_markdown(8192, 64, rows=old)
 
 
+def test_the_compact_table_and_the_notes_hold_each_rungs_text_once():
+    # the table without prose: 6 columns, one row per rung with the same figures and ratios as the full one
+    full, compact = ladder.ladder_markdown(8192, 128), ladder.ladder_markdown(8192, 128, notes=False)
+    full_rows, compact_rows = full.splitlines(), compact.splitlines()
+    assert len(full_rows) == len(compact_rows) == 2 + len(ladder.RUNGS)
+    assert compact_rows[0] == "| rung | PTX holds | time, TFLOP/s | x naive | x previous | of SDPA |"
+    for r, f, c in zip(ladder.RUNGS, full_rows[2:], compact_rows[2:]):
+        cells_full, cells_compact = f.split(" | "), c.split(" | ")
+        assert len(cells_compact) == len(cells_full) - 2 == 6
+        assert cells_full[0] == cells_compact[0] and cells_full[3:] == cells_compact[1:]
+        assert r.changed not in c and r.predicted not in c
+    # the notes: every rung's prose, each once, in ladder order
+    notes = ladder.rung_notes_markdown()
+    at = [notes.index(f"**{r.title}** ({r.dtype}, `{r.name}`)") for r in ladder.RUNGS]
+    assert at == sorted(at)
+    for r in ladder.RUNGS:
+        assert notes.count(f"* *what changed:* {r.changed}\n") == 1 and f"* *predicted effect:* {r.predicted}\n" in notes
+        assert f"* *what bounds it:* {r.limit}" in notes
+    assert "`paged_decode_cp_async`" in ladder.rung_notes_markdown(ladder.DECODE_RUNGS)
+    with pytest.raises(TypeError, match="notes"):
+        ladder.ladder_markdown(8192, 64, notes="no")
+    with pytest.raises(TypeError, match="rungs must be"):
+        ladder.rung_notes_markdown(["naive"])
+
+
 def test_ladder_table_takes_live_rows_by_rung_name():
     rows = [dict(impl=name, n=1024, d=64, heads=8, causal=False, dtype=dt, seconds=s, tflops=1.0, note="")
             for name, dt, s in [("naive", "float32", 4.0), ("scalar", "float32", 2.0), ("regtile", "float32", 1.0),

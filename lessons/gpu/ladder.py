@@ -28,7 +28,7 @@ from lessons.gpu.recorded import RECORDED_DIR, _shipped, typed_csv_rows  # RECOR
 __all__ = ["Rung", "RUNGS", "RECORDED_DIR", "RECORDED_CSV", "RECORDED_ON", "RECORDED_LABEL", "PROFILED_DIR", "PROFILED_LABEL",
            "SDPA_KERNEL", "NOT_MEASURED", "rung", "attention_flops", "recorded_rows", "recorded", "ladder_table",
            "rung_intensity", "rung_tiles", "rung_build", "measure_ladder", "ladder_points", "speedup_claim", "CLAIM",
-           "ladder_markdown", "rung_evidence", "overlap_evidence", "SERIALISED_WGMMA", "Target", "TARGETS",
+           "ladder_markdown", "rung_notes_markdown", "rung_evidence", "overlap_evidence", "SERIALISED_WGMMA", "Target", "TARGETS",
            "target_outcomes", "targets_markdown",
            "DECODE_RUNGS", "DECODE_LAUNCH_OPTIONS", "DECODE_RECORDED", "decode_rung", "decode_rung_build", "decode_rung_entry", "recorded_copy_rate", "decode_recorded_rows",
            "decode_recorded", "decode_table", "decode_markdown", "sdpa_backends", "sdpa_kernels",
@@ -662,17 +662,40 @@ def _fmt(x, spec):
     return "-" if x is None else format(x, spec)
 
 
-def ladder_markdown(n: int = 8192, d: int = 64, rows=None) -> str:
+def ladder_markdown(n: int = 8192, d: int = 64, rows=None, *, notes: bool = True) -> str:
     """A Markdown table of the ladder at ``(n, d)``: rung, what changed, predicted effect, the
     instruction its PTX must hold, the figure (recorded/live or "not yet measured on a GPU")
-    and its speed-up over naive CuPy, the previous measured rung and its fraction of SDPA."""
-    lines = ["| rung | what changed | predicted effect | PTX holds | time, TFLOP/s | x naive | x previous | of SDPA |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    and its speed-up over naive CuPy, the previous measured rung and its fraction of SDPA.
+    ``notes=False`` leaves out the two columns of prose (what changed, predicted effect), which are
+    the same at every shape: :func:`rung_notes_markdown` gives them once. TypeError naming ``notes``
+    for a non-bool; the errors of :func:`ladder_table` otherwise."""
+    from lessons.core.checks import check_flag
+
+    notes = check_flag(notes, "notes")
+    head = ["rung"] + (["what changed", "predicted effect"] if notes else []) + \
+        ["PTX holds", "time, TFLOP/s", "x naive", "x previous", "of SDPA"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r, e in zip(RUNGS, ladder_table(n, d, rows)):
-        lines.append(f"| {r.title} ({r.dtype}) | {r.changed} | {r.predicted} | "
+        prose = f" {r.changed} | {r.predicted} |" if notes else ""
+        lines.append(f"| {r.title} ({r.dtype}) |{prose} "
                      f"{'`' + r.ptx_grep + '`' if r.ptx_grep else '-'} | {e['figure']} | {_fmt(e['x_naive'], '.2f')} | "
                      f"{_fmt(e['x_previous'], '.2f')} | {_fmt(e['x_sdpa'], '.0%')} |")
     return "\n".join(lines)
+
+
+def rung_notes_markdown(rungs=None) -> str:
+    """Each rung's prose once, as Markdown: a bold line with its title, dtype and name, then *what changed*
+    over the rung below and the *predicted effect* (bytes, instructions, occupancy), then what bounds it
+    (``limit``). ``rungs``: a sequence of :class:`Rung` (default :data:`RUNGS`; :data:`DECODE_RUNGS` works too).
+    TypeError for anything else."""
+    rungs = RUNGS if rungs is None else rungs
+    if not isinstance(rungs, (tuple, list)) or not rungs or not all(isinstance(r, Rung) for r in rungs):
+        raise TypeError(f"rungs must be a non-empty sequence of Rung (ladder.RUNGS), got {rungs!r}")
+    parts = []
+    for r in rungs:
+        parts.append(f"**{r.title}** ({r.dtype}, `{r.name}`)\n\n"
+                     f"* *what changed:* {r.changed}\n* *predicted effect:* {r.predicted}\n* *what bounds it:* {r.limit}")
+    return "\n\n".join(parts)
 
 
 def rung_entry(r: Rung | str, d: int = 64) -> str:
