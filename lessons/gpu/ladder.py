@@ -1006,7 +1006,7 @@ TARGETS = (
     Target("Hopper rung (wgmma + TMA, sm_90a): >= 0.75x torch SDPA", "wgmma_pingpong", "x_sdpa", 0.75, (64, 128),
            also=("wgmma", "wgmma_overlap")),
     Target("decode: K/V read at >= 70% of the device copy rate", "paged_decode_split", "pct_of_copy", 70.0,
-           ((64, 4096), (8, 32768), (1, 131072)), also=("paged_decode_prefetch",)),
+           ((64, 4096), (8, 32768), (1, 131072)), also=("paged_decode_prefetch", "paged_decode_cp_async")),
 )
 
 
