@@ -53,7 +53,7 @@ from mistakes import hint_text  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOT_ATTEMPTED = "not attempted"
-CHECK_TIMEOUT = 60.0          # seconds per check (setup, call and teardown each); the solutions take < 1 s
+CHECK_TIMEOUT = 60.0          # seconds per check (its setup, the import included, and its call); the solutions take < 1 s
 SNAPSHOT_MAX_BYTES = 4 << 20  # files of the answers folder larger than this are not guarded
 CAPTURED_KEEP = 4000          # characters of an answer's printed output a failing check's report shows
 
