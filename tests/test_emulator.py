@@ -276,6 +276,22 @@ def test_a_cp_async_copy_lands_only_at_the_wait_that_covers_its_group(hopper_lib
     assert (uncommitted == 0).all()                              # in no group: no wait covers it
 
 
+
+def test_a_cp_async_copy_lands_as_it_is_issued_when_asked(hopper_lib, monkeypatch):
+    # LESSONS_EMULATOR_CP_ASYNC=issue: the earliest a GPU may land a copy; every read after the copy sees it,
+    # the uncommitted one too
+    monkeypatch.setenv("LESSONS_EMULATOR_CP_ASYNC", "issue")
+    src = np.arange(1, 1025, dtype=np.float32)
+    out = np.full(4 * 128, -1, np.float32)
+    assert hopper_lib.run_copies(_ptr(src), _ptr(out)) == 0
+    t = np.arange(128)
+    assert (out[0::4] == src[4 * t]).all()
+    assert (out[1::4] == src[4 * t] + src[512 + 4 * t]).all()
+    assert (out[2::4] == src[512 + 4 * t]).all() and (out[3::4] == src[4 * t]).all()
+    monkeypatch.setenv("LESSONS_EMULATOR_CP_ASYNC", "wait")              # and back: the next launch waits again
+    assert hopper_lib.run_copies(_ptr(src), _ptr(out)) == 0
+    assert (out[0::4] == 0).all() and (out[3::4] == 0).all()
+
 def test_a_wgmma_result_reaches_the_registers_only_at_its_wait(hopper_lib):
     out = np.zeros(256, np.float32)
     assert hopper_lib.run_deferred(_ptr(out)) == 0

@@ -286,6 +286,30 @@ def test_cp_async_decode_is_bitwise_the_plain_build(backend, d, block_size, dtyp
         assert all(ring[2][k].tobytes() == plain[2][k].tobytes() for k in ("m", "l", "o"))
 
 
+
+# the same, with each copy landing as soon as it is issued (the earliest a GPU may land it; the emulator's default
+# is the latest, at its wait): a slot refilled before the thread read what it held would show here, not above.
+# Long sequences, so each lane group goes round the ring of 3 slots several times.
+@pytest.mark.skipif(not gpu.emulator_available(), reason="no C++ compiler")
+@pytest.mark.parametrize("d, block_size, dtype, num_heads, seq_lens", [
+    (128, 16, "float16", 8, [300, 0, 17]), (80, 32, "bfloat16", 8, [200, 33]), (16, 1, "float32", 4, [9, 600, 1]),
+])
+def test_cp_async_decode_is_bitwise_the_plain_build_when_copies_land_at_once(monkeypatch, d, block_size, dtype,
+                                                                              num_heads, seq_lens):
+    c = paged_case(23, num_heads, 2, d, block_size, seq_lens, dtype)
+    kw = dict(bfloat16=dtype == "bfloat16", return_partials=True, backend="emulator")
+    for num_splits in (1, 3):
+        plain = gpu.paged_decode_split_gpu(*decode_args(c), num_splits, **kw)
+        monkeypatch.setenv("LESSONS_EMULATOR_CP_ASYNC", "issue")
+        ring = gpu.paged_decode_split_gpu(*decode_args(c), num_splits, cp_async=True, **kw)
+        monkeypatch.delenv("LESSONS_EMULATOR_CP_ASYNC")
+        assert_decode_close(ring[0], ring[1], c)
+        assert ring[0].tobytes() == plain[0].tobytes() and ring[1].tobytes() == plain[1].tobytes()
+        assert all(ring[2][k].tobytes() == plain[2][k].tobytes() for k in ("m", "l", "o"))
+    monkeypatch.setenv("LESSONS_EMULATOR_CP_ASYNC", "early")
+    with pytest.raises(ValueError, match="LESSONS_EMULATOR_CP_ASYNC must be 'wait' .* or 'issue' .*got 'early'"):
+        gpu.paged_decode_split_gpu(*decode_args(c), 1, cp_async=True, **kw)
+
 def test_cp_async_decode_fills_a_wave_of_four_blocks_and_refuses_what_it_cannot_copy():
     from lessons.gpu.source import (DECODE_ASYNC_BLOCKS_PER_SM, DECODE_ASYNC_STAGES,
                                     paged_decode_split_auto_splits as auto)

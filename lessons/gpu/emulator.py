@@ -17,6 +17,11 @@ float32/float16/bfloat16, -1 as int32). A read past the end of an
 input returns NaN (and shows up in the output); a write past the end of an output
 changes the guard and raises :class:`EmulatorMemoryError` naming the argument.
 
+A ``cp.async`` copy (``kernels/async_copy.cuh``) lands at the ``cp.async.wait_group`` that covers its group,
+the latest a GPU may land it, so a read of its slot before that wait sees the old bytes. With
+``LESSONS_EMULATOR_CP_ASYNC=issue`` in the environment each copy lands as it is issued instead, the earliest,
+so a slot refilled before its old bytes were read shows too; ``wait`` (or unset) is the default.
+
 Safe to use from several processes and threads at once: each library is built in its own
 temporary folder and moved into the cache (``$LESSONS_EMULATOR_CACHE``, default a per-user
 folder under the system temp dir) under a name that hashes its source, compiler and flags,
@@ -143,7 +148,12 @@ class EmulatedModule:
 
     def launch(self, entry: str, grid, block, args) -> None:
         """Run one launch. Raises EmulatorError on a failed launch, EmulatorMemoryError when a
-        buffer's guard zone was overwritten, TypeError/ValueError for mismatched arguments."""
+        buffer's guard zone was overwritten, TypeError/ValueError for mismatched arguments, ValueError naming
+        ``LESSONS_EMULATOR_CP_ASYNC`` for a value other than ``wait`` or ``issue``."""
+        when = os.environ.get("LESSONS_EMULATOR_CP_ASYNC", "wait")
+        if when not in ("wait", "issue", ""):
+            raise ValueError(f"LESSONS_EMULATOR_CP_ASYNC must be 'wait' (a cp.async copy lands at the wait that "
+                             f"covers it, the default) or 'issue' (it lands as it is issued), got {when!r}")
         params = kernel_signature(self.build.kernel, entry)
         if len(args) != len(params):
             raise ValueError(f"{entry} takes {len(params)} arguments, got {len(args)}")

@@ -18,8 +18,14 @@
 // newest committed groups, has not landed, so a kernel that reads a slot before the wait that
 // covers it reads what was there before, and its output goes wrong in the tests. A thread's
 // queue is emptied as it starts a block (copies never waited for are dropped: on a GPU they land
-// while the block still runs, but nothing may read them without a wait). Source: PTX ISA,
-// "cp.async", "cp.async.commit_group", "cp.async.wait_group".
+// while the block still runs, but nothing may read them without a wait).
+// That is the latest a GPU may land a copy; it may also land it as soon as it is asked for. With
+// LESSONS_EMULATOR_CP_ASYNC=issue in the environment (read as each block starts) every copy lands
+// at once, as cp_async16 is called: a kernel that refills a slot before it has read what the slot
+// held (a ring with too few slots, a refill of the slot it is about to read) then reads the new
+// bytes, and its output goes wrong. Run with both, the tests see either hazard; neither shows
+// timing, and an uncommitted copy lands at once in the second mode. Source: PTX ISA, "cp.async",
+// "cp.async.commit_group", "cp.async.wait_group".
 #pragma once
 
 #ifdef FA_CPU_EMULATION
@@ -35,16 +41,23 @@ constexpr int CAPACITY = 256;              // copies one thread may have in flig
 inline Copy queue[1024][CAPACITY];
 inline int head[1024], tail[1024];         // queue[t][head .. tail) are in flight, oldest first
 inline long commits[1024];
+inline bool land_at_issue = false;         // LESSONS_EMULATOR_CP_ASYNC=issue: each copy lands as it is issued
 inline void reset() {
     const unsigned t = threadIdx.x;
     head[t] = tail[t] = 0;
     commits[t] = 0;
+    const char* when = getenv("LESSONS_EMULATOR_CP_ASYNC");
+    land_at_issue = when != nullptr && strcmp(when, "issue") == 0;
 }
 inline const bool cleared_per_block = (emu::on_block_start = reset, true);
 }  // namespace emu_copy
 inline void cp_async16(void* dst, const void* src) {
     using namespace emu_copy;
     const unsigned t = threadIdx.x;
+    if (land_at_issue) {                            // the earliest a GPU may land it
+        __builtin_memcpy(dst, src, 16);
+        return;
+    }
     if (tail[t] == CAPACITY) {                      // move what is in flight to the front
         memmove(queue[t], queue[t] + head[t], (tail[t] - head[t]) * sizeof(Copy));
         tail[t] -= head[t];
