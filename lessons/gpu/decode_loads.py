@@ -330,8 +330,8 @@ def decode_loop(rung, arch: str = "sm_90") -> DecodeLoop:
     path = interior_pass(instructions, labels, first, last, loads, is_copy=_is_kv_load)
     if any(instructions[i].base == "LDGSTS" for i in path):
         # a ring of ASYNC_STAGES steps in shared memory: a step's copies are waited for ASYNC_STAGES - 1 steps after
-        # they were issued, so a pass is that many steps, and its waits are read once every step has been through
-        # each slot
+        # they were issued, so a pass is ASYNC_STAGES steps (one through each slot of the ring), and its waits are
+        # read once every step has been through each slot
         path = path * dict(build.defines)["ASYNC_STAGES"]
     waits = _walk(instructions, path)
     if not waits:

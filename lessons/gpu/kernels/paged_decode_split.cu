@@ -28,10 +28,11 @@
 //    With ASYNC_STAGES=S (2..4) the rows do not wait in registers at all: each thread copies its
 //    16-byte pieces of K and V straight into a ring of S steps in shared memory (cp.async, sm_80+),
 //    S - 1 steps ahead of the step it absorbs, and waits only for the oldest of its copies
-//    (cp.async.wait_group S - 2 after issuing the next). The copies of S - 1 steps stay in flight
-//    while a step is absorbed, and they hold no registers, so 4 blocks still fit on an SM. A
-//    thread reads back only what it copied itself, so no barrier is needed. The output is again
-//    bitwise that of the plain build.
+//    (cp.async.wait_group S - 1 after issuing the next: S groups were in flight). The copies of
+//    S - 1 steps stay in flight while a step is absorbed, and they hold no registers, so 4 blocks
+//    still fit on an SM. A thread reads back only what it copied itself and refills only the slot
+//    it read a step ago, so no barrier is needed. The output is again bitwise that of the plain
+//    build.
 // 4. At the end the block merges its NUM_STATES states in shared memory, in a fixed order, by
 //    the rule of lessons.merge_states: m = max m_i, l = sum exp(m_i - m) l_i, o likewise.
 // 5. Split-KV (flash-decoding, Dao, Haziza, Massa, Sizov 2023): with few sequences a grid of one
