@@ -377,6 +377,9 @@ def f32(*shape):
     (f32(4, 8), f32(5, 8), f32(5, 4), {}, ValueError, "dv == d"),
     (f32(4, 300), f32(5, 300), f32(5, 300), {}, ValueError, r"head dim d must be in 1..256"),
     (f32(4, 8), f32(5, 8).astype(np.float16), f32(5, 8), {}, TypeError, "must share one dtype"),
+    # an int q beside float k, v: the int is what is wrong, not that the dtypes differ
+    (f32(4, 8).astype(np.int32), f32(5, 8), f32(5, 8), {}, TypeError,
+     r"must be float32 or float16, got \{'q': 'int32'\}"),
     (f32(4, 8).astype(np.float64), f32(5, 8).astype(np.float64), f32(5, 8).astype(np.float64), {},
      TypeError, "must be float32 or float16, got float64"),
     (f32(4, 8).view(np.uint16)[:, :8], f32(5, 8).view(np.uint16)[:, :8], f32(5, 8).view(np.uint16)[:, :8], {},
