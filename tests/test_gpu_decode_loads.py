@@ -603,8 +603,8 @@ def test_the_cp_async_rung_waits_two_steps_after_its_copies(arch):
     # at a wait: the 2 steps ahead and the one waited for, 384 bytes a thread, 48 KiB a block, 192 KiB an SM
     assert ring.in_flight == 384 and ring.block_in_flight * ring.blocks_per_sm == 192 * 1024
     assert ring.trips == 1 and ring.load_to_use >= 1.9 * ring.step_instructions > 10 * split.load_to_use
-    # reading the pieces back from shared memory costs about what the register moves it saves (sm_90: 726 against
-    # 731, sm_80: 705 against 731)
+    # reading the pieces back from shared memory costs about what the register moves it saves (sm_90: 727 against
+    # 731, sm_80: 704 against 731)
     assert abs(ring.step_instructions / split.step_instructions - 1) < 0.05
     assert ring.issue_ceiling == pytest.approx(4 * CLOCK * SMS * 32 * 384 / ring.instructions)
 

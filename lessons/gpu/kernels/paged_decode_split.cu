@@ -75,12 +75,12 @@
 #ifndef PREFETCH
 #define PREFETCH 0
 #endif
-// blocks per SM the launch bounds ask for: 4 (<= 128 registers per thread), or fewer when the
-// prefetched rows need more registers
 // 2..4: K/V rows copied into a ring of that many steps in shared memory with cp.async (0: off)
 #ifndef ASYNC_STAGES
 #define ASYNC_STAGES 0
 #endif
+// blocks per SM the launch bounds ask for: 4 (<= 128 registers per thread), or fewer when the
+// prefetched rows need more registers
 #ifndef MIN_BLOCKS
 #define MIN_BLOCKS 4
 #endif
@@ -509,8 +509,9 @@ paged_decode_gqa_split(const scalar_t* __restrict__ q, const scalar_t* __restric
         cp_async_commit();
         page = next_page;
     }
-    int stage = 0, refill = ASYNC_STAGES - 1;                     // slots of step i and of step i + S - 1
+    int stage = 0;                                               // the slot of step i
     for (; first < key_end; first += keys_per_step, key0 += keys_per_step) {
+        const int refill = stage == 0 ? ASYNC_STAGES - 1 : stage - 1;      // step i - 1's slot: step i + S - 1's
         const int next_page = page_of(table, key0 + ASYNC_STAGES * keys_per_step, key_end);
         copy_step(smem.ring, refill, key0 + (ASYNC_STAGES - 1) * keys_per_step, key_end, page, table, k_cache,
                   v_cache, num_kv_heads, kv_head, sub);
@@ -521,7 +522,6 @@ paged_decode_gqa_split(const scalar_t* __restrict__ q, const scalar_t* __restric
         read_step(r, smem.ring, stage, key0, key_end, sub);
         absorb_step(r, key0, key_end, scale, qv, m, l, o, lane, sub);
         stage = stage + 1 == ASYNC_STAGES ? 0 : stage + 1;
-        refill = refill + 1 == ASYNC_STAGES ? 0 : refill + 1;
     }
     cp_async_wait<0>();                                          // nothing lands in the ring after this
     __syncthreads();                                             // every thread's, before it becomes sh
