@@ -270,11 +270,9 @@ def _walk(instructions, path: list, passes: int = 2) -> tuple:
                     waits.append(Wait(position, flying, step - issued, trip))
                 if trip:
                     stalled = step
-                if hit:
-                    del pending[:hit[-1] + 1]
-                del groups[:len(retired)]
-            elif retired:
-                del groups[:len(retired)]              # (empty groups: nothing to wait for)
+            if hit:
+                del pending[:hit[-1] + 1]
+            del groups[:len(retired)]                  # (retired empty groups held nothing to wait for)
             if x.base == "LDGSTS" and _is_kv_load(x):
                 open_group.append((step, load_bytes(x.opcode)))
             elif _is_kv_load(x):
@@ -336,14 +334,15 @@ def decode_loop(rung, arch: str = "sm_90") -> DecodeLoop:
     waits = _walk(instructions, path)
     if not waits:
         raise ValueError(f"{name} ({arch}): no instruction on the pass reads a K/V load's register")
+    on_path = [instructions[i] for i in path]
+    kv_loads = sum(_is_kv_load(x) for x in on_path)
     steps = 1
     if not stages:                                     # a step: UNROLL = 4 keys' K and V, one 16-byte load each
         if loads % STEP_LOADS:
             raise ValueError(f"{name} ({arch}): the key loop holds {loads} K/V loads, not whole steps of {STEP_LOADS}")
-        steps = sum(_is_kv_load(instructions[i]) for i in path) // STEP_LOADS
-    on_path = [instructions[i] for i in path]
+        steps = kv_loads // STEP_LOADS
     return DecodeLoop(name, arch, resources.registers, resources.smem_bytes + resources.dynamic_smem_bytes, len(path),
-                      dict(Counter(x.base for x in on_path)), sum(_is_kv_load(x) for x in on_path),
+                      dict(Counter(x.base for x in on_path)), kv_loads,
                       sum(load_bytes(x.opcode) for x in on_path if _is_kv_load(x)), waits, stages, steps)
 
 
