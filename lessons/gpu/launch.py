@@ -89,20 +89,16 @@ def _storage_dtype(arrays: dict, bfloat16: bool) -> str:
             raise TypeError(f"with bfloat16=True, {', '.join(arrays)} must hold bfloat16 bits as uint16 "
                             f"(lessons.gpu.to_bfloat16_bits), got {bad}")
         return "bfloat16"
+    kinds = set(dtypes.values())
     unsupported = {n: str(d) for n, d in dtypes.items() if d not in (np.float32, np.float16)}
-    if len(set(dtypes.values())) > 1 and unsupported:       # say what is wrong with the odd one out first
-        hint = " (for bfloat16 bits pass bfloat16=True)" if np.dtype(np.uint16) in dtypes.values() else ""
-        raise TypeError(f"{', '.join(arrays)} must be float32 or float16, got {unsupported}{hint}")
-    if len(set(dtypes.values())) > 1:
+    if unsupported:                       # (before a mismatch: an int beside floats is what is wrong)
+        got = next(iter(kinds)) if len(kinds) == 1 else unsupported
+        hint = " (for bfloat16 bits pass bfloat16=True)" if np.dtype(np.uint16) in kinds else ""
+        raise TypeError(f"{', '.join(arrays)} must be float32 or float16, got {got}{hint}")
+    if len(kinds) > 1:
         raise TypeError(f"{', '.join(arrays)} must share one dtype, got "
                         f"{ {n: str(d) for n, d in dtypes.items()} }")
-    dtype = next(iter(dtypes.values()))
-    if dtype == np.float32:
-        return "float32"
-    if dtype == np.float16:
-        return "float16"
-    hint = " (for bfloat16 bits pass bfloat16=True)" if dtype == np.uint16 else ""
-    raise TypeError(f"{', '.join(arrays)} must be float32 or float16, got {dtype}{hint}")
+    return str(kinds.pop())                                  # "float32" or "float16"
 
 
 def _check_index_array(x, name: str, ndim: int) -> None:
