@@ -258,13 +258,19 @@ def test_split_decode_never_sees_slots_past_seq_len_or_unused_pages(backend, poi
 def test_prefetch_decode_is_bitwise_the_plain_build(backend, d, block_size, dtype, num_heads, seq_lens):
     skip_left_out(backend, "paged_decode_prefetch")
     c = paged_case(17, num_heads, 2, d, block_size, seq_lens, dtype)
-    for num_splits in (1, 2, 5):
-        kw = dict(bfloat16=dtype == "bfloat16", return_partials=True, backend=backend)
+    assert_bitwise_the_plain_build(c, dtype, backend, (1, 2, 5), prefetch=True)
+
+
+def assert_bitwise_the_plain_build(c, dtype, backend, splits, **build):
+    """At each split count: the split kernel's ``build`` (prefetch=True or cp_async=True) gives out and lse close to
+    the reference, and out, lse and the partial states (m, l, o) bit for bit the plain build's."""
+    kw = dict(bfloat16=dtype == "bfloat16", return_partials=True, backend=backend)
+    for num_splits in splits:
         plain = gpu.paged_decode_split_gpu(*decode_args(c), num_splits, **kw)
-        ahead = gpu.paged_decode_split_gpu(*decode_args(c), num_splits, prefetch=True, **kw)
-        assert_decode_close(ahead[0], ahead[1], c)
-        assert ahead[0].tobytes() == plain[0].tobytes() and ahead[1].tobytes() == plain[1].tobytes()
-        assert all(ahead[2][k].tobytes() == plain[2][k].tobytes() for k in ("m", "l", "o"))
+        other = gpu.paged_decode_split_gpu(*decode_args(c), num_splits, **build, **kw)
+        assert_decode_close(other[0], other[1], c)
+        assert other[0].tobytes() == plain[0].tobytes() and other[1].tobytes() == plain[1].tobytes()
+        assert all(other[2][k].tobytes() == plain[2][k].tobytes() for k in ("m", "l", "o"))
 
 
 # the cp.async rung: the rows of each step land in a ring in shared memory, and are read back as load_step would
@@ -277,14 +283,7 @@ def test_prefetch_decode_is_bitwise_the_plain_build(backend, d, block_size, dtyp
 def test_cp_async_decode_is_bitwise_the_plain_build(backend, d, block_size, dtype, num_heads, seq_lens):
     skip_left_out(backend, "paged_decode_cp_async")
     c = paged_case(19, num_heads, 2, d, block_size, seq_lens, dtype)
-    for num_splits in (1, 2, 5):
-        kw = dict(bfloat16=dtype == "bfloat16", return_partials=True, backend=backend)
-        plain = gpu.paged_decode_split_gpu(*decode_args(c), num_splits, **kw)
-        ring = gpu.paged_decode_split_gpu(*decode_args(c), num_splits, cp_async=True, **kw)
-        assert_decode_close(ring[0], ring[1], c)
-        assert ring[0].tobytes() == plain[0].tobytes() and ring[1].tobytes() == plain[1].tobytes()
-        assert all(ring[2][k].tobytes() == plain[2][k].tobytes() for k in ("m", "l", "o"))
-
+    assert_bitwise_the_plain_build(c, dtype, backend, (1, 2, 5), cp_async=True)
 
 
 # the same, with each copy landing as soon as it is issued (the earliest a GPU may land it; the emulator's default
@@ -297,18 +296,13 @@ def test_cp_async_decode_is_bitwise_the_plain_build(backend, d, block_size, dtyp
 def test_cp_async_decode_is_bitwise_the_plain_build_when_copies_land_at_once(monkeypatch, d, block_size, dtype,
                                                                               num_heads, seq_lens):
     c = paged_case(23, num_heads, 2, d, block_size, seq_lens, dtype)
-    kw = dict(bfloat16=dtype == "bfloat16", return_partials=True, backend="emulator")
-    for num_splits in (1, 3):
-        plain = gpu.paged_decode_split_gpu(*decode_args(c), num_splits, **kw)
-        monkeypatch.setenv("LESSONS_EMULATOR_CP_ASYNC", "issue")
-        ring = gpu.paged_decode_split_gpu(*decode_args(c), num_splits, cp_async=True, **kw)
-        monkeypatch.delenv("LESSONS_EMULATOR_CP_ASYNC")
-        assert_decode_close(ring[0], ring[1], c)
-        assert ring[0].tobytes() == plain[0].tobytes() and ring[1].tobytes() == plain[1].tobytes()
-        assert all(ring[2][k].tobytes() == plain[2][k].tobytes() for k in ("m", "l", "o"))
+    monkeypatch.setenv("LESSONS_EMULATOR_CP_ASYNC", "issue")           # (the plain build issues no cp.async)
+    assert_bitwise_the_plain_build(c, dtype, "emulator", (1, 3), cp_async=True)
     monkeypatch.setenv("LESSONS_EMULATOR_CP_ASYNC", "early")
     with pytest.raises(ValueError, match="LESSONS_EMULATOR_CP_ASYNC must be 'wait' .* or 'issue' .*got 'early'"):
-        gpu.paged_decode_split_gpu(*decode_args(c), 1, cp_async=True, **kw)
+        gpu.paged_decode_split_gpu(*decode_args(c), 1, cp_async=True, bfloat16=dtype == "bfloat16",
+                                   backend="emulator")
+
 
 def test_cp_async_decode_fills_a_wave_of_four_blocks_and_refuses_what_it_cannot_copy():
     from lessons.gpu.source import (DECODE_ASYNC_BLOCKS_PER_SM, DECODE_ASYNC_STAGES,
