@@ -82,6 +82,8 @@ EXERCISES: tuple[Exercise, ...] = (
              "one ring-attention step: fold the KV block a device holds"),
     Exercise("gqa_decode", "09_paged_gqa_decode",
              "GQA head mapping in a paged decode"),
+    Exercise("decode_splits", "10_decode_kernel_ladder",
+             "the split count of a decode launch from the wave model"),
 )
 
 

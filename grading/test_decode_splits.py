@@ -1,0 +1,94 @@
+"""Grading: the split count of a decode launch from the wave model (notebook 10).
+
+Expected values come from :func:`lessons.gpu.source.decode_splits` (the function the split decode kernel's
+launcher asks, called with one block per SM so that its wave is the ``wave`` given here), from the shapes
+worked by hand in the stub's docstring (waves and pages per block counted in each message), and from a
+property: the pick never spills blocks into a second wave unless it is a single split.
+"""
+import numbers
+
+import pytest
+from hypothesis import given, strategies as st
+
+from lessons.gpu.source import decode_splits as library_decode_splits
+
+EXERCISE = "decode_splits"
+MISTAKES = ("fewest_splits_filling_the_wave", "splits_not_capped_at_pages", "zero_splits")
+
+
+def reference(blocks_per_split, pages, wave):
+    """The library's pick for ``blocks_per_split`` blocks per split, ``pages`` pages, a wave of ``wave`` blocks
+    (one KV head, pages of one token, ``wave`` SMs of one block each, no cap but the pages)."""
+    return library_decode_splits(blocks_per_split, 1, pages, block_size=1, num_sms=wave, blocks_per_sm=1,
+                                 max_splits=1 << 31)
+
+
+def split_count(answer, blocks_per_split, pages, wave):
+    """The answer's count, checked to be one int in 1..pages."""
+    got = answer.decode_splits(blocks_per_split, pages, wave)
+    what = f"{blocks_per_split} blocks per split, {pages} pages, a wave of {wave}"
+    assert isinstance(got, numbers.Integral) and not isinstance(got, bool), (
+        f"{what}: expected an int, got {type(got).__name__} {got!r}")
+    assert 1 <= got <= pages, f"{what}: {got} splits; a launch has at least 1 split and at most one per page"
+    return int(got)
+
+
+def assert_splits(answer, blocks_per_split, pages, wave, expected, why):
+    got = split_count(answer, blocks_per_split, pages, wave)
+    assert got == expected, (f"{blocks_per_split} blocks per split, {pages} pages, a wave of {wave}: {got} splits, "
+                             f"expected {expected} ({why})")
+
+
+@pytest.mark.catches("splits_not_capped_at_pages", "zero_splits")
+@pytest.mark.hint("return one int between 1 and pages")
+def test_one_int_between_one_and_the_pages(answer):
+    for bps, pages, wave in ((64, 2048, 528), (8, 7, 528), (1024, 256, 528), (1, 1, 1), (3, 40, 10)):
+        split_count(answer, bps, pages, wave)
+
+
+@pytest.mark.catches(*MISTAKES)
+def test_the_shapes_worked_by_hand(answer):
+    # 32 query heads on 8 KV heads, one block per KV head, pages of 16 tokens, 132 SMs x 4 blocks
+    assert_splits(answer, 64, 2048, 528, 8, "8 x 32768 tokens: 8 splits are 512 blocks, one wave of 256 pages "
+                                            "per block; 9 are 576, two waves of 228")
+    assert_splits(answer, 8, 8192, 528, 66, "1 x 131072 tokens: 66 x 8 = 528 blocks fill the wave exactly")
+    assert_splits(answer, 512, 256, 528, 1, "64 x 4096 tokens: one split is 512 blocks, 97% of the wave")
+    assert_splits(answer, 8, 7, 528, 7, "1 x 100 tokens: 7 pages, so at most 7 splits")
+    assert_splits(answer, 1024, 256, 528, 1, "128 x 4096 tokens: one split is already 1024 blocks")
+
+
+@pytest.mark.catches("fewest_splits_filling_the_wave")
+def test_no_split_spills_a_few_blocks_into_a_second_wave(answer):
+    assert_splits(answer, 64, 2048, 528, 8, "9 splits: 576 blocks, 48 of them in a second wave as long as the first")
+    assert_splits(answer, 100, 1000, 528, 5, "6 splits: 600 blocks, 72 in a second wave; 5 x 200 pages < 2 x 167")
+    assert_splits(answer, 3, 60, 10, 3, "4 splits: 12 blocks in a wave of 10, two waves of 15 pages; 3: one of 20")
+
+
+@pytest.mark.catches("splits_not_capped_at_pages")
+def test_never_more_splits_than_pages(answer):
+    assert_splits(answer, 8, 7, 528, 7, "7 pages: an 8th split would read no page")
+    assert_splits(answer, 64, 5, 528, 5, "5 pages, though 8 splits fit in the wave")
+    assert_splits(answer, 2, 1, 528, 1, "a sequence of one page is one split")
+
+
+@pytest.mark.catches("zero_splits")
+def test_a_grid_larger_than_a_wave_is_one_split(answer):
+    assert_splits(answer, 1024, 256, 528, 1, "1024 blocks per split, a wave of 528")
+    assert_splits(answer, 529, 10, 528, 1, "529 blocks per split, a wave of 528")
+    assert_splits(answer, 4000, 3, 7, 1, "4000 blocks per split, a wave of 7")
+
+
+@pytest.mark.catches(*MISTAKES)
+@given(bps=st.integers(1, 2000), pages=st.integers(1, 20000), wave=st.integers(1, 2000))
+def test_random_shapes_match_the_library(answer, bps, pages, wave):
+    assert_splits(answer, bps, pages, wave, reference(bps, pages, wave), "lessons.gpu.source.decode_splits")
+
+
+@pytest.mark.catches(*MISTAKES)
+@given(bps=st.integers(1, 600), pages=st.integers(1, 3000), wave=st.integers(1, 600))
+def test_random_shapes_fit_in_one_wave(answer, bps, pages, wave):
+    """The pick never spills into a second wave: its blocks fit in one, or it is a single split."""
+    got = split_count(answer, bps, pages, wave)
+    assert got == 1 or got * bps <= wave, (
+        f"{bps} blocks per split, {pages} pages, a wave of {wave}: {got} splits are {got * bps} blocks, "
+        f"{-(-got * bps // wave)} waves; the last holds only {got * bps - (-(-got * bps // wave) - 1) * wave}")
