@@ -29,9 +29,9 @@ __all__ = ["Rung", "RUNGS", "RECORDED_DIR", "RECORDED_CSV", "RECORDED_ON", "RECO
            "SDPA_KERNEL", "NOT_MEASURED", "rung", "attention_flops", "recorded_rows", "recorded", "ladder_table",
            "rung_intensity", "rung_tiles", "rung_build", "measure_ladder", "ladder_points", "speedup_claim", "CLAIM",
            "ladder_markdown", "rung_notes_markdown", "rung_evidence", "overlap_evidence", "SERIALISED_WGMMA", "Target", "TARGETS",
-           "target_outcomes", "targets_markdown",
+           "target_outcomes", "targets_markdown", "TARGET_KINDS",
            "DECODE_RUNGS", "DECODE_LAUNCH_OPTIONS", "DECODE_RECORDED", "decode_rung", "decode_rung_build", "decode_rung_entry", "recorded_copy_rate", "decode_recorded_rows",
-           "decode_recorded", "decode_table", "decode_markdown", "sdpa_backends", "sdpa_kernels",
+           "decode_recorded", "decode_table", "decode_markdown", "DECODE_SHAPES", "split_sweep_markdown", "sdpa_backends", "sdpa_kernels",
            "SWEEP_FILES", "recorded_sweep", "best_tiles", "sweep_markdown",
            "HOPPER_RUNGS", "LEFT_OUT_VARIABLE", "LEFT_OUT_REASON", "kernel_rungs", "first_run_rungs", "rungs_left_out"]
 
@@ -977,6 +977,39 @@ def decode_markdown(rows=None) -> str:
     return "\n".join(lines)
 
 
+#: the decode shapes of the benchmark and the decode target, (sequences, tokens each): 32 query heads on 8 KV
+#: heads, d = 128, fp16, pages of 16 (``benchmarks/gpu_decode.py``)
+DECODE_SHAPES = ((64, 4096), (8, 32768), (1, 131072))
+
+
+def split_sweep_markdown(sweeps: dict, rows=None) -> str:
+    """A Markdown table of the wave model per decode shape: blocks per split, pages, the wave, the two split
+    counts it weighs (the most whose blocks fit in one wave, the fewest that fill it) with their modelled time
+    ``waves x pages per block``, the count it picks, and the split count of the split rung's best recorded row
+    at that shape ("-" where none). ``sweeps``: ``{(num_seqs, seq_len): lessons.gpu.source.decode_split_sweep(
+    num_seqs, seq_len)}``; ``rows``: the decode rows (default the recorded run). TypeError for a ``sweeps``
+    that is not such a dict."""
+    keys = ("blocks_per_split", "pages", "wave", "fit", "fill", "pick", "costs")
+    if not isinstance(sweeps, dict) or not sweeps or any(
+            not (isinstance(k, tuple) and len(k) == 2) or not isinstance(v, dict) or any(x not in v for x in keys)
+            for k, v in sweeps.items()):
+        raise TypeError(f"sweeps must be a non-empty dict {{(num_seqs, seq_len): decode_split_sweep(...)}}, "
+                        f"got {sweeps!r}")
+    ran = next(e for e in decode_table(rows) if e["name"] == "paged_decode_split")["splits"] or {}
+
+    def cost(sw, k):
+        waves = -(-k * sw["blocks_per_split"] // sw["wave"])
+        return f"{k}: {waves} x {-(-sw['pages'] // k)} = {waves * -(-sw['pages'] // k)}"
+
+    lines = ["| shape | blocks per split | pages | wave | most that fit in a wave | fewest that fill it | picks "
+             "| the recorded split rung ran |", "| --- | ---: | ---: | ---: | --- | --- | ---: | ---: |"]
+    for (seqs, tokens), sw in sweeps.items():
+        lines.append(f"| {seqs} x {tokens:,} | {sw['blocks_per_split']} | {sw['pages']:,} | {sw['wave']} "
+                     f"| {cost(sw, sw['fit'])} | {cost(sw, sw['fill'])} | **{sw['pick']}** "
+                     f"| {ran.get((seqs, tokens), '-')} |")
+    return "\n".join(lines)
+
+
 # ---------------------------------------------------------------------------
 # the ladder's targets, and whether the recorded run met them
 # ---------------------------------------------------------------------------
@@ -1067,10 +1100,17 @@ def target_outcomes(n: int = 8192, rows=None, decode_rows=None) -> list[dict]:
     return out
 
 
-def targets_markdown(n: int = 8192, rows=None, decode_rows=None) -> str:
+#: the kinds of target :func:`targets_markdown` can keep: the forward rungs' (speed-ups) and decode's (copy rate)
+TARGET_KINDS = ("forward", "decode")
+
+
+def targets_markdown(n: int = 8192, rows=None, decode_rows=None, *, kind: str | None = None) -> str:
     """A Markdown table of :func:`target_outcomes`: target, rungs, what the goal asks for (TFLOP/s and share of
     the H200's peak, forward targets), measured value per shape (the rung that gave it, where the target counts
-    more than one), outcome."""
+    more than one), outcome. ``kind``: None for every target, ``"forward"`` or ``"decode"`` for those of one kind
+    only (:data:`TARGET_KINDS`; ValueError naming ``kind`` otherwise)."""
+    if kind is not None and kind not in TARGET_KINDS:
+        raise ValueError(f"kind must be None or one of {TARGET_KINDS}, got {kind!r}")
     def value(metric, v):
         return "-" if v is None else f"{v:.0f}%" if metric == "pct_of_copy" else f"{v:.2f}x"
 
@@ -1080,6 +1120,8 @@ def targets_markdown(n: int = 8192, rows=None, decode_rows=None) -> str:
     also = {t.rung: t.also for t in TARGETS}
     lines = ["| target | rung | the goal asks for | measured | outcome |", "| --- | --- | --- | --- | --- |"]
     for o in target_outcomes(n, rows, decode_rows):
+        if kind is not None and (o["metric"] == "pct_of_copy") != (kind == "decode"):
+            continue
         several = bool(also.get(o["rung"]))
         got = "-" if o["measured"] is None else ", ".join(
             f"{shape(s)}: {value(o['metric'], v)}" + (f" ({o['by'][s]})" if several and v is not None else "")

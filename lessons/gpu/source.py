@@ -46,7 +46,7 @@ __all__ = [
     "MAX_SPLIT_HEADS_PER_BLOCK", "paged_decode_split_layout", "paged_decode_split_smem_bytes",
     "paged_decode_split_config", "paged_decode_split_build", "DECODE_BLOCKS_PER_SM", "DECODE_ASYNC_STAGES",
     "DECODE_ASYNC_BLOCKS_PER_SM", "paged_decode_split_auto_splits",
-    "decode_splits", "decode_split_cost", "H200_NUM_SMS",
+    "decode_splits", "decode_split_cost", "decode_split_sweep", "H200_NUM_SMS",
 ]
 
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
@@ -994,6 +994,45 @@ def decode_split_cost(num_splits: int, blocks_per_split: int, pages: int, wave: 
     pages = _check_int(pages, "pages", 1, 1 << 40)
     wave = _check_int(wave, "wave", 1, 1 << 40)
     return -(-num_splits * blocks_per_split // wave) * -(-pages // num_splits)
+
+
+def decode_split_sweep(num_seqs: int, seq_len: int, *, num_heads: int = 32, num_kv_heads: int = 8,
+                       head_dim: int = 128, block_size: int = 16, num_sms: int = H200_NUM_SMS,
+                       blocks_per_sm: int = 4, max_splits: int | None = None) -> dict:
+    """The wave model of :func:`decode_splits` laid out for one decode shape of ``paged_decode_split``: what it
+    weighs, and the modelled time of every split count from 1 to ``max_splits``.
+
+    ``num_seqs`` sequences of ``seq_len`` tokens, ``num_heads`` query heads on ``num_kv_heads`` KV heads of
+    ``head_dim`` (the blocks per group from :func:`paged_decode_split_config`), pages of ``block_size`` tokens,
+    a wave of ``num_sms x blocks_per_sm`` blocks. ``max_splits``: the last count costed (default: twice the
+    fewest that fill the wave, at least 8, at most the pages).
+    Returns a dict: ``blocks_per_split``, ``pages``, ``wave``, ``fit`` and ``fill`` (the most splits whose blocks
+    fit in one wave and the fewest that fill it, within 1..pages), ``pick`` (:func:`decode_splits` for the
+    shape), ``costs`` (``{splits: waves x pages per block}``, :func:`decode_split_cost`, for 1..max_splits) and
+    ``bound`` (``blocks_per_split x pages / wave``: the time in pages if every slot of every wave were busy to
+    the end, the least any split count could take). Raises TypeError/ValueError naming a bad argument
+    (as :func:`decode_splits` and :func:`paged_decode_split_config`). Example, 8 x 32768 tokens on an H200:
+    64 blocks per split, 2048 pages, a wave of 528; fit 8, fill 9; costs[8] = 256, costs[9] = 456; pick 8.
+    Source: the model of :func:`decode_split_cost`."""
+    num_seqs = _check_int(num_seqs, "num_seqs", 1, 1 << 31)
+    seq_len = _check_int(seq_len, "seq_len", 1, 1 << 40)
+    hpb = paged_decode_split_config(head_dim, block_size, num_heads, num_kv_heads)
+    num_sms = _check_int(num_sms, "num_sms", 1, 1 << 20)
+    blocks_per_sm = _check_int(blocks_per_sm, "blocks_per_sm", 1, 1 << 10)
+    per_split = num_seqs * num_kv_heads * (num_heads // num_kv_heads // hpb)
+    pages = -(-seq_len // block_size)
+    wave = num_sms * blocks_per_sm
+    fit = max(1, min(wave // per_split, pages))
+    fill = max(1, min(-(-wave // per_split), pages))
+    if max_splits is None:
+        max_splits = min(pages, max(8, 2 * fill))
+    max_splits = _check_int(max_splits, "max_splits", 1, 1 << 20)
+    pick = decode_splits(num_seqs, num_kv_heads, seq_len, block_size=block_size,
+                         heads_per_kv_head=num_heads // num_kv_heads // hpb, num_sms=num_sms,
+                         blocks_per_sm=blocks_per_sm)
+    return dict(blocks_per_split=per_split, pages=pages, wave=wave, fit=fit, fill=fill, pick=pick,
+                costs={s: decode_split_cost(s, per_split, pages, wave) for s in range(1, max_splits + 1)},
+                bound=per_split * pages / wave)
 
 
 def online_softmax_smem_bytes(tile: int) -> int:
