@@ -44,7 +44,7 @@ def test_end_labels_keep_far_apart_labels_at_their_points_and_spread_close_ones(
 
 
 # ---------------------------------------------------------------------------
-# notebook 06: the ladder figure's roofs, torch's backends, the decode table
+# notebooks 06 and 10: the ladder figure's roofs, torch's backends, the decode table
 # ---------------------------------------------------------------------------
 
 def test_ladder_figure_names_every_roof():

@@ -105,6 +105,66 @@ def test_decode_splits_refuse_bad_arguments(kwargs, match):
         decode_splits(1.5, 8, 10)
 
 
+def test_decode_split_sweep_lays_out_the_model_by_hand():
+    from lessons.gpu.source import decode_split_sweep
+
+    sw = decode_split_sweep(8, 32768)                   # 32 heads on 8 KV heads, one block per group of 4
+    assert (sw["blocks_per_split"], sw["pages"], sw["wave"]) == (8 * 8, 32768 // 16, 132 * 4)
+    assert (sw["fit"], sw["fill"], sw["pick"]) == (8, 9, 8)
+    assert sorted(sw["costs"]) == list(range(1, 19))                  # up to twice the fewest that fill the wave
+    # each count's time counted here: blocks dealt to waves of 528, pages dealt to the splits
+    for s, cost in sw["costs"].items():
+        waves = len(range(0, s * 64, 528))
+        assert cost == waves * max(len(range(i, 2048, s)) for i in range(s)), s
+    assert sw["costs"][9] == 2 * 228 and sw["costs"][8] == 256 and sw["bound"] == 64 * 2048 / 528
+    assert min(sw["costs"].values()) >= sw["bound"]
+    short = decode_split_sweep(1, 100)                  # 7 pages: nothing past them
+    assert (short["fit"], short["fill"], short["pick"]) == (7, 7, 7) and sorted(short["costs"]) == list(range(1, 8))
+    assert decode_split_sweep(1, 131072, blocks_per_sm=3)["pick"] == 49      # the prefetch build's wave of 396
+    assert decode_split_sweep(64, 4096, max_splits=3)["costs"] == {1: 256, 2: 256, 3: 3 * 86}
+    with pytest.raises(ValueError, match="num_seqs"):
+        decode_split_sweep(0, 4096)
+    with pytest.raises(ValueError, match="num_heads must be a multiple of num_kv_heads"):
+        decode_split_sweep(1, 4096, num_heads=12)
+    with pytest.raises(TypeError, match="max_splits"):
+        decode_split_sweep(1, 4096, max_splits=2.0)
+
+
+def test_split_sweep_markdown_and_its_figure():
+    from lessons.gpu.source import decode_split_sweep
+    from lessons.views.decode_splits import split_cost_figure
+
+    sweeps = {shape: decode_split_sweep(*shape) for shape in ladder.DECODE_SHAPES}
+    lines = ladder.split_sweep_markdown(sweeps).splitlines()
+    assert len(lines) == 2 + len(ladder.DECODE_SHAPES)
+    ran = next(e for e in ladder.decode_table() if e["name"] == "paged_decode_split")["splits"]
+    row = next(line for line in lines if line.startswith("| 8 x 32,768 |"))
+    assert "| 8: 1 x 256 = 256 | 9: 2 x 228 = 456 | **8** |" in row and row.endswith(f"| {ran[(8, 32768)]} |")
+    with pytest.raises(TypeError, match="sweeps"):
+        ladder.split_sweep_markdown({"8 x 32768": sweeps[(8, 32768)]})
+    fig = split_cost_figure({f"{s} x {n}": sw for (s, n), sw in sweeps.items()})
+    axes = fig.get_axes()
+    assert len(axes) == 3
+    middle = axes[1]
+    labels = [t.get_text() for t in middle.get_legend().get_texts()]
+    assert labels[0].startswith("picked: 8 splits") and "48 blocks in wave 2" in labels[1]
+    x, y = middle.get_lines()[0].get_data()
+    assert list(x) == list(range(1, 19)) and y[8] == pytest.approx(456 / sweeps[(8, 32768)]["bound"])
+    with pytest.raises(TypeError, match="sweeps"):
+        split_cost_figure({})
+
+
+def test_targets_markdown_keeps_one_kind():
+    every = ladder.targets_markdown().splitlines()
+    decode = ladder.targets_markdown(kind="decode").splitlines()
+    forward = ladder.targets_markdown(kind="forward").splitlines()
+    assert decode[:2] == forward[:2] == every[:2]
+    assert decode[2:] == [line for line in every[2:] if line.startswith("| decode:")] and len(decode) == 3
+    assert forward[2:] == [line for line in every[2:] if not line.startswith("| decode:")]
+    with pytest.raises(ValueError, match="kind"):
+        ladder.targets_markdown(kind="backward")
+
+
 def test_layout_of_a_row_over_a_warp():
     # d = 128 fp16: 256 bytes = 16 lanes x 16 bytes, 2 rows per warp instruction, 8 states per block
     assert paged_decode_split_layout(128, "float16") == dict(vec=8, lanes=16, chunks=1, keys_per_warp=2,
@@ -590,7 +650,7 @@ def test_benchmark_without_a_device_says_so_and_exits_0(tmp_path):
 
 @needs_nvrtc
 def test_the_prefetch_rungs_text_quotes_the_compiler():
-    # the rung's text and notebook 06 quote 168 registers at 3 blocks per SM; at 4 it would spill 388 / 452 bytes
+    # the rung's text and notebook 10 quote 168 registers at 3 blocks per SM; at 4 it would spill 388 / 452 bytes
     import json
 
     from lessons.gpu.compile import nvrtc_version
@@ -598,7 +658,7 @@ def test_the_prefetch_rungs_text_quotes_the_compiler():
 
     text = ladder.decode_rung("paged_decode_prefetch").predicted
     notebook = "".join("".join(c["source"]) for c in json.loads(
-        (ROOT / "notebooks" / "06_kernel_ladder.ipynb").read_text())["cells"])
+        (ROOT / "notebooks" / "10_decode_kernel_ladder.ipynb").read_text())["cells"])
     assert "168 registers" in text and "168 registers" in notebook and "3 blocks per SM" in notebook
     if nvrtc_version()[:2] == (12, 9):                # the version the texts name
         build = ladder.decode_rung_build("paged_decode_prefetch")

@@ -732,7 +732,7 @@ def test_decode_loop_and_its_table_refuse_bad_input_by_name():
 def test_the_quiz_quotes_the_first_decode_rungs_bytes_in_flight():
     from lessons.course.quiz import QUIZZES
 
-    q = next(q for q in QUIZZES["06_kernel_ladder"] if "flat rate per block" in q.question)
+    q = next(q for q in QUIZZES["10_decode_kernel_ladder"] if "flat rate per block" in q.question)
     loops = {n: _loop(n) for n in STAGING}
     trips = dl.round_trips(loops)
     rates = [t["block_rate"] for t in trips if t["rung"] == "paged_decode"]

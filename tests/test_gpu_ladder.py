@@ -651,7 +651,7 @@ def test_async_kernel_refuses_what_it_cannot_do():
 
 
 def test_the_notebooks_sentences_hold_for_the_recorded_run():
-    """What notebook 06 says in words about the recorded run, checked against the numbers."""
+    """What notebooks 06 (forward) and 10 (decode) say in words about the recorded run, checked against the numbers."""
     t = {d: {e["name"]: e for e in ladder.ladder_table(8192, d)} for d in (64, 128)}
     for d in (64, 128):
         assert t[d]["mma_fa2"]["x_naive"] >= 10                                   # an order of magnitude

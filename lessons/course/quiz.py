@@ -400,39 +400,6 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           "Counting alone would not catch it: had warpgroup 1 also made its last arrival, the counts would "
           "come out even and the block would still never finish. Reread 'Taking turns: the two consumers in "
           "ping-pong'."),
-        Q("On the recorded H200 run one block of the first decode rung (paged_decode) read 0.71 to 0.74 GB/s of "
-          "K/V whether 8 or 512 blocks ran. Its SASS asks for one 2-byte value of K and one of V per thread, then "
-          "stores them to shared memory at once. What does the flat rate per block say?",
-          ("HBM was saturated, so each block got an equal share of it",
-           "Each block waits on its own round trips with only 4 bytes per thread in flight; the blocks do not "
-           "compete yet, so more blocks read proportionally more",
-           "The SM's schedulers were the limit, busy issuing every clock",
-           "The K/V came from the L2 cache, whose latency does not depend on the load"),
-          1,
-          "Little's law: a memory system with B bytes asked for and not yet delivered delivers B / L per second. Each "
-          "block keeps 512 bytes in flight and a page takes 16 round trips of at most 0.70 \u00b5s, so 64 times more "
-          "blocks read 64 times faster. Had HBM been saturated, or the schedulers full, the rate per block would fall "
-          "as blocks were added (about four blocks share an SM at 512); and 0.5-1 GiB of K/V is far larger than the "
-          "50 MB L2. To read at the recorded 4.28 TB/s copy rate takes about 3.0 MB in flight, 22 KiB per SM; with 9 "
-          "blocks per SM this rung holds 4.5 KiB, so at most 0.87 TB/s (20%), however the keys are split. The split "
-          "rung asks for 16 bytes of 4 keys' K and V per lane before it uses any: 16 KiB per block. Reread 'Bytes in "
-          "flight: Little's law'."),
-        Q("The prefetch decode rung keeps the next step's K/V rows in registers while it absorbs this step's, and "
-          "needs 168 registers, so only 3 blocks fit on an SM. The cp.async rung keeps two steps ahead and still "
-          "fits 4 blocks with 128 registers. Why?",
-          ("cp.async compresses the rows, so they take fewer registers",
-           "Its copies go from global straight into a ring in shared memory: the rows in flight hold no "
-           "registers, only 48 KiB of shared memory per block, and 4 x 48 KiB fit in an SM's 228 KiB",
-           "It reads each row twice as fast, so it needs half the rows in flight",
-           "It waits for every copy at once at the end of the split, so nothing is in flight during a step"),
-          1,
-          "A register load (LDG) must land in registers the warp owns from the moment it asks until it uses them, so "
-          "every step in flight costs registers. cp.async (LDGSTS in SASS) writes shared memory instead; the thread "
-          "waits later for a whole group of its copies (cp.async.wait_group 2: until at most 2 groups are still on "
-          "their way). Each thread reads back only its own pieces, so no barrier is needed. Registers stay at the "
-          "split rung's 128 and 4 blocks fit, with 384 bytes per thread in flight at a wait: 192 KiB per SM against "
-          "the 22 KiB Little's law asks at the copy rate. Reread 'The decode ladder' and 'Bytes in flight: Little's "
-          "law'."),
     ),
     "07_paged_attention": (
         Q("What is the one difference between the paged loop and the flash loop?",
@@ -523,6 +490,56 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           1,
           "The group's query heads are the rows of one small matrix product against the page, so the page is "
           "loaded once and used num_heads / num_kv_heads times. Reread section 3, 'The loop', and section 5."),
+    ),
+    "10_decode_kernel_ladder": (
+        Q("On the recorded H200 run one block of the first decode rung (paged_decode) read 0.71 to 0.74 GB/s of "
+          "K/V whether 8 or 512 blocks ran. Its SASS asks for one 2-byte value of K and one of V per thread, then "
+          "stores them to shared memory at once. What does the flat rate per block say?",
+          ("HBM was saturated, so each block got an equal share of it",
+           "Each block waits on its own round trips with only 4 bytes per thread in flight; the blocks do not "
+           "compete yet, so more blocks read proportionally more",
+           "The SM's schedulers were the limit, busy issuing every clock",
+           "The K/V came from the L2 cache, whose latency does not depend on the load"),
+          1,
+          "Little's law: a memory system with B bytes asked for and not yet delivered delivers B / L per second. Each "
+          "block keeps 512 bytes in flight and a page takes 16 round trips of at most 0.70 \u00b5s, so 64 times more "
+          "blocks read 64 times faster. Had HBM been saturated, or the schedulers full, the rate per block would fall "
+          "as blocks were added (about four blocks share an SM at 512); and 0.5-1 GiB of K/V is far larger than the "
+          "50 MB L2. To read at the recorded 4.28 TB/s copy rate takes about 3.0 MB in flight, 22 KiB per SM; with 9 "
+          "blocks per SM this rung holds 4.5 KiB, so at most 0.87 TB/s (20%), however the keys are split. The split "
+          "rung asks for 16 bytes of 4 keys' K and V per lane before it uses any: 16 KiB per block. Reread 'Bytes in "
+          "flight: Little's law'."),
+        Q("The prefetch decode rung keeps the next step's K/V rows in registers while it absorbs this step's, and "
+          "needs 168 registers, so only 3 blocks fit on an SM. The cp.async rung keeps two steps ahead and still "
+          "fits 4 blocks with 128 registers. Why?",
+          ("cp.async compresses the rows, so they take fewer registers",
+           "Its copies go from global straight into a ring in shared memory: the rows in flight hold no "
+           "registers, only 48 KiB of shared memory per block, and 4 x 48 KiB fit in an SM's 228 KiB",
+           "It reads each row twice as fast, so it needs half the rows in flight",
+           "It waits for every copy at once at the end of the split, so nothing is in flight during a step"),
+          1,
+          "A register load (LDG) must land in registers the warp owns from the moment it asks until it uses them, so "
+          "every step in flight costs registers. cp.async (LDGSTS in SASS) writes shared memory instead; the thread "
+          "waits later for a whole group of its copies (cp.async.wait_group 2: until at most 2 groups are still on "
+          "their way). Each thread reads back only its own pieces, so no barrier is needed. Registers stay at the "
+          "split rung's 128 and 4 blocks fit, with 384 bytes per thread in flight at a wait: 192 KiB per SM against "
+          "the 22 KiB Little's law asks at the copy rate. Reread 'The decode ladder' and 'Bytes in flight: Little's "
+          "law'."),
+        Q("At 8 sequences of 32768 tokens the split decode kernel has 64 blocks per split, 2048 pages per sequence, "
+          "and an H200 holds a wave of 528 of its blocks at once. Why does the wave model pick 8 splits rather than "
+          "the 9 that fill the wave?",
+          ("9 splits would read some pages twice",
+           "9 splits are 576 blocks: 48 of them run in a second wave that lasts as long as the first, so the "
+           "model's time is 2 x 228 pages per block against 1 x 256 for 8 splits in one wave",
+           "More splits always cost more, because their partial states must be merged",
+           "9 does not divide 2048, so the last split would have no page"),
+          1,
+          "A wave lasts about as long as one block when every block reads about as many pages, however few blocks it "
+          "holds, so time is waves x pages per block (lessons.gpu.source.decode_split_cost). 8 splits leave 16 slots "
+          "of the wave idle but finish in one wave; the ninth split spills 48 blocks into a second one and nearly "
+          "doubles the time. The recorded run's split kernel ran 9 splits there and read 51% of the copy rate, its "
+          "lowest of the three shapes. The merge of partial states is small next to reading 2048 pages, and a split "
+          "of 228 pages reads each page once. Reread 'How many splits: waves of blocks'."),
     ),
 }
 
