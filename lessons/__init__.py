@@ -24,13 +24,15 @@ notebook             schedule              view                  kernel         
                      gpu.sass,             views.rescale,        flash_attention_mma.cu,
                      cost.rescale,         views.register_tiles  flash_attention_mma_async.cu,
                      cost.fragments,                             flash_attention_mma_fa2.cu,
-                     cost.register_tiles,  views.decode_loads    flash_attention_wgmma.cu,
-                     gpu.warpgroup_pipes,                        flash_attention_wgmma_overlap.cu,
-                     gpu.decode_loads                            paged_decode_split.cu
+                     cost.register_tiles,                        flash_attention_wgmma.cu,
+                     gpu.warpgroup_pipes                         flash_attention_wgmma_overlap.cu
 07 paged attention   schedules.paged       views.paged           paged_decode.cu                    paged
 08 flash-decoding,   schedules.split_kv,   views.split_kv,       paged_decode.cu                    merge_states,
    ring              schedules.ring        views.ring            (num_splits)                       flash_decoding, ring_step
 09 paged GQA decode  schedules.gqa_decode  views.paged           paged_decode.cu                    gqa_decode
+10 decode kernel     gpu.ladder,           views.pipeline,       paged_decode.cu,                   decode_splits
+   ladder            gpu.decode_loads,     views.decode_loads,   paged_decode_split.cu
+                     gpu.source            views.decode_splits
 ===================  ====================  ====================  =================================  =========================
 
 Real multi-process ring attention (MPI ranks, notebook 08) lives in :mod:`lessons.distributed`.
