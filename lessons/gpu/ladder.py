@@ -82,179 +82,127 @@ class Rung:
 RUNGS = (
     Rung("naive", "naive CuPy (S materialised)", "naive", None, "lessons.gpu.measure.naive_attention", "float32",
          "the textbook: S = scale Q K^T written to HBM in float32, softmax, then P V (cuBLAS matmuls)",
-         "HBM traffic grows with N^2: S (N x N float32 per head) is written and read back; at N = 8192 "
-         "that is 256 MiB per head, 2 GiB for 8 heads, against 6 MiB of Q, K, V per head at d = 64 (12 MiB at d = 128)",
+         "HBM traffic grows with N^2: at N = 8192 S is 256 MiB per head (2 GiB for 8 heads), against 6 MiB of "
+         "Q, K, V per head at d = 64 (12 MiB at d = 128)",
          None, "HBM traffic of S and the separate softmax passes"),
     Rung("scalar", "CUDA cores, one thread per row slice", "kernel", "flash_attention", "lessons.gpu.flash_attention_gpu",
          "float32",
          "the fold over key tiles (m, l, o per row) in one kernel: S and P never leave the chip",
          "HBM traffic drops to Q, K, V read once per query block plus O written once; but each FMA of "
-         "S = Q K^T needs one 4-byte shared-memory load (k_s[j][c]): 1 load per FMA",
+         "S = Q K^T waits for one 4-byte shared-memory load",
          "fma.rn.ftz.f32", "shared-memory loads: L1/TEX pipe 94% busy (ncu, d = 64, 2026-11-30 run)"),
     Rung("regtile", "CUDA cores, register-tiled", "regtile", "flash_attention_regtile",
          "lessons.gpu.flash_attention_regtile_gpu", "float32",
-         "each thread owns a block of S (4 rows x 4 keys at d = 64) and of O (4 rows x 8 columns), "
-         "and reads shared memory 16 bytes at a time (ld.shared.v4); since the measured build it also uses exp2 "
-         "with log2(e) in the scale, and plain FMAs for P V in a tile whose V is all finite (the guard against "
-         "0 x NaN only where V holds inf or NaN)",
-         "shared loads per FMA in S: (TM + TN) / (4 TM TN) = 8 / 64 = 1/8 at d = 64, 6 / 32 at d = 128 "
-         "(the scalar rung: 1); 118-128 registers per thread, no spills (4 blocks of 128 threads per SM); "
-         "one ex2 per probability instead of expf, no compare per 4 FMAs of P V. "
-         "aim: >= 3x naive CuPy. Measured (2026-12-01, before exp2 and the plain P V loop): 1.9x the scalar "
-         "rung at both head dims, but only 2.7x naive at d = 64 and 1.4x at d = 128: the aim is not met",
+         "each thread owns a block of S (4 rows x 4 keys at d = 64) and of O (4 x 8), read from shared memory "
+         "16 bytes at a time (ld.shared.v4); since the measured build, also exp2 with log2(e) in the scale and "
+         "plain FMAs for P V where V is all finite",
+         "shared loads per FMA in S: 1/8 at d = 64, 6/32 at d = 128 (the scalar rung: 1); aim: >= 3x naive CuPy. "
+         "Measured (2026-12-01, before exp2 and the plain P V loop): 1.9x the scalar rung at both head dims, but "
+         "only 2.7x naive at d = 64 and 1.4x at d = 128: the aim is not met",
          "ld.shared.v4.f32", "not profiled yet (the Nsight Compute run of 2026-11-30 predates it)"),
     Rung("regtile_wide", "CUDA cores, register-tiled, 8 rows x 4 keys per thread", None, "flash_attention_regtile_wide",
          "lessons.gpu.flash_attention_regtile_wide_gpu", "float32",
-         "the register-tiled kernel with one switch (REGTILE_WIDE): a row group is 16 lanes instead of 8, so each "
-         "thread holds half as many columns of an output row and owns 8 rows x 4 keys of S (the plain build: "
-         "4 x 4 at d = 64, 2 x 4 at d = 128) in 64-row, 64-key tiles; P is read 4 keys at a time (one 16-byte "
-         "load per row) instead of one; a thread's 8 rows are interleaved (ty, ty + 8, ...), so the two row groups "
-         "of a warp read adjacent rows, which start in different shared-memory banks; the S and P V loops run two "
-         "passes per branch back (#pragma unroll 2), which halves the loops' own instructions (address steps, "
-         "compare, branch)",
-         "shared loads per FMA: in S (TM + TN) / (4 TM TN) = 12 / 128 at both head dims (the plain build: 8 / 64 at "
-         "d = 64, 6 / 32 at d = 128); in P V (TM + 4 NC) / (16 TM NC) = 12 / 128 at d = 64 and 16 / 256 at d = 128 "
-         "(the plain build: 6 / 32 at both); P read by 16-byte loads (the plain build reads it 4 bytes at a "
-         "time); K and V read from L2 once per 64 query rows (the plain build at d = 128: per 32); in SASS the two "
-         "loops are 88-90% FFMA (lessons.gpu.sass; the plain build's 72-76%). Compile report "
-         "(NVRTC 12.9 and 13.0, sm_80 and sm_90, no spills): d = 64: 168 registers, 52 224 bytes of dynamic shared "
-         "memory: 3 blocks of 128 threads per SM; d = 128: 208 registers, 84 992 bytes: 2 blocks per SM (the plain "
-         "build: 4). The other tiles (scripts/tune_tiles.py "
-         "--rung regtile_wide times them all) are in lessons.gpu.source.REGTILE_WIDE_SWEEP; aim: >= 3x naive CuPy",
+         "the register-tiled kernel with REGTILE_WIDE: 16-lane row groups instead of 8, so a thread owns 8 rows x "
+         "4 keys of S in 64 x 64 tiles; P read 4 keys per 16-byte load; a thread's rows interleaved so that a "
+         "warp's two row groups start in different banks; the S and P V loops unrolled by 2",
+         "shared loads per FMA: 12 / 128 in S at both head dims; in P V 12 / 128 at d = 64, 16 / 256 at d = 128 "
+         "(the plain build: 8 / 64 or 6 / 32 in S, 6 / 32 in P V); in SASS the two loops are 88-90% FFMA "
+         "(lessons.gpu.sass; the plain build's 72-76%). Compile report (NVRTC 12.9 and 13.0, no spills): "
+         "d = 64: 168 registers, 52 224 bytes of dynamic shared memory, 3 blocks per SM; d = 128: 208 registers, "
+         "84 992 bytes, 2 blocks per SM (the plain build: 4); aim: >= 3x naive CuPy",
          "ld.shared.v4.f32", "not yet run on a GPU: built and checked on the CPU emulator only"),
     Rung("mma", "tensor cores, mma.sync", "mma", "flash_attention_mma", "lessons.gpu.flash_attention_mma_gpu",
          "float16",
          "both products (Q K^T and P V) on tensor cores, mma.sync.m16n8k16, float16 in, float32 accumulate",
          "one warp instruction does 16 x 8 x 16 multiply-adds (4096 FLOPs) instead of 32 FMAs; bound by "
          "occupancy instead: 167-168 registers per thread at d = 64 and 218-226 at d = 128 (NVRTC 12.9, sm_80 / "
-         "sm_90) allow 3 and 2 blocks of 4 warps per SM (the build Nsight Compute profiled on 2026-11-30 had "
-         "196-254 registers and ran 2 blocks per SM)",
+         "sm_90) allow 3 and 2 blocks of 4 warps per SM (the build profiled on 2026-11-30 ran 2)",
          "mma.sync.aligned.m16n8k16", "occupancy 12.5%, no warp eligible 57% of cycles, synchronous loads (ncu, 2026-11-30 run)"),
     Rung("mma_async", "tensor cores + ldmatrix, cp.async", "mma_async", "flash_attention_mma_async",
          "lessons.gpu.flash_attention_mma_async_gpu", "float16",
-         "K/V tiles copied by cp.async into two shared-memory stages (tile j + 1 in flight while tile j "
-         "is multiplied); K and V fragments loaded by ldmatrix.x2 (.trans for V), one instruction per warp",
-         "the synchronous loads the mma rung stalls on overlap the previous tile's tensor-core work; "
-         "per V fragment one ldmatrix instead of four 16-bit loads and two packs; two stages double the "
-         "shared memory, so block_k drops to 32 at d = 128 (64 at d = 64). Measured (2026-12-01): "
-         "confirmed at d = 128 only, 1.21x the mma rung; at d = 64 it is 0.95x, no gain",
+         "K/V tiles copied by cp.async into two shared-memory stages (tile j + 1 in flight while tile j is "
+         "multiplied); K and V fragments loaded by ldmatrix.x2 (.trans for V)",
+         "the loads the mma rung stalls on overlap the previous tile's products; one ldmatrix per V fragment "
+         "instead of four 16-bit loads and two packs; two stages double the shared memory, so block_k drops to "
+         "32 at d = 128. Measured (2026-12-01): confirmed at d = 128 only, 1.21x the mma rung; at d = 64 it is "
+         "0.95x, no gain",
          "ldmatrix.sync.aligned.m8n8.x2.trans", "not profiled yet (the Nsight Compute run of 2026-11-30 predates it)"),
     Rung("mma_fa2", "tensor cores, FlashAttention-2's recipe", "mma_fa2", "flash_attention_mma_fa2",
          "lessons.gpu.flash_attention_mma_fa2_gpu", "float16",
-         "128 query rows over 8 warps at d = 64 (64 over 4 at d = 128) with registers capped for 2 blocks "
-         "per SM; Q loaded once into registers by ldmatrix.x4; K and V by ldmatrix.x4 (.trans for V) out of "
-         "XOR-swizzled, unpadded shared memory; exp2 (ex2.approx) with log2(e) folded into the scale; "
-         "masks only in tiles that reach n_k or the diagonal; inf/NaN in V tested per chunk, a chunk rewritten "
-         "only where one is found",
-         "compile report (NVRTC 12.9, sm_80 and sm_90, no spills): d = 64: 128 registers x 256 threads and "
-         "32768 bytes of shared memory, so 2 blocks of 8 warps fit an SM (16 warps, occupancy 25% against "
-         "the mma rung's 12.5%); d = 128: 204-208 registers x 128 threads, 32768 bytes, 2 blocks per SM; "
-         "half the ldmatrix instructions of the .x2 rung; one ex2 per probability instead of expf; K and V "
-         "read from HBM once per 128 query rows at d = 64 (half the mma rung's traffic); "
-         "aim: >= 0.5x SDPA. Measured (2026-12-01): 1.9x / 2.0x the mma rung at d = 64 / 128, "
-         "but 0.43x / 0.30x SDPA: the aim is not met",
+         "128 query rows over 8 warps at d = 64 (64 over 4 at d = 128), registers capped for 2 blocks per SM; "
+         "Q loaded once into registers; K and V by ldmatrix.x4 (.trans for V) from XOR-swizzled shared memory; "
+         "exp2 (ex2.approx) with log2(e) in the scale; masks only in tiles that reach n_k or the diagonal; "
+         "V's inf/NaN fixed only in chunks that hold one",
+         "2 blocks per SM: 16 warps at d = 64 (occupancy 25%, the mma rung's 12.5%); half the ldmatrix "
+         "instructions of the .x2 rung; one ex2 per probability instead of expf; at d = 64 K and V read from "
+         "HBM once per 128 query rows (half the mma rung's traffic); aim: >= 0.5x SDPA. Measured (2026-12-01): "
+         "1.9x / 2.0x the mma rung at d = 64 / 128, but 0.43x / 0.30x SDPA: the aim is not met",
          "ex2.approx.ftz.f32", "not profiled yet (the Nsight Compute run of 2026-11-30 predates it)"),
     Rung("mma_fa2_lazy", "tensor cores, FA-2 + lazy rescaling, 64-key tiles", None, "flash_attention_mma_fa2_lazy",
          "lessons.gpu.flash_attention_mma_fa2_lazy_gpu", "float16",
-         "the mma_fa2 rung's kernel with two switches: each warp votes (__any_sync) on whether the running max of "
-         "any of its 16 rows moved on this tile and skips o *= alpha when none did (alpha is then exactly 1; a "
-         "row whose max stayed gets 1.0, not ex2(0)); the two K/V stages in dynamic shared memory, so d = 128 "
-         "takes 64-key tiles (64 KiB, over the 48 KiB a block may declare statically) instead of 32",
-         "fewer FMULs per tile: a warp-tile whose rows' maxima all stayed skips 4 x d / 8 multiplies per thread "
-         "(32 at d = 64, 64 at d = 128), and on a long row the max settles after the first few tiles, so most "
-         "warp-tiles skip; the share that still rescale is counted by lessons.cost.rescale.rescale_share. At "
-         "d = 128 half as many tiles per row: half the barriers, cp.async waits and row max/sum shuffles per key. "
-         "Compile report (NVRTC 12.9, sm_80 / sm_90, no spills): d = 64: 128 registers x 256 threads, 32 768 bytes "
-         "of dynamic shared memory, 2 blocks per SM (as mma_fa2); d = 128: 242 / 245 registers x 128 threads "
-         "(mma_fa2 at 64 x 32: 204 / 208), 65 536 bytes, 2 blocks per SM. Output bitwise the mma_fa2 rung's with "
-         "the same tiles. The other tiles (scripts/tune_tiles.py times them all) are in "
-         "lessons.gpu.source.FA2_LAZY_SWEEP; aim: >= 0.5x SDPA",
+         "the mma_fa2 kernel with two switches: each warp votes (__any_sync) on whether any of its 16 rows' max "
+         "moved and skips o *= alpha when none did (alpha is then exactly 1.0); K/V stages in dynamic shared "
+         "memory, so d = 128 takes 64-key tiles (64 KiB) instead of 32",
+         "a warp-tile that skips saves 32 multiplies per thread at d = 64, 64 at d = 128, and on a long row most "
+         "skip (lessons.cost.rescale.rescale_share counts them); at d = 128 half the tiles per row, so half the "
+         "barriers, cp.async waits and row max/sum shuffles per key; 2 blocks per SM. Output bitwise the mma_fa2 "
+         "rung's with the same tiles; aim: >= 0.5x SDPA",
          "vote.sync.any.pred", "not yet run on a GPU: built and checked on the CPU emulator only"),
     Rung("mma_fa2_wide", "tensor cores, FA-2's warp shape: 32 rows per warp", None, "flash_attention_mma_fa2_wide",
          "lessons.gpu.flash_attention_mma_fa2_wide_gpu", "float16",
-         "the lazy rung's kernel with a third switch: each warp owns 32 query rows (two 16-row m-tiles) instead of "
-         "16, so a block of 128 rows is 4 warps, not 8, and every K and V fragment a warp loads from shared memory "
-         "(ldmatrix.x4) feeds two mma instructions instead of one; o and s take twice the registers, so Q's "
-         "fragments are read from shared memory (Q keeps its own region there) at each tile instead of staying "
-         "in registers, as in FlashAttention-2's forward kernel",
-         "per tile and warp, 4 mma per K or V ldmatrix.x4 instead of 2: half the K and V bytes per mma, and with Q's "
-         "fragments (now read at each tile) 0.625x the shared-memory bytes per mma of 16-row warps at 64-key "
-         "tiles, 0.75x at 32-key tiles (the d = 128 default); two independent mmas in flight "
-         "per fragment; fewer warps, each with more work in registers. Compile report (NVRTC 12.9, no spills): "
-         "d = 64, 128 x 64 tiles: 225 / 223 registers (sm_80 / sm_90) x 128 threads, 48 KiB of dynamic shared "
-         "memory; d = 128, 128 x 32: 254 / 255 registers x 128 threads, 64 KiB: 2 blocks (8 warps) per SM either "
-         "way. Output bitwise the lazy rung's with the same tiles. The other tiles (scripts/tune_tiles.py "
-         "--rung mma_fa2_wide times them all, 128 x 64 at d = 128 among them) are in "
-         "lessons.gpu.source.FA2_WIDE_SWEEP; aim: >= 0.5x SDPA",
+         "the lazy kernel with WARP_ROWS=32: each warp owns 32 query rows (two m-tiles), so a 128-row block is 4 "
+         "warps and each K and V fragment feeds two mma instead of one; Q's fragments move to shared memory and "
+         "are read again at each tile, as in FlashAttention-2's forward kernel",
+         "half the K and V bytes per mma; with Q's reads, 0.625x the shared-memory bytes per mma of 16-row warps "
+         "at 64-key tiles, 0.75x at 32-key tiles (the d = 128 default); two independent mma in flight per "
+         "fragment; 2 blocks (8 warps) per SM. Output bitwise the lazy rung's with the same tiles; "
+         "aim: >= 0.5x SDPA",
          "mma.sync.aligned.m16n8k16", "not yet run on a GPU: built and checked on the CPU emulator only"),
     Rung("mma_fa2_lean", "tensor cores, FA-2 + lean interior tiles", None, "flash_attention_mma_fa2_lean",
          "lessons.gpu.flash_attention_mma_fa2_lean_gpu", "float16",
-         "the wide rung's kernel with a fourth switch (FA2_LEAN): at d = 64 its key tiles run in two loops with one "
-         "body, first those that need no mask for any row of the block (inside n_k and, causal, wholly at or below "
-         "the diagonal of the block's first row), compiled without any mask code, then the rest with the masked step "
-         "(at d = 128 one loop: two do not fit 255 registers on sm_80, and there ptxas already branches around most "
-         "of the mask code in a tile that needs none); a tile "
-         "wholly inside n_k is copied with no bounds test per 16-byte chunk; V's inf/NaN test leaves the loop for a "
-         "pre-pass kernel (flash_attention_mma_fa2_lean_v_flags) that writes one int32 flag per head and key tile, "
-         "so an interior tile reads its flag (one tile ahead) and tests nothing, and the barrier after its copies "
-         "is a plain __syncthreads() instead of the block-wide vote __syncthreads_or (bar.red.or), as "
-         "FlashAttention-2 runs its masking steps apart and copies even tiles without bounds tests. The PTX "
-         "instruction quoted is the read of that flag, ld.global.nc.u32, which no other rung's PTX holds",
-         "fewer instructions around the same HMMA: on an interior key tile one warp issues 760 instructions at "
-         "d = 64, 5.94 per HMMA (the wide rung: 982, 7.67), and 673 at d = 128, 5.26 per HMMA (the wide rung: "
-         "801, 6.26), counted from SASS by lessons.gpu.sass.tensor_tile (sm_90, NVRTC 12.9); so the issue-slot "
-         "ceiling rises from 52% to 67% of the tensor peak at d = 64 and from 64% to 76% at d = 128 (at most, "
-         "not a forecast); the pre-pass reads V once more (the main kernel reads K and V once per query block). "
-         "Compile report (NVRTC 12.9, float16 and bfloat16): d = 64, 128 x 64 tiles: 242-243 registers (the wide "
-         "rung: 223-225) x 128 threads, 48 KiB of dynamic shared memory, no spills; d = 128, 128 x 32: 255 "
-         "registers (the wide rung: 254-255) x 128 threads, 64 KiB, no spills: 2 blocks (8 warps) per SM either "
-         "way. Output bitwise the wide rung's with the same tiles on the emulator (a GPU test asks the same of a "
-         "GPU). The other tiles (scripts/tune_tiles.py --rung mma_fa2_lean times them all) "
-         "are in lessons.gpu.source.FA2_LEAN_SWEEP; aim: >= 0.5x SDPA",
+         "the wide kernel with FA2_LEAN: at d = 64 the key tiles that need no mask run first, in a loop compiled "
+         "without mask code (at d = 128 one loop: two do not fit 255 registers on sm_80); a tile wholly inside "
+         "n_k is copied without a bounds test per chunk; V's inf/NaN test moves to a pre-pass kernel that writes "
+         "one flag per head and key tile, so an interior tile only reads its flag (ld.global.nc.u32, in no "
+         "other rung's PTX) and its barrier is a plain __syncthreads()",
+         "counted from SASS (lessons.gpu.sass.tensor_tile, sm_90, NVRTC 12.9), one warp issues on an interior "
+         "tile 760 instructions at d = 64, 5.94 per HMMA (the wide rung: 982, 7.67), and 673 at d = 128, 5.26 "
+         "per HMMA (the wide rung: 801, 6.26): the issue-slot ceiling rises from 52% to 67% of the tensor peak "
+         "at d = 64 and from 64% to 76% at d = 128; the pre-pass reads V once more. Compile report (NVRTC 12.9, "
+         "float16 and bfloat16, no spills): d = 64, 128 x 64 tiles: 242-243 registers (the wide rung: 223-225), "
+         "48 KiB; d = 128, 128 x 32: 255 registers (the wide rung: 254-255), 64 KiB; 2 blocks per SM. Output "
+         "bitwise the wide rung's with the same tiles; aim: >= 0.5x SDPA",
          "ld.global.nc.u32", "not yet run on a GPU: built and checked on the CPU emulator only"),
     Rung("wgmma", "Hopper: TMA + wgmma", None, "flash_attention_wgmma",
          "lessons.gpu.flash_attention_wgmma_gpu", "float16",
-         "sm_90a only: one producer warpgroup copies Q once and each K/V tile by TMA (cp.async.bulk.tensor, "
-         "one instruction per 64-column panel, zeros past n_k, the 128-byte swizzle written by the copy "
-         "engine) into 2 stages handed over by mbarriers; two consumer warpgroups of 64 rows multiply with "
-         "wgmma (64 x N x 16 per instruction, K and V read from shared memory through descriptors, P from "
-         "registers), so the consumers spend no instructions on copies, cp.async or ldmatrix; the producer's "
-         "warp checks each V tile for inf/NaN, so the two consumers never wait for each other; each operand's "
-         "descriptor is built once per tile and stepped by one add per product, and a tile that needs no mask "
-         "runs a copy of the scale step with no mask code; a warp none of whose 16 rows moved its max over a "
-         "tile skips alpha's two exp2 and the rescale of l and o (the lazy rescale: alpha would be 2^0 = 1, "
-         "so the output is bitwise the eager fold's)",
-         "compile report (NVRTC 12.9, sm_90a, no spills): 127 registers at d = 64, 127 at d = 128, x 384 "
-         "threads, 83 008 / 99 392 bytes of dynamic shared memory: 1 block (12 warps) per SM; per 16-key step "
-         "of P V one wgmma of the warpgroup replaces 8-16 mma.sync and 4-8 ldmatrix.x4 per warp; 128-key "
-         "tiles at d = 64 halve the barriers per key of the mma_fa2 rung; aim: >= 0.75x SDPA (FlashAttention-3 "
-         "reaches it with softmax overlapped with the products and the two consumers taking turns: the next "
-         "two rungs; expect this one below the aim)",
+         "sm_90a only: a producer warpgroup copies Q once and each K/V tile by TMA (one instruction per "
+         "64-column panel, zeros past n_k, swizzled by the copy) into 2 stages handed over by mbarriers, and "
+         "checks V for inf/NaN; two consumer warpgroups of 64 rows multiply with wgmma (K and V read from "
+         "shared memory through descriptors, P from registers), spending no instructions on copies or ldmatrix; "
+         "the lazy rescale of mma_fa2_lazy",
+         "127 registers at d = 64, 127 at d = 128, x 384 threads, 83 008 / 99 392 bytes of dynamic shared "
+         "memory: 1 block (12 warps) per SM; per 16-key step of P V one wgmma replaces 8-16 mma.sync and 4-8 "
+         "ldmatrix.x4 per warp; 128-key tiles at d = 64 halve the barriers per key; aim: >= 0.75x SDPA, which "
+         "FlashAttention-3 reaches only with the next two rungs' changes: expect this one below it",
          "wgmma.mma_async.sync.aligned", "not yet run on a GPU: built and checked on the CPU emulator only"),
     Rung("wgmma_overlap", "Hopper: + softmax overlapped with wgmma", None, "flash_attention_wgmma_overlap",
          "lessons.gpu.flash_attention_wgmma_overlap_gpu", "float16",
          "the wgmma rung's steps in FlashAttention-3's order (Alg. 2): each consumer issues S_j = Q K_j^T and "
          "O += P_{j-1} V_{j-1} together, waits only for the first (wgmma.wait_group 1) and computes tile j's "
-         "softmax while the tensor cores do the second; P_j is rounded into P_{j-1}'s registers only after "
-         "that product is done; 3 K/V stages instead of 2",
-         "the exp2 and row sums of one tile hide behind the previous tile's P V instead of leaving the tensor "
-         "cores idle: at d = 128 there are 512 product FLOPs per exponential, and an H100 does 989 TFLOP/s of "
-         "products but 3.9 TFLOP/s of exponentials, so the exponentials alone can take half as long as the "
-         "products (FlashAttention-3, Sec. 3.2); compile report (NVRTC 12.9, sm_90a, no spills, no serialised "
-         "wgmma): 156 registers at d = 64, 157 at d = 128 (S, P and O live at once), 115 804 / 132 188 bytes "
-         "of dynamic shared memory; "
-         "output bitwise the wgmma rung's",
+         "softmax while the second runs; 3 K/V stages instead of 2",
+         "the exponentials hide behind the previous tile's P V instead of idling the tensor cores (at d = 128 "
+         "they alone take half as long as the products: FlashAttention-3, Sec. 3.2); 156 registers at d = 64, "
+         "157 at d = 128 (S, P and O live at once), 115 804 / 132 188 bytes of dynamic shared memory, no "
+         "serialised wgmma; output bitwise the wgmma rung's",
          "wgmma.wait_group.sync.aligned 1", "not yet run on a GPU: built and checked on the CPU emulator only"),
     Rung("wgmma_pingpong", "Hopper: + consumers taking turns (ping-pong)", None, "flash_attention_wgmma_pingpong",
          "lessons.gpu.flash_attention_wgmma_pingpong_gpu", "float16",
-         "the overlapped rung, with the two consumer warpgroups taking turns to issue their products: each waits "
-         "on its named barrier (bar.sync) before it issues and hands the turn to the other (bar.arrive) after "
-         "(FlashAttention-3, Sec. 3.1)",
-         "while one warpgroup's products run, the other computes its softmax, so the tensor cores are fed by "
-         "one warpgroup after the other instead of both at once and then neither; the turns change no "
-         "arithmetic (output bitwise the overlapped rung's); compile report (NVRTC 12.9, sm_90a, no spills): "
-         "156 registers at d = 64, 157 at d = 128, shared memory as the overlapped rung (same file, second "
-         "entry point)",
+         "the overlapped rung with the two consumer warpgroups taking turns to issue: each waits on its named "
+         "barrier (bar.sync) before it issues and hands the turn over (bar.arrive) after (FlashAttention-3, "
+         "Sec. 3.1)",
+         "one warpgroup's products cover the other's softmax, so the tensor cores are fed by one after the other "
+         "instead of both at once and then neither; output bitwise the overlapped rung's; 156 registers at "
+         "d = 64, 157 at d = 128, shared memory as the overlapped rung (same file, second entry point)",
          "bar.arrive", "not yet run on a GPU: built and checked on the CPU emulator only"),
     Rung("sdpa", "torch SDPA (the reference point)", "torch", None,
          "torch.nn.functional.scaled_dot_product_attention", "float16",
@@ -262,6 +210,7 @@ RUNGS = (
          "near the tensor-core roof: one persistent block of 3 warpgroups per SM",
          None, "tuned by NVIDIA for sm_90"),
 )
+
 
 
 #: the Hopper rungs (sm_90a), in ladder order
