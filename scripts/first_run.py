@@ -40,15 +40,26 @@ cannot run in ``GPU_CHECK_LEFT_OUT``; its later steps (benchmarks, sweeps, tests
 leave those rungs out (:func:`lessons.gpu.ladder.rungs_left_out`), so one wrong layout cannot spend the GPU
 time, or the results, of every other check.
 
-Exit status: 0 when every rung asked for ran and is within tolerance; 1 when one is not (or a launch raised);
-2 when none is wrong but one cannot run here: the Hopper rungs need a device of compute capability 9.0, the
+A launch that never ends (a copy that never lands, an mbarrier phase nobody completes, a named barrier one
+warpgroup never reaches) ends this process: each launch, with the compile its first call does, gets
+``--hang-seconds`` (default 30 on a GPU; none with ``--emulator``, whose launches take minutes, unless given).
+Past that, Python's ``faulthandler`` writes every thread's stack to stderr (its first line ``Timeout (0:00:30)!``,
+then the line of this script whose launch hung) and exits with status 1, from a thread of its own that needs
+neither the interpreter lock nor the blocked CUDA call to return. So a Hopper rung that deadlocks costs its
+process about that long, not the whole time limit ``scripts/gpu_check.sh`` gives it.
+
+Exit status: 0 when every rung asked for ran and is within tolerance; 1 when one is not (or a launch raised, or
+hung); 2 when none is wrong but one cannot run here: the Hopper rungs need a device of compute capability 9.0, the
 others one of 8.0 or newer (the architectures the series compiles for), and ``--emulator`` was not given.
 ``--emulator`` runs everything on the CPU emulator instead (a check of this script).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import faulthandler
 import inspect
+import math
 import sys
 from pathlib import Path
 
@@ -68,6 +79,26 @@ DECODE = frozenset(r.name for r in ladder.DECODE_RUNGS)
 #: largest |difference| allowed per output dtype (the lse is float32 in every kernel)
 TOLERANCE = {"float32": 1e-5, "float16": 5e-3}
 LSE_TOLERANCE = 1e-4
+#: seconds one launch may take on a GPU, with the NVRTC compile and module load of its first call, before this
+#: process ends itself (a few seconds are plenty; a launch that is still running then is taken as hung)
+HANG_SECONDS = 30.0
+#: the bound in force (main sets it from --hang-seconds; None: no bound)
+_hang_seconds: float | None = None
+
+
+@contextlib.contextmanager
+def bounded():
+    """Run the body (a launch and the copy of its results to the host) under the hang bound: past
+    ``_hang_seconds`` faulthandler dumps every thread's stack to the process's stderr and exits it with status 1.
+    Nothing when no bound is set (or the process has no stderr)."""
+    if _hang_seconds is None or sys.__stderr__ is None:
+        yield
+        return
+    faulthandler.dump_traceback_later(_hang_seconds, exit=True, file=sys.__stderr__)   # (fd 2, even under capture)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 #: the causal forward of every forward rung: heads, queries, keys
 SMALL = (2, 200, 300)
 #: the full-tile launch of the non-Hopper forward rungs: queries = keys, one head, d = 128 (smaller on the emulator)
@@ -109,7 +140,8 @@ def attention64(q, k, v, causal: bool):
 
 def check_forward(label: str, run, rng, heads: int, nq: int, nk: int, d: int, dtype: str, causal: bool) -> bool:
     q, k, v = (rng.standard_normal((heads, n, d)).astype(dtype) for n in (nq, nk, nk))
-    out, lse = run(q, k, v, causal=causal)[:2]
+    with bounded():
+        out, lse = run(q, k, v, causal=causal)[:2]
     ref, ref_lse = attention64(q, k, v, causal)
     ok = check(f"{label} out", out, ref, TOLERANCE[dtype])
     return check(f"{label} lse", lse, ref_lse, LSE_TOLERANCE) and ok
@@ -122,7 +154,8 @@ def check_hopper(name: str, backend: str, rng) -> bool:
     for d, (_, bk) in WGMMA_CONFIGS.items():
         if name == "wgmma":
             a, b, v = (rng.standard_normal(shape).astype(np.float16) for shape in ((64, d), (bk, d), (bk, d)))
-            s, o = gpu.wgmma_probe_gpu(a, b, v, backend=backend)
+            with bounded():
+                s, o = gpu.wgmma_probe_gpu(a, b, v, backend=backend)
             s_ref = a.astype(np.float64) @ b.astype(np.float64).T
             ok &= check(f"wgmma d={d} probe S = A B^T (K-major, TMA)", s, s_ref, 1e-2)
             ok &= check(f"wgmma d={d} probe O = S16 V (MN-major)", o,
@@ -175,7 +208,8 @@ def check_decode(name: str, backend: str, rng) -> bool:
     shape = f"{len(DECODE_SEQ_LENS)} seqs, {DECODE_HEADS}/{DECODE_KV_HEADS} heads, d={DECODE_D}, fp16"
     ok = True
     for num_splits in splits:
-        out, lse = run(*args, num_splits, backend=backend, **options)[:2]
+        with bounded():
+            out, lse = run(*args, num_splits, backend=backend, **options)[:2]
         label = f"{name} {shape}, {'auto' if num_splits is None else num_splits} splits"
         ok &= check(f"{label} out", out, ref, TOLERANCE["float16"])
         ok &= check(f"{label} lse", lse, ref_lse, LSE_TOLERANCE)
@@ -215,7 +249,16 @@ def main(argv=None) -> int:
     parser.add_argument("--rung", choices=RUNGS, action="append",
                         help="check this rung only (repeatable; default: every rung of first_run_rungs())")
     parser.add_argument("--emulator", action="store_true", help="run on the CPU emulator instead")
+    parser.add_argument("--hang-seconds", type=float, default=None, metavar="S",
+                        help=f"end the process (status 1, every thread's stack on stderr) when one launch takes "
+                             f"longer than S seconds, its compile included (default {HANG_SECONDS:g} on a GPU, "
+                             f"no bound with --emulator; 0: no bound)")
     args = parser.parse_args(argv)
+    if args.hang_seconds is not None and not (math.isfinite(args.hang_seconds) and args.hang_seconds >= 0):
+        parser.error(f"--hang-seconds must be a finite number of seconds >= 0, got {args.hang_seconds}")
+    global _hang_seconds
+    hang = args.hang_seconds if args.hang_seconds is not None else (None if args.emulator else HANG_SECONDS)
+    _hang_seconds = hang or None
     rungs = [r for r in RUNGS if r in (args.rung or RUNGS)]
     backend = "emulator" if args.emulator else "cupy"
     cc = None

@@ -16,7 +16,8 @@
 #      kernel and its pre-pass)                                       -> compile_report.txt
 #      then the first contact of each rung that has never run on a GPU (lessons.gpu.ladder.first_run_rungs():
 #      the forward rungs without a recorded row, the Hopper ones among them, and the decode rungs the recorded
-#      run lacks; scripts/first_run.py --rung NAME, 75 s at most each, each in its own process): a rung that
+#      run lacks; scripts/first_run.py --rung NAME, 75 s at most each, each in its own process, which ends itself
+#      when one launch runs past 30 s, so a deadlocked kernel costs about that): a rung that
 #      fails, hangs or cannot run on this device is named in GPU_CHECK_LEFT_OUT and every later step leaves
 #      it out (lessons.gpu.ladder.rungs_left_out), so that one wrong layout, barrier or address cannot spend
 #      the time, or lose the results, of every other check                  -> smoke_<rung>.txt
@@ -238,14 +239,18 @@ else
     for rung in $FIRST_RUN; do
         log="$RESULTS/smoke_$rung.txt"
         if late "first run $rung"; then LEFT_OUT="$LEFT_OUT $rung"; continue; fi
-        timeout "$(left "$SMOKE_LIMIT")" "$PY" scripts/first_run.py --rung "$rung" "${SMOKE[@]}" > "$log" 2>&1
+        # (first_run.py ends itself when one launch runs past --hang-seconds, 30 s on a GPU: a deadlocked kernel
+        # costs that, not the whole limit; -k: SIGKILL 10 s after the limit's SIGTERM, should that not end it)
+        timeout -k 10 "$(left "$SMOKE_LIMIT")" "$PY" scripts/first_run.py --rung "$rung" "${SMOKE[@]}" > "$log" 2>&1
         rc=$?
+        hung=""
+        if grep -q '^Timeout (' "$log"; then hung=", hung: a launch did not finish"; fi
         case $rc in
             0) step "first run $rung" ok "$(tail -n 1 "$log")" ;;
             2) step "first run $rung" skip "$(tail -n 1 "$log" | cut -c1-100); later steps leave it out"
                LEFT_OUT="$LEFT_OUT $rung" ;;
             *) step "first run $rung" FAIL \
-                   "exit $rc$([ $rc -eq 124 ] && echo ', timed out') ($(basename "$log")); later steps leave it out"
+                   "exit $rc$([ $rc -eq 124 ] || [ $rc -eq 137 ] && echo ', timed out')$hung ($(basename "$log")); later steps leave it out"
                LEFT_OUT="$LEFT_OUT $rung" ;;
         esac
     done

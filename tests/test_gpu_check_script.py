@@ -260,6 +260,29 @@ def test_the_first_run_says_wrong_when_a_result_is_off(capsys, monkeypatch):
                      "WRONG HERE: regtile_wide, paged_decode_prefetch"]
 
 
+def test_the_first_run_ends_itself_when_a_launch_hangs(tmp_path):
+    # a launcher that never returns (as a kernel deadlocked on an mbarrier would keep its copy-back waiting): with
+    # --hang-seconds 1 the process dumps its stack and exits with status 1 after about a second, not at the caller's
+    # time limit; the stack names the check whose launch hung
+    driver = tmp_path / "hang.py"
+    driver.write_text(
+        "import importlib.util, sys, time\n"
+        f"spec = importlib.util.spec_from_file_location('first_run', {str(ROOT / 'scripts' / 'first_run.py')!r})\n"
+        "first_run = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(first_run)\n"
+        "first_run.launcher = lambda name: ((lambda *a, **kw: time.sleep(120)), {})\n"
+        "sys.exit(first_run.main(['--emulator', '--rung', 'mma_fa2_lazy', '--hang-seconds', '1']))\n")
+    proc = subprocess.run([sys.executable, str(driver)], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert proc.stderr.startswith("Timeout (0:00:01)!"), proc.stderr[-2000:]
+    assert "in check_forward" in proc.stderr
+    assert "works here" not in proc.stdout and "WRONG" not in proc.stdout      # it ended mid-check
+    # a bound that is not a finite number of seconds >= 0 is refused
+    for bad in ("-1", "nan", "inf"):
+        with pytest.raises(SystemExit):
+            first_run.main(["--emulator", "--rung", "mma_fa2_lazy", "--hang-seconds", bad])
+
+
 def test_the_first_run_needs_compute_capability_9_for_hopper_and_8_for_the_rest(capsys):
     assert first_run.why_not_here("wgmma", 90) is None and first_run.why_not_here("regtile_wide", 90) is None
     assert first_run.why_not_here("regtile_wide", 80) is None
