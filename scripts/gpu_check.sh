@@ -40,6 +40,7 @@
 #   4. the GPU cases of every kernel test (tests/test_gpu_*.py), once per entry of
 #      GPU_CHECK_PASSES (worker counts, 0 = one process; default "8": 8 processes at once with
 #      pytest-xdist; "0 8 0 8" runs serially and with -n 8, twice each) -> pytest_<i>_n<W>.txt/.xml
+#      (a test that hangs ends after GPU_CHECK_TEST_TIMEOUT seconds, default 120, where pytest-timeout is installed)
 #   5. compute-sanitizer memcheck and racecheck on each kernel that has a driver
 #      (python scripts/sanitize.py --list), initcheck on the decode kernels, the runs
 #      GPU_CHECK_SANITIZER_JOBS (default 8) at a time                  -> sanitizer/*.txt
@@ -340,13 +341,19 @@ if off pytest "pytest (GPU cases)"; then
 elif ! "$PY" -c "import xdist" >/dev/null 2>&1; then
     step "pytest (GPU cases)" FAIL "pytest-xdist is not installed (pip install -e '.[test]')"
 else
+    # a test that hangs (a kernel waiting forever on a barrier) ends after GPU_CHECK_TEST_TIMEOUT seconds with every
+    # thread's stack in the log, instead of holding the whole pass until its time limit (pytest-timeout, where installed)
+    HANG=()
+    if "$PY" -c "import pytest_timeout" >/dev/null 2>&1; then
+        HANG=(--timeout "${GPU_CHECK_TEST_TIMEOUT:-120}" --timeout-method thread)
+    fi
     i=0
     for workers in $PASSES; do
         i=$((i + 1))
         name="pytest_${i}_n${workers}"
         if late "pytest pass $i (-n $workers)"; then continue; fi
         xdist=(-n "$workers")              # (-n 0: one process; the project's addopts need xdist loaded)
-        if timeout "$(left 300)" "$PY" -m pytest -p no:nbval -p no:cacheprovider -o addopts="" -q -rs "${xdist[@]}" \
+        if timeout "$(left 300)" "$PY" -m pytest -p no:nbval -p no:cacheprovider -o addopts="" -q -rs "${xdist[@]}" "${HANG[@]}" \
                 "${TESTS[@]}" -k "$SELECT" --junitxml="$RESULTS/$name.xml" > "$RESULTS/$name.txt" 2>&1; then
             step "pytest pass $i (-n $workers)" ok "$(tail -n 1 "$RESULTS/$name.txt")"
         else

@@ -177,6 +177,8 @@ def test_a_folder_that_holds_a_run_is_never_written_over(tmp_path):
 def test_the_pytest_step_runs_in_eight_processes_by_default():
     text = SCRIPT.read_text()
     assert 'PASSES="${GPU_CHECK_PASSES:-8}"' in text and 'xdist=(-n "$workers")' in text and "no:cacheprovider" in text
+    # a hanging test ends on its own (pytest-timeout's thread method: it needs no signal the stuck call would block)
+    assert '--timeout "${GPU_CHECK_TEST_TIMEOUT:-120}" --timeout-method thread' in text and '"${HANG[@]}"' in text
 
 
 def test_every_kernel_with_a_driver_is_listed():
