@@ -55,6 +55,7 @@
 #      lessons.gpu.sass.key_tile's count from SASS                      -> ncu/mix_<rung>.txt
 #   7. the MPI ring on the GPU (4 ranks), where mpi4py and mpiexec are installed -> ring.txt
 #   and a one-line-per-step summary                                   -> summary.txt
+#   (the rungs left out, after the first runs or as given, on one line  -> left_out.txt)
 #
 # GPU_CHECK_STEPS names the groups of steps to run (default all, always in this order): compile (2), smoke (the
 # first runs, end of 2), forward, backward and decode (3, the benchmarks), sweeps (3, the decode and tile sweeps),
@@ -257,6 +258,9 @@ else
     done
 fi
 export GPU_CHECK_LEFT_OUT="${LEFT_OUT# }"       # read by lessons.gpu.ladder.rungs_left_out
+# the rungs every later step leaves out, one line, so that a second run in the same session can be given them:
+#   GPU_CHECK_LEFT_OUT="$(cat DIR/left_out.txt)" GPU_CHECK_STEPS="pytest sanitizer ncu" scripts/gpu_check.sh DIR2
+printf '%s\n' "$GPU_CHECK_LEFT_OUT" > "$RESULTS/left_out.txt"
 left_out() {  # left_out RUNG: true when the first runs (or the caller) left RUNG out
     case " $GPU_CHECK_LEFT_OUT " in *" $1 "*) return 0 ;; esac
     return 1

@@ -81,6 +81,7 @@ def test_a_dry_run_goes_through_every_step_and_writes_every_file(tmp_path):
     assert "d=128 256 x 256, 1 head, float32 out" in (tmp_path / "smoke_regtile_wide.txt").read_text()
     assert "auto splits lse" in (tmp_path / "smoke_paged_decode_prefetch.txt").read_text()
     assert not (tmp_path / "smoke.txt").exists() and not list(tmp_path.glob("hopper_smoke_*"))
+    assert (tmp_path / "left_out.txt").read_text() == "\n"             # every first run passed: none left out
     for name in ("env.txt", "compile_report.txt", "pytest_1_n2.txt", "pytest_1_n2.xml", "benchmark/log.txt",
                  "backward/log.txt"):
         assert (tmp_path / name).stat().st_size > 0, name
