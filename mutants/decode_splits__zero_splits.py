@@ -1,12 +1,42 @@
 """Known-wrong answer to the exercise ``decode_splits`` (mistake ``zero_splits``).
 
-The mistake: no shortcut for a split that already gives 80% of a wave, and no floor at 1 split: a grid
-with more blocks per split than a wave gets 0 splits (and divides by them).
+The mistake: no floor at 1 split: a grid with more blocks per split than a wave gets 0 splits.
 Everything else is the reference answer (solutions/decode_splits.py). The grader must fail
 this file and its hint must name the mistake (tests/test_grader.py checks both).
 """
 EXERCISE = "decode_splits"
 MISTAKE = "zero_splits"
+
+
+def wave_time(num_splits, blocks_per_split, pages, wave):
+    """The wave model's time of one decode launch, in pages read by one block.
+
+    Parameters
+    ----------
+    num_splits : int >= 1
+        Splits each sequence is cut into (split ``s`` reads its share of the pages).
+    blocks_per_split : int >= 1
+        Blocks the grid has for each split: sequences x KV heads (x blocks per group of query heads).
+    pages : int >= 1
+        Pages of K/V of the longest sequence.
+    wave : int >= 1
+        Blocks the GPU runs at once: SMs x blocks per SM.
+
+    Returns
+    -------
+    time : int
+        The waves the launch's ``num_splits x blocks_per_split`` blocks take (a wave of a few blocks
+        lasts as long as a full one) times the pages of the split that holds the most (it sets how
+        long a block reads).
+
+    What must hold: 64 blocks per split, 2048 pages, a wave of 528 (8 sequences x 32768 tokens on an
+    H200): 8 splits -> 256 (512 blocks: one wave; 256 pages each); 9 splits -> 456 (576 blocks: 528
+    and then 48, two waves; some splits hold 228 pages). The same as
+    ``lessons.gpu.source.decode_split_cost``.
+    """
+    waves = -(-num_splits * blocks_per_split // wave)          # whole waves: a few blocks take a wave
+    per_block = -(-pages // num_splits)                        # the fullest split sets the time
+    return waves * per_block
 
 
 def decode_splits(blocks_per_split, pages, wave):
@@ -24,23 +54,13 @@ def decode_splits(blocks_per_split, pages, wave):
     Returns
     -------
     num_splits : int, 1 <= num_splits <= pages
-        1 when one split already gives at least 80% of a wave (more splits would only add partial
-        states to merge). Otherwise one of the two counts around ``wave / blocks_per_split`` (the
-        most splits whose blocks fit in one wave, and the fewest that fill it), each kept within
-        ``1 .. pages``: the one with the lower modelled time ``waves x pages per block`` (whole
-        waves, whole pages: a wave of a few blocks lasts as long as a full one), the fewer splits
-        on a tie.
+        The most splits whose blocks all fit in one wave, never more than the pages and never
+        fewer than 1. (Why not one more, to fill the wave? Ask ``wave_time``.)
 
     What must hold (32 query heads on 8 KV heads served by one block per KV head, pages of 16
     tokens, a wave of 528): 8 sequences x 32768 tokens (64 blocks per split, 2048 pages) -> 8, not
     9, whose 576 blocks spill 48 into a second wave; 1 x 131072 (8 blocks, 8192 pages) -> 66;
     64 x 4096 (512 blocks, 256 pages) -> 1; 1 x 100 tokens (8 blocks, 7 pages) -> 7; 128 x 4096
-    (1024 blocks, more than a wave) -> 1.
+    (1024 blocks, more than a wave) -> 1. The same as ``lessons.gpu.source.decode_splits``.
     """
-    fit = min(wave // blocks_per_split, pages)               # the most splits whose blocks fit in one wave
-    fill = max(1, min(-(-wave // blocks_per_split), pages))    # the fewest splits that fill it
-
-    def time(splits):                                          # waves x pages per block
-        return -(-splits * blocks_per_split // wave) * -(-pages // splits)
-
-    return min(sorted({fit, fill}), key=lambda s: (time(s), s))
+    return min(pages, wave // blocks_per_split)               # 0 when one split is wider than a wave

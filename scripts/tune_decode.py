@@ -155,7 +155,8 @@ def auto_splits(num_seqs: int, seq_len: int, geometry: Geometry, num_sms: int, r
 
 def split_counts(auto: int, pages: int) -> list[int]:
     """The split counts swept at one shape, ascending, each once: the automatic pick ``auto``; its
-    neighbours ``auto - 1`` and ``auto + 1`` (the wave model weighs two counts side by side);
+    neighbours ``auto - 1`` and ``auto + 1`` (the pick is the most splits whose blocks fit in one wave: is one
+    more, which spills into a second wave, slower on the GPU as the wave model says?);
     ``auto // 4``, ``auto // 2``, ``2 auto``, ``4 auto``; and each of :data:`ABSOLUTE_SPLITS` from
     ``auto / SPAN`` to ``auto * SPAN``. Only counts in ``1..min(pages, MAX_SPLITS)`` are kept (a split
     of no page does nothing). On an H200 (32 query heads on 8 KV heads, pages of 16): 64 x 4096

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import lessons
 import lessons.gpu as gpu
@@ -35,15 +37,15 @@ def backend(request):
 # ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("num_seqs, seq_len, want", [
-    (64, 4096, 1),        # 64 x 8 = 512 blocks >= 80% of 132 x 4 = 528: already full
+    (64, 4096, 1),        # 64 x 8 = 512 blocks: 528 // 512 = 1, a second split would not fit the wave
     (8, 32768, 8),        # 64 blocks per split: 8 -> 512 blocks, one wave; 9 -> 576, a second wave of 48
     (1, 131072, 66),      # 8 blocks per split: 528 / 8 = 66
     (2, 4096, 33),        # 16 blocks per split: 528 / 16 = 33 (256 pages allow it)
     (1, 100, 7),          # ceil(100 / 16) = 7 pages: never more splits than pages
     (1, 16, 1),           # one page
     (1, 0, 1),            # nothing to split
-    (53, 4096, 1),        # 424 blocks = 80.3% of 528
-    (52, 4096, 1),        # 416 blocks = 78.8%: 2 splits are 832 blocks, 2 waves of half the pages: a tie
+    (53, 4096, 1),        # 424 blocks: 528 // 424 = 1
+    (52, 4096, 1),        # 416 blocks: 2 splits are 832 blocks, 2 waves of half the pages: a tie, the fewer kept
     (3, 50000, 22),       # 24 blocks per split: 22 x 24 = 528, exactly one wave
     (4, 32768, 16),       # 32 blocks per split: 16 -> 512 (cost 1 x 128); 17 -> 544 (2 x 121)
 ])
@@ -63,16 +65,33 @@ def test_decode_split_cost_by_hand(num_splits, per_split, pages, wave, want):
     assert decode_split_cost(num_splits, per_split, pages, wave) == want
 
 
-def test_decode_splits_take_the_cheaper_of_the_two_counts_around_one_wave():
-    # brute force over the two candidates the rule names, by the cost computed here by hand
-    for num_seqs, seq_len in [(8, 32768), (4, 32768), (16, 8192), (1, 131072), (2, 4096), (5, 20000)]:
-        per, pages, wave = num_seqs * 8, -(-seq_len // 16), 528
-        if per * 5 >= wave * 4:
-            continue
-        lo, hi = max(1, wave // per), -(-wave // per)
-        cost = {s: -(-s * per // wave) * -(-pages // s) for s in (lo, hi)}
-        want = min(cost, key=lambda s: (cost[s], s))
-        assert decode_splits(num_seqs, 8, seq_len) == want, (num_seqs, seq_len, cost)
+def _model_time(splits, per_split, pages, wave):
+    """waves x pages per block, counted with loops: blocks dealt to waves of ``wave``, pages dealt to splits."""
+    waves = 0
+    while waves * wave < splits * per_split:
+        waves += 1
+    most = 0
+    for first in range(splits):
+        most = max(most, len(range(first, pages, splits)))
+    return waves * max(most, 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(per_split=st.integers(1, 700), pages=st.integers(1, 3000), sms=st.integers(1, 140),
+       per_sm=st.integers(1, 4))
+def test_decode_splits_is_the_cheapest_count_needing_at_most_one_partial_wave_more(per_split, pages, sms, per_sm):
+    # one sequence of `pages` pages of one token, one KV head with `per_split` blocks: the library's own units
+    wave = sms * per_sm
+    got = decode_splits(1, 1, pages, block_size=1, heads_per_kv_head=per_split, num_sms=sms, blocks_per_sm=per_sm)
+    assert 1 <= got <= pages
+    mine = _model_time(got, per_split, pages, wave)
+    assert mine == decode_split_cost(got, per_split, pages, wave)
+    for s in range(1, -(-wave // per_split) + 1):          # every count up to the fewest that fill the wave
+        assert mine <= _model_time(s, per_split, pages, wave), (got, s)
+    # it never spills past one wave unless one split already does
+    assert got * per_split <= wave or got == 1, (got, per_split, wave)
+    # and it is the most that fit: one more is past the pages or past the wave
+    assert got == pages or (got + 1) * per_split > wave
 
 
 def test_decode_split_cost_refuses_bad_arguments():
@@ -117,7 +136,12 @@ def test_decode_split_sweep_lays_out_the_model_by_hand():
         waves = len(range(0, s * 64, 528))
         assert cost == waves * max(len(range(i, 2048, s)) for i in range(s)), s
     assert sw["costs"][9] == 2 * 228 and sw["costs"][8] == 256 and sw["bound"] == 64 * 2048 / 528
-    assert min(sw["costs"].values()) >= sw["bound"]
+    assert min(sw["costs"].values()) >= sw["bound"] and sw["best"] == 8       # of 1..18, one wave is cheapest
+    full = decode_split_sweep(8, 32768, max_splits=2048)                # every count: several waves can win
+    cheapest = min(full["costs"].values())
+    assert full["best"] == min(s for s, c in full["costs"].items() if c == cheapest)
+    assert full["costs"][41] == 5 * 50 and cheapest == full["costs"][full["best"]] < 256   # 41 x 64 = 2624 blocks
+    assert full["pick"] == 8 and full["costs"][8] <= full["bound"] * 1.05                 # within 5% of all busy
     short = decode_split_sweep(1, 100)                  # 7 pages: nothing past them
     assert (short["fit"], short["fill"], short["pick"]) == (7, 7, 7) and sorted(short["costs"]) == list(range(1, 8))
     assert decode_split_sweep(1, 131072, blocks_per_sm=3)["pick"] == 49      # the prefetch build's wave of 396
@@ -139,7 +163,15 @@ def test_split_sweep_markdown_and_its_figure():
     assert len(lines) == 2 + len(ladder.DECODE_SHAPES)
     ran = next(e for e in ladder.decode_table() if e["name"] == "paged_decode_split")["splits"]
     row = next(line for line in lines if line.startswith("| 8 x 32,768 |"))
-    assert "| 8: 1 x 256 = 256 | 9: 2 x 228 = 456 | **8** |" in row and row.endswith(f"| {ran[(8, 32768)]} |")
+    assert "| **8: 1 x 256 = 256** | 9: 2 x 228 = 456 | none of 1..18 |" in row and row.endswith(f"| {ran[(8, 32768)]} |")
+    short = ladder.split_sweep_markdown({(1, 100): decode_split_sweep(1, 100)})
+    assert "| **7: 1 x 1 = 1** | - (7 pages) | none of 1..7 |" in short        # 7 splits of one page
+    # the full sweep: 33 splits are 2112 = 4 x 528 blocks, 63 pages each; 683 are 83 waves of 3 pages
+    full = {shape: decode_split_sweep(*shape, max_splits=-(-shape[1] // 16)) for shape in ladder.DECODE_SHAPES}
+    row = next(line for line in ladder.split_sweep_markdown(full).splitlines() if line.startswith("| 8 x 32,768 |"))
+    cheaper = sum(c < 256 for c in full[(8, 32768)]["costs"].values())
+    assert (f"| {cheaper} of 1..2,048; the fewest splits 33: 4 x 63 = 252; the cheapest 683: 83 x 3 = 249, "
+            f"{100 * 7 / 256:.1f}% under the pick |") in row
     with pytest.raises(TypeError, match="sweeps"):
         ladder.split_sweep_markdown({"8 x 32768": sweeps[(8, 32768)]})
     fig = split_cost_figure({f"{s} x {n}": sw for (s, n), sw in sweeps.items()})
@@ -147,11 +179,20 @@ def test_split_sweep_markdown_and_its_figure():
     assert len(axes) == 3
     middle = axes[1]
     labels = [t.get_text() for t in middle.get_legend().get_texts()]
-    assert labels[0].startswith("picked: 8 splits") and "48 blocks in wave 2" in labels[1]
+    assert labels[0].startswith("picked: 8 splits") and "one more, 9: 48 blocks in wave 2" in labels[1]
     x, y = middle.get_lines()[0].get_data()
     assert list(x) == list(range(1, 19)) and y[8] == pytest.approx(456 / sweeps[(8, 32768)]["bound"])
+    wide = split_cost_figure({f"{s} x {n}": sw for (s, n), sw in full.items()}, zoom=True)
+    axes = wide.get_axes()
+    assert len(axes) == 6 and axes[1].get_xscale() == "log"              # a row of full sweeps, a row zoomed
+    labels = [t.get_text() for t in axes[1].get_legend().get_texts()]
+    assert labels[2].startswith("cheapest: 683, 83 waves x 3 = 249")
+    zoomed = [t.get_text() for t in axes[4].get_legend().get_texts()]
+    assert zoomed[1].startswith(f"{cheaper} counts cheaper, all of 4+ waves")
     with pytest.raises(TypeError, match="sweeps"):
         split_cost_figure({})
+    with pytest.raises(TypeError, match="zoom"):
+        split_cost_figure({"8 x 32768": sweeps[(8, 32768)]}, zoom=1)
 
 
 def test_targets_markdown_keeps_one_kind():

@@ -537,7 +537,8 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           "A wave lasts about as long as one block when every block reads about as many pages, however few blocks it "
           "holds, so time is waves x pages per block (lessons.gpu.source.decode_split_cost). 8 splits leave 16 slots "
           "of the wave idle but finish in one wave; the ninth split spills 48 blocks into a second one and nearly "
-          "doubles the time. The recorded run's split kernel ran 9 splits there and read 51% of the copy rate, its "
+          "doubles the time. So the rule is the most splits whose blocks fit in one wave (528 // 64 = 8), never one "
+          "more. The recorded run's split kernel ran 9 splits there and read 51% of the copy rate, its "
           "lowest of the three shapes. The merge of partial states is small next to reading 2048 pages, and a split "
           "of 228 pages reads each page once. Reread 'How many splits: waves of blocks'."),
     ),

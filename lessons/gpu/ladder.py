@@ -756,7 +756,7 @@ DECODE_RUNGS = (
          "registers, no spills): enough to keep HBM busy; aim: 70% of the copy rate. Measured (2026-12-01): "
          "68% at 64 x 4096, 51% at 8 x 32768, 66% at 1 x 131072, 5-15x flash_decoding: the aim is not met. "
          "The 51% ran 9 splits, 576 blocks: a second wave of 48 blocks as long as the first; decode_splits "
-         "now weighs waves x pages per block and picks 8 (512 blocks, one wave), not yet measured",
+         "now takes the most splits that fit in one wave, 8 (512 blocks), not yet measured",
          "ld.global.nc.v4.u32", "not profiled yet (the Nsight Compute run of 2026-11-30 predates it)"),
     Rung("paged_decode_prefetch", "+ the next step's rows loaded while this step's are used", "paged_decode_prefetch",
          "paged_decode_split", "lessons.gpu.paged_decode_split_gpu", "float16",
@@ -932,13 +932,16 @@ DECODE_SHAPES = ((64, 4096), (8, 32768), (1, 131072))
 
 
 def split_sweep_markdown(sweeps: dict, rows=None) -> str:
-    """A Markdown table of the wave model per decode shape: blocks per split, pages, the wave, the two split
-    counts it weighs (the most whose blocks fit in one wave, the fewest that fill it) with their modelled time
-    ``waves x pages per block``, the count it picks, and the split count of the split rung's best recorded row
+    """A Markdown table of the wave model per decode shape: blocks per split, pages, the wave; the count
+    :func:`lessons.gpu.source.decode_splits` picks (the most splits whose blocks fit in one wave) and one split
+    more, each with its modelled time ``waves x pages per block``; the counts of the sweep the model finds cheaper
+    than the pick (all of several waves): how many, the fewest splits among them and the cheapest (the sweep's
+    ``best``), with how much under the pick it is; the least any count could take (every slot of every
+    wave busy: ``blocks per split x pages / wave``); and the split count of the split rung's best recorded row
     at that shape ("-" where none). ``sweeps``: ``{(num_seqs, seq_len): lessons.gpu.source.decode_split_sweep(
-    num_seqs, seq_len)}``; ``rows``: the decode rows (default the recorded run). TypeError for a ``sweeps``
-    that is not such a dict."""
-    keys = ("blocks_per_split", "pages", "wave", "fit", "fill", "pick", "costs")
+    num_seqs, seq_len, ...)}`` (give ``max_splits`` = the pages for the model's full sweep); ``rows``: the decode
+    rows (default the recorded run). TypeError for a ``sweeps`` that is not such a dict."""
+    keys = ("blocks_per_split", "pages", "wave", "pick", "best", "costs", "bound")
     if not isinstance(sweeps, dict) or not sweeps or any(
             not (isinstance(k, tuple) and len(k) == 2) or not isinstance(v, dict) or any(x not in v for x in keys)
             for k, v in sweeps.items()):
@@ -950,11 +953,18 @@ def split_sweep_markdown(sweeps: dict, rows=None) -> str:
         waves = -(-k * sw["blocks_per_split"] // sw["wave"])
         return f"{k}: {waves} x {-(-sw['pages'] // k)} = {waves * -(-sw['pages'] // k)}"
 
-    lines = ["| shape | blocks per split | pages | wave | most that fit in a wave | fewest that fill it | picks "
-             "| the recorded split rung ran |", "| --- | ---: | ---: | ---: | --- | --- | ---: | ---: |"]
+    lines = ["| shape | blocks per split | pages | wave | picks: most that fit in a wave | one split more "
+             "| counts the model finds cheaper (of those costed) | every slot busy | the recorded split rung ran |",
+             "| --- | ---: | ---: | ---: | --- | --- | --- | ---: | ---: |"]
     for (seqs, tokens), sw in sweeps.items():
+        pick, best, costs = sw["pick"], sw["best"], sw["costs"]
+        more = cost(sw, pick + 1) if pick + 1 <= sw["pages"] else f"- ({sw['pages']} pages)"
+        cheaper = [k for k in costs if costs[k] < costs[pick]]
+        cheapest = (f"none of 1..{max(costs):,}" if not cheaper else
+                    f"{len(cheaper)} of 1..{max(costs):,}; the fewest splits {cost(sw, cheaper[0])}; the cheapest "
+                    f"{cost(sw, best)}, {100 * (1 - costs[best] / costs[pick]):.1f}% under the pick")
         lines.append(f"| {seqs} x {tokens:,} | {sw['blocks_per_split']} | {sw['pages']:,} | {sw['wave']} "
-                     f"| {cost(sw, sw['fit'])} | {cost(sw, sw['fill'])} | **{sw['pick']}** "
+                     f"| **{cost(sw, pick)}** | {more} | {cheapest} | {sw['bound']:.1f} "
                      f"| {ran.get((seqs, tokens), '-')} |")
     return "\n".join(lines)
 

@@ -941,22 +941,23 @@ def paged_decode_split_auto_splits(num_seqs: int, seq_len: int, head_dim: int, b
 def decode_splits(num_seqs: int, num_kv_heads: int, seq_len: int, *, block_size: int = 16,
                   heads_per_kv_head: int = 1, num_sms: int = H200_NUM_SMS, blocks_per_sm: int = 4,
                   max_splits: int = 65535) -> int:
-    """How many splits flash-decoding should cut each sequence into, from the shape.
+    """How many splits flash-decoding should cut each sequence into, from the shape: the most whose blocks
+    fit in one wave, ``min(pages, max_splits, max(1, wave // blocks_per_split))``.
 
-    The grid has ``num_seqs * num_kv_heads * heads_per_kv_head`` blocks per split (one per
-    sequence and GQA group; ``heads_per_kv_head`` blocks per group when a group is served by
-    several blocks). The GPU runs ``num_sms * blocks_per_sm`` blocks at once (132 SMs x 4 on an
-    H200): one *wave*. If one split already gives 80% of a wave, the answer is 1 (more splits only
-    add partial states to merge). Otherwise the answer fills one wave: of the two split counts
-    around ``wave / blocks_per_split`` (the most that fit in one wave, and the fewest that fill
-    it), the one with the lower modelled time ``waves * pages_per_block`` (:func:`decode_split_cost`),
-    the fewer splits on a tie. Never more splits than the ``ceil(seq_len / block_size)`` pages of the
-    longest sequence (a split of no page does nothing) nor than ``max_splits``, never fewer than 1.
+    The grid has ``blocks_per_split = num_seqs * num_kv_heads * heads_per_kv_head`` blocks per split (one per
+    sequence and GQA group; ``heads_per_kv_head`` blocks per group when a group is served by several blocks).
+    The GPU runs ``wave = num_sms * blocks_per_sm`` blocks at once (132 SMs x 4 on an H200). Never more splits
+    than the ``pages = ceil(seq_len / block_size)`` of the longest sequence (a split of no page does nothing)
+    nor than ``max_splits``; never fewer than 1 (a split wider than a wave runs as it is).
 
-    Why both counts: the fewest splits that fill a wave can spill a few blocks into a second wave
-    that takes as long as the first. At 8 sequences x 32768 tokens, 9 splits are 576 blocks: 528 in
-    the first wave and 48 in a second one, twice the time of 8 splits' 512 blocks in one wave
-    (cost 2 x 228 pages against 1 x 256).
+    Why not one more: in the wave model (:func:`decode_split_cost`, time = waves x pages per block) the fewest
+    splits that fill a wave can spill a few blocks into a second wave as long as the first. At 8 x 32768
+    tokens, 9 splits are 576 blocks, 528 + 48: 2 x 228 pages against 8 splits' 1 x 256. It never wins: with
+    ``f = wave // blocks_per_split >= 1``, ``f + 1`` splits take two waves, and ``2 ceil(p / (f + 1)) >=
+    ceil(p / f)`` (a tie goes to the fewer splits). Counts of several waves can be a few percent cheaper in
+    the model (8 x 32768: 41 splits, 5 waves x 50 = 250), but never by more than the pick's distance to
+    ``blocks_per_split x pages / wave`` (every slot busy), and they write more partial states to merge and
+    assume blocks that finish in lockstep.
 
     At 32 query heads on 8 KV heads, pages of 16, an H200: 64 x 4096 tokens -> 1, 8 x 32768 -> 8,
     1 x 131072 -> 66, 1 x 100 -> 7 (the pages).
@@ -974,16 +975,13 @@ def decode_splits(num_seqs: int, num_kv_heads: int, seq_len: int, *, block_size:
     max_splits = _check_int(max_splits, "max_splits", 1, 1 << 31)
     pages = -(-seq_len // block_size)
     per_split = num_seqs * num_kv_heads * heads_per_kv_head
-    wave = num_sms * blocks_per_sm
-    if per_split == 0 or pages <= 1 or per_split * 5 >= wave * 4:
+    if per_split == 0 or pages <= 1:
         return 1
-    limit = min(pages, max_splits)
-    candidates = sorted({max(1, min(wave // per_split, limit)), max(1, min(-(-wave // per_split), limit))})
-    return min(candidates, key=lambda s: (decode_split_cost(s, per_split, pages, wave), s))
+    return min(pages, max_splits, max(1, num_sms * blocks_per_sm // per_split))
 
 
 def decode_split_cost(num_splits: int, blocks_per_split: int, pages: int, wave: int) -> int:
-    """The time :func:`decode_splits` weighs, in pages read by one block: ``waves * pages_per_block``,
+    """The wave model behind :func:`decode_splits`: time in pages read by one block, ``waves * pages_per_block``,
     ``waves = ceil(num_splits * blocks_per_split / wave)`` (a wave: the blocks the GPU runs at once)
     and ``pages_per_block = ceil(pages / num_splits)``. A model for a kernel bound by memory, whose
     blocks all take about as long: a wave lasts as long as one block, however few blocks it holds.
@@ -999,20 +997,22 @@ def decode_split_cost(num_splits: int, blocks_per_split: int, pages: int, wave: 
 def decode_split_sweep(num_seqs: int, seq_len: int, *, num_heads: int = 32, num_kv_heads: int = 8,
                        head_dim: int = 128, block_size: int = 16, num_sms: int = H200_NUM_SMS,
                        blocks_per_sm: int = 4, max_splits: int | None = None) -> dict:
-    """The wave model of :func:`decode_splits` laid out for one decode shape of ``paged_decode_split``: what it
-    weighs, and the modelled time of every split count from 1 to ``max_splits``.
+    """The wave model of :func:`decode_splits` laid out for one decode shape of ``paged_decode_split``: its pick,
+    the count after it, and the modelled time of every split count from 1 to ``max_splits``.
 
     ``num_seqs`` sequences of ``seq_len`` tokens, ``num_heads`` query heads on ``num_kv_heads`` KV heads of
     ``head_dim`` (the blocks per group from :func:`paged_decode_split_config`), pages of ``block_size`` tokens,
     a wave of ``num_sms x blocks_per_sm`` blocks. ``max_splits``: the last count costed (default: twice the
-    fewest that fill the wave, at least 8, at most the pages).
+    fewest that fill the wave, at least 8, at most the pages; ``pages`` gives the model's full sweep).
     Returns a dict: ``blocks_per_split``, ``pages``, ``wave``, ``fit`` and ``fill`` (the most splits whose blocks
     fit in one wave and the fewest that fill it, within 1..pages), ``pick`` (:func:`decode_splits` for the
-    shape), ``costs`` (``{splits: waves x pages per block}``, :func:`decode_split_cost`, for 1..max_splits) and
-    ``bound`` (``blocks_per_split x pages / wave``: the time in pages if every slot of every wave were busy to
-    the end, the least any split count could take). Raises TypeError/ValueError naming a bad argument
-    (as :func:`decode_splits` and :func:`paged_decode_split_config`). Example, 8 x 32768 tokens on an H200:
-    64 blocks per split, 2048 pages, a wave of 528; fit 8, fill 9; costs[8] = 256, costs[9] = 456; pick 8.
+    shape: ``fit``), ``costs`` (``{splits: waves x pages per block}``, :func:`decode_split_cost`, for
+    1..max_splits), ``best`` (the count of least modelled time among ``costs``, the fewest splits on a tie:
+    it may take several waves) and ``bound`` (``blocks_per_split x pages / wave``: the time in pages if every
+    slot of every wave were busy to the end, the least any split count could take). Raises TypeError/ValueError
+    naming a bad argument (as :func:`decode_splits` and :func:`paged_decode_split_config`). Example, 8 x 32768
+    tokens on an H200: 64 blocks per split, 2048 pages, a wave of 528; fit 8, fill 9; costs[8] = 256,
+    costs[9] = 456; pick 8; with ``max_splits=2048`` best 683 (83 waves x 3 = 249).
     Source: the model of :func:`decode_split_cost`."""
     num_seqs = _check_int(num_seqs, "num_seqs", 1, 1 << 31)
     seq_len = _check_int(seq_len, "seq_len", 1, 1 << 40)
@@ -1030,9 +1030,9 @@ def decode_split_sweep(num_seqs: int, seq_len: int, *, num_heads: int = 32, num_
     pick = decode_splits(num_seqs, num_kv_heads, seq_len, block_size=block_size,
                          heads_per_kv_head=num_heads // num_kv_heads // hpb, num_sms=num_sms,
                          blocks_per_sm=blocks_per_sm)
-    return dict(blocks_per_split=per_split, pages=pages, wave=wave, fit=fit, fill=fill, pick=pick,
-                costs={s: decode_split_cost(s, per_split, pages, wave) for s in range(1, max_splits + 1)},
-                bound=per_split * pages / wave)
+    costs = {s: decode_split_cost(s, per_split, pages, wave) for s in range(1, max_splits + 1)}
+    return dict(blocks_per_split=per_split, pages=pages, wave=wave, fit=fit, fill=fill, pick=pick, costs=costs,
+                best=min(costs, key=lambda s: (costs[s], s)), bound=per_split * pages / wave)
 
 
 def online_softmax_smem_bytes(tile: int) -> int:
