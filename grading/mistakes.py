@@ -92,20 +92,28 @@ MISTAKES = {
         "each row has its own running max and its own alpha: a row whose max grows must rescale even "
         "when another row of the block holds a larger score; take the max per row (axis=1), then ask "
         "whether any row moved"),
+    "fractional_waves": (
+        "fractional waves",
+        "a wave of a few blocks lasts as long as a full one (each block reads its pages however few blocks run "
+        "beside it): count whole waves, ceil(num_splits x blocks_per_split / wave); 9 splits of 64 blocks in a "
+        "wave of 528 are 576 blocks, 2 waves, not 1.09"),
+    "floor_pages_per_block": (
+        "pages per block rounded down",
+        "the split with the most pages sets how long its blocks read: ceil(pages / num_splits), not "
+        "pages // num_splits (2048 pages in 9 splits: some splits hold 228)"),
     "fewest_splits_filling_the_wave": (
         "the fewest splits that fill a wave",
         "ceil(wave / blocks_per_split) splits can spill a few blocks into a second wave that lasts as long as the "
-        "first (8 x 32768 tokens: 9 splits are 576 blocks, 48 of them in a second wave): weigh both counts around "
-        "wave / blocks_per_split by waves x pages per block and keep the cheaper, the fewer splits on a tie"),
+        "first (8 x 32768 tokens: 9 splits are 576 blocks, 48 of them in a second wave; wave_time 2 x 228 = 456 "
+        "against 1 x 256 for 8): take the most splits whose blocks fit in one wave, wave // blocks_per_split"),
     "splits_not_capped_at_pages": (
         "more splits than pages",
-        "a split of no page does nothing: keep both candidate counts within 1 .. pages (1 x 100 tokens in pages "
-        "of 16 is 7 pages, so at most 7 splits, though 66 would fit in the wave)"),
+        "a split of no page does nothing: at most pages splits (1 x 100 tokens in pages of 16 is 7 pages, so at "
+        "most 7 splits, though 66 would fit in the wave)"),
     "zero_splits": (
         "0 splits for a grid wider than a wave",
-        "when one split already has more blocks than a wave, wave // blocks_per_split is 0 (and pages / 0 "
-        "divides by zero): a launch has at least 1 split, and one split that gives 80% of a wave is already "
-        "enough"),
+        "when one split already has more blocks than a wave, wave // blocks_per_split is 0: a launch has at least "
+        "1 split (its blocks run in several waves as they are)"),
 }
 
 

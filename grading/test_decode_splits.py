@@ -1,19 +1,22 @@
-"""Grading: the split count of a decode launch from the wave model (notebook 10).
+"""Grading: the wave model of a decode launch and the split count it picks (notebook 10).
 
-Expected values come from :func:`lessons.gpu.source.decode_splits` (the function the split decode kernel's
-launcher asks, called with one block per SM so that its wave is the ``wave`` given here), from the shapes
-worked by hand in the stub's docstring (waves and pages per block counted in each message), and from a
-property: the pick never spills blocks into a second wave unless it is a single split.
+Expected values come from :func:`lessons.gpu.source.decode_split_cost` and
+:func:`lessons.gpu.source.decode_splits` (the functions the split decode kernel's launcher asks, the latter
+called with one block per SM so that its wave is the ``wave`` given here), from the shapes worked by hand in
+the stub's docstrings (waves and pages per block counted in each message), and from properties: the pick never
+spills blocks into a second wave unless it is a single split, and one split more never takes less time.
 """
 import numbers
 
 import pytest
 from hypothesis import given, strategies as st
 
+from lessons.gpu.source import decode_split_cost
 from lessons.gpu.source import decode_splits as library_decode_splits
 
 EXERCISE = "decode_splits"
-MISTAKES = ("fewest_splits_filling_the_wave", "splits_not_capped_at_pages", "zero_splits")
+TIME_MISTAKES = ("fractional_waves", "floor_pages_per_block")
+SPLIT_MISTAKES = ("fewest_splits_filling_the_wave", "splits_not_capped_at_pages", "zero_splits")
 
 
 def reference(blocks_per_split, pages, wave):
@@ -22,6 +25,57 @@ def reference(blocks_per_split, pages, wave):
     return library_decode_splits(blocks_per_split, 1, pages, block_size=1, num_sms=wave, blocks_per_sm=1,
                                  max_splits=1 << 31)
 
+
+# --- wave_time ----------------------------------------------------------------------------------------------
+
+def assert_time(answer, num_splits, bps, pages, wave, expected, why):
+    got = answer.wave_time(num_splits, bps, pages, wave)
+    assert isinstance(got, numbers.Real) and got == expected, (
+        f"wave_time({num_splits} splits, {bps} blocks per split, {pages} pages, a wave of {wave}) = {got!r}, "
+        f"expected {expected} ({why})")
+
+
+@pytest.mark.hint("wave_time returns an int: whole waves times whole pages")
+def test_wave_time_is_an_int(answer):
+    for args in ((8, 64, 2048, 528), (9, 64, 2048, 528), (3, 1, 7, 1)):
+        got = answer.wave_time(*args)
+        assert isinstance(got, numbers.Integral) and not isinstance(got, bool), (
+            f"wave_time{args}: expected an int, got {type(got).__name__} {got!r}")
+
+
+@pytest.mark.catches(*TIME_MISTAKES)
+def test_wave_time_worked_by_hand(answer):
+    assert_time(answer, 8, 64, 2048, 528, 1 * 256, "512 blocks: one wave; 2048 / 8 = 256 pages per block")
+    assert_time(answer, 9, 64, 2048, 528, 2 * 228, "576 blocks: 528, then 48 in a second wave; ceil(2048 / 9)")
+    assert_time(answer, 66, 8, 8192, 528, 1 * 125, "528 blocks: one wave; ceil(8192 / 66) = 125")
+    assert_time(answer, 3, 1, 7, 1, 3 * 3, "a wave of one block: 3 waves; ceil(7 / 3) = 3")
+
+
+@pytest.mark.catches("fractional_waves")
+def test_a_wave_of_a_few_blocks_lasts_a_whole_wave(answer):
+    # the pages divide evenly here: only the waves are counted
+    assert_time(answer, 8, 64, 2048, 528, 1 * 256, "512 of 528 slots busy is still one whole wave")
+    assert_time(answer, 2, 416, 256, 528, 2 * 128, "832 blocks: a full wave and one of 304, two waves")
+    assert_time(answer, 4, 3, 60, 10, 2 * 15, "12 blocks in waves of 10: two waves, the second of 2 blocks")
+
+
+@pytest.mark.catches("floor_pages_per_block")
+def test_the_fullest_split_sets_the_time(answer):
+    # whole waves here: only the pages per block are counted
+    assert_time(answer, 9, 64, 2048, 576, 1 * 228, "576 blocks, one wave; 2048 pages in 9 splits: some hold 228")
+    assert_time(answer, 3, 1, 7, 3, 1 * 3, "7 pages in 3 splits: 3, 2 and 2")
+    assert_time(answer, 7, 1, 8, 7, 1 * 2, "8 pages in 7 splits: one split holds 2")
+
+
+@pytest.mark.catches(*TIME_MISTAKES)
+@given(splits=st.integers(1, 3000), bps=st.integers(1, 2000), pages=st.integers(1, 20000),
+       wave=st.integers(1, 2000))
+def test_wave_time_random_shapes_match_the_library(answer, splits, bps, pages, wave):
+    assert_time(answer, splits, bps, pages, wave, decode_split_cost(splits, bps, pages, wave),
+                "lessons.gpu.source.decode_split_cost")
+
+
+# --- decode_splits ------------------------------------------------------------------------------------------
 
 def split_count(answer, blocks_per_split, pages, wave):
     """The answer's count, checked to be one int in 1..pages."""
@@ -46,13 +100,13 @@ def test_one_int_between_one_and_the_pages(answer):
         split_count(answer, bps, pages, wave)
 
 
-@pytest.mark.catches(*MISTAKES)
+@pytest.mark.catches(*SPLIT_MISTAKES)
 def test_the_shapes_worked_by_hand(answer):
     # 32 query heads on 8 KV heads, one block per KV head, pages of 16 tokens, 132 SMs x 4 blocks
     assert_splits(answer, 64, 2048, 528, 8, "8 x 32768 tokens: 8 splits are 512 blocks, one wave of 256 pages "
                                             "per block; 9 are 576, two waves of 228")
     assert_splits(answer, 8, 8192, 528, 66, "1 x 131072 tokens: 66 x 8 = 528 blocks fill the wave exactly")
-    assert_splits(answer, 512, 256, 528, 1, "64 x 4096 tokens: one split is 512 blocks, 97% of the wave")
+    assert_splits(answer, 512, 256, 528, 1, "64 x 4096 tokens: a second split would not fit: 1024 blocks")
     assert_splits(answer, 8, 7, 528, 7, "1 x 100 tokens: 7 pages, so at most 7 splits")
     assert_splits(answer, 1024, 256, 528, 1, "128 x 4096 tokens: one split is already 1024 blocks")
 
@@ -78,17 +132,22 @@ def test_a_grid_larger_than_a_wave_is_one_split(answer):
     assert_splits(answer, 4000, 3, 7, 1, "4000 blocks per split, a wave of 7")
 
 
-@pytest.mark.catches(*MISTAKES)
+@pytest.mark.catches(*SPLIT_MISTAKES)
 @given(bps=st.integers(1, 2000), pages=st.integers(1, 20000), wave=st.integers(1, 2000))
 def test_random_shapes_match_the_library(answer, bps, pages, wave):
     assert_splits(answer, bps, pages, wave, reference(bps, pages, wave), "lessons.gpu.source.decode_splits")
 
 
-@pytest.mark.catches(*MISTAKES)
+@pytest.mark.catches(*SPLIT_MISTAKES)
 @given(bps=st.integers(1, 600), pages=st.integers(1, 3000), wave=st.integers(1, 600))
-def test_random_shapes_fit_in_one_wave(answer, bps, pages, wave):
-    """The pick never spills into a second wave: its blocks fit in one, or it is a single split."""
+def test_random_shapes_fit_in_one_wave_and_one_more_costs_no_less(answer, bps, pages, wave):
+    """The pick never spills into a second wave (its blocks fit in one, or it is a single split), and one split
+    more, where there is a page for it and one split fits in a wave, costs at least as much in the wave model
+    (decode_split_cost)."""
     got = split_count(answer, bps, pages, wave)
     assert got == 1 or got * bps <= wave, (
         f"{bps} blocks per split, {pages} pages, a wave of {wave}: {got} splits are {got * bps} blocks, "
         f"{-(-got * bps // wave)} waves; the last holds only {got * bps - (-(-got * bps // wave) - 1) * wave}")
+    if got < pages and bps <= wave:
+        assert decode_split_cost(got + 1, bps, pages, wave) >= decode_split_cost(got, bps, pages, wave), (
+            f"{bps} blocks per split, {pages} pages, a wave of {wave}: {got + 1} splits cost less than {got}")
