@@ -57,7 +57,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import lessons  # noqa: E402
 import lessons.gpu as gpu  # noqa: E402
 from lessons.gpu.ladder import DECODE_LAUNCH_OPTIONS, LEFT_OUT_REASON, rungs_left_out  # noqa: E402
-from lessons.gpu.source import H200_NUM_SMS, paged_decode_split_auto_splits  # noqa: E402
+from lessons.gpu.source import (H200_NUM_SMS, decode_split_sweep, paged_decode_split_auto_splits,  # noqa: E402
+                                paged_decode_split_blocks_per_sm)
 
 import gpu_decode  # noqa: E402  (benchmarks/gpu_decode.py: the decode benchmark's cache, bytes and timing)
 
@@ -153,18 +154,38 @@ def auto_splits(num_seqs: int, seq_len: int, geometry: Geometry, num_sms: int, r
                                           g.num_kv_heads, num_sms=num_sms, **launch_options(rung))
 
 
-def split_counts(auto: int, pages: int) -> list[int]:
+def split_counts(auto: int, pages: int, model: tuple[int, ...] = ()) -> list[int]:
     """The split counts swept at one shape, ascending, each once: the automatic pick ``auto``; its
     neighbours ``auto - 1`` and ``auto + 1`` (the pick is the most splits whose blocks fit in one wave: is one
     more, which spills into a second wave, slower on the GPU as the wave model says?);
-    ``auto // 4``, ``auto // 2``, ``2 auto``, ``4 auto``; and each of :data:`ABSOLUTE_SPLITS` from
-    ``auto / SPAN`` to ``auto * SPAN``. Only counts in ``1..min(pages, MAX_SPLITS)`` are kept (a split
-    of no page does nothing). On an H200 (32 query heads on 8 KV heads, pages of 16): 64 x 4096
-    (auto 1) -> 1 2 4 8 16; 8 x 32768 (auto 8) -> 1 2 4 7 8 9 16 32 64; 1 x 131072 (auto 66) ->
-    8 16 32 33 64 65 66 67 132 264."""
+    ``auto // 4``, ``auto // 2``, ``2 auto``, ``4 auto``; each of :data:`ABSOLUTE_SPLITS` from
+    ``auto / SPAN`` to ``auto * SPAN``; and the counts in ``model`` (:func:`model_counts`: those the wave model
+    finds faster than the pick, over several waves). Only counts in ``1..min(pages, MAX_SPLITS)`` are kept (a
+    split of no page does nothing). On an H200 (32 query heads on 8 KV heads, pages of 16): 64 x 4096
+    (auto 1) -> 1 2 4 8 16; 8 x 32768 (auto 8) -> 1 2 4 7 8 9 16 32 33 41 64; 1 x 131072 (auto 66) ->
+    8 16 32 33 64 65 66 67 132 264. (At 8 x 32768, 33 and 41 come from the model.)"""
     near = {auto, auto - 1, auto + 1, auto // 4, auto // 2, 2 * auto, 4 * auto}
     wide = {s for s in ABSOLUTE_SPLITS if auto <= s * SPAN and s <= auto * SPAN}
-    return sorted(s for s in near | wide if 1 <= s <= min(pages, MAX_SPLITS))
+    return sorted(s for s in near | wide | set(model) if 1 <= s <= min(pages, MAX_SPLITS))
+
+
+def model_counts(num_seqs: int, seq_len: int, geometry: Geometry, num_sms: int, rung: str = DEFAULT_RUNG
+                 ) -> tuple[int, ...]:
+    """The split counts up to ``auto * SPAN`` that the wave model (:func:`lessons.gpu.source.decode_split_cost`)
+    finds faster than the automatic pick ``auto``: the fewest such count and the fastest (fewest on a tie), or
+    ``()`` when none is. They take several waves, which the pick never does (more partial states to merge, and
+    blocks that do not finish in step); timing them tests the model. On an H200, 8 x 32768 tokens: (33, 41)
+    (4 waves x 63 pages and 5 x 50, against the pick's 1 x 256); 64 x 4096 and 1 x 131072: ()."""
+    g = geometry
+    pages = -(-seq_len // g.block_size)
+    auto = auto_splits(num_seqs, seq_len, g, num_sms, rung)
+    sweep = decode_split_sweep(num_seqs, seq_len, num_heads=g.num_heads, num_kv_heads=g.num_kv_heads,
+                               head_dim=g.head_dim, block_size=g.block_size, num_sms=num_sms,
+                               blocks_per_sm=paged_decode_split_blocks_per_sm(**launch_options(rung)),
+                               max_splits=min(pages, auto * SPAN, MAX_SPLITS))
+    costs = sweep["costs"]
+    cheaper = [s for s in costs if costs[s] < costs[auto]]
+    return tuple(sorted({cheaper[0], sweep["best"]})) if cheaper else ()
 
 
 def plan(shapes, geometry: Geometry, num_sms: int, rung: str = DEFAULT_RUNG) -> list[tuple[int, int, int, list[int]]]:
@@ -173,7 +194,8 @@ def plan(shapes, geometry: Geometry, num_sms: int, rung: str = DEFAULT_RUNG) -> 
     out = []
     for num_seqs, seq_len in shapes:
         auto = auto_splits(num_seqs, seq_len, geometry, num_sms, rung)
-        out.append((num_seqs, seq_len, auto, split_counts(auto, -(-seq_len // geometry.block_size))))
+        out.append((num_seqs, seq_len, auto, split_counts(auto, -(-seq_len // geometry.block_size),
+                                                          model_counts(num_seqs, seq_len, geometry, num_sms, rung))))
     return out
 
 

@@ -441,6 +441,12 @@ def test_prefetch_decode_fills_a_wave_of_three_blocks_per_sm():
     assert auto(1, 131072, 128, 16, 64, 8) == 33    # groups of 8 heads: 2 blocks of 4 each, 16 per split -> 528 / 16
     with pytest.raises(TypeError, match="prefetch"):
         auto(1, 4096, 128, 16, 32, 8, prefetch="yes")
+    # the blocks per SM each build is made for: the wave its pick fills (528 / 8 = 66 splits, 396 / 8 = 49)
+    from lessons.gpu.source import paged_decode_split_blocks_per_sm as per_sm
+    assert [per_sm(), per_sm(prefetch=True), per_sm(cp_async=True)] == [4, 3, 4]
+    assert [132 * per_sm(prefetch=p) // 8 for p in (False, True)] == [66, 49]
+    with pytest.raises(TypeError, match="cp_async"):
+        per_sm(cp_async=1)
     # one sequence, 2 KV heads (2 blocks per split), its block table 400 pages wide (the launcher reads the
     # longest sequence off the table's width): 264 splits fill the 4-block wave, 198 the 3-block one
     c = paged_case(18, 8, 2, 16, 16, [16 * 400])

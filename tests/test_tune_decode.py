@@ -24,12 +24,29 @@ _spec.loader.exec_module(tune)
 needs_emulator = pytest.mark.skipif(not gpu.emulator_available(), reason="no C++ compiler (g++) for the emulator")
 
 
-def documented_counts(auto: int, pages: int) -> list[int]:
-    """split_counts' docstring, read literally: auto, auto -+ 1, auto // 4, auto // 2, 2 auto, 4 auto and the
-    absolute counts within a factor 16 of auto, kept in 1..pages."""
+def model_faster(auto: int, pages: int, blocks_per_split: int, wave: int) -> list[int]:
+    """The counts up to 16 auto that beat auto in the wave model, counted with loops: per count, the waves its
+    blocks take (blocks handed out wave by wave) times the pages of its longest split; the fewest and the fastest."""
+    def time(splits):
+        blocks, waves = splits * blocks_per_split, 0
+        while blocks > 0:
+            blocks -= wave
+            waves += 1
+        longest = max(len(range(pages)[i::splits]) for i in range(splits))     # pages dealt out round robin
+        return waves * longest
+    base = time(auto)
+    faster = [s for s in range(1, min(pages, 16 * auto) + 1) if time(s) < base]
+    if not faster:
+        return []
+    return sorted({faster[0], min(faster, key=lambda s: (time(s), s))})
+
+
+def documented_counts(auto: int, pages: int, model=()) -> list[int]:
+    """split_counts' docstring, read literally: auto, auto -+ 1, auto // 4, auto // 2, 2 auto, 4 auto, the
+    absolute counts within a factor 16 of auto and the model's counts, kept in 1..pages."""
     near = [auto, auto - 1, auto + 1, auto // 4, auto // 2, 2 * auto, 4 * auto]
     wide = [s for s in (1, 2, 4, 8, 16, 32, 64, 132, 264) if auto / 16 <= s <= auto * 16]
-    return sorted({s for s in near + wide if 1 <= s <= pages})
+    return sorted({s for s in near + wide + list(model) if 1 <= s <= pages})
 
 
 def test_each_shape_sweeps_the_counts_its_docstring_names():
@@ -41,10 +58,16 @@ def test_each_shape_sweeps_the_counts_its_docstring_names():
         pages = seq_len // 16
         want_auto = decode_splits(num_seqs, 8, seq_len)               # 32 heads on 8: one block per group
         assert auto == want_auto == int(doc_auto)
-        assert counts == documented_counts(want_auto, pages) == [int(s) for s in doc_counts.split()]
+        model = model_faster(want_auto, pages, num_seqs * 8, 132 * 4)
+        assert counts == documented_counts(want_auto, pages, model) == [int(s) for s in doc_counts.split()]
+    # the model adds counts at one shape only: 8 x 32768, where 4 waves of 33 splits beat one wave of 8
+    assert "(At 8 x 32768, 33 and 41 come from the model.)" in doc
+    assert [model_faster(a, n // 16, s * 8, 528) for s, n, a, _ in tune.plan(tune.GPU_SHAPES, tune.GPU_GEOMETRY, 132)] \
+        == [[], [33, 41], []]
     # a GPU of fewer SMs picks fewer splits, and the counts follow the pick
     (_, _, auto, counts), = tune.plan([(1, 131072)], tune.GPU_GEOMETRY, 108)
-    assert auto == decode_splits(1, 8, 131072, num_sms=108) and counts == documented_counts(auto, 8192)
+    assert auto == decode_splits(1, 8, 131072, num_sms=108)
+    assert counts == documented_counts(auto, 8192, model_faster(auto, 8192, 8, 108 * 4))
     # never more splits than pages, never fewer than 1
     assert tune.split_counts(3, 3) == [1, 2, 3] and tune.split_counts(1, 1) == [1]
 
@@ -103,7 +126,9 @@ def test_the_emulator_sweep_agrees_with_numpy_and_writes_both_files(tmp_path, ca
 def test_the_prefetch_sweep_picks_from_a_wave_of_three_blocks_per_sm():
     # 1 x 131072 on an H200: 8 blocks per split, 396 / 8 -> 49 splits with prefetch (528 / 8 -> 66 without)
     (_, _, auto, counts), = tune.plan([(1, 131072)], tune.GPU_GEOMETRY, 132, "paged_decode_prefetch")
-    assert auto == decode_splits(1, 8, 131072, blocks_per_sm=3) == 49 and counts == documented_counts(49, 8192)
+    assert auto == decode_splits(1, 8, 131072, blocks_per_sm=3) == 49
+    # (a wave of 396: 99 splits, 792 blocks in 2 full waves x 83 pages, beat 49's 1 x 168 in the model)
+    assert model_faster(49, 8192, 8, 396) == [99] and counts == documented_counts(49, 8192, [99])
     assert tune.auto_splits(1, 131072, tune.GPU_GEOMETRY, 132) == 66
     assert (tune.stem(), tune.stem("paged_decode_prefetch")) == ("decode_splits", "decode_splits_prefetch")
 

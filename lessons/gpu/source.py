@@ -45,7 +45,7 @@ __all__ = [
     "flash_attention_wgmma_overlap_build",
     "MAX_SPLIT_HEADS_PER_BLOCK", "paged_decode_split_layout", "paged_decode_split_smem_bytes",
     "paged_decode_split_config", "paged_decode_split_build", "DECODE_BLOCKS_PER_SM", "DECODE_ASYNC_STAGES",
-    "DECODE_ASYNC_BLOCKS_PER_SM", "paged_decode_split_auto_splits",
+    "DECODE_ASYNC_BLOCKS_PER_SM", "paged_decode_split_auto_splits", "paged_decode_split_blocks_per_sm",
     "decode_splits", "decode_split_cost", "decode_split_sweep", "H200_NUM_SMS",
 ]
 
@@ -934,8 +934,16 @@ def paged_decode_split_auto_splits(num_seqs: int, seq_len: int, head_dim: int, b
     hpb = paged_decode_split_config(head_dim, block_size, num_heads, num_kv_heads)
     return decode_splits(num_seqs, num_kv_heads, seq_len, block_size=block_size,
                          heads_per_kv_head=num_heads // num_kv_heads // hpb, num_sms=num_sms,
-                         blocks_per_sm=DECODE_ASYNC_BLOCKS_PER_SM if check_flag(cp_async, "cp_async")
-                         else DECODE_BLOCKS_PER_SM[check_flag(prefetch, "prefetch")])
+                         blocks_per_sm=paged_decode_split_blocks_per_sm(prefetch=prefetch, cp_async=cp_async))
+
+
+def paged_decode_split_blocks_per_sm(*, prefetch: bool = False, cp_async: bool = False) -> int:
+    """Blocks per SM the split decode build is made for (its launch bounds), and so the wave its automatic split
+    count fills: :data:`DECODE_ASYNC_BLOCKS_PER_SM` (4) with ``cp_async``, else :data:`DECODE_BLOCKS_PER_SM`
+    (3 with ``prefetch``, 4 without). TypeError naming ``prefetch`` or ``cp_async`` for a non-bool."""
+    if check_flag(cp_async, "cp_async"):
+        return DECODE_ASYNC_BLOCKS_PER_SM
+    return DECODE_BLOCKS_PER_SM[check_flag(prefetch, "prefetch")]
 
 
 def decode_splits(num_seqs: int, num_kv_heads: int, seq_len: int, *, block_size: int = 16,
