@@ -684,6 +684,16 @@ def test_the_quiz_quotes_the_recorded_run():
     assert f"{min(pct):.0f}-{max(pct):.0f}% of the copy rate" in q.explanation
 
 
+def test_targets_markdown_keeps_the_hopper_target():
+    """Notebook 11 shows the Hopper target alone: the row of the target whose rung is a Hopper rung."""
+    every = ladder.targets_markdown().splitlines()
+    hopper = ladder.targets_markdown(kind="hopper").splitlines()
+    assert hopper[:2] == every[:2] and len(hopper) == 3
+    assert hopper[2:] == [line for line in every[2:] if line.startswith("| Hopper rung")]
+    assert all(f"`{r}`" in hopper[2] for r in ladder.HOPPER_RUNGS)
+    assert "hopper" in ladder.TARGET_KINDS and hopper[2] in ladder.targets_markdown(kind="forward").splitlines()
+
+
 def test_our_rungs_sit_below_their_roofs():
     """Notebook 06: our rungs all sit below their modelled roofs, most at a third of it or less."""
     from lessons.cost.traffic import H200

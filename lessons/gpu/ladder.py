@@ -1059,15 +1059,26 @@ def target_outcomes(n: int = 8192, rows=None, decode_rows=None) -> list[dict]:
     return out
 
 
-#: the kinds of target :func:`targets_markdown` can keep: the forward rungs' (speed-ups) and decode's (copy rate)
-TARGET_KINDS = ("forward", "decode")
+#: the kinds of target :func:`targets_markdown` can keep: the forward rungs' (speed-ups), decode's (copy rate),
+#: and the Hopper rungs' (a forward target too, whose rung is one of :data:`HOPPER_RUNGS`)
+TARGET_KINDS = ("forward", "decode", "hopper")
+
+
+def _of_kind(outcome: dict, kind: str | None) -> bool:
+    """Whether a :func:`target_outcomes` entry is a target of ``kind`` (None: every kind)."""
+    if kind is None:
+        return True
+    if kind == "hopper":
+        return outcome["rung"] in HOPPER_RUNGS
+    return (outcome["metric"] == "pct_of_copy") == (kind == "decode")
 
 
 def targets_markdown(n: int = 8192, rows=None, decode_rows=None, *, kind: str | None = None) -> str:
     """A Markdown table of :func:`target_outcomes`: target, rungs, what the goal asks for (TFLOP/s and share of
     the H200's peak, forward targets), measured value per shape (the rung that gave it, where the target counts
     more than one), outcome. ``kind``: None for every target, ``"forward"`` or ``"decode"`` for those of one kind
-    only (:data:`TARGET_KINDS`; ValueError naming ``kind`` otherwise)."""
+    only, ``"hopper"`` for the forward target of the Hopper rungs alone (:data:`TARGET_KINDS`; ValueError naming
+    ``kind`` otherwise)."""
     if kind is not None and kind not in TARGET_KINDS:
         raise ValueError(f"kind must be None or one of {TARGET_KINDS}, got {kind!r}")
     def value(metric, v):
@@ -1079,7 +1090,7 @@ def targets_markdown(n: int = 8192, rows=None, decode_rows=None, *, kind: str | 
     also = {t.rung: t.also for t in TARGETS}
     lines = ["| target | rung | the goal asks for | measured | outcome |", "| --- | --- | --- | --- | --- |"]
     for o in target_outcomes(n, rows, decode_rows):
-        if kind is not None and (o["metric"] == "pct_of_copy") != (kind == "decode"):
+        if not _of_kind(o, kind):
             continue
         several = bool(also.get(o["rung"]))
         got = "-" if o["measured"] is None else ", ".join(
