@@ -114,6 +114,20 @@ MISTAKES = {
         "0 splits for a grid wider than a wave",
         "when one split already has more blocks than a wave, wave // blocks_per_split is 0: a launch has at least "
         "1 split (its blocks run in several waves as they are)"),
+    "no_swizzle": (
+        "no swizzle",
+        "stored row after row (slot = chunk), chunk c of the 8 rows ldmatrix and wgmma read at once sits in one slot, "
+        "the same 4 banks at 8 addresses: 8 passes. The 128-byte swizzle stores chunk c of row r at slot "
+        "c XOR (r % 8), 8 different slots, one pass"),
+    "row_not_mod_8": (
+        "XOR with the row, not row % 8",
+        "a 128-byte row has only 8 slots of 16 bytes: chunk XOR row leaves them from row 8 on (row 9, chunk 2: slot "
+        "11). XOR with row % 8: rows 8 apart share a layout, and rows 0 and 8 read together take 2 passes"),
+    "xor_on_bytes": (
+        "XOR on the byte, not the chunk",
+        "the swizzle moves whole 16-byte chunks: XOR the chunk index col // 8 with row % 8 and keep the 8 values of "
+        "the chunk in order, 128 x row + 16 x (col // 8 XOR row % 8) + 2 x (col % 8); XORing the byte offset "
+        "2 x col moves values inside their chunk and leaves every chunk in the same banks"),
 }
 
 

@@ -84,6 +84,8 @@ EXERCISES: tuple[Exercise, ...] = (
              "GQA head mapping in a paged decode"),
     Exercise("decode_splits", "10_decode_kernel_ladder",
              "the split count of a decode launch from the wave model"),
+    Exercise("swizzle_128b", "11_hopper_kernels",
+             "the 128-byte swizzle: where each 16-byte chunk sits, and the bank conflicts it removes"),
 )
 
 
