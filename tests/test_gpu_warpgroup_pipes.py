@@ -200,7 +200,7 @@ def test_the_quiz_quotes_the_ping_pong_rungs_pipes():
 
     if nvrtc_version()[:2] != (12, 9):
         pytest.skip("the quiz quotes NVRTC 12.9's SASS")
-    question = next(q for q in QUIZZES["06_kernel_ladder"] if "ping-pong Hopper rung at d = 64" in q.question)
+    question = next(q for q in QUIZZES["11_hopper_kernels"] if "ping-pong Hopper rung at d = 64" in q.question)
     tile = wp.warpgroup_tile("wgmma_pingpong", 64)
     t, m, i = int(tile.tensor_clocks), tile.mufu_clocks, tile.issue_clocks
     assert (f"busy {t} clocks, its {tile.mufu} MUFU hold the special function unit {m} clocks, and it issues {i} "

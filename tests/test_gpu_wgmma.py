@@ -455,7 +455,7 @@ def test_wgmma_on_larger_and_misaligned_inputs_on_the_gpu(n, d):
 
 
 # ---------------------------------------------------------------------------
-# the pipeline the mbarriers order (notebook 06's picture)
+# the pipeline the mbarriers order (notebook 11's picture)
 # ---------------------------------------------------------------------------
 
 def test_pipeline_schedule_by_hand():
@@ -707,7 +707,7 @@ def test_swizzle_figure_outlines_one_column_without_and_eight_with_the_swizzle()
 
 
 # ---------------------------------------------------------------------------
-# one consumer's products and softmax, plain and overlapped (notebook 06's picture)
+# one consumer's products and softmax, plain and overlapped (notebook 11's picture)
 # ---------------------------------------------------------------------------
 
 def test_overlap_schedule_by_hand():

@@ -1,6 +1,6 @@
-"""`make lab LAB_EXTRAS=` installs neither CuPy nor NVRTC (README): the two kernel-ladder notebooks, the ones that
-compile kernels for their tables (06 the forward rungs, 10 the decode rungs), must still run top to bottom and say
-what they skipped."""
+"""`make lab LAB_EXTRAS=` installs neither CuPy nor NVRTC (README): the kernel-ladder notebooks, the ones that
+compile kernels for their tables (06 the forward rungs, 10 the decode rungs, 11 the Hopper rungs), must still run top
+to bottom and say what they skipped."""
 from __future__ import annotations
 
 import os
@@ -13,7 +13,8 @@ from nbclient import NotebookClient
 ROOT = Path(__file__).resolve().parents[1]
 #: notebook -> (the id of a cell that compiles kernels, how its output starts without CuPy and NVRTC)
 NOTEBOOKS = {"06_kernel_ladder.ipynb": ("11d25197", "CUDA kernels not compiled"),             # the compile report
-             "10_decode_kernel_ladder.ipynb": ("decode-little-table", "the machine code is not read here")}
+             "10_decode_kernel_ladder.ipynb": ("decode-little-table", "the machine code is not read here"),
+             "11_hopper_kernels.ipynb": ("wg-pipes-table", "the machine code is not read here")}
 
 
 def _blocked_packages(folder: Path) -> Path:

@@ -9,7 +9,7 @@ from lessons.course.quiz import QUIZZES, Question, check_answer, quiz_widget
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ["01_online_softmax", "02_flash_attention_tile_by_tile", "03_query_blocks_and_causal",
              "04_backward_pass", "05_io_awareness", "06_kernel_ladder", "07_paged_attention", "08_flash_decoding_and_ring", "09_paged_gqa_decode",
-             "10_decode_kernel_ladder"]
+             "10_decode_kernel_ladder", "11_hopper_kernels"]
 ALL = [(key, i, q) for key in QUIZZES for i, q in enumerate(QUIZZES[key])]
 IDS = [f"{key[:2]}-{i}" for key, i, _ in ALL]
 

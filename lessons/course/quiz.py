@@ -328,78 +328,6 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           "builds) "
           "are not yet timed. "
           "Reread 'The targets, met or not'."),
-        Q("On an interior key tile of the ping-pong Hopper rung at d = 64 where no row's max moves (so the lazy "
-          "rescale computes no alpha), a consumer warp's products keep the tensor cores busy 512 clocks, its 64 MUFU "
-          "hold the special function unit 512 clocks, and it issues 493 instructions. What bounds the tile, "
-          "whatever the order of its steps?",
-          ("The issue slots: 493 instructions against 512 clocks of products",
-           "The tensor cores and the exponentials together: no order keeps the tensor cores busy more than "
-           "512 / 512 = 100% of the time, and a tile whose max moves, with 2 MUFU more, falls below it",
-           "The exponentials alone: the products are done before the last MUFU",
-           "Their sum: 512 + 512 + 493 clocks per tile, about a third of the peak"),
-          1,
-          "The three pipes work side by side, so the longest sets the least time a tile can take: max(512, 512, "
-          "493) = 512 clocks, and the tensor cores and the special function unit both need all of them. The sum "
-          "would be the time if nothing overlapped; the order of the steps (overlap, turns) is what lets them "
-          "overlap. At d = 64 a score costs 4d = 256 FLOPs of products and one exponential, and an SM does 4096 "
-          "product FLOPs but only 16 exponentials per clock, so the exponentials alone take as long as the "
-          "products (FlashAttention-3, Sec. 3.1). A tile on which a row's max moves also computes the 2 rows' "
-          "alpha: 66 MUFU, 528 clocks, at most 512 / 528 = 97% of the peak. Reread 'Three pipes per key tile'."),
-        Q("In the Hopper rung, what tells the producer warpgroup that it may copy the next K and V tile into "
-          "a shared-memory stage?",
-          ("A __syncthreads() of the whole block after every tile",
-           "The stage's empty mbarrier completing a phase: all 256 consumer threads arrived on it when they "
-           "finished the tile it held",
-           "The TMA copy engine waits by itself until nobody reads the stage",
-           "Nothing: the producer copies every tile at once, one stage each"),
-          1,
-          "The consumers arrive on empty[s] when they are done with stage s; the producer waits for that "
-          "phase (try_wait.parity) before it issues the copy, whose bytes then complete full[s]; once its warp "
-          "has checked V, it arrives on ready[s], on which the consumers wait. A block-wide barrier would make "
-          "the producer and the consumers meet at the same point of their different loops, so the producer "
-          "could never run a stage ahead; an mbarrier lets one side signal without waiting. "
-          "Reread 'The Hopper rung: a producer, two consumers, TMA and wgmma'."),
-        Q("TMA writes each K tile swizzled: chunk c of row r lands in slot c XOR (r mod 8) of its 128-byte row. "
-          "Why?",
-          ("It compresses the tile so that two fit in one stage",
-           "It keeps other blocks from reading the tile",
-           "A product reads the same 16-byte chunk of 8 rows at once; swizzled, those 8 chunks sit in 8 "
-           "different groups of banks, so the read takes one pass instead of eight",
-           "TMA cannot write rows one after another"),
-          2,
-          "Shared memory has 32 banks of 4 bytes; a 128-byte row spans each once. Unswizzled, chunk 2 of rows "
-          "0-7 is always bytes 32-47, the same 4 banks, so 8 reads queue up; with the XOR they spread over all "
-          "32. The FA-2 rung computed the same layout by hand. Reread the swizzle picture in 'The Hopper rung'."),
-        Q("In the rung that overlaps softmax with the products, tile j's softmax writes P_j in float32, and "
-          "P_j is rounded into its 16-bit registers only after wgmma.wait_group 0. Why not as soon as the "
-          "softmax is done?",
-          ("Rounding before the wait would change the output bits",
-           "The tensor cores cannot take 16-bit values before wait_group 0",
-           "The exponentials of tile j are still running until wait_group 0",
-           "Those registers still hold P_{j-1}, which the P_{j-1} V_{j-1} product in flight reads; ptxas "
-           "would have to make every product wait for the one before it, and the overlap would be gone"),
-          3,
-          "wgmma reads its register operand while it runs, not when it is issued. P_{j-1} V_{j-1} runs during "
-          "tile j's softmax, so P_{j-1}'s registers must stay untouched until wait_group 0 says it is done; only "
-          "then is P_j packed into them. Code that wrote them earlier would make ptxas wait for every product "
-          "before the next ('Potential Performance Loss' in its log): the output right, the overlap gone. "
-          "Rounding P_j into a second set of registers would be legal, but costs 32 more registers a thread "
-          "at d = 64, against a cap of 168. The rounding itself is the plain rung's, so the output stays "
-          "bitwise the same. Reread 'Overlapping softmax with the products' (what it costs)."),
-        Q("In the ping-pong rung warpgroup 1 arrives once on warpgroup 0's barrier before its first turn. "
-          "What happens if it leaves that arrival out?",
-          ("Nothing: the barriers only order the issues, so the output is the same",
-           "Warpgroup 0 waits for a first turn nobody gives, and warpgroup 1 waits for warpgroup 0: the "
-           "block never finishes",
-           "The two warpgroups issue their products at once, as in the overlapped rung",
-           "The output changes, because the products run in another order"),
-          1,
-          "A warpgroup issues only after bar.sync on its own barrier has completed, which needs the other's "
-          "bar.arrive. Without the first arrival warpgroup 0's first bar.sync never completes, and warpgroup 1 "
-          "waits on its own barrier for warpgroup 0: a deadlock (the emulator reports it; a GPU would hang). "
-          "Counting alone would not catch it: had warpgroup 1 also made its last arrival, the counts would "
-          "come out even and the block would still never finish. Reread 'Taking turns: the two consumers in "
-          "ping-pong'."),
     ),
     "07_paged_attention": (
         Q("What is the one difference between the paged loop and the flash loop?",
@@ -541,6 +469,96 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           "more. The recorded run's split kernel ran 9 splits there and read 51% of the copy rate, its "
           "lowest of the three shapes. The merge of partial states is small next to reading 2048 pages, and a split "
           "of 228 pages reads each page once. Reread 'How many splits: waves of blocks'."),
+    ),
+    "11_hopper_kernels": (
+        Q("On an interior key tile of the ping-pong Hopper rung at d = 64 where no row's max moves (so the lazy "
+          "rescale computes no alpha), a consumer warp's products keep the tensor cores busy 512 clocks, its 64 MUFU "
+          "hold the special function unit 512 clocks, and it issues 493 instructions. What bounds the tile, "
+          "whatever the order of its steps?",
+          ("The issue slots: 493 instructions against 512 clocks of products",
+           "The tensor cores and the exponentials together: no order keeps the tensor cores busy more than "
+           "512 / 512 = 100% of the time, and a tile whose max moves, with 2 MUFU more, falls below it",
+           "The exponentials alone: the products are done before the last MUFU",
+           "Their sum: 512 + 512 + 493 clocks per tile, about a third of the peak"),
+          1,
+          "The three pipes work side by side, so the longest sets the least time a tile can take: max(512, 512, "
+          "493) = 512 clocks, and the tensor cores and the special function unit both need all of them. The sum "
+          "would be the time if nothing overlapped; the order of the steps (overlap, turns) is what lets them "
+          "overlap. At d = 64 a score costs 4d = 256 FLOPs of products and one exponential, and an SM does 4096 "
+          "product FLOPs but only 16 exponentials per clock, so the exponentials alone take as long as the "
+          "products (FlashAttention-3, Sec. 3.1). A tile on which a row's max moves also computes the 2 rows' "
+          "alpha: 66 MUFU, 528 clocks, at most 512 / 528 = 97% of the peak. Reread 'Three pipes per key tile'."),
+        Q("In the Hopper rung, what tells the producer warpgroup that it may copy the next K and V tile into "
+          "a shared-memory stage?",
+          ("A __syncthreads() of the whole block after every tile",
+           "The stage's empty mbarrier completing a phase: all 256 consumer threads arrived on it when they "
+           "finished the tile it held",
+           "The TMA copy engine waits by itself until nobody reads the stage",
+           "Nothing: the producer copies every tile at once, one stage each"),
+          1,
+          "The consumers arrive on empty[s] when they are done with stage s; the producer waits for that "
+          "phase (try_wait.parity) before it issues the copy, whose bytes then complete full[s]; once its warp "
+          "has checked V, it arrives on ready[s], on which the consumers wait. A block-wide barrier would make "
+          "the producer and the consumers meet at the same point of their different loops, so the producer "
+          "could never run a stage ahead; an mbarrier lets one side signal without waiting. "
+          "Reread 'The Hopper rung: a producer, two consumers, TMA and wgmma'."),
+        Q("TMA writes each K tile swizzled: chunk c of row r lands in slot c XOR (r mod 8) of its 128-byte row. "
+          "Why?",
+          ("It compresses the tile so that two fit in one stage",
+           "It keeps other blocks from reading the tile",
+           "A product reads the same 16-byte chunk of 8 rows at once; swizzled, those 8 chunks sit in 8 "
+           "different groups of banks, so the read takes one pass instead of eight",
+           "TMA cannot write rows one after another"),
+          2,
+          "Shared memory has 32 banks of 4 bytes; a 128-byte row spans each once. Unswizzled, chunk 2 of rows "
+          "0-7 is always bytes 32-47, the same 4 banks, so 8 reads queue up; with the XOR they spread over all "
+          "32. The FA-2 rung computed the same layout by hand. Reread the swizzle picture in 'The Hopper rung'."),
+        Q("In the rung that overlaps softmax with the products, tile j's softmax writes P_j in float32, and "
+          "P_j is rounded into its 16-bit registers only after wgmma.wait_group 0. Why not as soon as the "
+          "softmax is done?",
+          ("Rounding before the wait would change the output bits",
+           "The tensor cores cannot take 16-bit values before wait_group 0",
+           "The exponentials of tile j are still running until wait_group 0",
+           "Those registers still hold P_{j-1}, which the P_{j-1} V_{j-1} product in flight reads; ptxas "
+           "would have to make every product wait for the one before it, and the overlap would be gone"),
+          3,
+          "wgmma reads its register operand while it runs, not when it is issued. P_{j-1} V_{j-1} runs during "
+          "tile j's softmax, so P_{j-1}'s registers must stay untouched until wait_group 0 says it is done; only "
+          "then is P_j packed into them. Code that wrote them earlier would make ptxas wait for every product "
+          "before the next ('Potential Performance Loss' in its log): the output right, the overlap gone. "
+          "Rounding P_j into a second set of registers would be legal, but costs 32 more registers a thread "
+          "at d = 64, against a cap of 168. The rounding itself is the plain rung's, so the output stays "
+          "bitwise the same. Reread 'Overlapping softmax with the products' (what it costs)."),
+        Q("In the ping-pong rung warpgroup 1 arrives once on warpgroup 0's barrier before its first turn. "
+          "What happens if it leaves that arrival out?",
+          ("Nothing: the barriers only order the issues, so the output is the same",
+           "Warpgroup 0 waits for a first turn nobody gives, and warpgroup 1 waits for warpgroup 0: the "
+           "block never finishes",
+           "The two warpgroups issue their products at once, as in the overlapped rung",
+           "The output changes, because the products run in another order"),
+          1,
+          "A warpgroup issues only after bar.sync on its own barrier has completed, which needs the other's "
+          "bar.arrive. Without the first arrival warpgroup 0's first bar.sync never completes, and warpgroup 1 "
+          "waits on its own barrier for warpgroup 0: a deadlock (the emulator reports it; a GPU would hang). "
+          "Counting alone would not catch it: had warpgroup 1 also made its last arrival, the counts would "
+          "come out even and the block would still never finish. Reread 'Taking turns: the two consumers in "
+          "ping-pong'."),
+        Q("In a tile stored with the 128-byte swizzle, chunk 5 of rows 0 to 7 sits in 8 different 16-byte slots, so "
+          "one instruction reads all 8 in one pass. Where do chunk 5 of row 3 and chunk 5 of row 11 sit, and how "
+          "many passes does a read of just those two chunks take?",
+          ("Slots 6 and 14: different banks, so one pass",
+           "Both in slot 6: the same 4 banks at two addresses, so two passes",
+           "Both in slot 5: the swizzle moves only rows 0 to 7, and two chunks fit in one pass",
+           "Slots 6 and 5: row 11 lies past the 8 rows the swizzle covers, so one pass"),
+          1,
+          "A 128-byte row has 8 slots of 16 bytes, each one group of 4 of the 32 banks, and every row starts at bank "
+          "0. The swizzle stores chunk c of row r at slot c XOR (r mod 8): row 3 gives 5 XOR 3 = 6, and so does row "
+          "11, since 11 mod 8 = 3. Rows 8 apart share a layout, so their chunk c shares 4 banks at two different "
+          "addresses, and shared memory serves them one after the other: two passes (reading 16 rows at once needs "
+          "two passes anyway, 256 bytes through 128 bytes of banks). XOR with the row itself would give slot 14, "
+          "past the end of the row. The swizzle only has to spread the 8 consecutive rows that ldmatrix and wgmma "
+          "read together. Reread the swizzle picture in 'The Hopper rung: a producer, two consumers, TMA and wgmma' "
+          "and the exercise, 'Your turn'."),
     ),
 }
 
