@@ -20,12 +20,10 @@ notebook             schedule              view                  kernel         
 05 IO awareness      cost.traffic,         views.traffic,        flash_attention.cu,                peak_memory
                      cost.memory           views.gpu             flash_attention_mma.cu
 06 kernel ladder     gpu.ladder,           views.ladder,         flash_attention.cu,                rescale_tiles
-                     gpu.hopper,           views.pipeline,       flash_attention_regtile.cu,
-                     gpu.sass,             views.rescale,        flash_attention_mma.cu,
-                     cost.rescale,         views.register_tiles  flash_attention_mma_async.cu,
-                     cost.fragments,                             flash_attention_mma_fa2.cu,
-                     cost.register_tiles,                        flash_attention_wgmma.cu,
-                     gpu.warpgroup_pipes                         flash_attention_wgmma_overlap.cu
+                     gpu.sass,             views.rescale,        flash_attention_regtile.cu,
+                     cost.rescale,         views.register_tiles  flash_attention_mma.cu,
+                     cost.fragments,                             flash_attention_mma_async.cu,
+                     cost.register_tiles                         flash_attention_mma_fa2.cu
 07 paged attention   schedules.paged       views.paged           paged_decode.cu                    paged
 08 flash-decoding,   schedules.split_kv,   views.split_kv,       paged_decode.cu                    merge_states,
    ring              schedules.ring        views.ring            (num_splits)                       flash_decoding, ring_step
@@ -33,6 +31,10 @@ notebook             schedule              view                  kernel         
 10 decode kernel     gpu.ladder,           views.pipeline,       paged_decode.cu,                   decode_splits
    ladder            gpu.decode_loads,     views.decode_loads,   paged_decode_split.cu
                      gpu.source            views.decode_splits
+11 Hopper kernels    gpu.hopper,           views.pipeline,       flash_attention_wgmma.cu,          swizzle_128b
+                     gpu.warpgroup_pipes,  views.register_tiles  flash_attention_wgmma_overlap.cu
+                     gpu.ladder,
+                     gpu.source
 ===================  ====================  ====================  =================================  =========================
 
 Real multi-process ring attention (MPI ranks, notebook 08) lives in :mod:`lessons.distributed`.

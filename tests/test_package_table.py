@@ -53,7 +53,7 @@ def _sections(notebook: Path) -> list[str]:
 
 
 def test_the_notebooks_end_as_the_readme_says():
-    """README: every notebook ends with "Your turn", a self-test and (all but 06 and 10) a GPU appendix."""
+    """README: every notebook ends with "Your turn", a self-test and (all but 06, 10 and 11) a GPU appendix."""
     readme = " ".join((ROOT / "README.md").read_text().split())
 
     def named(pattern):

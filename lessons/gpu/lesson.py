@@ -1,4 +1,4 @@
-"""The "On the GPU" section of every notebook but 06 and 10 (the kernel ladders): the notebook's algorithm as a CUDA kernel.
+"""The "On the GPU" section of every notebook but 06, 10 and 11 (the kernel ladders): the notebook's algorithm as a CUDA kernel.
 
 Each section is a short :class:`lessons.gpu.harness.Section` spec (builds of :mod:`lessons.gpu.source`,
 inputs, a launch at one place, the NumPy reference, what it prints) run by
