@@ -97,10 +97,15 @@ MISTAKES = {
         "a wave of a few blocks lasts as long as a full one (each block reads its pages however few blocks run "
         "beside it): count whole waves, ceil(num_splits x blocks_per_split / wave); 9 splits of 64 blocks in a "
         "wave of 528 are 576 blocks, 2 waves, not 1.09"),
+    "waves_floor_plus_one": (
+        "a wave too many when the blocks fill whole waves",
+        "num_splits x blocks_per_split // wave + 1 counts one wave too many when the blocks fill whole waves "
+        "exactly (66 splits of 8 blocks are 528 blocks: one wave of 528, not 2): count whole waves rounded up, "
+        "ceil(blocks / wave), in integers -(-blocks // wave)"),
     "floor_pages_per_block": (
         "pages per block rounded down",
         "the split with the most pages sets how long its blocks read: ceil(pages / num_splits), not "
-        "pages // num_splits (2048 pages in 9 splits: some splits hold 228)"),
+        "pages // num_splits nor the fraction pages / num_splits (2048 pages in 9 splits: some splits hold 228)"),
     "fewest_splits_filling_the_wave": (
         "the fewest splits that fill a wave",
         "ceil(wave / blocks_per_split) splits can spill a few blocks into a second wave that lasts as long as the "

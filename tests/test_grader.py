@@ -664,3 +664,48 @@ def test_an_answer_that_ends_the_grading_process_fails_alone(solved):
     assert hint == ("- the grading process ended without a report while grading causal (exit status 0): does "
                     "the answer call os._exit, kill its own process or crash Python?"), hint
     assert "3 exercises graded: 2 passed, 1 failed" in out.getvalue()
+
+
+# --- decode_splits: answers a learner plausibly writes get the hint that fits -------------------------------
+
+_DECODE_SPLITS_WRONG = {
+    # a float count: the rule is right, only the type is wrong (no hint naming a mistake in the rule)
+    "float": ("return float(min(pages, max(1, wave // blocks_per_split)))",
+              "decode_splits returns an int"),
+    # the count of least wave_time: several waves, cheaper in the model, not the kernel's rule
+    "cheapest": ("return min(range(1, pages + 1), key=lambda s: (wave_time(s, blocks_per_split, pages, wave), s))",
+                 "not the count of least wave_time"),
+    # round() instead of floor: 528 / 200 = 2.64 -> 3 splits spill 72 blocks into a second wave
+    "round": ("return min(pages, max(1, round(wave / blocks_per_split)))",
+              MISTAKES.hint_text("fewest_splits_filling_the_wave")),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_DECODE_SPLITS_WRONG))
+def test_decode_splits_wrong_answers_get_the_hint_that_fits(kind, tmp_path):
+    body, hint = _DECODE_SPLITS_WRONG[kind]
+    source = (ROOT / "solutions" / "decode_splits.py").read_text()
+    right = "    return min(pages, max(1, wave // blocks_per_split))       # the most that fit one wave, 1..pages\n"
+    assert source.count(right) == 1
+    answer = tmp_path / "decode_splits.py"
+    answer.write_text(source.replace(right, f"    {body}\n"))
+    result = check("decode_splits", file=answer)
+    assert result.status == "failed", result
+    assert any(hint in h for h in result.result.hints), result.result.hints
+    # no hint names a mistake this answer does not make
+    named = {MISTAKES.hint_text(k) for k in MISTAKES.MISTAKES} - {hint}
+    assert not set(result.result.hints) & named, result.result.hints
+
+
+def test_decode_splits_wave_time_floor_plus_one_is_told_apart_from_the_pages(tmp_path):
+    """blocks // wave + 1 waves is right unless the blocks fill whole waves; its hint says so, and never the one
+    about the pages per block."""
+    source = (ROOT / "solutions" / "decode_splits.py").read_text()
+    right = "    waves = -(-num_splits * blocks_per_split // wave)"
+    assert source.count(right) == 1
+    answer = tmp_path / "decode_splits.py"
+    answer.write_text(source.replace(right, "    waves = num_splits * blocks_per_split // wave + 1"))
+    result = check("decode_splits", file=answer)
+    assert result.result.hints == (MISTAKES.hint_text("waves_floor_plus_one"),)
+    # the case of the hint, computed here: 66 splits of 8 blocks fill a wave of 528 exactly
+    assert -(-66 * 8 // 528) == 1 and 66 * 8 // 528 + 1 == 2

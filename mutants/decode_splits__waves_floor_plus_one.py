@@ -1,0 +1,67 @@
+"""Known-wrong answer to the exercise ``decode_splits`` (mistake ``waves_floor_plus_one``).
+
+The mistake: waves counted as blocks // wave + 1, right unless the blocks fill whole waves exactly, where
+it counts one wave too many: 66 splits of 8 blocks in a wave of 528 cost 2 x 125, not 1 x 125.
+Everything else is the reference answer (solutions/decode_splits.py). The grader must fail
+this file and its hint must name the mistake (tests/test_grader.py checks both).
+"""
+EXERCISE = "decode_splits"
+MISTAKE = "waves_floor_plus_one"
+
+
+def wave_time(num_splits, blocks_per_split, pages, wave):
+    """The wave model's time of one decode launch, in pages read by one block.
+
+    Parameters
+    ----------
+    num_splits : int >= 1
+        Splits each sequence is cut into (split ``s`` reads its share of the pages).
+    blocks_per_split : int >= 1
+        Blocks the grid has for each split: sequences x KV heads (x blocks per group of query heads).
+    pages : int >= 1
+        Pages of K/V of the longest sequence.
+    wave : int >= 1
+        Blocks the GPU runs at once: SMs x blocks per SM.
+
+    Returns
+    -------
+    time : int
+        The waves the launch's ``num_splits x blocks_per_split`` blocks take (a wave of a few blocks
+        lasts as long as a full one) times the pages of the split that holds the most (it sets how
+        long a block reads).
+
+    What must hold: 64 blocks per split, 2048 pages, a wave of 528 (8 sequences x 32768 tokens on an
+    H200): 8 splits -> 256 (512 blocks: one wave; 256 pages each); 9 splits -> 456 (576 blocks: 528
+    and then 48, two waves; some splits hold 228 pages). The same as
+    ``lessons.gpu.source.decode_split_cost``.
+    """
+    waves = num_splits * blocks_per_split // wave + 1         # one too many when the blocks fill whole waves
+    per_block = -(-pages // num_splits)                        # the fullest split sets the time
+    return waves * per_block
+
+
+def decode_splits(blocks_per_split, pages, wave):
+    """The split count the wave model picks for one decode launch.
+
+    Parameters
+    ----------
+    blocks_per_split : int >= 1
+        Blocks the grid has for each split: sequences x KV heads (x blocks per group of query heads).
+    pages : int >= 1
+        Pages of K/V of the longest sequence. A split of no page does nothing.
+    wave : int >= 1
+        Blocks the GPU runs at once: SMs x blocks per SM.
+
+    Returns
+    -------
+    num_splits : int, 1 <= num_splits <= pages
+        The most splits whose blocks all fit in one wave, never more than the pages and never
+        fewer than 1. (Why not one more, to fill the wave? Ask ``wave_time``.)
+
+    What must hold (32 query heads on 8 KV heads served by one block per KV head, pages of 16
+    tokens, a wave of 528): 8 sequences x 32768 tokens (64 blocks per split, 2048 pages) -> 8, not
+    9, whose 576 blocks spill 48 into a second wave; 1 x 131072 (8 blocks, 8192 pages) -> 66;
+    64 x 4096 (512 blocks, 256 pages) -> 1; 1 x 100 tokens (8 blocks, 7 pages) -> 7; 128 x 4096
+    (1024 blocks, more than a wave) -> 1. The same as ``lessons.gpu.source.decode_splits``.
+    """
+    return min(pages, max(1, wave // blocks_per_split))       # the most that fit one wave, 1..pages
