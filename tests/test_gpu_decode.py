@@ -195,6 +195,42 @@ def test_split_sweep_markdown_and_its_figure():
         split_cost_figure({"8 x 32768": sweeps[(8, 32768)]}, zoom=1)
 
 
+def test_split_sweep_bad_input_names_the_argument():
+    import numpy as np
+    from lessons.gpu.source import decode_split_sweep
+    from lessons.views.decode_splits import split_cost_figure
+
+    # NumPy ints in: the same sweep as Python ints, every value a Python int (no int32 overflow on the way)
+    plain = decode_split_sweep(8, 32768)
+    typed = decode_split_sweep(8, 32768, num_heads=np.int32(32), num_kv_heads=np.int32(8), block_size=np.int64(16))
+    assert typed == plain and all(type(typed[k]) is int for k in ("blocks_per_split", "pages", "fit", "fill"))
+    # 2**20 sequences x 4096 KV heads, one block per KV head: 2**32 blocks per split, past int32 but a valid shape
+    big = decode_split_sweep(1 << 20, 32768, num_heads=np.int32(4096), num_kv_heads=np.int32(4096), max_splits=2)
+    assert big["blocks_per_split"] == (1 << 20) * 4096 and big["pick"] == 1
+    assert big["costs"] == {1: -(-(1 << 32) // 528) * 2048, 2: -(-(1 << 33) // 528) * 1024}
+    with pytest.raises(ValueError, match=r"num_seqs x num_kv_heads x blocks per group must be at most 2\*\*40"):
+        decode_split_sweep(1 << 31, 32768, num_heads=1 << 14, num_kv_heads=1 << 14)
+    with pytest.raises(ValueError, match="max_splits must be in 1..1048576"):   # no dict of 2**36 counts
+        decode_split_sweep(8, 1 << 40, max_splits=(1 << 40) // 16)
+    # a sweep whose costs stop before its pick (max_splits 4, pick 8): named, not a KeyError from inside
+    short = decode_split_sweep(8, 32768, max_splits=4)
+    assert short["pick"] == 8 and sorted(short["costs"]) == [1, 2, 3, 4]
+    for draw in (lambda sw: ladder.split_sweep_markdown({(8, 32768): sw}),
+                 lambda sw: split_cost_figure({"8 x 32768": sw}),
+                 lambda sw: split_cost_figure({"8 x 32768": sw}, zoom=True)):
+        with pytest.raises(ValueError, match=r"\['costs'\] holds 1..4 splits, not the pick \(8\).*>= 8"):
+            draw(short)
+        with pytest.raises(ValueError, match=r"\['costs'\] must be a non-empty dict"):
+            draw({**plain, "costs": {}})
+        with pytest.raises(TypeError, match=r"lacks best, bound: expected the dict decode_split_sweep"):
+            draw({k: v for k, v in plain.items() if k not in ("bound", "best")})
+    with pytest.raises(TypeError, match=r"keyed by \(num_seqs, seq_len\), two ints, got the key \('8', 'x'\)"):
+        ladder.split_sweep_markdown({("8", "x"): plain})
+    assert "| 8 x 32,768 |" in ladder.split_sweep_markdown({(np.int64(8), np.int64(32768)): plain})
+    with pytest.raises(TypeError, match="keyed by titles"):
+        split_cost_figure({1: plain})
+
+
 def test_targets_markdown_keeps_one_kind():
     every = ladder.targets_markdown().splitlines()
     decode = ladder.targets_markdown(kind="decode").splitlines()

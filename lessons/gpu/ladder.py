@@ -17,6 +17,7 @@ FLOPs are counted as in ``benchmarks/gpu_attention.py``: ``4 N^2 d`` per head (2
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -940,13 +941,18 @@ def split_sweep_markdown(sweeps: dict, rows=None) -> str:
     wave busy: ``blocks per split x pages / wave``); and the split count of the split rung's best recorded row
     at that shape ("-" where none). ``sweeps``: ``{(num_seqs, seq_len): lessons.gpu.source.decode_split_sweep(
     num_seqs, seq_len, ...)}`` (give ``max_splits`` = the pages for the model's full sweep); ``rows``: the decode
-    rows (default the recorded run). TypeError for a ``sweeps`` that is not such a dict."""
-    keys = ("blocks_per_split", "pages", "wave", "pick", "best", "costs", "bound")
-    if not isinstance(sweeps, dict) or not sweeps or any(
-            not (isinstance(k, tuple) and len(k) == 2) or not isinstance(v, dict) or any(x not in v for x in keys)
-            for k, v in sweeps.items()):
+    rows (default the recorded run). TypeError for a ``sweeps`` that is not such a dict (naming the key or the
+    missing fields), ValueError for a sweep whose costs leave out its pick (:func:`lessons.gpu.source.
+    check_split_sweep`)."""
+    from lessons.gpu.source import check_split_sweep
+    if not isinstance(sweeps, dict) or not sweeps:
         raise TypeError(f"sweeps must be a non-empty dict {{(num_seqs, seq_len): decode_split_sweep(...)}}, "
-                        f"got {sweeps!r}")
+                        f"got {sweeps!r:.80}")
+    for k, v in sweeps.items():
+        if not (isinstance(k, tuple) and len(k) == 2
+                and all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in k)):
+            raise TypeError(f"sweeps must be keyed by (num_seqs, seq_len), two ints, got the key {k!r}")
+        check_split_sweep(v, f"sweeps[{k!r}]")
     ran = next(e for e in decode_table(rows) if e["name"] == "paged_decode_split")["splits"] or {}
 
     def cost(sw, k):

@@ -1017,17 +1017,24 @@ def decode_split_sweep(num_seqs: int, seq_len: int, *, num_heads: int = 32, num_
     shape: ``fit``), ``costs`` (``{splits: waves x pages per block}``, :func:`decode_split_cost`, for
     1..max_splits), ``best`` (the count of least modelled time among ``costs``, the fewest splits on a tie:
     it may take several waves) and ``bound`` (``blocks_per_split x pages / wave``: the time in pages if every
-    slot of every wave were busy to the end, the least any split count could take). Raises TypeError/ValueError
-    naming a bad argument (as :func:`decode_splits` and :func:`paged_decode_split_config`). Example, 8 x 32768
+    slot of every wave were busy to the end, the least any split count could take); every value a Python int
+    (``bound`` a float), whatever ints came in. Raises TypeError/ValueError naming a bad argument (as
+    :func:`decode_splits` and :func:`paged_decode_split_config`; ``max_splits`` at most 2**20, the blocks per
+    split at most 2**40). Example, 8 x 32768
     tokens on an H200: 64 blocks per split, 2048 pages, a wave of 528; fit 8, fill 9; costs[8] = 256,
     costs[9] = 456; pick 8; with ``max_splits=2048`` best 683 (83 waves x 3 = 249).
     Source: the model of :func:`decode_split_cost`."""
     num_seqs = _check_int(num_seqs, "num_seqs", 1, 1 << 31)
     seq_len = _check_int(seq_len, "seq_len", 1, 1 << 40)
     hpb = paged_decode_split_config(head_dim, block_size, num_heads, num_kv_heads)
+    # (validated there; as Python ints here, so that NumPy ints neither overflow nor leak into the result)
+    num_heads, num_kv_heads, block_size = int(num_heads), int(num_kv_heads), int(block_size)
     num_sms = _check_int(num_sms, "num_sms", 1, 1 << 20)
     blocks_per_sm = _check_int(blocks_per_sm, "blocks_per_sm", 1, 1 << 10)
     per_split = num_seqs * num_kv_heads * (num_heads // num_kv_heads // hpb)
+    if per_split > 1 << 40:
+        raise ValueError(f"num_seqs x num_kv_heads x blocks per group must be at most 2**40 blocks per split, got "
+                         f"{num_seqs} x {num_kv_heads} x {num_heads // num_kv_heads // hpb} = {per_split}")
     pages = -(-seq_len // block_size)
     wave = num_sms * blocks_per_sm
     fit = max(1, min(wave // per_split, pages))
@@ -1041,6 +1048,32 @@ def decode_split_sweep(num_seqs: int, seq_len: int, *, num_heads: int = 32, num_
     costs = {s: decode_split_cost(s, per_split, pages, wave) for s in range(1, max_splits + 1)}
     return dict(blocks_per_split=per_split, pages=pages, wave=wave, fit=fit, fill=fill, pick=pick, costs=costs,
                 best=min(costs, key=lambda s: (costs[s], s)), bound=per_split * pages / wave)
+
+
+#: the keys of a :func:`decode_split_sweep` result
+SPLIT_SWEEP_KEYS = ("blocks_per_split", "pages", "wave", "fit", "fill", "pick", "costs", "best", "bound")
+
+
+def check_split_sweep(sweep, where: str) -> dict:
+    """``sweep`` if it is a :func:`decode_split_sweep` result that a table or figure of it can be drawn from: a
+    dict with every key of :data:`SPLIT_SWEEP_KEYS` and ``costs`` a non-empty dict that holds the ``pick`` and the
+    ``best``. ``where`` names it in the errors (e.g. ``"sweeps[(8, 32768)]"``). TypeError for a sweep that is not
+    a dict or lacks keys (naming them), ValueError for costs that leave out the pick (a sweep of ``max_splits``
+    below the pick: give ``max_splits`` >= the pick)."""
+    if not isinstance(sweep, dict):
+        raise TypeError(f"{where} must be the dict decode_split_sweep(...) returns, got {type(sweep).__name__}")
+    missing = [k for k in SPLIT_SWEEP_KEYS if k not in sweep]
+    if missing:
+        raise TypeError(f"{where} lacks {', '.join(missing)}: expected the dict decode_split_sweep(...) returns "
+                        f"(keys {', '.join(SPLIT_SWEEP_KEYS)})")
+    costs = sweep["costs"]
+    if not isinstance(costs, dict) or not costs:
+        raise ValueError(f"{where}['costs'] must be a non-empty dict {{splits: modelled time}}, got {costs!r:.80}")
+    for key in ("pick", "best"):
+        if sweep[key] not in costs:
+            raise ValueError(f"{where}['costs'] holds {min(costs)}..{max(costs)} splits, not the {key} "
+                             f"({sweep[key]!r}): sweep with decode_split_sweep(..., max_splits) >= {sweep[key]!r}")
+    return sweep
 
 
 def online_softmax_smem_bytes(tile: int) -> int:

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, MaxNLocator, NullLocator
 
+from lessons.gpu.source import check_split_sweep
 from lessons.views.plot import new_figure, tidy
 
 __all__ = ["split_cost_figure"]
 
-_KEYS = ("blocks_per_split", "pages", "wave", "fit", "fill", "pick", "costs", "best", "bound")
 #: sweeps of more counts than this are drawn on a log x axis, as a line without a dot per count
 _DOTS_UP_TO = 64
 
@@ -52,11 +52,15 @@ def split_cost_figure(sweeps: dict, *, zoom: bool = False):
     A sweep of more than 64 counts (``decode_split_sweep(..., max_splits=pages)``: the full sweep) is drawn on a
     log x axis. ``zoom=True`` adds a row that zooms on the times within 12% of every slot busy (linear axis): the
     pick's level dashed, the counts cheaper than it in green. ``sweeps``: ``{title: the dict lessons.gpu.source.decode_split_sweep returns}`` (at least one).
-    Returns a Figure. TypeError for a ``sweeps`` that is not such a dict, or a ``zoom`` that is not a bool."""
-    if not isinstance(sweeps, dict) or not sweeps or any(
-            not isinstance(t, str) or not isinstance(s, dict) or any(k not in s for k in _KEYS)
-            for t, s in sweeps.items()):
-        raise TypeError(f"sweeps must be a non-empty dict {{title: decode_split_sweep(...)}}, got {sweeps!r}")
+    Returns a Figure. TypeError for a ``sweeps`` that is not such a dict (naming the key or the missing fields), or
+    a ``zoom`` that is not a bool; ValueError for a sweep whose costs leave out its pick
+    (:func:`lessons.gpu.source.check_split_sweep`)."""
+    if not isinstance(sweeps, dict) or not sweeps:
+        raise TypeError(f"sweeps must be a non-empty dict {{title: decode_split_sweep(...)}}, got {sweeps!r:.80}")
+    for t, s in sweeps.items():
+        if not isinstance(t, str):
+            raise TypeError(f"sweeps must be keyed by titles (str), got the key {t!r}")
+        check_split_sweep(s, f"sweeps[{t!r}]")
     if not isinstance(zoom, bool):
         raise TypeError(f"zoom must be a bool, got {zoom!r}")
     n = len(sweeps)
