@@ -42,7 +42,7 @@ time, or the results, of every other check.
 
 A launch that never ends (a copy that never lands, an mbarrier phase nobody completes, a named barrier one
 warpgroup never reaches) ends this process: each launch, with the compile its first call does, gets
-``--hang-seconds`` (default 30 on a GPU; none with ``--emulator``, whose launches take minutes, unless given).
+``--hang-seconds`` (default 30 on a GPU; none with ``--emulator``, whose launches take minutes, unless given; at most a day).
 Past that, Python's ``faulthandler`` writes every thread's stack to stderr (its first line ``Timeout (0:00:30)!``,
 then the line of this script whose launch hung) and exits with status 1, from a thread of its own that needs
 neither the interpreter lock nor the blocked CUDA call to return. So a Hopper rung that deadlocks costs its
@@ -82,6 +82,8 @@ LSE_TOLERANCE = 1e-4
 #: seconds one launch may take on a GPU, with the NVRTC compile and module load of its first call, before this
 #: process ends itself (a few seconds are plenty; a launch that is still running then is taken as hung)
 HANG_SECONDS = 30.0
+#: the largest bound --hang-seconds takes: a day (faulthandler's timer overflows the platform's time_t far above it)
+MAX_HANG_SECONDS = 86400.0
 #: the bound in force (main sets it from --hang-seconds; None: no bound)
 _hang_seconds: float | None = None
 
@@ -252,10 +254,12 @@ def main(argv=None) -> int:
     parser.add_argument("--hang-seconds", type=float, default=None, metavar="S",
                         help=f"end the process (status 1, every thread's stack on stderr) when one launch takes "
                              f"longer than S seconds, its compile included (default {HANG_SECONDS:g} on a GPU, "
-                             f"no bound with --emulator; 0: no bound)")
+                             f"no bound with --emulator; 0: no bound; at most {MAX_HANG_SECONDS:g})")
     args = parser.parse_args(argv)
-    if args.hang_seconds is not None and not (math.isfinite(args.hang_seconds) and args.hang_seconds >= 0):
-        parser.error(f"--hang-seconds must be a finite number of seconds >= 0, got {args.hang_seconds}")
+    if args.hang_seconds is not None and not (math.isfinite(args.hang_seconds)
+                                              and 0 <= args.hang_seconds <= MAX_HANG_SECONDS):
+        parser.error(f"--hang-seconds must be a number of seconds from 0 to {MAX_HANG_SECONDS:g} (a day), "
+                     f"got {args.hang_seconds}")
     global _hang_seconds
     hang = args.hang_seconds if args.hang_seconds is not None else (None if args.emulator else HANG_SECONDS)
     _hang_seconds = hang or None

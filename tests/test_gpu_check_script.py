@@ -263,7 +263,7 @@ def test_the_first_run_says_wrong_when_a_result_is_off(capsys, monkeypatch):
                      "WRONG HERE: regtile_wide, paged_decode_prefetch"]
 
 
-def test_the_first_run_ends_itself_when_a_launch_hangs(tmp_path):
+def test_the_first_run_ends_itself_when_a_launch_hangs(tmp_path, capsys):
     # a launcher that never returns (as a kernel deadlocked on an mbarrier would keep its copy-back waiting): with
     # --hang-seconds 1 the process dumps its stack and exits with status 1 after about a second, not at the caller's
     # time limit; the stack names the check whose launch hung
@@ -280,10 +280,12 @@ def test_the_first_run_ends_itself_when_a_launch_hangs(tmp_path):
     assert proc.stderr.startswith("Timeout (0:00:01)!"), proc.stderr[-2000:]
     assert "in check_forward" in proc.stderr
     assert "works here" not in proc.stdout and "WRONG" not in proc.stdout      # it ended mid-check
-    # a bound that is not a finite number of seconds >= 0 is refused
-    for bad in ("-1", "nan", "inf"):
+    # a bound that is not a number of seconds from 0 to a day is refused, naming the option (1e12 s would overflow
+    # faulthandler's timer at the first launch, and every rung would be reported wrong)
+    for bad in ("-1", "nan", "inf", "1e12", str(first_run.MAX_HANG_SECONDS + 1)):
         with pytest.raises(SystemExit):
             first_run.main(["--emulator", "--rung", "mma_fa2_lazy", "--hang-seconds", bad])
+        assert "--hang-seconds must be a number of seconds from 0 to 86400 (a day)" in capsys.readouterr().err
 
 
 def test_the_first_run_needs_compute_capability_9_for_hopper_and_8_for_the_rest(capsys):
