@@ -42,7 +42,8 @@ time, or the results, of every other check.
 
 A launch that never ends (a copy that never lands, an mbarrier phase nobody completes, a named barrier one
 warpgroup never reaches) ends this process: each launch, with the compile its first call does, gets
-``--hang-seconds`` (default 30 on a GPU; none with ``--emulator``, whose launches take minutes, unless given; at most a day).
+``--hang-seconds`` (default 30 on a GPU; none with ``--emulator``, whose launches take minutes, unless given;
+at most a day).
 Past that, Python's ``faulthandler`` writes every thread's stack to stderr (its first line ``Timeout (0:00:30)!``,
 then the line of this script whose launch hung) and exits with status 1, from a thread of its own that needs
 neither the interpreter lock nor the blocked CUDA call to return. So a Hopper rung that deadlocks costs its
