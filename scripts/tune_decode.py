@@ -106,6 +106,8 @@ class Geometry(NamedTuple):
 GPU_GEOMETRY = Geometry(gpu_decode.NUM_HEADS, gpu_decode.NUM_KV_HEADS, gpu_decode.HEAD_DIM, gpu_decode.BLOCK_SIZE)
 EMULATOR_GEOMETRY = Geometry(4, 2, 128, 16)
 GPU_SHAPES = gpu_decode.SHAPES
+#: the largest K/V cache a shape of --shapes may need: 256 GiB, more than a GPU of this course holds (an H200: 141 GB)
+MAX_KV_BYTES = 1 << 38
 EMULATOR_SHAPES = ((2, 64),)
 
 
@@ -436,6 +438,12 @@ def parse_args(argv=None):
         p.error(f"--target-seconds must be above 0 and --time-budget at least 0, got {args.target_seconds} "
                 f"and {args.time_budget}")
     args.shapes = list(dict.fromkeys(args.shapes or (EMULATOR_SHAPES if args.emulator else GPU_SHAPES)))
+    g = EMULATOR_GEOMETRY if args.emulator else GPU_GEOMETRY
+    for num_seqs, seq_len in args.shapes:
+        nbytes = gpu_decode.kv_bytes(num_seqs, seq_len, g.num_kv_heads, g.head_dim)
+        if nbytes > MAX_KV_BYTES:
+            p.error(f"--shapes {shape_name(num_seqs, seq_len)}: its K/V cache is {nbytes / 2**30:,.0f} GiB "
+                    f"({g.num_kv_heads} KV heads, d = {g.head_dim}, fp16); at most {MAX_KV_BYTES // 2**30} GiB")
     return args
 
 

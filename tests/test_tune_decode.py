@@ -80,6 +80,20 @@ def test_a_bad_shape_is_refused_by_name(bad, capsys):
     assert tune.parse_args(["--shapes", "2X64", "2x64", "1x48"]).shapes == [(2, 64), (1, 48)]   # each once
 
 
+def test_a_shape_too_large_for_any_gpu_is_refused_by_name(capsys):
+    # K and V, 8 KV heads x d = 128 x 2 bytes each per token: 4 KiB a token on the GPU, 1 KiB on the emulator (2 heads)
+    per_token = 2 * 8 * 128 * 2
+    assert tune.parse_args(["--shapes", "1024x65536"]).shapes == [(1024, 65536)]      # 256 GiB: the most allowed
+    assert 1024 * 65536 * per_token == 256 * 2**30
+    for bad, gib in (("1024x65537", 1024 * 65537 * per_token / 2**30), ("1x1099511627777", 4 * 2**20)):
+        with pytest.raises(SystemExit):
+            tune.parse_args(["--shapes", bad])
+        assert f"--shapes {bad}: its K/V cache is {gib:,.0f} GiB" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        tune.parse_args(["--emulator", "--shapes", f"{1 << 20}x{1 << 19}"])
+    assert f"its K/V cache is {(1 << 39) * 1024 // 2**30:,} GiB (2 KV heads" in capsys.readouterr().err
+
+
 def test_ratios_and_the_fastest_count_by_hand():
     rows = [dict(shape="8x32768", num_splits=4, auto=False, seconds=2.0, x_auto=None),
             dict(shape="8x32768", num_splits=8, auto=True, seconds=1.0, x_auto=None),
