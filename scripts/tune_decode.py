@@ -56,6 +56,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import lessons  # noqa: E402
 import lessons.gpu as gpu  # noqa: E402
+from lessons.core.checks import check_int  # noqa: E402
 from lessons.gpu.ladder import DECODE_LAUNCH_OPTIONS, LEFT_OUT_REASON, rungs_left_out  # noqa: E402
 from lessons.gpu.source import (H200_NUM_SMS, decode_split_sweep, paged_decode_split_auto_splits,  # noqa: E402
                                 paged_decode_split_blocks_per_sm)
@@ -165,7 +166,13 @@ def split_counts(auto: int, pages: int, model: tuple[int, ...] = ()) -> list[int
     finds faster than the pick, over several waves). Only counts in ``1..min(pages, MAX_SPLITS)`` are kept (a
     split of no page does nothing). On an H200 (32 query heads on 8 KV heads, pages of 16): 64 x 4096
     (auto 1) -> 1 2 4 8 16; 8 x 32768 (auto 8) -> 1 2 4 7 8 9 16 32 33 41 64; 1 x 131072 (auto 66) ->
-    8 16 32 33 64 65 66 67 132 264. (At 8 x 32768, 33 and 41 come from the model.)"""
+    8 16 32 33 64 65 66 67 132 264. (At 8 x 32768, 33 and 41 come from the model.) TypeError/ValueError naming
+    ``auto``, ``pages`` or ``model`` for a count that is not an int of at least 1."""
+    auto = check_int(auto, "auto", min=1)
+    pages = check_int(pages, "pages", min=1)
+    if not isinstance(model, (tuple, list)):
+        raise TypeError(f"model must be a tuple of split counts, got {type(model).__name__} {model!r}")
+    model = [check_int(s, f"model[{i}]", min=1) for i, s in enumerate(model)]
     near = {auto, auto - 1, auto + 1, auto // 4, auto // 2, 2 * auto, 4 * auto}
     wide = {s for s in ABSOLUTE_SPLITS if auto <= s * SPAN and s <= auto * SPAN}
     return sorted(s for s in near | wide | set(model) if 1 <= s <= min(pages, MAX_SPLITS))

@@ -298,3 +298,18 @@ def test_the_gpu_path_of_the_cp_async_build_launches_it_and_writes_its_own_files
     assert sorted(p.name for p in tmp_path.iterdir()) == ["decode_splits_cp_async.csv", "decode_splits_cp_async.md"]
     title = (tmp_path / "decode_splits_cp_async.md").read_text().splitlines()[0]
     assert title.startswith("# The split decode kernel's cp.async build at split counts") and "STAND-IN GPU" in title
+
+
+def test_split_counts_refuse_a_count_that_is_not_a_positive_int():
+    # the counts of an 8 x 32768 sweep, by hand: auto 8 and its neighbours, halves and doubles, the absolute
+    # counts within the span, and the model's 33 and 41
+    assert tune.split_counts(np.int64(8), 2048, (33, 41)) == tune.split_counts(8, 2048, [33, 41])
+    for args, error, name in (((0, 10), ValueError, "auto must be at least 1, got 0"),
+                              ((-1, 10), ValueError, "auto must be at least 1"),
+                              ((True, 5), TypeError, "auto must be an int, got bool"),
+                              ((8, 0), ValueError, "pages must be at least 1, got 0"),
+                              ((8, 2048, (33, 9.5)), TypeError, r"model\[1\] must be an int, got float 9.5"),
+                              ((8, 2048, (0,)), ValueError, r"model\[0\] must be at least 1"),
+                              ((8, 2048, 33), TypeError, "model must be a tuple of split counts")):
+        with pytest.raises(error, match=name):
+            tune.split_counts(*args)
