@@ -105,6 +105,13 @@ if ! [[ "$DEADLINE" =~ ^[0-9]{1,6}$ ]] || [ $((10#$DEADLINE)) -lt 1 ]; then
     exit 2
 fi
 DEADLINE=$((10#$DEADLINE))                      # (decimal, even with leading zeros: "08" is 8, not octal)
+TEST_TIMEOUT="${GPU_CHECK_TEST_TIMEOUT:-120}"
+if ! [[ "$TEST_TIMEOUT" =~ ^[0-9]{1,5}$ ]] || [ $((10#$TEST_TIMEOUT)) -lt 1 ]; then
+    echo "gpu_check.sh: GPU_CHECK_TEST_TIMEOUT must be a whole number of seconds, at least 1 and at most 99999;" \
+         "got '$TEST_TIMEOUT'" >&2
+    exit 2
+fi
+TEST_TIMEOUT=$((10#$TEST_TIMEOUT))
 rest() {  # seconds left before the deadline (0 once it has passed)
     local r=$(( DEADLINE - ($(date +%s) - START) ))
     echo $(( r > 0 ? r : 0 ))
@@ -349,7 +356,7 @@ else
     # thread's stack in the log, instead of holding the whole pass until its time limit (pytest-timeout, where installed)
     HANG=()
     if "$PY" -c "import pytest_timeout" >/dev/null 2>&1; then
-        HANG=(--timeout "${GPU_CHECK_TEST_TIMEOUT:-120}" --timeout-method thread)
+        HANG=(--timeout "$TEST_TIMEOUT" --timeout-method thread)
     fi
     i=0
     for workers in $PASSES; do

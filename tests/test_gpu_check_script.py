@@ -179,7 +179,8 @@ def test_the_pytest_step_runs_in_eight_processes_by_default():
     text = SCRIPT.read_text()
     assert 'PASSES="${GPU_CHECK_PASSES:-8}"' in text and 'xdist=(-n "$workers")' in text and "no:cacheprovider" in text
     # a hanging test ends on its own (pytest-timeout's thread method: it needs no signal the stuck call would block)
-    assert '--timeout "${GPU_CHECK_TEST_TIMEOUT:-120}" --timeout-method thread' in text and '"${HANG[@]}"' in text
+    assert '--timeout "$TEST_TIMEOUT" --timeout-method thread' in text and '"${HANG[@]}"' in text
+    assert 'TEST_TIMEOUT="${GPU_CHECK_TEST_TIMEOUT:-120}"' in text
 
 
 def test_every_kernel_with_a_driver_is_listed():
@@ -638,3 +639,13 @@ def test_the_tuning_sweep_refuses_a_file_for_out_and_runs_each_head_dim_once(tmp
         tune.parse_args(["--out", str(existing)])
     assert f"--out must be a folder (it is made if missing), but {existing} is a file" in capsys.readouterr().err
     assert tune.parse_args(["--head-dims", "128", "64", "128"]).head_dims == [128, 64]
+
+
+@pytest.mark.parametrize("limit", ["0", "forever", "-5", "2.5", "123456"])
+def test_a_test_time_limit_that_is_not_whole_seconds_is_refused(tmp_path, limit):
+    env = {name: value for name, value in os.environ.items() if not name.startswith("GPU_CHECK_")}
+    env["GPU_CHECK_TEST_TIMEOUT"] = limit
+    proc = subprocess.run(["bash", str(SCRIPT), "--dry-run", str(tmp_path)], capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert proc.returncode == 2 and "GPU_CHECK_TEST_TIMEOUT must be a whole number of seconds, at least 1 and at " \
+                                   f"most 99999; got '{limit}'" in proc.stderr
