@@ -62,6 +62,9 @@ def decode_splits(blocks_per_split, pages, wave):
     tokens, a wave of 528): 8 sequences x 32768 tokens (64 blocks per split, 2048 pages) -> 8, not
     9, whose 576 blocks spill 48 into a second wave; 1 x 131072 (8 blocks, 8192 pages) -> 66;
     64 x 4096 (512 blocks, 256 pages) -> 1; 1 x 100 tokens (8 blocks, 7 pages) -> 7; 128 x 4096
-    (1024 blocks, more than a wave) -> 1. The same as ``lessons.gpu.source.decode_splits``.
+    (1024 blocks, more than a wave) -> 1. ``lessons.gpu.source.decode_splits`` picks the same count from the shape
+    instead: its arguments are ``(num_seqs, num_kv_heads, seq_len)``, with pages of 16 tokens and a wave of 132 x 4
+    blocks unless told otherwise, so ``lessons.gpu.source.decode_splits(8, 8, 32768)`` there is
+    ``decode_splits(64, 2048, 528)`` here.
     """
     return min(pages, max(1, -(-wave // blocks_per_split)))   # the fewest that fill the wave

@@ -111,6 +111,30 @@ def test_decode_splits_follow_the_gpu_and_the_grid():
     assert decode_splits(0, 8, 4096) == 1
 
 
+def test_the_exercise_spells_out_how_to_call_the_library_decode_splits():
+    """The exercise's decode_splits takes (blocks_per_split, pages, wave), the library's the shape; the stub's
+    docstring and notebook 10's "Your turn" give one call of each, and the two must pick the same count."""
+    import ast
+    import importlib.util
+    import json
+    import re
+
+    spec = importlib.util.spec_from_file_location("solution_decode_splits", ROOT / "solutions" / "decode_splits.py")
+    solution = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(solution)
+    stub = ast.parse((ROOT / "grading" / "stubs" / "decode_splits.py").read_text())
+    doc = next(ast.get_docstring(f) for f in stub.body if isinstance(f, ast.FunctionDef) and f.name == "decode_splits")
+    nb = json.loads((ROOT / "notebooks" / "10_decode_kernel_ladder.ipynb").read_text())
+    turn = next("".join(c["source"]) for c in nb["cells"] if c.get("id") == "decode-your-turn")
+    call = r"decode_splits\((\d+), (\d+), (\d+)\)"
+    for where, text in (("the stub's docstring", doc), ("notebook 10's Your turn", turn)):
+        pair = re.search(call + r"`*\s+(?:there\s+)?is\s+(?:your\s+)?`*" + call, " ".join(text.split()))
+        assert pair, f"{where} does not spell out a library call and the exercise call it equals"
+        num_seqs, kv_heads, seq_len, per_split, pages, wave = map(int, pair.groups())
+        assert (per_split, pages, wave) == (num_seqs * kv_heads, -(-seq_len // 16), 132 * 4), where
+        assert decode_splits(num_seqs, kv_heads, seq_len) == solution.decode_splits(per_split, pages, wave), where
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(num_seqs=-1, num_kv_heads=8, seq_len=10), "num_seqs"),
     (dict(num_seqs=1, num_kv_heads=0, seq_len=10), "num_kv_heads"),
