@@ -134,3 +134,16 @@ def test_no_learner_string_counts_tiles_from_0():
             for m in re.finditer(r"\b(tile|visit|step|Tile|Visit|Step) 0\b", text):
                 bad.append(f"{path.name}: ...{text[max(0, m.start() - 40):m.end() + 20]}...")
     assert not bad, "\n".join(bad)
+
+
+def test_pipeline_and_prefetch_figures_label_tiles_and_steps_from_1():
+    from lessons.gpu.hopper import pipeline_schedule
+    from lessons.views.pipeline import pipeline_figure, prefetch_figure
+
+    fig = pipeline_figure({"two stages": pipeline_schedule(5, 2)})
+    labels = {t.get_text() for t in fig.axes[0].texts}
+    assert labels == {f"tile {j}" for j in range(1, 6)}, labels            # each tile's copy and its products
+    fig = prefetch_figure(4, latency=3.0, compute=1.5)
+    for ax in fig.axes:
+        steps = {t.get_text() for t in ax.texts if t.get_text().startswith("step")}
+        assert steps == {"step 1", "step 2", "step 3", "step 4"}, steps

@@ -33,7 +33,7 @@ def pipeline_figure(schedules: dict, *, unit: str = "time", lanes=None, item: st
                     stage_title: str = "colour: the shared-memory stage a tile occupies", stage_word: str = "stage"):
     """One panel per entry of ``schedules`` (title -> list of
     :class:`lessons.gpu.hopper.PipelineEvent`), top to bottom on a shared time axis: a lane for the
-    producer's copies and one for the consumers' work, each bar labelled with its tile and
+    producer's copies and one for the consumers' work, each bar labelled with its tile (counted from 1) and
     coloured by its stage; the panel's title gets the schedule's total time. ``unit`` labels the
     time axis; ``lanes`` (default the Hopper rung's) the two lanes, ``(producer label, consumers label)``;
     ``item`` what a bar is ("tile", or "step" for :func:`lessons.cost.latency.load_schedule`); ``stage_title``
@@ -75,7 +75,7 @@ def pipeline_figure(schedules: dict, *, unit: str = "time", lanes=None, item: st
                 y = 1 - row + (0.31 - height * (e.stage % n_sub + 0.5) if n_sub > 1 else 0.0)
                 ax.barh(y, e.end - e.start, left=e.start, height=height,
                         color=STAGE_COLOURS[e.stage % len(STAGE_COLOURS)], edgecolor="white")
-                ax.text((e.start + e.end) / 2, y, f"{item} {e.tile}", ha="center", va="center",
+                ax.text((e.start + e.end) / 2, y, f"{item} {e.tile + 1}", ha="center", va="center",   # from 1
                         fontsize=8 if n_sub == 1 else 7, color="white")
         total = max(e.end for e in events)
         ax.set_yticks([1, 0], [label for _, label in lane_rows])
