@@ -1079,6 +1079,12 @@ def _of_kind(outcome: dict, kind: str | None) -> bool:
     return (outcome["metric"] == "pct_of_copy") == (kind == "decode")
 
 
+def _ladder_order(names) -> list:
+    """``names`` of rungs in the order the ladders list them (RUNGS, then DECODE_RUNGS)."""
+    order = [r.name for r in (*RUNGS, *DECODE_RUNGS)]
+    return sorted(names, key=order.index)
+
+
 def targets_markdown(n: int = 8192, rows=None, decode_rows=None, *, kind: str | None = None) -> str:
     """A Markdown table of :func:`target_outcomes`: target, rungs, what the goal asks for (TFLOP/s and share of
     the H200's peak, forward targets), measured value per shape (the rung that gave it, where the target counts
@@ -1102,7 +1108,7 @@ def targets_markdown(n: int = 8192, rows=None, decode_rows=None, *, kind: str | 
         got = "-" if o["measured"] is None else ", ".join(
             f"{shape(s)}: {value(o['metric'], v)}" + (f" ({o['by'][s]})" if several and v is not None else "")
             for s, v in o["measured"].items())
-        names = ", ".join(f"`{r}`" for r in (o["rung"], *also.get(o["rung"], ()))) if o["rung"] else "-"
+        names = ", ".join(f"`{r}`" for r in _ladder_order((o["rung"], *also.get(o["rung"], ())))) if o["rung"] else "-"
         wait = (f" (not yet measured: {', '.join(f'`{r}`' for r in o['pending'])})"
                 if o["pending"] and o["outcome"] != NOT_MEASURED else "")
         if not o["needs"]:
