@@ -736,10 +736,9 @@ DECODE_RECORDED = RECORDED_DIR / "decode" / "results.csv"
 DECODE_RUNGS = (
     Rung("paged_decode", "one block per sequence and head group", "paged_decode", "paged_decode",
          "lessons.gpu.paged_decode_gpu", "float16",
-         "the FA-2 loop over pages looked up in the block table; the block's 4 query heads of a GQA group "
-         "share each page it stages in shared memory",
-         "num_seqs x 8 blocks: 512 at 64 sequences, 8 at one sequence (the GPU has 132 SMs); K and V read "
-         "one 2-byte value per thread per load",
+         "the FA-2 loop over the pages of the block table; a GQA group's 4 query heads share each page the block "
+         "stages in shared memory",
+         "num_seqs x 8 blocks: 512 at 64 sequences, 8 at one (for 132 SMs); K and V read 2 bytes per thread per load",
          "ld.global.nc.u16", "too little parallelism per sequence, scalar loads (2026-11-30 run)"),
     Rung("flash_decoding", "split over the keys, partial states merged", "flash_decoding", "paged_decode",
          "lessons.gpu.flash_decoding_gpu", "float16",
@@ -749,43 +748,36 @@ DECODE_RUNGS = (
          "ld.global.nc.u16", "scalar loads, one page staged per barrier"),
     Rung("paged_decode_split", "GQA group per block, 16-byte loads, splits from the shape", "paged_decode_split",
          "paged_decode_split", "lessons.gpu.paged_decode_split_gpu", "float16",
-         "16 lanes read a key row of 256 bytes 16 bytes each, a warp two rows at once; each lane group "
-         "issues 4 keys' K and V loads before using them and keeps its own (m, l, o), merged in shared "
-         "memory at the end; the 16 partial dots of 4 keys x 4 heads summed by one reduce-scatter, so each "
-         "lane does the softmax of one (key, head) pair; num_splits from decode_splits (132 SMs x 4 blocks)",
-         "8 rows of 256 bytes in flight per warp (16 KiB per block of 4 warps, 4 blocks per SM, 128 "
-         "registers, no spills): enough to keep HBM busy; aim: 70% of the copy rate. Measured (2026-12-01): "
-         "68% at 64 x 4096, 51% at 8 x 32768, 66% at 1 x 131072, 5-15x flash_decoding: the aim is not met. "
-         "The 51% ran 9 splits, 576 blocks: a second wave of 48 blocks as long as the first; decode_splits "
-         "now takes the most splits that fit in one wave, 8 (512 blocks), not yet measured",
+         "16 lanes read a 256-byte key row, 16 bytes each; each lane group issues 4 keys' K and V loads before "
+         "using any and keeps its own (m, l, o), merged in shared memory at the end; one reduce-scatter sums the "
+         "16 partial dots of 4 keys x 4 heads, so each lane does one (key, head)'s softmax; num_splits from "
+         "decode_splits (132 SMs x 4 blocks)",
+         "16 KiB in flight per block (8 rows of 256 bytes per warp), 4 blocks per SM at 128 registers, no spills: "
+         "enough to keep HBM busy; aim: 70% of the copy rate. Measured (2026-12-01): 68% at 64 x 4096, 51% at "
+         "8 x 32768, 66% at 1 x 131072, 5-15x flash_decoding: not met. The 51% ran 9 splits: a second wave of 48 "
+         "blocks, as long as the first; decode_splits now picks 8, one wave, not yet measured",
          "ld.global.nc.v4.u32", "not profiled yet (the Nsight Compute run of 2026-11-30 predates it)"),
     Rung("paged_decode_prefetch", "+ the next step's rows loaded while this step's are used", "paged_decode_prefetch",
          "paged_decode_split", "lessons.gpu.paged_decode_split_gpu", "float16",
-         "the same kernel built with PREFETCH=1 (paged_decode_split_gpu(..., prefetch=True)): each lane group "
-         "issues the K and V loads of its next step before it absorbs this step's 4 keys, software pipelining "
-         "in registers, two sets of registers taking turns (even and odd steps, so no step's rows are copied "
-         "from one set to the other); the rows of two steps live at once, so the build asks for 3 blocks per SM "
-         "instead of 4 and num_splits fills a wave of 132 x 3 blocks",
-         "without it a lane group's loads are in flight only between its steps: it issues 8 rows, waits for "
-         "them, then computes while nothing of its own is in flight; with it the next 8 rows are always on "
-         "their way, 16 KiB per block from one step to the next. Compile report (NVRTC 12.9, sm_80 / sm_90, "
-         "d = 128, fp16, no spills): 168 registers (at 4 blocks per SM it would spill: 388 / 452 bytes of spill stores and loads), "
-         "3 blocks per SM: 12 warps instead of 16, each keeping a step's loads in flight while it computes too. SASS "
-         "(sm_90, lessons.gpu.decode_loads): a step's rows asked for 720 instructions before their first use (the split "
-         "rung: 115), 734.5 instructions per step (the split rung: 731); output bitwise the split rung's; aim: 70% of "
-         "the copy rate",
+         "the split kernel built with PREFETCH=1 (paged_decode_split_gpu(..., prefetch=True)): each lane group "
+         "issues its next step's K and V loads before it absorbs this step's, into a second register set (the "
+         "two take turns); so 3 blocks per SM instead of 4, and num_splits fills a wave of 132 x 3",
+         "the next step's rows are on their way while this step computes, where the split rung then has none of "
+         "its own in flight. Compile report (NVRTC 12.9, sm_80 / sm_90, no spills): 168 registers, 3 blocks per "
+         "SM, 12 warps instead of 16 (at 4 blocks: 388 / 452 bytes of spill stores and loads). SASS (sm_90): "
+         "a step's rows asked for 720 instructions before their first use (the split rung: 115), 734.5 "
+         "instructions per step (the split rung: 731); output bitwise the split rung's; aim: 70% of the copy rate",
          "ld.global.nc.v4.u32", "not yet measured on a GPU"),
     Rung("paged_decode_cp_async", "+ rows copied to shared memory with cp.async, two steps ahead",
          "paged_decode_cp_async", "paged_decode_split", "lessons.gpu.paged_decode_split_gpu", "float16",
-         "the same kernel built with ASYNC_STAGES=3 (paged_decode_split_gpu(..., cp_async=True)): each thread "
-         "copies its 16-byte pieces of K and V straight into a ring of 3 steps in shared memory (cp.async, "
-         "sm_80+), issuing step i + 2's copies before it waits for step i's (cp.async.wait_group 2) and "
-         "absorbs it; it reads back only what it copied itself, so no barrier; the ring and the final merge "
-         "share the block's 48 KiB",
-         "the rows in flight wait in shared memory, not in registers: 128 registers and 4 blocks per SM as "
-         "the split rung, while two steps (32 KiB per block, 128 KiB per SM) are on their way during every "
-         "step, against the 22 KiB per SM Little's law asks at the copy rate; the step's work is the split "
-         "rung's plus one shared-memory read per piece; aim: 70% of the copy rate",
+         "the split kernel built with ASYNC_STAGES=3 (paged_decode_split_gpu(..., cp_async=True)): each thread "
+         "copies its 16-byte pieces of K and V into a ring of 3 steps in shared memory (cp.async, sm_80+), "
+         "issuing step i + 2's copies before waiting for step i's (cp.async.wait_group 2); it reads back only "
+         "its own pieces, so no barrier; ring and final merge share the block's 48 KiB",
+         "the rows in flight wait in shared memory, not registers: the split rung's 128 registers and 4 blocks per "
+         "SM, with two steps (32 KiB per block, 128 KiB per SM) on their way during every step, against the 22 KiB "
+         "per SM Little's law asks at the copy rate; one shared-memory read per piece more than the split rung; "
+         "aim: 70% of the copy rate",
          "cp.async.cg.shared.global", "not yet measured on a GPU"),
 )
 
