@@ -186,6 +186,13 @@ def test_the_pipes_figure_draws_the_three_times():
     texts = " ".join(t.get_text() for t in ax.texts)
     for row in table:
         assert f"at most\n{row['ceiling'] / 1e12:.0f} TFLOP/s ({row['share']:.0%} of the peak)" in texts
+    # each issue class's legend entry gives its clocks over the rows, so that one too thin to see still reads
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    for name in {name for row in table for name, width in row["classes"].items() if width}:
+        widths = [round(row["classes"][name]) for row in table if row["classes"].get(name)]
+        lo, hi = min(widths), max(widths)
+        span = (f"{lo} clock" + ("" if lo == 1 else "s")) if lo == hi else f"{lo}-{hi} clocks"
+        assert f"I, issue slots: {name} ({span})" in legend, legend
     bad = [dict(table[0], classes={"other float": 1})]
     with pytest.raises(ValueError, match="must be a dict that sums"):
         warpgroup_pipes_figure(bad)
