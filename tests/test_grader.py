@@ -709,3 +709,79 @@ def test_decode_splits_wave_time_floor_plus_one_is_told_apart_from_the_pages(tmp
     assert result.result.hints == (MISTAKES.hint_text("waves_floor_plus_one"),)
     # the case of the hint, computed here: 66 splits of 8 blocks fill a wave of 528 exactly
     assert -(-66 * 8 // 528) == 1 and 66 * 8 // 528 + 1 == 2
+
+
+# --- swizzle_128b: answers a learner plausibly writes get the hint that fits, or none that misleads ------------
+
+_SWIZZLE_SLOT = "    return chunk ^ (row % 8)\n"
+_SWIZZLE_OFFSET = "    return 128 * row + 16 * swizzle_128b(row, col // 8) + 2 * (col % 8)\n"
+_SWIZZLE_PASSES = ("    slots = [swizzle_128b(r, chunk) for r in rows]\n"
+                   "    return max(slots.count(s) for s in set(slots))\n")
+
+
+def _swizzle_answer(tmp_path, replacements):
+    source = (ROOT / "solutions" / "swizzle_128b.py").read_text()
+    for old, new in replacements.items():
+        assert source.count(old) == 1, old
+        source = source.replace(old, new)
+    answer = tmp_path / "swizzle_128b.py"
+    answer.write_text(source)
+    return answer
+
+
+_SWIZZLE_WRONG = {
+    # a float slot: the rule is right, only the type is wrong (the offset built on it is a float too)
+    "float_slot": ({_SWIZZLE_SLOT: "    return float(chunk ^ (row % 8))\n"},
+                   "swizzle_128b returns an int"),
+    # the 64-byte swizzle's pattern: no named mistake, so the advice of the slot checks comes first
+    "swizzle_64b": ({_SWIZZLE_SLOT: "    return chunk ^ ((row >> 1) & 3)\n"},
+                    "swizzle_128b(row, chunk) is chunk XOR (row % 8)"),
+    # rows 64 bytes apart: not a mistake in the XOR nor in the bytes per value
+    "row_stride_64": ({_SWIZZLE_OFFSET: "    return 64 * row + 16 * swizzle_128b(row, col // 8) + 2 * (col % 8)\n"},
+                      "128 x row + 16 x swizzle_128b(row, col // 8) + 2 x (col % 8)"),
+    # col / 8: a float chunk index, so the XOR raises; the error is shown, not a named mistake
+    "true_division": ({_SWIZZLE_OFFSET: "    return 128 * row + 16 * swizzle_128b(row, col / 8) + 2 * (col % 8)\n"},
+                      "128 x row + 16 x swizzle_128b(row, col // 8) + 2 x (col % 8)"),
+    # banks counted modulo 31: a wrong bank mapping in read_passes, the slots right
+    "banks_mod_31": ({_SWIZZLE_PASSES: "    from collections import Counter\n    banks = Counter()\n"
+                                       "    for r in rows:\n"
+                                       "        start = swizzled_offset(r, 8 * chunk) // 4\n"
+                                       "        banks.update({(start + i) % 31 for i in range(4)})\n"
+                                       "    return max(banks.values())\n"},
+                     "read_passes is the most of the rows' chunks that share one slot"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_SWIZZLE_WRONG))
+def test_swizzle_128b_wrong_answers_get_the_hint_that_fits(kind, tmp_path):
+    replacements, hint = _SWIZZLE_WRONG[kind]
+    result = check("swizzle_128b", file=_swizzle_answer(tmp_path, replacements))
+    assert result.status == "failed", result
+    assert result.result.hints and hint in result.result.hints[0], result.result.hints
+    # no hint names a mistake this answer does not make
+    assert not set(result.result.hints) & {MISTAKES.hint_text(k) for k in MISTAKES.MISTAKES}, result.result.hints
+
+
+_SWIZZLE_RIGHT = {
+    "bit_tricks": {_SWIZZLE_SLOT: "    return chunk ^ (row & 7)\n",
+                   _SWIZZLE_OFFSET: "    return (row << 7) | (swizzle_128b(row, col >> 3) << 4) | ((col & 7) << 1)\n"},
+    "lookup_table": {_SWIZZLE_SLOT: "    return [[c ^ r for c in range(8)] for r in range(8)][row % 8][chunk]\n"},
+    "library": {_SWIZZLE_SLOT: "    from lessons.gpu.source import wgmma_swizzle\n"
+                               "    return wgmma_swizzle(row, 8 * chunk, row + 1, 64) % 128 // 16\n",
+                _SWIZZLE_OFFSET: "    from lessons.gpu.source import wgmma_swizzle\n"
+                                 "    return wgmma_swizzle(row, col, row + 1, 64)\n"},
+    "numpy": {_SWIZZLE_SLOT: "    import numpy as np\n    return np.int64(chunk) ^ np.int64(row % 8)\n",
+              _SWIZZLE_PASSES: "    import numpy as np\n"
+                               "    slots = np.bitwise_xor(chunk, np.asarray(list(rows)) % 8)\n"
+                               "    return int(np.bincount(slots, minlength=8).max())\n"},
+    "banks": {_SWIZZLE_PASSES: "    from collections import Counter\n    banks = Counter()\n    for r in rows:\n"
+                               "        start = swizzled_offset(r, 8 * chunk) // 4\n"
+                               "        banks.update({(start + i) % 32 for i in range(4)})\n"
+                               "    return max(banks.values())\n"},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_SWIZZLE_RIGHT))
+def test_swizzle_128b_right_answers_written_differently_pass(kind, tmp_path):
+    result = check("swizzle_128b", file=_swizzle_answer(tmp_path, _SWIZZLE_RIGHT[kind]))
+    assert result.status == "passed", (result.status, result.result.hints if result.result else None)
