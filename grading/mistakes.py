@@ -133,6 +133,26 @@ MISTAKES = {
         "the swizzle moves whole 16-byte chunks: XOR the chunk index col // 8 with row % 8 and keep the 8 values of "
         "the chunk in order, 128 x row + 16 x (col // 8 XOR row % 8) + 2 x (col % 8); XORing the byte offset "
         "2 x col moves values inside their chunk and leaves every chunk in the same banks"),
+    "rotation_not_xor": (
+        "a rotation, not an XOR",
+        "(chunk + row) % 8 also gives 8 consecutive rows 8 different slots, but it is not the layout TMA writes and "
+        "the wgmma descriptor names: the 128-byte swizzle flips the bits of the chunk index where row % 8 has a 1, "
+        "chunk XOR (row % 8) (chunk 2 of rows 0 .. 7: slots 2, 3, 0, 1, 6, 7, 4, 5, not 2, 3, 4, 5, 6, 7, 0, 1)"),
+    "row_div_8": (
+        "XOR with row // 8, not row % 8",
+        "row // 8 is which group of 8 rows a row is in, the same for rows 0 .. 7, so the 8 rows ldmatrix and wgmma "
+        "read at once keep their chunk in one slot (8 passes); XOR with row % 8, the row's place in its group of 8"),
+    "four_byte_values": (
+        "4 bytes per value",
+        "the tile holds 16-bit values, 2 bytes each: 8 fill a 16-byte chunk and 64 a 128-byte row, so value col % 8 "
+        "of its chunk is 2 x (col % 8) bytes in, and its chunk is col // 8: "
+        "128 x row + 16 x swizzle_128b(row, col // 8) + 2 x (col % 8)"),
+    "distinct_slots": (
+        "the slots used, not the fullest slot",
+        "read_passes counts the passes: the chunks in the fullest slot (the same 4 banks at different addresses, "
+        "one after another), not how many different slots the rows use. Rows 0 .. 7 use 8 slots, one chunk each: 1 "
+        "pass; rows 0 and 8 share slot 2: 2 passes. Count swizzle_128b(r, chunk) over the rows and take the largest "
+        "count"),
 }
 
 

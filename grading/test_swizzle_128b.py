@@ -19,8 +19,9 @@ from hypothesis import given, strategies as st
 from lessons.gpu.source import wgmma_swizzle
 
 EXERCISE = "swizzle_128b"
-SLOT_MISTAKES = ("no_swizzle", "row_not_mod_8")
-OFFSET_MISTAKES = ("xor_on_bytes",)
+SLOT_MISTAKES = ("no_swizzle", "row_not_mod_8", "rotation_not_xor", "row_div_8")
+OFFSET_MISTAKES = ("xor_on_bytes", "four_byte_values")
+PASS_MISTAKES = ("distinct_slots",)
 BANKS, BANK_BYTES = 32, 4
 SLOT_HINT = "swizzle_128b(row, chunk) is chunk XOR (row % 8), a slot from 0 to 7"
 OFFSET_HINT = ("the swizzle moves whole 16-byte chunks: 128 x row + 16 x swizzle_128b(row, col // 8) + "
@@ -170,6 +171,20 @@ def test_the_slot_is_not_chunk_xor_row(answer):
                            f"{raw_slot(answer, 9, 2)}, past the 8 slots of a row; XOR with row % 8 gives slot 3")
 
 
+@pytest.mark.catches("rotation_not_xor")
+def test_the_slot_is_not_a_rotation(answer):
+    rotated = shows(lambda: all(raw_slot(answer, r, c) % 8 == (c + r) % 8 for r in range(8) for c in range(8)))
+    assert not rotated, ("every chunk c of rows r = 0 .. 7 sits in slot (c + r) % 8, a rotation: chunk 2 of rows "
+                         "0 .. 7 in slots 2, 3, 4, 5, 6, 7, 0, 1, not 2 XOR r: 2, 3, 0, 1, 6, 7, 4, 5")
+
+
+@pytest.mark.catches("row_div_8")
+def test_the_slot_is_not_chunk_xor_row_div_8(answer):
+    by_group = shows(lambda: all(raw_slot(answer, r, c) == c ^ (r // 8) for r in range(64) for c in range(8)))
+    assert not by_group, ("every chunk c of rows r = 0 .. 63 sits in slot c XOR (r // 8): rows 0 .. 7 keep every "
+                          "chunk in place, so the 8 rows read at once share a slot")
+
+
 # --- swizzled_offset --------------------------------------------------------------------------------------------
 
 @pytest.mark.hint(OFFSET_HINT)
@@ -219,6 +234,14 @@ def test_the_xor_does_not_move_values_inside_their_chunk(answer):
                                     "values change places: the XOR acts on the byte offset, not on the chunk index")
 
 
+@pytest.mark.catches("four_byte_values")
+def test_values_are_2_bytes_apart(answer):
+    apart = shows(lambda: {offset(answer, 0, col + 1) - offset(answer, 0, col)
+                           for col in range(63) if col % 8 != 7} == {4})
+    assert not apart, ("consecutive values of a chunk of row 0 lie 4 bytes apart: a 16-bit value is 2 bytes "
+                          "(swizzled_offset(0, 1) = 4, expected 2)")
+
+
 # --- read_passes ------------------------------------------------------------------------------------------------
 
 @pytest.mark.hint(PASS_HINT)
@@ -232,7 +255,7 @@ def test_passes_count_the_fullest_of_your_slots(answer):
             f"chunks in slots {[raw_slot(answer, r, chunk) for r in rows]}, the fullest holds {max(own.values())}")
 
 
-@pytest.mark.catches(*SLOT_MISTAKES)
+@pytest.mark.catches(*SLOT_MISTAKES, *PASS_MISTAKES)
 def test_passes_by_hand(answer):
     for rows, expected, why in ((range(8), 1, "8 rows, 8 different slots"), (range(8, 16), 1, "rows 8 .. 15 too"),
                                 ((0, 8), 2, "both in slot 2"), (range(16), 2, "each slot holds 2 of the 16"),
@@ -241,7 +264,7 @@ def test_passes_by_hand(answer):
         assert got == expected, f"read_passes({list(rows)}, 2) = {got}, expected {expected} ({why})"
 
 
-@pytest.mark.catches(*SLOT_MISTAKES)
+@pytest.mark.catches(*SLOT_MISTAKES, *PASS_MISTAKES)
 def test_eight_consecutive_rows_read_in_one_pass(answer):
     for first in range(0, 40, 3):
         for chunk in range(8):
@@ -250,7 +273,7 @@ def test_eight_consecutive_rows_read_in_one_pass(answer):
                               f"each of row mod 8: 8 different slots, the 32 banks once)")
 
 
-@pytest.mark.catches(*SLOT_MISTAKES)
+@pytest.mark.catches(*SLOT_MISTAKES, *PASS_MISTAKES)
 @given(rows=st.sets(st.integers(0, 63), min_size=1, max_size=24), chunk=st.integers(0, 7))
 def test_passes_match_the_banks(answer, rows, chunk):
     rows = sorted(rows)
@@ -258,3 +281,20 @@ def test_passes_match_the_banks(answer, rows, chunk):
     assert passes(answer, rows, chunk) == expected, (
         f"read_passes({rows}, {chunk}) = {passes(answer, rows, chunk)}, expected {expected} (the most chunks "
         f"asking one of the 32 banks for a word, offsets from lessons.gpu.source.wgmma_swizzle)")
+
+
+@pytest.mark.catches("distinct_slots")
+def test_passes_are_not_the_count_of_slots_used(answer):
+    # the signature, on the answer's own slots (right or not): read_passes is the number of different slots
+    # wherever that differs from the count in the fullest slot
+    def signature():
+        differ = 0
+        for rows in (range(8), (0, 8), range(16), (0, 8, 16, 24), (1, 2, 9)):
+            own = Counter(raw_slot(answer, r, 2) for r in rows)
+            if len(own) != max(own.values()):
+                differ += 1
+                if passes(answer, rows, 2) != len(own):
+                    return False
+        return differ > 0
+    assert not shows(signature), ("read_passes gives the number of different slots the rows' chunks use "
+                                  "(rows 0 .. 7: 8), not the most chunks in one slot (rows 0 .. 7: 1)")
