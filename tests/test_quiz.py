@@ -44,6 +44,12 @@ def test_the_seed_question_is_asked():
 def test_right_answers_are_not_all_in_one_place():
     positions = {q.answer for _, _, q in ALL}
     assert len(positions) >= 3
+    # nor within one self-test: no position holds more than half of a notebook's right answers (a learner who
+    # noticed "always the second" would pass without reading)
+    for key in QUIZZES:
+        answers = [q.answer for q in QUIZZES[key]]
+        most = max(answers.count(a) for a in set(answers))
+        assert most <= len(answers) / 2, f"{key}: right answers at {answers}"
 
 
 def test_sections_named_in_explanations_exist():

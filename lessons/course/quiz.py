@@ -247,13 +247,13 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           "and how does the wide build get there?",
           ("8 rows would need more shared memory than a block may have on any GPU; the wide build keeps Q in "
            "registers instead of shared memory, which frees the room",
-           "With 8 lanes per row a thread keeps 16 columns of each of its output rows, so 8 rows would be 128 "
-           "floats of o alone; 16 lanes per row halve that, and 8 rows x 4 keys fit in 208 registers at d = 128",
+           "Causal masking needs a thread's rows to lie within 2 of the diagonal; the wide build masks whole "
+           "tiles instead, so its rows may be further apart",
            "A thread's FMAs can only feed 2 rows at a time from one shared load; the wide build reads each "
            "value of K twice as often so that more rows can use it",
-           "Causal masking needs a thread's rows to lie within 2 of the diagonal; the wide build masks whole "
-           "tiles instead, so its rows may be further apart"),
-          1,
+           "With 8 lanes per row a thread keeps 16 columns of each of its output rows, so 8 rows would be 128 "
+           "floats of o alone; 16 lanes per row halve that, and 8 rows x 4 keys fit in 208 registers at d = 128"),
+          3,
           "A thread's o is its rows times its share of the head dim, and that share is d / lanes: 128 / 8 = 16 "
           "columns. With 16 lanes it is 8, so 8 rows cost 64 floats of o, and each 4 columns of S need 8 + 4 "
           "loads for 128 FMAs instead of 2 + 4 for 32. The price is shared memory (64 x 64 tiles: 83 KiB, 2 blocks "
@@ -263,11 +263,11 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           "Each SM quarter issues one warp instruction per clock and finishes one warp FFMA per clock. What does "
           "that say about the rung's speed?",
           ("Nothing: loads run on another unit, so they cost no FFMA any time",
+           "The loop is bound by HBM, since every load goes to HBM",
            "In that loop the FP32 lanes are busy at most 32 / 71 = 45% of the clocks, so S = Q K^T runs at most "
            "at about 45% of the FP32 peak, however well the loads are hidden",
-           "The loop is bound by HBM, since every load goes to HBM",
            "It runs at 32 / 34 of the peak, the ratio of FFMA to loads"),
-          1,
+          2,
           "A load issues from the same scheduler as the FFMA, so each clock spent issuing it is a clock with no "
           "FFMA issued. Hiding a load's latency does not give its issue slot back. The loads here read shared "
           "memory, not HBM. Register tiling raises the share of FFMA (76% in the plain build at d = 64, 88% in "
@@ -304,11 +304,11 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           "lean build issues 760 for the same 128. One scheduler issues one instruction per clock, and at the tensor "
           "peak its tensor core finishes one HMMA every 4 clocks. What follows?",
           ("The lean build will run 982 / 760 = 1.29x faster than the wide one",
-           "The most either can reach rises from 4 x 128 / 982 = 52% to 4 x 128 / 760 = 67% of the tensor peak; how "
-           "fast each really runs is for a GPU to say",
+           "The lean build is slower: its pre-pass reads V from HBM once more",
            "Both run at the tensor peak: they issue the same HMMA",
-           "The lean build is slower: its pre-pass reads V from HBM once more"),
-          1,
+           "The most either can reach rises from 4 x 128 / 982 = 52% to 4 x 128 / 760 = 67% of the tensor peak; how "
+           "fast each really runs is for a GPU to say"),
+          3,
           "Issue slots bound the rate from above: a warp that issues I instructions per HMMA cannot keep its tensor "
           "core busy more than 4 / I of the clocks, however well it hides latency. Waits at barriers and for copies, "
           "and mma.sync's own rate on Hopper, can hold either build below its ceiling, so the ratio of the counts is "
@@ -441,11 +441,11 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           "needs 168 registers, so only 3 blocks fit on an SM. The cp.async rung keeps two steps ahead and still "
           "fits 4 blocks with 128 registers. Why?",
           ("cp.async compresses the rows, so they take fewer registers",
-           "Its copies go from global straight into a ring in shared memory: the rows in flight hold no "
-           "registers, only 48 KiB of shared memory per block, and 4 x 48 KiB fit in an SM's 228 KiB",
+           "It waits for every copy at once at the end of the split, so nothing is in flight during a step",
            "It reads each row twice as fast, so it needs half the rows in flight",
-           "It waits for every copy at once at the end of the split, so nothing is in flight during a step"),
-          1,
+           "Its copies go from global straight into a ring in shared memory: the rows in flight hold no "
+           "registers, only 48 KiB of shared memory per block, and 4 x 48 KiB fit in an SM's 228 KiB"),
+          3,
           "A register load (LDG) must land in registers the warp owns from the moment it asks until it uses them, so "
           "every step in flight costs registers. cp.async (LDGSTS in SASS) writes shared memory instead; the thread "
           "waits later for a whole group of its copies (cp.async.wait_group 2: until at most 2 groups are still on "
@@ -456,12 +456,12 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
         Q("At 8 sequences of 32768 tokens the split decode kernel has 64 blocks per split, 2048 pages per sequence, "
           "and an H200 holds a wave of 528 of its blocks at once. Why does the wave model pick 8 splits rather than "
           "the 9 that fill the wave?",
-          ("9 splits would read some pages twice",
-           "9 splits are 576 blocks: 48 of them run in a second wave that lasts as long as the first, so the "
+          ("9 splits are 576 blocks: 48 of them run in a second wave that lasts as long as the first, so the "
            "model's time is 2 x 228 pages per block against 1 x 256 for 8 splits in one wave",
+           "9 splits would read some pages twice",
            "More splits always cost more, because their partial states must be merged",
            "9 does not divide 2048, so the last split would have no page"),
-          1,
+          0,
           "A wave lasts about as long as one block when every block reads about as many pages, however few blocks it "
           "holds, so time is waves x pages per block (lessons.gpu.source.decode_split_cost). 8 splits leave 16 slots "
           "of the wave idle but finish in one wave; the ninth split spills 48 blocks into a second one and nearly "
@@ -490,12 +490,12 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
           "alpha: 66 MUFU, 528 clocks, at most 512 / 528 = 97% of the peak. Reread 'Three pipes per key tile'."),
         Q("In the Hopper rung, what tells the producer warpgroup that it may copy the next K and V tile into "
           "a shared-memory stage?",
-          ("A __syncthreads() of the whole block after every tile",
-           "The stage's empty mbarrier completing a phase: all 256 consumer threads arrived on it when they "
+          ("The stage's empty mbarrier completing a phase: all 256 consumer threads arrived on it when they "
            "finished the tile it held",
+           "A __syncthreads() of the whole block after every tile",
            "The TMA copy engine waits by itself until nobody reads the stage",
            "Nothing: the producer copies every tile at once, one stage each"),
-          1,
+          0,
           "The consumers arrive on empty[s] when they are done with stage s; the producer waits for that "
           "phase (try_wait.parity) before it issues the copy, whose bytes then complete full[s]; once its warp "
           "has checked V, it arrives on ready[s], on which the consumers wait. A block-wide barrier would make "
@@ -532,11 +532,11 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
         Q("In the ping-pong rung warpgroup 1 arrives once on warpgroup 0's barrier before its first turn. "
           "What happens if it leaves that arrival out?",
           ("Nothing: the barriers only order the issues, so the output is the same",
-           "Warpgroup 0 waits for a first turn nobody gives, and warpgroup 1 waits for warpgroup 0: the "
-           "block never finishes",
+           "The output changes, because the products run in another order",
            "The two warpgroups issue their products at once, as in the overlapped rung",
-           "The output changes, because the products run in another order"),
-          1,
+           "Warpgroup 0 waits for a first turn nobody gives, and warpgroup 1 waits for warpgroup 0: the "
+           "block never finishes"),
+          3,
           "A warpgroup issues only after bar.sync on its own barrier has completed, which needs the other's "
           "bar.arrive. Without the first arrival warpgroup 0's first bar.sync never completes, and warpgroup 1 "
           "waits on its own barrier for warpgroup 0: a deadlock (the emulator reports it; a GPU would hang). "
@@ -546,11 +546,11 @@ QUIZZES: dict[str, tuple[Question, ...]] = {
         Q("In a tile stored with the 128-byte swizzle, chunk 5 of rows 0 to 7 sits in 8 different 16-byte slots, so "
           "one instruction reads all 8 in one pass. Where do chunk 5 of row 3 and chunk 5 of row 11 sit, and how "
           "many passes does a read of just those two chunks take?",
-          ("Slots 6 and 14: different banks, so one pass",
-           "Both in slot 6: the same 4 banks at two addresses, so two passes",
+          ("Both in slot 6: the same 4 banks at two addresses, so two passes",
+           "Slots 6 and 14: different banks, so one pass",
            "Both in slot 5: the swizzle moves only rows 0 to 7, and two chunks fit in one pass",
            "Slots 6 and 5: row 11 lies past the 8 rows the swizzle covers, so one pass"),
-          1,
+          0,
           "A 128-byte row has 8 slots of 16 bytes, each one group of 4 of the 32 banks, and every row starts at bank "
           "0. The swizzle stores chunk c of row r at slot c XOR (r mod 8): row 3 gives 5 XOR 3 = 6, and so does row "
           "11, since 11 mod 8 = 3. Rows 8 apart share a layout, so their chunk c shares 4 banks at two different "
