@@ -178,16 +178,15 @@ def split_counts(auto: int, pages: int, model: tuple[int, ...] = ()) -> list[int
     return sorted(s for s in near | wide | set(model) if 1 <= s <= min(pages, MAX_SPLITS))
 
 
-def model_counts(num_seqs: int, seq_len: int, geometry: Geometry, num_sms: int, rung: str = DEFAULT_RUNG
-                 ) -> tuple[int, ...]:
+def model_counts(num_seqs: int, seq_len: int, auto: int, geometry: Geometry, num_sms: int,
+                 rung: str = DEFAULT_RUNG) -> tuple[int, ...]:
     """The split counts up to ``auto * SPAN`` that the wave model (:func:`lessons.gpu.source.decode_split_cost`)
-    finds faster than the automatic pick ``auto``: the fewest such count and the fastest (fewest on a tie), or
-    ``()`` when none is. They take several waves, which the pick never does (more partial states to merge, and
+    finds faster than the automatic pick ``auto`` (:func:`auto_splits` of the same shape, build and SMs): the
+    fewest such count and the fastest (fewest on a tie), or ``()`` when none is. They take several waves, which the pick never does (more partial states to merge, and
     blocks that do not finish in step); timing them tests the model. On an H200, 8 x 32768 tokens: (33, 41)
     (4 waves x 63 pages and 5 x 50, against the pick's 1 x 256); 64 x 4096 and 1 x 131072: ()."""
     g = geometry
     pages = -(-seq_len // g.block_size)
-    auto = auto_splits(num_seqs, seq_len, g, num_sms, rung)
     sweep = decode_split_sweep(num_seqs, seq_len, num_heads=g.num_heads, num_kv_heads=g.num_kv_heads,
                                head_dim=g.head_dim, block_size=g.block_size, num_sms=num_sms,
                                blocks_per_sm=paged_decode_split_blocks_per_sm(**launch_options(rung)),
@@ -203,8 +202,8 @@ def plan(shapes, geometry: Geometry, num_sms: int, rung: str = DEFAULT_RUNG) -> 
     out = []
     for num_seqs, seq_len in shapes:
         auto = auto_splits(num_seqs, seq_len, geometry, num_sms, rung)
-        out.append((num_seqs, seq_len, auto, split_counts(auto, -(-seq_len // geometry.block_size),
-                                                          model_counts(num_seqs, seq_len, geometry, num_sms, rung))))
+        model = model_counts(num_seqs, seq_len, auto, geometry, num_sms, rung)
+        out.append((num_seqs, seq_len, auto, split_counts(auto, -(-seq_len // geometry.block_size), model)))
     return out
 
 

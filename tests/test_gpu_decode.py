@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import lessons
 import lessons.gpu as gpu
 from lessons.gpu import ladder
-from lessons.gpu.source import decode_split_cost, decode_splits, paged_decode_split_layout, paged_decode_split_smem_bytes
+from lessons.gpu.source import decode_split_cost, decode_split_terms, decode_splits, paged_decode_split_layout, paged_decode_split_smem_bytes
 from test_gpu_kernels import (SEQ_LENS, assert_decode_close, decode_args, decode_reference, paged_case,
                               sequence_kv, skip_left_out, split_state_float32, values)
 from kernel_tolerance import assert_within_baseline
@@ -53,16 +53,17 @@ def test_decode_splits_fill_an_h200(num_seqs, seq_len, want):
     assert decode_splits(num_seqs, 8, seq_len) == want
 
 
-@pytest.mark.parametrize("num_splits, per_split, pages, wave, want", [
-    (8, 64, 2048, 528, 1 * 256),     # 512 blocks: one wave; 2048 / 8 pages per block
-    (9, 64, 2048, 528, 2 * 228),     # 576 blocks: two waves; ceil(2048 / 9) = 228
-    (66, 8, 8192, 528, 1 * 125),     # 528 blocks; ceil(8192 / 66) = 125
-    (1, 416, 256, 528, 1 * 256),
-    (2, 416, 256, 528, 2 * 128),
-    (3, 1, 7, 1, 3 * 3),             # a wave of one block: every block is a wave
+@pytest.mark.parametrize("num_splits, per_split, pages, wave, waves, pages_per_block", [
+    (8, 64, 2048, 528, 1, 256),      # 512 blocks: one wave; 2048 / 8 pages per block
+    (9, 64, 2048, 528, 2, 228),      # 576 blocks: two waves; ceil(2048 / 9) = 228
+    (66, 8, 8192, 528, 1, 125),      # 528 blocks; ceil(8192 / 66) = 125
+    (1, 416, 256, 528, 1, 256),
+    (2, 416, 256, 528, 2, 128),
+    (3, 1, 7, 1, 3, 3),              # a wave of one block: every block is a wave
 ])
-def test_decode_split_cost_by_hand(num_splits, per_split, pages, wave, want):
-    assert decode_split_cost(num_splits, per_split, pages, wave) == want
+def test_decode_split_cost_by_hand(num_splits, per_split, pages, wave, waves, pages_per_block):
+    assert decode_split_terms(num_splits, per_split, pages, wave) == (waves, pages_per_block)
+    assert decode_split_cost(num_splits, per_split, pages, wave) == waves * pages_per_block
 
 
 def _model_time(splits, per_split, pages, wave):

@@ -936,7 +936,7 @@ def split_sweep_markdown(sweeps: dict, rows=None) -> str:
     rows (default the recorded run). TypeError for a ``sweeps`` that is not such a dict (naming the key or the
     missing fields), ValueError for a sweep whose costs leave out its pick (:func:`lessons.gpu.source.
     check_split_sweep`)."""
-    from lessons.gpu.source import check_split_sweep
+    from lessons.gpu.source import check_split_sweep, decode_split_terms
     if not isinstance(sweeps, dict) or not sweeps:
         raise TypeError(f"sweeps must be a non-empty dict {{(num_seqs, seq_len): decode_split_sweep(...)}}, "
                         f"got {sweeps!r:.80}")
@@ -948,8 +948,8 @@ def split_sweep_markdown(sweeps: dict, rows=None) -> str:
     ran = next(e for e in decode_table(rows) if e["name"] == "paged_decode_split")["splits"] or {}
 
     def cost(sw, k):
-        waves = -(-k * sw["blocks_per_split"] // sw["wave"])
-        return f"{k}: {waves} x {-(-sw['pages'] // k)} = {waves * -(-sw['pages'] // k)}"
+        waves, pages_per_block = decode_split_terms(k, sw["blocks_per_split"], sw["pages"], sw["wave"])
+        return f"{k}: {waves} x {pages_per_block} = {waves * pages_per_block}"
 
     lines = ["| shape | blocks per split | pages | wave | picks: most that fit in a wave | one split more "
              "| counts the model finds cheaper (of those costed) | every slot busy | the recorded split rung ran |",

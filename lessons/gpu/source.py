@@ -46,7 +46,7 @@ __all__ = [
     "MAX_SPLIT_HEADS_PER_BLOCK", "paged_decode_split_layout", "paged_decode_split_smem_bytes",
     "paged_decode_split_config", "paged_decode_split_build", "DECODE_BLOCKS_PER_SM", "DECODE_ASYNC_STAGES",
     "DECODE_ASYNC_BLOCKS_PER_SM", "paged_decode_split_auto_splits", "paged_decode_split_blocks_per_sm",
-    "decode_splits", "decode_split_cost", "decode_split_sweep", "H200_NUM_SMS",
+    "decode_splits", "decode_split_cost", "decode_split_terms", "decode_split_sweep", "H200_NUM_SMS",
 ]
 
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
@@ -989,17 +989,25 @@ def decode_splits(num_seqs: int, num_kv_heads: int, seq_len: int, *, block_size:
 
 
 def decode_split_cost(num_splits: int, blocks_per_split: int, pages: int, wave: int) -> int:
-    """The wave model behind :func:`decode_splits`: time in pages read by one block, ``waves * pages_per_block``,
-    ``waves = ceil(num_splits * blocks_per_split / wave)`` (a wave: the blocks the GPU runs at once)
-    and ``pages_per_block = ceil(pages / num_splits)``. A model for a kernel bound by memory, whose
+    """The wave model behind :func:`decode_splits`: time in pages read by one block, ``waves * pages_per_block``
+    (the two factors: :func:`decode_split_terms`). A model for a kernel bound by memory, whose
     blocks all take about as long: a wave lasts as long as one block, however few blocks it holds.
     Example: 8 sequences x 32768 tokens (2048 pages), 64 blocks per split, a wave of 528 blocks:
     8 splits cost 1 x 256, 9 splits 2 x 228. All arguments positive ints (ValueError/TypeError otherwise)."""
+    waves, pages_per_block = decode_split_terms(num_splits, blocks_per_split, pages, wave)
+    return waves * pages_per_block
+
+
+def decode_split_terms(num_splits: int, blocks_per_split: int, pages: int, wave: int) -> tuple[int, int]:
+    """The two factors of :func:`decode_split_cost`: ``waves = ceil(num_splits * blocks_per_split / wave)`` (a
+    wave: the blocks the GPU runs at once) and ``pages_per_block = ceil(pages / num_splits)``, the pages of the
+    longest split. Example: 9 splits of 64 blocks, 2048 pages, a wave of 528 -> (2, 228). All arguments positive
+    ints (ValueError/TypeError otherwise)."""
     num_splits = _check_int(num_splits, "num_splits", 1, 1 << 31)
     blocks_per_split = _check_int(blocks_per_split, "blocks_per_split", 1, 1 << 40)
     pages = _check_int(pages, "pages", 1, 1 << 40)
     wave = _check_int(wave, "wave", 1, 1 << 40)
-    return -(-num_splits * blocks_per_split // wave) * -(-pages // num_splits)
+    return -(-num_splits * blocks_per_split // wave), -(-pages // num_splits)
 
 
 def decode_split_sweep(num_seqs: int, seq_len: int, *, num_heads: int = 32, num_kv_heads: int = 8,

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, MaxNLocator, NullLocator
 
-from lessons.gpu.source import check_split_sweep
+from lessons.gpu.source import check_split_sweep, decode_split_terms
 from lessons.views.plot import new_figure, tidy
 
 __all__ = ["split_cost_figure"]
@@ -12,8 +12,13 @@ __all__ = ["split_cost_figure"]
 _DOTS_UP_TO = 64
 
 
+def _terms(s: dict, splits: int) -> tuple[int, int]:
+    """(waves, pages per block) of ``splits`` splits of the sweep ``s``'s shape."""
+    return decode_split_terms(splits, s["blocks_per_split"], s["pages"], s["wave"])
+
+
 def _waves(s: dict, splits: int) -> int:
-    return -(-splits * s["blocks_per_split"] // s["wave"])
+    return _terms(s, splits)[0]
 
 
 def _zoom_panel(ax, s: dict) -> None:
@@ -98,12 +103,12 @@ def split_cost_figure(sweeps: dict, *, zoom: bool = False):
             spill = blocks - (waves - 1) * s["wave"]
             ax.plot([more], [s["costs"][more] / s["bound"]], "o", mfc="none", mec="#d62728", mew=1.8, ms=11,
                     zorder=3, label=f"one more, {more}: {spill} blocks in wave {waves},\n{waves} x "
-                    f"{-(-s['pages'] // more)} = {s['costs'][more]}"
+                    f"{_terms(s, more)[1]} = {s['costs'][more]}"
                     + (" (a tie: the fewer kept)" if s["costs"][more] == s["costs"][pick] else ""))
         best = s["best"]
         if s["costs"][best] < s["costs"][pick]:
             ax.plot([best], [s["costs"][best] / s["bound"]], "D", color="#2ca02c", ms=7, zorder=4,
-                    label=f"cheapest: {best}, {_waves(s, best)} waves x {-(-s['pages'] // best)} = "
+                    label=f"cheapest: {best}, {_waves(s, best)} waves x {_terms(s, best)[1]} = "
                           f"{s['costs'][best]}\n({100 * (1 - s['costs'][best] / s['costs'][pick]):.1f}% under the pick)")
         ax.set_yscale("log")
         ax.set_ylim(0.9, top * 1.6)
