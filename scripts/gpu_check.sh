@@ -98,20 +98,17 @@ step() {  # step NAME STATUS DETAIL
     if [ "$2" = "FAIL" ]; then FAILED=1; fi
 }
 
-DEADLINE="${GPU_CHECK_DEADLINE:-$([ $DRY -eq 1 ] && echo 1800 || echo 480)}"
-if ! [[ "$DEADLINE" =~ ^[0-9]{1,6}$ ]] || [ $((10#$DEADLINE)) -lt 1 ]; then
-    echo "gpu_check.sh: GPU_CHECK_DEADLINE must be a whole number of seconds, at least 1 and at most 999999;" \
-         "got '$DEADLINE'" >&2
-    exit 2
-fi
-DEADLINE=$((10#$DEADLINE))                      # (decimal, even with leading zeros: "08" is 8, not octal)
-TEST_TIMEOUT="${GPU_CHECK_TEST_TIMEOUT:-120}"
-if ! [[ "$TEST_TIMEOUT" =~ ^[0-9]{1,5}$ ]] || [ $((10#$TEST_TIMEOUT)) -lt 1 ]; then
-    echo "gpu_check.sh: GPU_CHECK_TEST_TIMEOUT must be a whole number of seconds, at least 1 and at most 99999;" \
-         "got '$TEST_TIMEOUT'" >&2
-    exit 2
-fi
-TEST_TIMEOUT=$((10#$TEST_TIMEOUT))
+whole_seconds() {  # whole_seconds VAR VALUE MOST: VAR = VALUE, a whole number of seconds from 1 to MOST (all nines),
+                   # in decimal even with leading zeros ("08" is 8, not octal); otherwise exit 2 naming GPU_CHECK_VAR
+    if ! [[ "$2" =~ ^[0-9]{1,${#3}}$ ]] || [ $((10#$2)) -lt 1 ]; then
+        echo "gpu_check.sh: GPU_CHECK_$1 must be a whole number of seconds, at least 1 and at most $3;" \
+             "got '$2'" >&2
+        exit 2
+    fi
+    printf -v "$1" '%d' "$((10#$2))"
+}
+whole_seconds DEADLINE "${GPU_CHECK_DEADLINE:-$([ $DRY -eq 1 ] && echo 1800 || echo 480)}" 999999
+whole_seconds TEST_TIMEOUT "${GPU_CHECK_TEST_TIMEOUT:-120}" 99999
 rest() {  # seconds left before the deadline (0 once it has passed)
     local r=$(( DEADLINE - ($(date +%s) - START) ))
     echo $(( r > 0 ? r : 0 ))

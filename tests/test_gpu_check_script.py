@@ -180,7 +180,7 @@ def test_the_pytest_step_runs_in_eight_processes_by_default():
     assert 'PASSES="${GPU_CHECK_PASSES:-8}"' in text and 'xdist=(-n "$workers")' in text and "no:cacheprovider" in text
     # a hanging test ends on its own (pytest-timeout's thread method: it needs no signal the stuck call would block)
     assert '--timeout "$TEST_TIMEOUT" --timeout-method thread' in text and '"${HANG[@]}"' in text
-    assert 'TEST_TIMEOUT="${GPU_CHECK_TEST_TIMEOUT:-120}"' in text
+    assert 'whole_seconds TEST_TIMEOUT "${GPU_CHECK_TEST_TIMEOUT:-120}" 99999' in text
 
 
 def test_every_kernel_with_a_driver_is_listed():
