@@ -58,8 +58,8 @@ import lessons  # noqa: E402
 import lessons.gpu as gpu  # noqa: E402
 from lessons.core.checks import check_int  # noqa: E402
 from lessons.gpu.ladder import DECODE_LAUNCH_OPTIONS, LEFT_OUT_REASON, rungs_left_out  # noqa: E402
-from lessons.gpu.source import (H200_NUM_SMS, decode_split_sweep, paged_decode_split_auto_splits,  # noqa: E402
-                                paged_decode_split_blocks_per_sm)
+from lessons.gpu.source import (H200_NUM_SMS, cheaper_than_pick, decode_split_sweep,  # noqa: E402
+                                paged_decode_split_auto_splits, paged_decode_split_blocks_per_sm)
 
 import gpu_decode  # noqa: E402  (benchmarks/gpu_decode.py: the decode benchmark's cache, bytes and timing)
 
@@ -191,8 +191,7 @@ def model_counts(num_seqs: int, seq_len: int, auto: int, geometry: Geometry, num
                                head_dim=g.head_dim, block_size=g.block_size, num_sms=num_sms,
                                blocks_per_sm=paged_decode_split_blocks_per_sm(**launch_options(rung)),
                                max_splits=min(pages, auto * SPAN, MAX_SPLITS))
-    costs = sweep["costs"]
-    cheaper = [s for s in costs if costs[s] < costs[auto]]
+    cheaper = cheaper_than_pick(sweep)                 # (the sweep's pick is auto: the same rule, wave and shape)
     return tuple(sorted({cheaper[0], sweep["best"]})) if cheaper else ()
 
 

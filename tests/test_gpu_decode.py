@@ -167,7 +167,15 @@ def test_decode_split_sweep_lays_out_the_model_by_hand():
     assert full["best"] == min(s for s, c in full["costs"].items() if c == cheapest)
     assert full["costs"][41] == 5 * 50 and cheapest == full["costs"][full["best"]] < 256   # 41 x 64 = 2624 blocks
     assert full["pick"] == 8 and full["costs"][8] <= full["bound"] * 1.05                 # within 5% of all busy
+    # the counts cheaper than the pick, each timed here with loops: up to 64 splits, 33, 41, 49 and 57, all several waves
+    from lessons.gpu.source import cheaper_than_pick
+    upto64 = decode_split_sweep(8, 32768, max_splits=64)
+    assert cheaper_than_pick(upto64) == [s for s in range(1, 65) if _model_time(s, 64, 2048, 528) < 256] \
+        == [33, 41, 49, 57]
     short = decode_split_sweep(1, 100)                  # 7 pages: nothing past them
+    assert cheaper_than_pick(sw) == [] and cheaper_than_pick(short) == []
+    with pytest.raises(TypeError, match="sweep lacks costs"):
+        cheaper_than_pick({k: v for k, v in short.items() if k != "costs"})
     assert (short["fit"], short["fill"], short["pick"]) == (7, 7, 7) and sorted(short["costs"]) == list(range(1, 8))
     assert decode_split_sweep(1, 131072, blocks_per_sm=3)["pick"] == 49      # the prefetch build's wave of 396
     assert decode_split_sweep(64, 4096, max_splits=3)["costs"] == {1: 256, 2: 256, 3: 3 * 86}

@@ -936,7 +936,7 @@ def split_sweep_markdown(sweeps: dict, rows=None) -> str:
     rows (default the recorded run). TypeError for a ``sweeps`` that is not such a dict (naming the key or the
     missing fields), ValueError for a sweep whose costs leave out its pick (:func:`lessons.gpu.source.
     check_split_sweep`)."""
-    from lessons.gpu.source import check_split_sweep, decode_split_terms
+    from lessons.gpu.source import cheaper_than_pick, check_split_sweep, decode_split_terms
     if not isinstance(sweeps, dict) or not sweeps:
         raise TypeError(f"sweeps must be a non-empty dict {{(num_seqs, seq_len): decode_split_sweep(...)}}, "
                         f"got {sweeps!r:.80}")
@@ -957,7 +957,7 @@ def split_sweep_markdown(sweeps: dict, rows=None) -> str:
     for (seqs, tokens), sw in sweeps.items():
         pick, best, costs = sw["pick"], sw["best"], sw["costs"]
         more = cost(sw, pick + 1) if pick + 1 <= sw["pages"] else f"- ({sw['pages']} pages)"
-        cheaper = [k for k in costs if costs[k] < costs[pick]]
+        cheaper = cheaper_than_pick(sw)
         cheapest = (f"none of 1..{max(costs):,}" if not cheaper else
                     f"{len(cheaper)} of 1..{max(costs):,}; the fewest splits {cost(sw, cheaper[0])}; the cheapest "
                     f"{cost(sw, best)}, {100 * (1 - costs[best] / costs[pick]):.1f}% under the pick")

@@ -46,7 +46,7 @@ __all__ = [
     "MAX_SPLIT_HEADS_PER_BLOCK", "paged_decode_split_layout", "paged_decode_split_smem_bytes",
     "paged_decode_split_config", "paged_decode_split_build", "DECODE_BLOCKS_PER_SM", "DECODE_ASYNC_STAGES",
     "DECODE_ASYNC_BLOCKS_PER_SM", "paged_decode_split_auto_splits", "paged_decode_split_blocks_per_sm",
-    "decode_splits", "decode_split_cost", "decode_split_terms", "decode_split_sweep", "H200_NUM_SMS",
+    "decode_splits", "decode_split_cost", "decode_split_terms", "decode_split_sweep", "cheaper_than_pick", "H200_NUM_SMS",
 ]
 
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
@@ -1082,6 +1082,14 @@ def check_split_sweep(sweep, where: str) -> dict:
             raise ValueError(f"{where}['costs'] holds {min(costs)}..{max(costs)} splits, not the {key} "
                              f"({sweep[key]!r}): sweep with decode_split_sweep(..., max_splits) >= {sweep[key]!r}")
     return sweep
+
+
+def cheaper_than_pick(sweep: dict) -> list[int]:
+    """The split counts of a :func:`decode_split_sweep` result whose modelled time is below its pick's, ascending
+    (all of them take several waves; empty when the pick is the cheapest count costed). TypeError/ValueError as
+    :func:`check_split_sweep` for a sweep that is not such a result."""
+    costs = check_split_sweep(sweep, "sweep")["costs"]
+    return sorted(k for k in costs if costs[k] < costs[sweep["pick"]])
 
 
 def online_softmax_smem_bytes(tile: int) -> int:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, MaxNLocator, NullLocator
 
-from lessons.gpu.source import check_split_sweep, decode_split_terms
+from lessons.gpu.source import cheaper_than_pick, check_split_sweep, decode_split_terms
 from lessons.views.plot import new_figure, tidy
 
 __all__ = ["split_cost_figure"]
@@ -30,7 +30,7 @@ def _zoom_panel(ax, s: dict) -> None:
     ax.plot(splits, [ratio[k] for k in splits], ".", color="#9ecae1", ms=2, zorder=1)
     ax.axhline(level, color="#1f4e99", lw=1, ls="--", zorder=2, label=f"the pick ({s['pick']}): {level:.3f}")
     ax.axhline(1, color="#555555", lw=0.8, ls=":", zorder=0)
-    cheaper = [k for k in splits if s["costs"][k] < s["costs"][s["pick"]]]
+    cheaper = cheaper_than_pick(s)
     if cheaper:
         ax.plot(cheaper, [ratio[k] for k in cheaper], "o", color="#2ca02c", ms=3, zorder=3,
                 label=f"{len(cheaper)} counts cheaper, all of {min(_waves(s, k) for k in cheaper)}+ waves:\n"
