@@ -26,6 +26,8 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
+import nbformat
+
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 ARTIFACTS = ROOT / "artifacts"
@@ -218,20 +220,22 @@ class LabServer:
         """Open notebooks/NAME with a fresh workspace (no restored tabs)."""
         return f"{self.url}/lab/tree/{self.nb_prefix}{name}?reset&token={self.token}"
 
-    def saved_notebook(self, name: str, tries: int = 6) -> dict:
-        """The notebook as JupyterLab last saved it (nbformat JSON). The server writes a notebook in place
-        (a backup aside, then the file itself), so a read that meets a save still under way gets 400
-        "Unreadable Notebook", or 500 when the server's own attempt to restore the backup races the save
-        (a file it moves is gone): either is tried again, up to TRIES times a second apart, and the server's
-        own message is in the error if it never reads."""
-        for attempt in range(tries):
+    def saved_notebook(self, name: str, tries: int = 20) -> dict:
+        """The notebook as JupyterLab last saved it (an nbformat node), read from disk, not through the
+        contents API. The server saves a notebook in place (a copy aside, then the file rewritten), and
+        a GET that meets a half-written file makes the server "restore" it: it renames the file to
+        NAME.invalid, then moves the copy back, which the save may already have deleted; the
+        notebook is then gone (404) until the next save. Reading the file ourselves never starts
+        that; a half-written file does not parse and is read again, up to TRIES times 0.5 s apart."""
+        path = self.root / self.nb_prefix / name
+        last_error: Exception | None = None
+        for _ in range(tries):
             try:
-                return self.api("GET", f"/api/contents/{self.nb_prefix}{name}?content=1")["content"]
-            except urllib.error.HTTPError as err:
-                if err.code not in (400, 500) or attempt == tries - 1:
-                    body = err.read().decode(errors="replace")[:500]
-                    raise AssertionError(f"the server would not give {name} back ({err.code}): {body}") from err
-                time.sleep(1.0)
+                return nbformat.reads(path.read_text(encoding="utf-8"), as_version=4)
+            except (OSError, ValueError) as err:      # gone for a moment, or caught mid-write
+                last_error = err
+                time.sleep(0.5)
+        raise AssertionError(f"{name} could not be read as saved from {path}: {last_error!r}")
 
     def shutdown_kernels(self) -> None:
         """DELETE every session, then every kernel left without one."""
