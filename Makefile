@@ -57,7 +57,7 @@ grade: $(LAB_STAMP)  ## grade your answers in exercises/: the score card (ANSWER
 	PYTHONDONTWRITEBYTECODE=1 $(PY) -m lessons.course.grade run --answers $(ANSWERS) $(if $(DETAILS),--details)
 
 reset-exercise: $(LAB_STAMP)  ## restore one stub, your file kept as NAME.py.bak-...: make reset-exercise NAME=absorb
-	@test -n "$(NAME)" || { echo "usage: make reset-exercise NAME=<exercise>  (python -m lessons.course.grade list)"; exit 2; }
+	@test -n "$(NAME)" || { echo "usage: make reset-exercise NAME=<exercise>  ($(PY) -m lessons.course.grade list)"; exit 2; }
 	$(PY) -m lessons.course.grade reset $(NAME)
 
 clean-venv:

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from collections import defaultdict
 from datetime import datetime
 from pathlib import Path
@@ -149,6 +150,28 @@ def test_exercises_readme_table_is_the_registry():
     assert rows == [(ex.notebook[:2], ex.name) for ex in EXERCISES], (
         f"exercises/README.md lists {rows}; lessons.course.grade.EXERCISES has "
         f"{[(ex.notebook[:2], ex.name) for ex in EXERCISES]}")
+
+
+def test_grading_commands_use_the_course_interpreter():
+    """The commands exercises/README.md gives, and the one ``make reset-exercise`` suggests without NAME,
+    run the interpreter ``make lab`` built (``.venv/bin/python``, ``$(PY)`` in the Makefile): a bare
+    ``python`` is another one, without pytest-timeout and the rest, until the venv is activated. The
+    suggested command must also work: it lists every exercise."""
+    readme = (ROOT / "exercises" / "README.md").read_text()
+    commands = [line.strip() for line in readme.splitlines() if line.startswith("    ") and line.strip()]
+    assert commands, "exercises/README.md shows no commands"
+    wrong = [c for c in commands if c.split()[0] not in ("make", ".venv/bin/python")]
+    assert not wrong, f"exercises/README.md: commands that run neither make nor .venv/bin/python: {wrong}"
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^VENV\s*:=\s*\.venv$", makefile, re.M) and re.search(r"^PY\s*:=\s*\$\(VENV\)/bin/python$",
+                                                                        makefile, re.M), "the Makefile's PY is not .venv/bin/python"
+    usage = re.search(r'echo "usage: make reset-exercise NAME=<exercise>\s+\((.*)\)"', makefile)
+    assert usage, "the Makefile's reset-exercise recipe prints no usage line"
+    suggested = usage.group(1).split()
+    assert suggested[0] == "$(PY)", f"make reset-exercise suggests {usage.group(1)!r}, not the venv's interpreter"
+    listed = subprocess.run([sys.executable, *suggested[1:]], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    assert [line.split()[1] for line in listed.stdout.splitlines() if line.strip()] == NAMES, listed.stdout
 
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
