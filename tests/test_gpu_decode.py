@@ -496,6 +496,23 @@ def test_cp_async_decode_fills_a_wave_of_four_blocks_and_refuses_what_it_cannot_
     gpu.paged_decode_split_build(12, 16, 8, 2, "float32", cp_async=True)     # 48 bytes: three pieces
 
 
+def test_the_split_count_of_both_builds_at_once_is_refused_as_the_build_is():
+    # prefetch and cp_async together are no build (paged_decode_split_build refuses them): the blocks per SM and
+    # the automatic split count of such a build are refused the same way, not taken for the cp.async build's
+    from lessons.gpu.source import paged_decode_split_auto_splits as auto
+    from lessons.gpu.source import paged_decode_split_blocks_per_sm as per_sm
+
+    with pytest.raises(ValueError, match="at most one"):
+        gpu.paged_decode_split_build(128, 16, 32, 8, prefetch=True, cp_async=True)
+    with pytest.raises(ValueError, match="at most one"):
+        per_sm(prefetch=True, cp_async=True)
+    with pytest.raises(ValueError, match="at most one"):
+        auto(1, 131072, 128, 16, 32, 8, prefetch=True, cp_async=True)
+    with pytest.raises(ValueError, match="at most one"):
+        per_sm(prefetch=np.bool_(True), cp_async=np.bool_(True))
+    assert [per_sm(prefetch=np.bool_(p)) for p in (False, True)] == [4, 3]
+
+
 def test_prefetch_decode_fills_a_wave_of_three_blocks_per_sm():
     # 3 blocks per SM: one wave is 396 blocks; 1 x 131072 at 8 blocks per split -> 396 / 8 = 49 splits
     # (the plain build: 528 / 8 = 66), read back from the partial states the launcher allocated

@@ -889,6 +889,16 @@ DECODE_ASYNC_STAGES = 3
 DECODE_ASYNC_BLOCKS_PER_SM = 4
 
 
+def _split_build_flags(prefetch, cp_async) -> tuple[bool, bool]:
+    """``(prefetch, cp_async)`` as bools naming one build of ``paged_decode_split.cu``: TypeError naming either for
+    a non-bool, ValueError when both are True (no build does both)."""
+    prefetch, cp_async = check_flag(prefetch, "prefetch"), check_flag(cp_async, "cp_async")
+    if prefetch and cp_async:
+        raise ValueError("prefetch and cp_async are two ways to keep loads in flight (in registers, in shared "
+                         "memory): give at most one of them")
+    return prefetch, cp_async
+
+
 def paged_decode_split_build(head_dim: int, block_size: int, num_heads: int, num_kv_heads: int,
                              dtype: str = "float16", prefetch: bool = False, cp_async: bool = False) -> "KernelBuild":
     """The :class:`KernelBuild` of ``paged_decode_split.cu`` (see :func:`paged_decode_split_config`).
@@ -904,10 +914,7 @@ def paged_decode_split_build(head_dim: int, block_size: int, num_heads: int, num
     True, or for ``cp_async`` with a ``head_dim`` whose row is not a whole number of 16-byte pieces (a multiple
     of 8 in float16 / bfloat16, of 4 in float32)."""
     hpb = paged_decode_split_config(head_dim, block_size, num_heads, num_kv_heads)
-    prefetch, cp_async = check_flag(prefetch, "prefetch"), check_flag(cp_async, "cp_async")
-    if prefetch and cp_async:
-        raise ValueError("prefetch and cp_async are two ways to keep loads in flight (in registers, in shared "
-                         "memory): give at most one of them")
+    prefetch, cp_async = _split_build_flags(prefetch, cp_async)
     extra = {}
     if prefetch:
         extra = dict(PREFETCH=1, MIN_BLOCKS=DECODE_BLOCKS_PER_SM[True])
@@ -929,7 +936,7 @@ def paged_decode_split_auto_splits(num_seqs: int, seq_len: int, head_dim: int, b
     blocks per SM (3 with ``prefetch``, else 4, ``cp_async`` included). ``seq_len``: the longest sequence in tokens (the
     launcher passes its block table's width times ``block_size``). The launcher, the decode benchmark and the split
     sweep all ask this one function. Errors as decode_splits and paged_decode_split_config; TypeError naming
-    ``prefetch`` or ``cp_async`` for a non-bool. At 32 query heads on 8 KV heads, d = 128, pages of 16, an H200: 1 x 131072 ->
+    ``prefetch`` or ``cp_async`` for a non-bool, ValueError when both are True. At 32 query heads on 8 KV heads, d = 128, pages of 16, an H200: 1 x 131072 ->
     66 splits, 49 with prefetch."""
     hpb = paged_decode_split_config(head_dim, block_size, num_heads, num_kv_heads)
     return decode_splits(num_seqs, num_kv_heads, seq_len, block_size=block_size,
@@ -940,10 +947,12 @@ def paged_decode_split_auto_splits(num_seqs: int, seq_len: int, head_dim: int, b
 def paged_decode_split_blocks_per_sm(*, prefetch: bool = False, cp_async: bool = False) -> int:
     """Blocks per SM the split decode build is made for (its launch bounds), and so the wave its automatic split
     count fills: :data:`DECODE_ASYNC_BLOCKS_PER_SM` (4) with ``cp_async``, else :data:`DECODE_BLOCKS_PER_SM`
-    (3 with ``prefetch``, 4 without). TypeError naming ``prefetch`` or ``cp_async`` for a non-bool."""
-    if check_flag(cp_async, "cp_async"):
+    (3 with ``prefetch``, 4 without). TypeError naming ``prefetch`` or ``cp_async`` for a non-bool; ValueError when
+    both are True, as :func:`paged_decode_split_build` (no build does both)."""
+    prefetch, cp_async = _split_build_flags(prefetch, cp_async)
+    if cp_async:
         return DECODE_ASYNC_BLOCKS_PER_SM
-    return DECODE_BLOCKS_PER_SM[check_flag(prefetch, "prefetch")]
+    return DECODE_BLOCKS_PER_SM[prefetch]
 
 
 def decode_splits(num_seqs: int, num_kv_heads: int, seq_len: int, *, block_size: int = 16,
