@@ -496,6 +496,18 @@ def test_cp_async_decode_fills_a_wave_of_four_blocks_and_refuses_what_it_cannot_
     gpu.paged_decode_split_build(12, 16, 8, 2, "float32", cp_async=True)     # 48 bytes: three pieces
 
 
+def test_the_split_build_names_an_unknown_dtype_before_the_head_dim_it_would_need():
+    # d = 12 is 24 bytes a row in float16: no whole 16-byte pieces; but float64 is no dtype of the kernel at all,
+    # and that is what the error must say (not "a multiple of 8 in float64")
+    for dtype in ("float64", "fp16", np.float16, None):
+        with pytest.raises(ValueError, match=r"dtype must be one of \['bfloat16', 'float16', 'float32'\]"):
+            gpu.paged_decode_split_build(12, 16, 8, 2, dtype, cp_async=True)
+        with pytest.raises(ValueError, match="dtype must be one of"):
+            gpu.paged_decode_split_build(128, 16, 8, 2, dtype)
+    with pytest.raises(ValueError, match="head_dim must be a multiple of 8 in bfloat16, got 12"):
+        gpu.paged_decode_split_build(12, 16, 8, 2, "bfloat16", cp_async=True)
+
+
 def test_the_split_count_of_both_builds_at_once_is_refused_as_the_build_is():
     # prefetch and cp_async together are no build (paged_decode_split_build refuses them): the blocks per SM and
     # the automatic split count of such a build are refused the same way, not taken for the cp.async build's

@@ -911,15 +911,17 @@ def paged_decode_split_build(head_dim: int, block_size: int, num_heads: int, num
     shared memory with cp.async (sm_80+), two steps ahead of the step it absorbs, so the rows in flight hold no
     registers; 4 blocks per SM. Either output is bitwise the plain build's (the same keys, in the same order,
     per lane group). TypeError naming ``prefetch`` or ``cp_async`` for a non-bool; ValueError when both are
-    True, or for ``cp_async`` with a ``head_dim`` whose row is not a whole number of 16-byte pieces (a multiple
-    of 8 in float16 / bfloat16, of 4 in float32)."""
+    True, for a ``dtype`` other than float32 / float16 / bfloat16, or for ``cp_async`` with a ``head_dim`` whose row
+    is not a whole number of 16-byte pieces (a multiple of 8 in float16 / bfloat16, of 4 in float32)."""
     hpb = paged_decode_split_config(head_dim, block_size, num_heads, num_kv_heads)
+    if not isinstance(dtype, str) or dtype not in DTYPES:     # (before the pieces per row, which depend on it)
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     prefetch, cp_async = _split_build_flags(prefetch, cp_async)
     extra = {}
     if prefetch:
         extra = dict(PREFETCH=1, MIN_BLOCKS=DECODE_BLOCKS_PER_SM[True])
     elif cp_async:
-        per_piece = 4 if dtype == "float32" else 8              # values per 16 bytes (make checks the dtype)
+        per_piece = 4 if dtype == "float32" else 8              # values per 16 bytes
         if head_dim % per_piece:
             raise ValueError(f"cp_async copies 16-byte pieces of each row: head_dim must be a multiple of "
                              f"{per_piece} in {dtype}, got {head_dim}")
