@@ -264,6 +264,39 @@ def test_split_sweep_bad_input_names_the_argument():
         split_cost_figure({1: plain})
 
 
+def test_a_sweep_with_values_of_the_wrong_type_is_named_before_it_is_drawn():
+    import json
+
+    from lessons.gpu.source import cheaper_than_pick, check_split_sweep, decode_split_sweep
+    from lessons.views.decode_splits import split_cost_figure
+
+    plain = decode_split_sweep(1, 100)                  # 7 pages, pick 7, costs 1..7
+    # read back from JSON: the costs are keyed by "1" .. "7", so 7 is not among them, though they are 1..7
+    loaded = json.loads(json.dumps(plain))
+    draws = (lambda sw: check_split_sweep(sw, "sw"), cheaper_than_pick,
+             lambda sw: ladder.split_sweep_markdown({(1, 100): sw}), lambda sw: split_cost_figure({"1 x 100": sw}))
+    for draw in draws:
+        with pytest.raises(TypeError, match=r"\['costs'\] must be keyed by split counts \(ints\), got the key '1' "
+                                            r"\(str\).*JSON"):
+            draw(loaded)
+    for key, value, match in (("pick", 7.0, r"\['pick'\] must be an int of at least 1, got float 7.0"),
+                              ("best", True, r"\['best'\] must be an int of at least 1, got bool True"),
+                              ("pages", "7", r"\['pages'\] must be an int of at least 1, got str '7'"),
+                              ("blocks_per_split", 0, r"\['blocks_per_split'\] must be an int of at least 1, got int 0"),
+                              ("bound", 0, r"\['bound'\] must be a positive finite number, got 0"),
+                              ("bound", float("nan"), r"\['bound'\] must be a positive finite number, got nan"),
+                              ("costs", {**plain["costs"], 3: None}, r"\['costs'\]\[3\] must be a positive finite "
+                                                                     r"number, got None")):
+        bad = {**plain, key: value}
+        for draw in draws:
+            with pytest.raises((TypeError, ValueError), match=match):
+                draw(bad)
+    # NumPy ints and floats are numbers as any other
+    typed = {**plain, "pick": np.int64(7), "costs": {np.int64(k): np.int64(v) for k, v in plain["costs"].items()},
+             "bound": np.float64(plain["bound"])}
+    assert cheaper_than_pick(typed) == [] and "| 1 x 100 |" in ladder.split_sweep_markdown({(1, 100): typed})
+
+
 def test_targets_markdown_keeps_one_kind():
     every = ladder.targets_markdown().splitlines()
     decode = ladder.targets_markdown(kind="decode").splitlines()

@@ -13,6 +13,8 @@ that would not fit before asking the compiler.
 """
 from __future__ import annotations
 
+import math
+import numbers
 import re
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -1073,21 +1075,47 @@ def decode_split_sweep(num_seqs: int, seq_len: int, *, num_heads: int = 32, num_
 SPLIT_SWEEP_KEYS = ("blocks_per_split", "pages", "wave", "fit", "fill", "pick", "costs", "best", "bound")
 
 
+def _positive_number(value) -> bool:
+    """Whether ``value`` is a real number (NumPy's too, not a bool) above 0 and finite."""
+    return (isinstance(value, numbers.Real) and not isinstance(value, bool) and value > 0
+            and (isinstance(value, numbers.Integral) or math.isfinite(value)))   # (an int of any size is finite)
+
+
 def check_split_sweep(sweep, where: str) -> dict:
     """``sweep`` if it is a :func:`decode_split_sweep` result that a table or figure of it can be drawn from: a
-    dict with every key of :data:`SPLIT_SWEEP_KEYS` and ``costs`` a non-empty dict that holds the ``pick`` and the
-    ``best``. ``where`` names it in the errors (e.g. ``"sweeps[(8, 32768)]"``). TypeError for a sweep that is not
-    a dict or lacks keys (naming them), ValueError for costs that leave out the pick (a sweep of ``max_splits``
-    below the pick: give ``max_splits`` >= the pick)."""
+    dict with every key of :data:`SPLIT_SWEEP_KEYS`; ``blocks_per_split``, ``pages``, ``wave``, ``pick`` and ``best``
+    ints of at least 1 (NumPy ints too; bools and floats are not); ``bound`` a positive finite number; ``costs`` a
+    non-empty dict of split counts (ints) to positive finite numbers that holds the ``pick`` and the ``best``.
+    ``where`` names it in the errors (e.g. ``"sweeps[(8, 32768)]"``). TypeError for a sweep that is not a dict,
+    lacks keys (naming them) or holds a value of the wrong type (naming it: costs keyed by strings are a sweep read
+    back from JSON), ValueError for a count below 1, a ``bound`` or a cost that is not a positive finite number,
+    and costs that leave out the pick (a sweep of ``max_splits`` below the pick: give ``max_splits`` >= the
+    pick)."""
     if not isinstance(sweep, dict):
         raise TypeError(f"{where} must be the dict decode_split_sweep(...) returns, got {type(sweep).__name__}")
     missing = [k for k in SPLIT_SWEEP_KEYS if k not in sweep]
     if missing:
         raise TypeError(f"{where} lacks {', '.join(missing)}: expected the dict decode_split_sweep(...) returns "
                         f"(keys {', '.join(SPLIT_SWEEP_KEYS)})")
+    for key in ("blocks_per_split", "pages", "wave", "pick", "best"):
+        value = sweep[key]
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{where}[{key!r}] must be an int of at least 1, got {type(value).__name__} {value!r:.40}")
+        if value < 1:
+            raise ValueError(f"{where}[{key!r}] must be an int of at least 1, got {type(value).__name__} {value!r}")
+    if not _positive_number(sweep["bound"]):
+        raise ValueError(f"{where}['bound'] must be a positive finite number, got {sweep['bound']!r:.40}")
     costs = sweep["costs"]
     if not isinstance(costs, dict) or not costs:
         raise ValueError(f"{where}['costs'] must be a non-empty dict {{splits: modelled time}}, got {costs!r:.80}")
+    for k, v in costs.items():
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
+            raise TypeError(f"{where}['costs'] must be keyed by split counts (ints), got the key {k!r:.40} "
+                            f"({type(k).__name__})" + (": a sweep read back from JSON? JSON keys are strings; "
+                                                        "compute it again with decode_split_sweep(...)"
+                                                        if isinstance(k, str) else ""))
+        if not _positive_number(v):
+            raise ValueError(f"{where}['costs'][{k!r}] must be a positive finite number, got {v!r:.40}")
     for key in ("pick", "best"):
         if sweep[key] not in costs:
             raise ValueError(f"{where}['costs'] holds {min(costs)}..{max(costs)} splits, not the {key} "
