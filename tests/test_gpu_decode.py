@@ -264,6 +264,19 @@ def test_split_sweep_bad_input_names_the_argument():
         split_cost_figure({1: plain})
 
 
+def test_the_split_figure_takes_a_numpy_bool_for_zoom():
+    # a flag computed with NumPy (np.bool_) is a bool as everywhere else in the library (check_flag)
+    from lessons.gpu.source import decode_split_sweep
+    from lessons.views.decode_splits import split_cost_figure
+
+    sweeps = {"1 x 100": decode_split_sweep(1, 100)}
+    assert len(split_cost_figure(sweeps, zoom=np.bool_(True)).get_axes()) == 2
+    assert len(split_cost_figure(sweeps, zoom=np.bool_(False)).get_axes()) == 1
+    for bad in (1, "yes", None):
+        with pytest.raises(TypeError, match="zoom must be True or False"):
+            split_cost_figure(sweeps, zoom=bad)
+
+
 def test_a_sweep_with_values_of_the_wrong_type_is_named_before_it_is_drawn():
     import json
 

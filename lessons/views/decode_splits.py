@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, MaxNLocator, NullLocator
 
+from lessons.core.checks import check_flag
 from lessons.gpu.source import cheaper_than_pick, check_split_sweep, decode_split_terms
 from lessons.views.plot import new_figure, tidy
 
@@ -58,7 +59,7 @@ def split_cost_figure(sweeps: dict, *, zoom: bool = False):
     log x axis. ``zoom=True`` adds a row that zooms on the times within 12% of every slot busy (linear axis): the
     pick's level dashed, the counts cheaper than it in green. ``sweeps``: ``{title: the dict lessons.gpu.source.decode_split_sweep returns}`` (at least one).
     Returns a Figure. TypeError for a ``sweeps`` that is not such a dict (naming the key or the missing fields), or
-    a ``zoom`` that is not a bool; ValueError for a sweep whose costs leave out its pick
+    a ``zoom`` that is not a bool (Python's or NumPy's); ValueError for a sweep whose costs leave out its pick
     (:func:`lessons.gpu.source.check_split_sweep`)."""
     if not isinstance(sweeps, dict) or not sweeps:
         raise TypeError(f"sweeps must be a non-empty dict {{title: decode_split_sweep(...)}}, got {sweeps!r:.80}")
@@ -66,8 +67,7 @@ def split_cost_figure(sweeps: dict, *, zoom: bool = False):
         if not isinstance(t, str):
             raise TypeError(f"sweeps must be keyed by titles (str), got the key {t!r}")
         check_split_sweep(s, f"sweeps[{t!r}]")
-    if not isinstance(zoom, bool):
-        raise TypeError(f"zoom must be a bool, got {zoom!r}")
+    zoom = check_flag(zoom, "zoom")
     n = len(sweeps)
     fig = new_figure((4.6 * n, 7.6 if zoom else 4.4))
     rows = 2 if zoom else 1
