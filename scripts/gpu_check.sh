@@ -9,6 +9,7 @@
 #                                             the benchmark saying there is no device, the tile
 #                                             tuning sweeps at a tiny N on the emulator, the decode
 #                                             split sweep at a tiny shape on the emulator
+#   (--dry-run before or after the folder; any other option, or a second folder, is refused: exit 2, nothing written)
 #
 #   1. environment: nvidia-smi, Python, CuPy, NVRTC versions         -> env.txt
 #   2. compile report: registers and shared memory per kernel/arch, and of every legal tile
@@ -73,17 +74,35 @@
 # Exit status: 0 if every step that could run passed and none was left out for time, 1 otherwise.
 set -uo pipefail
 
+USAGE="usage: scripts/gpu_check.sh [--dry-run] [RESULTS_DIR]"
 DRY=0
-if [ "${1:-}" = "--dry-run" ]; then DRY=1; shift; fi
+FOLDER=""
+FOLDER_GIVEN=0
+for arg in "$@"; do     # --dry-run before or after the folder; anything else that starts with "-" is a mistake, not
+    case "$arg" in      # a folder (a folder of that name: ./-name)
+        --dry-run) DRY=1 ;;
+        -h|--help) echo "$USAGE"; exit 0 ;;
+        -*) echo "gpu_check.sh: unknown option '$arg'; $USAGE" >&2; exit 2 ;;
+        *) if [ $FOLDER_GIVEN -eq 1 ]; then
+               echo "gpu_check.sh: one results folder at most, got '$FOLDER' and '$arg'; $USAGE" >&2
+               exit 2
+           fi
+           FOLDER="$arg"; FOLDER_GIVEN=1 ;;
+    esac
+done
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 # a run never writes over another's files: the default folder is new for each run
-RESULTS="${1:-${OUT:-$ROOT/gpu_results/$(date -u +%Y%m%dT%H%M%SZ)-$$}}"
+RESULTS="${FOLDER:-${OUT:-$ROOT/gpu_results/$(date -u +%Y%m%dT%H%M%SZ)-$$}}"
 if [ -e "$RESULTS/summary.txt" ]; then
     echo "gpu_check.sh: $RESULTS already holds a run (summary.txt); give an empty folder" >&2
     exit 2
 fi
-mkdir -p "$RESULTS/sanitizer" "$RESULTS/benchmark"
-RESULTS="$(cd "$RESULTS" && pwd)"
+# (a folder that cannot be made, a file in its place say, ends the run here: its files must not go elsewhere)
+if ! mkdir -p -- "$RESULTS/sanitizer" "$RESULTS/benchmark" || ! FOLDER="$(cd -- "$RESULTS" && pwd)"; then
+    echo "gpu_check.sh: cannot make the results folder $RESULTS (a file in the way, or no permission)" >&2
+    exit 2
+fi
+RESULTS="$FOLDER"
 cd "$ROOT"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"   # the lessons package from this tree
 export MPLBACKEND=Agg

@@ -175,6 +175,37 @@ def test_a_folder_that_holds_a_run_is_never_written_over(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.txt"]
 
 
+def test_an_unknown_option_or_a_second_folder_is_refused_before_anything_is_written(tmp_path):
+    # a mistyped --dry-run was taken for the results folder: mkdir and cd failed on a name that starts with "-",
+    # the folder became "", and the run (a full GPU check) wrote summary.txt and the rest into /
+    env = {name: value for name, value in os.environ.items() if not name.startswith("GPU_CHECK_") and name != "OUT"}
+    for args, message in ((["--dryrun"], "unknown option '--dryrun'"), (["-n", "out"], "unknown option '-n'"),
+                          (["out", "--dry_run"], "unknown option '--dry_run'"),
+                          (["--dry-run", "out", "more"], "one results folder at most, got 'out' and 'more'")):
+        proc = subprocess.run(["bash", str(SCRIPT), *args], capture_output=True, text=True, timeout=60, env=env,
+                              cwd=tmp_path)
+        assert proc.returncode == 2 and message in proc.stderr and "usage: scripts/gpu_check.sh" in proc.stderr, \
+            (args, proc.returncode, proc.stderr[-1000:])
+        assert not any(tmp_path.iterdir()), (args, sorted(tmp_path.iterdir()))
+    # --dry-run after the folder is the dry run, not a full GPU check with the flag left over
+    env["GPU_CHECK_STEPS"] = "ring"
+    proc = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "run"), "--dry-run"], capture_output=True, text=True,
+                          timeout=120, env=env)
+    summary = (tmp_path / "run" / "summary.txt").read_text()
+    assert proc.returncode == 0 and "dry run: the kernels run on the CPU emulator" in summary, summary
+
+
+def test_a_results_folder_that_cannot_be_made_is_refused(tmp_path):
+    # a file where the folder should be: mkdir fails, and the results must not go to / instead
+    env = {name: value for name, value in os.environ.items() if not name.startswith("GPU_CHECK_")}
+    (tmp_path / "taken").write_text("a file\n")
+    for folder in (tmp_path / "taken", tmp_path / "taken" / "run"):
+        proc = subprocess.run(["bash", str(SCRIPT), "--dry-run", str(folder)], capture_output=True, text=True,
+                              timeout=60, env=env)
+        assert proc.returncode == 2 and f"cannot make the results folder {folder}" in proc.stderr, proc.stderr
+        assert (tmp_path / "taken").read_text() == "a file\n" and sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
+
+
 def test_the_pytest_step_runs_in_eight_processes_by_default():
     text = SCRIPT.read_text()
     assert 'PASSES="${GPU_CHECK_PASSES:-8}"' in text and 'xdist=(-n "$workers")' in text and "no:cacheprovider" in text
