@@ -264,6 +264,18 @@ def test_split_sweep_bad_input_names_the_argument():
         split_cost_figure({1: plain})
 
 
+def test_the_default_split_sweep_stops_at_the_most_counts_a_sweep_takes():
+    # a wave of 8192 SMs x 1024 blocks, 8 blocks per split: the fewest splits that fill it are 2**20, twice that is
+    # past the 2**20 counts a sweep costs; without max_splits the sweep stops there, rather than blaming a
+    # max_splits the caller never gave
+    from lessons.gpu.source import decode_split_sweep
+
+    sw = decode_split_sweep(1, 1 << 30, num_sms=1 << 13, blocks_per_sm=1 << 10)
+    assert (sw["wave"], sw["blocks_per_split"], sw["fill"]) == (1 << 23, 8, 1 << 20)
+    assert len(sw["costs"]) == 1 << 20 and max(sw["costs"]) == 1 << 20 and sw["pick"] == 65535   # decode_splits' cap
+    assert sw["costs"][1 << 20] == 1 * (1 << 26) // (1 << 20)       # 2**23 blocks, one wave; 2**26 pages
+
+
 def test_the_split_figure_takes_a_numpy_bool_for_zoom():
     # a flag computed with NumPy (np.bool_) is a bool as everywhere else in the library (check_flag)
     from lessons.gpu.source import decode_split_sweep

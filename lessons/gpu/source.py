@@ -1023,6 +1023,10 @@ def decode_split_terms(num_splits: int, blocks_per_split: int, pages: int, wave:
     return -(-num_splits * blocks_per_split // wave), -(-pages // num_splits)
 
 
+#: the most split counts :func:`decode_split_sweep` costs (a dict of one entry per count)
+_MAX_SWEEP_SPLITS = 1 << 20
+
+
 def decode_split_sweep(num_seqs: int, seq_len: int, *, num_heads: int = 32, num_kv_heads: int = 8,
                        head_dim: int = 128, block_size: int = 16, num_sms: int = H200_NUM_SMS,
                        blocks_per_sm: int = 4, max_splits: int | None = None) -> dict:
@@ -1032,7 +1036,7 @@ def decode_split_sweep(num_seqs: int, seq_len: int, *, num_heads: int = 32, num_
     ``num_seqs`` sequences of ``seq_len`` tokens, ``num_heads`` query heads on ``num_kv_heads`` KV heads of
     ``head_dim`` (the blocks per group from :func:`paged_decode_split_config`), pages of ``block_size`` tokens,
     a wave of ``num_sms x blocks_per_sm`` blocks. ``max_splits``: the last count costed (default: twice the
-    fewest that fill the wave, at least 8, at most the pages; ``pages`` gives the model's full sweep).
+    fewest that fill the wave, at least 8, at most the pages and 2**20; ``pages`` gives the model's full sweep).
     Returns a dict: ``blocks_per_split``, ``pages``, ``wave``, ``fit`` and ``fill`` (the most splits whose blocks
     fit in one wave and the fewest that fill it, within 1..pages), ``pick`` (:func:`decode_splits` for the
     shape: ``fit``), ``costs`` (``{splits: waves x pages per block}``, :func:`decode_split_cost`, for
@@ -1061,8 +1065,8 @@ def decode_split_sweep(num_seqs: int, seq_len: int, *, num_heads: int = 32, num_
     fit = max(1, min(wave // per_split, pages))
     fill = max(1, min(-(-wave // per_split), pages))
     if max_splits is None:
-        max_splits = min(pages, max(8, 2 * fill))
-    max_splits = _check_int(max_splits, "max_splits", 1, 1 << 20)
+        max_splits = min(pages, max(8, 2 * fill), _MAX_SWEEP_SPLITS)
+    max_splits = _check_int(max_splits, "max_splits", 1, _MAX_SWEEP_SPLITS)
     pick = decode_splits(num_seqs, num_kv_heads, seq_len, block_size=block_size,
                          heads_per_kv_head=num_heads // num_kv_heads // hpb, num_sms=num_sms,
                          blocks_per_sm=blocks_per_sm)
