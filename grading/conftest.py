@@ -444,8 +444,9 @@ class ScoreCard:
                 mistakes, advice, message = [], [], ""
             elif report._grading_timeout:                # no mistake of the check's: it never finished
                 mistakes, advice, message = [], [report._grading_timeout], report._grading_timeout
-            rec.update(outcome="failed", message=message, hints=mistakes,
-                       advice=advice or ([message] if message and not mistakes else []))
+            bare = bool(message) and not advice and not mistakes     # its failure's message is all it says
+            rec.update(outcome="failed", message=message, hints=mistakes, advice=advice or ([message] if bare else []),
+                       bare=bare)
         elif report.skipped and rec["outcome"] != "failed":
             reason = _skip_reason(report)
             rec["outcome"] = NOT_ATTEMPTED if NOT_ATTEMPTED in reason else "skipped"

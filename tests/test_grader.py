@@ -376,6 +376,23 @@ def test_only_the_hint_of_the_mistake_made():
     assert r.hints == ("AssertionError: o / l is wrong",)
 
 
+def test_a_checks_written_advice_comes_before_the_bare_failure_messages():
+    # two checks without a named mistake fail: one has only its assertion's message (the grader's advice then),
+    # one has advice written for it; the written advice is shown first, however the checks are ordered
+    bare = {"exercise": "absorb", "test": "by_hand", "outcome": "failed", "catches": [], "hints": [], "bare": True,
+            "message": "AssertionError: 683 splits, expected 8", "advice": ["AssertionError: 683 splits, expected 8"]}
+    other = {**bare, "test": "random", "message": "AssertionError: 5954 splits, expected 1",
+             "advice": ["AssertionError: 5954 splits, expected 1"]}
+    written = {**bare, "test": "one_wave", "message": "AssertionError: assert 683 == 8", "bare": False,
+               "advice": ["the most splits that fit in one wave, not the cheapest"]}
+    (r,) = summarise([bare, written, other])
+    assert r.hints == ("the most splits that fit in one wave, not the cheapest",
+                       "AssertionError: 683 splits, expected 8", "AssertionError: 5954 splits, expected 1")
+    # a message two checks share still ranks above one of a single check, among the messages
+    (r,) = summarise([other, bare, {**bare, "test": "again"}])
+    assert r.hints == ("AssertionError: 683 splits, expected 8", "AssertionError: 5954 splits, expected 1")
+
+
 def test_untouched_stub_is_answered_without_running_the_grader(workspace, monkeypatch):
     def no_pytest(*args, **kwargs):
         raise AssertionError("the grader was started for an untouched stub")
@@ -718,6 +735,18 @@ def test_decode_splits_wrong_answers_get_the_hint_that_fits(kind, tmp_path):
     # no hint names a mistake this answer does not make
     named = {MISTAKES.hint_text(k) for k in MISTAKES.MISTAKES} - {hint}
     assert not set(result.result.hints) & named, result.result.hints
+
+
+def test_decode_splits_the_cheapest_count_is_told_first_why_the_pick_stays_in_one_wave(tmp_path):
+    """The count of least wave_time is the mistake the stub warns of: the one-line check in the notebook shows the
+    advice written for it, not the assertion of the first check it fails."""
+    body, hint = _DECODE_SPLITS_WRONG["cheapest"]
+    source = (ROOT / "solutions" / "decode_splits.py").read_text()
+    right = "    return min(pages, max(1, wave // blocks_per_split))       # the most that fit one wave, 1..pages\n"
+    answer = tmp_path / "decode_splits.py"
+    answer.write_text(source.replace(right, f"    {body}\n"))
+    result = check("decode_splits", file=answer)
+    assert result.status == "failed" and hint in result.hint, result
 
 
 def test_decode_splits_wave_time_floor_plus_one_is_told_apart_from_the_pages(tmp_path):

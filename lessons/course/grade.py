@@ -175,13 +175,15 @@ def summarise(records, *, max_hints: int = 3) -> list[ExerciseResult]:
     plain skip counts for nothing), optionally ``catches`` (list of mistake keys the
     check distinguishes, see ``grading/mistakes.py``), and for failures ``hints`` (list
     of str: the named mistakes' hints, in the order of ``catches``) and ``advice``
-    (list of str: other advice, or the failure message). An exercise is ``failed`` if
+    (list of str: other advice, or the failure message, when ``bare`` is true: the check has
+    no advice of its own). An exercise is ``failed`` if
     any check failed, ``not attempted`` if every check hit a stub, ``incomplete`` if
     some passed and the rest hit a stub, else ``passed``. The hints shown are those of
     the mistakes actually made (a mistake whose own check passed is ruled out; one whose
     own check failed is confirmed and shown alone), the one named by the most failures
-    first; only when no named mistake is left, the other advice (or the failure
-    messages) ranked the same way; at most ``max_hints``. Raises
+    first; only when no named mistake is left, the advice written for the failed checks
+    ranked the same way, then the failure messages of the checks without such advice;
+    at most ``max_hints``. Raises
     ValueError for an unknown outcome.
     """
     by_name: dict[str, list[dict]] = {}
@@ -197,12 +199,14 @@ def summarise(records, *, max_hints: int = 3) -> list[ExerciseResult]:
         failed = [r for r in recs if r["outcome"] == "failed"]
         named = _named_mistakes(recs, failed)
         if any(named):                               # the mistakes made; other advice after they are fixed
-            advice = []
-        else:                                        # no named mistake: the checks' advice, or what failed
-            advice = [list(r.get("advice") or ()) or ([r["message"]] if r.get("message") else [])
-                      for r in failed]
+            advice = messages = []
+        else:                                        # no named mistake: the checks' advice, then what failed
+            # (a check with no advice of its own, ``bare``, has its failure's message for advice: it comes after
+            # the advice written for the checks, which says more than an assertion)
+            advice = [[] if r.get("bare") else list(r.get("advice") or ()) for r in failed]
+            messages = [[r["message"]] if r.get("message") and not own else [] for r, own in zip(failed, advice)]
         files = [m for r in recs for m in (r.get("files") or ())]
-        hints = files + _ranked(named) + _ranked(advice)
+        hints = files + _ranked(named) + _ranked(advice) + _ranked(messages)
         hints = [h for h in dict.fromkeys(hints) if h][:max_hints]
         if count["failed"]:
             status = "failed"
