@@ -162,6 +162,9 @@ def load_answer(config, name: str) -> Answer:
         pytest.fail(f"no answer file {path}", pytrace=False)
     modname = f"_graded_{name}_{hashlib.sha1(str(path).encode()).hexdigest()[:10]}"
     spec = importlib.util.spec_from_file_location(modname, path)
+    if spec is None or spec.loader is None:              # a name without .py (the notebook, a copy saved as text)
+        pytest.fail(f"could not import {path}: an answer is a Python file whose name ends in .py "
+                    f"(exercises/{name}.py)", pytrace=False)
     module = importlib.util.module_from_spec(spec)
     sys.modules[modname] = module
     before = sys.dont_write_bytecode

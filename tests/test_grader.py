@@ -545,6 +545,18 @@ def test_check_reports_each_state_in_one_line(workspace):
     assert sorted(p.name for p in workspace.iterdir()) == sorted(f"{n}.py" for n in NAMES)
 
 
+def test_check_of_a_file_that_is_not_python_says_so(tmp_path):
+    # the notebook or a copy saved as text, given to check(file=...): no module spec can be made for it, and the
+    # learner is told the answer is a .py file, not "AttributeError: 'NoneType' object has no attribute 'loader'"
+    source = (ROOT / "solutions" / "decode_splits.py").read_text()
+    for name in ("decode_splits.txt", "decode_splits.ipynb", "decode_splits"):
+        (tmp_path / name).write_text(source)
+        result = check("decode_splits", file=tmp_path / name)
+        assert result.status == "failed" and "NoneType" not in result.hint, result
+        assert f"could not import {tmp_path / name}: an answer is a Python file whose name ends in .py" \
+            in result.hint, result
+
+
 def test_check_grades_the_folder_lessons_answers_names(monkeypatch):
     """make html sets LESSONS_ANSWERS=grading/stubs: a page says "not attempted" whatever the builder's
     exercises/ holds; another folder (here the reference solutions) is graded as it is."""
