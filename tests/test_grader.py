@@ -531,6 +531,11 @@ def test_check_result_lines():
     failed = ExerciseResult("absorb", "failed", 6, 3, 0, ("alpha missing on o: rescale o",))
     assert str(CheckResult("absorb", "failed", failed.hints[0], failed)) == \
         "absorb: 3 of 9 checks failed. Hint: alpha missing on o: rescale o"
+    two = ExerciseResult("absorb", "failed", 6, 3, 0, ("alpha missing on o: rescale o", "no -inf guard"))
+    assert str(CheckResult("absorb", "failed", two.hints[0], two)) == \
+        "absorb: 3 of 9 checks failed. Hint: alpha missing on o: rescale o (1 more hint: `make grade` shows them all)"
+    three = ExerciseResult("absorb", "failed", 6, 3, 0, ("a", "b", "c"))
+    assert str(CheckResult("absorb", "failed", "a", three)).endswith("Hint: a (2 more hints: `make grade` shows them all)")
     assert str(CheckResult("absorb", "error", "timeout")) == "absorb: could not grade: timeout"
 
 

@@ -396,8 +396,9 @@ class CheckResult:
     """The outcome of :func:`check` for one exercise; prints as one short line.
 
     ``status`` is one of :data:`STATUSES` or ``"error"`` (the grader could not run);
-    ``hint`` the first hint of a failure (or the error); ``result`` the full
-    :class:`ExerciseResult` when grading ran.
+    ``hint`` the first hint of a failure (or the error), followed in the printed line by how many
+    more hints the score card of ``make grade`` holds; ``result`` the full :class:`ExerciseResult`
+    when grading ran.
     """
 
     name: str
@@ -415,7 +416,9 @@ class CheckResult:
             return (f"{self.name}: incomplete: {r.passed} of {_checks(r.total)} passed, {r.not_attempted} "
                     f"still raise NotImplementedError")
         if self.status == "failed":
-            return f"{self.name}: {r.failed} of {_checks(r.total)} failed. Hint: {self.hint}"
+            more = len(r.hints) - 1 if r.hints else 0
+            extra = f" ({more} more hint{'s' * (more > 1)}: `make grade` shows them all)" if more > 0 else ""
+            return f"{self.name}: {r.failed} of {_checks(r.total)} failed. Hint: {self.hint}{extra}"
         return f"{self.name}: could not grade: {self.hint}"
 
     __repr__ = __str__
