@@ -71,6 +71,8 @@ ABSOLUTE_SPLITS = (1, 2, 4, 8, 16, 32, 64, 132, 264)
 SPAN = 16
 #: the most splits the launcher takes (a grid's z extent)
 MAX_SPLITS = 65535
+#: the most sequences it takes (a grid's y extent, the same limit)
+MAX_SEQS = MAX_SPLITS
 #: fp16 output against NumPy in float64: a few units in the last place of values of magnitude about 1
 EMULATOR_TOLERANCE = 3e-3
 STEM = "decode_splits"
@@ -445,6 +447,9 @@ def parse_args(argv=None):
     args.shapes = list(dict.fromkeys(args.shapes or (EMULATOR_SHAPES if args.emulator else GPU_SHAPES)))
     g = EMULATOR_GEOMETRY if args.emulator else GPU_GEOMETRY
     for num_seqs, seq_len in args.shapes:
+        if num_seqs > MAX_SEQS:
+            p.error(f"--shapes {shape_name(num_seqs, seq_len)}: at most {MAX_SEQS} sequences (a grid's y extent), "
+                    f"got {num_seqs}")
         nbytes = gpu_decode.kv_bytes(num_seqs, seq_len, g.num_kv_heads, g.head_dim)
         if nbytes > MAX_KV_BYTES:
             p.error(f"--shapes {shape_name(num_seqs, seq_len)}: its K/V cache is {nbytes / 2**30:,.0f} GiB "

@@ -557,9 +557,13 @@ def test_cp_async_decode_fills_a_wave_of_four_blocks_and_refuses_what_it_cannot_
 def test_the_split_build_names_an_unknown_dtype_before_the_head_dim_it_would_need():
     # d = 12 is 24 bytes a row in float16: no whole 16-byte pieces; but float64 is no dtype of the kernel at all,
     # and that is what the error must say (not "a multiple of 8 in float64")
-    for dtype in ("float64", "fp16", np.float16, None):
+    for dtype in ("float64", "fp16", np.float16, None, ["float16"]):
         with pytest.raises(ValueError, match=r"dtype must be one of \['bfloat16', 'float16', 'float32'\]"):
             gpu.paged_decode_split_build(12, 16, 8, 2, dtype, cp_async=True)
+        with pytest.raises(ValueError, match="dtype must be one of"):
+            paged_decode_split_layout(128, dtype)
+        with pytest.raises(ValueError, match="dtype must be one of"):
+            gpu.KernelBuild.make("paged_decode", dtype)
         with pytest.raises(ValueError, match="dtype must be one of"):
             gpu.paged_decode_split_build(128, 16, 8, 2, dtype)
     with pytest.raises(ValueError, match="head_dim must be a multiple of 8 in bfloat16, got 12"):

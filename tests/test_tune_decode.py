@@ -90,8 +90,15 @@ def test_a_shape_too_large_for_any_gpu_is_refused_by_name(capsys):
             tune.parse_args(["--shapes", bad])
         assert f"--shapes {bad}: its K/V cache is {gib:,.0f} GiB" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        tune.parse_args(["--emulator", "--shapes", f"{1 << 20}x{1 << 19}"])
-    assert f"its K/V cache is {(1 << 39) * 1024 // 2**30:,} GiB (2 KV heads" in capsys.readouterr().err
+        tune.parse_args(["--emulator", "--shapes", f"{1 << 15}x{1 << 14}"])
+    assert f"its K/V cache is {(1 << 29) * 1024 // 2**30:,} GiB (2 KV heads" in capsys.readouterr().err
+
+
+def test_more_sequences_than_a_grid_holds_are_refused_by_name(capsys):
+    assert tune.parse_args(["--emulator", "--shapes", "65535x1"]).shapes == [(65535, 1)]
+    with pytest.raises(SystemExit):
+        tune.parse_args(["--emulator", "--shapes", "65536x1"])
+    assert "--shapes 65536x1: at most 65535 sequences" in capsys.readouterr().err
 
 
 def test_ratios_and_the_fastest_count_by_hand():

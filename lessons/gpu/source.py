@@ -831,7 +831,7 @@ def paged_decode_split_layout(head_dim: int, dtype: str = "float16") -> dict:
     Raises ValueError for a head dim outside 1..256 or an unknown dtype.
     """
     d = _check_int(head_dim, "head_dim", 1, MAX_HEAD_DIM)
-    if dtype not in DTYPES:
+    if not isinstance(dtype, str) or dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     vec16 = 4 if dtype == "float32" else 8
     vec = vec16 if d % vec16 == 0 else 1
@@ -1317,7 +1317,7 @@ class KernelBuild:
     def __post_init__(self):
         if self.kernel not in KERNELS:
             raise ValueError(f"kernel must be one of {sorted(KERNELS)}, got {self.kernel!r}")
-        if self.dtype not in DTYPES:
+        if not isinstance(self.dtype, str) or self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {self.dtype!r}")
 
     @classmethod
