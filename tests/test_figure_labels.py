@@ -130,3 +130,61 @@ def test_mma_rung_quotes_the_registers_and_blocks_per_sm_of_its_current_build():
             e = next(e for e in ladder.rung_evidence(d, arch) if e["name"] == "mma")
             assert low <= e["registers"] <= high, (d, arch, e["registers"])
             assert _blocks_per_sm_by_registers(e["registers"], 4) == blocks
+
+
+def test_ladder_figure_sets_markers_that_would_hide_each_other_side_by_side():
+    import numpy as np
+
+    from lessons.gpu import ladder
+    from lessons.views.ladder import _side_by_side, ladder_figure
+
+    points = ladder.ladder_points(8192, (64, 128))
+    measured = [p for p in points if p["tflops"] is not None]
+    fig = ladder_figure(points, label=ladder.RECORDED_LABEL)
+    roofline = fig.get_axes()[0]
+    marks = [line for line in roofline.get_lines() if line.get_marker() in ("o", "s")]
+    assert len(marks) == len(measured)
+    shown = [(float(m.get_xdata()[0]), float(m.get_ydata()[0])) for m in marks]
+    # the TFLOP/s are the measured ones; an x moves at most one step from the intensity, for display only
+    for p, (x, y) in zip(measured, shown):
+        assert y == p["tflops"] and abs(np.log10(x / p["intensity"])) <= 0.1 + 1e-9
+    # mma d = 128 (91.0) and mma_async d = 64 (94.0) share an intensity of 63.5: drawn apart, mma on the left
+    where = {(p["name"], p["d"]): x for p, (x, _) in zip(measured, shown)}
+    assert where[("mma", 64)] == pytest.approx(where[("mma", 128)], rel=1e-3)
+    assert where[("mma_async", 64)] == pytest.approx(where[("mma_async", 128)], rel=1e-3)
+    assert where[("mma", 64)] < 63.5 < where[("mma_async", 64)]
+    # a rung no other hides keeps its intensity: sdpa, well above FA-2 at 126, stays on its roof
+    assert where[("sdpa", 128)] == next(p["intensity"] for p in measured if (p["name"], p["d"]) == ("sdpa", 128))
+    # once drawn, no marker's centre lies within another rung's marker
+    xy = roofline.transData.transform(shown)
+    px = fig.dpi / 72
+    for (i, a), (j, b) in itertools.combinations(enumerate(xy), 2):
+        if measured[i]["name"] != measured[j]["name"]:
+            reach = max(marks[i].get_markersize(), marks[j].get_markersize()) / 2 * px
+            assert np.max(np.abs(a - b)) > reach, (measured[i]["name"], measured[j]["name"])
+    # by hand: two rungs at one intensity 5% apart in TFLOP/s go 0.1 decade apart; a third far above stays put
+    hand = [dict(name="a", intensity=10.0, tflops=100.0), dict(name="b", intensity=10.05, tflops=105.0),
+            dict(name="c", intensity=10.0, tflops=400.0), dict(name="a", intensity=40.0, tflops=100.0)]
+    assert _side_by_side(hand) == pytest.approx([10 * 10 ** -0.05, 10.05 * 10 ** 0.05, 10.0, 40.0])
+
+
+def test_count_ranges_gives_each_class_its_count_or_range_with_its_unit():
+    from lessons.views.plot import count_ranges
+
+    rows = [{"tensor": 12, "exponentials": 1, "other": 0}, {"tensor": 12.0, "exponentials": 0, "integer": 72},
+            {"integer": 121, "tensor": 12}]
+    assert count_ranges(rows, unit="clock") == {"tensor": "12 clocks", "exponentials": "1 clock",
+                                                "integer": "72-121 clocks"}
+    assert count_ranges(rows) == {"tensor": "12", "exponentials": "1", "integer": "72-121"}
+    assert count_ranges(rows, unit="per step", plural="per step")["integer"] == "72-121 per step"
+    assert count_ranges([{"a": 59}, {"a": 60.5}]) == {"a": "59-60"} and count_ranges([]) == {}
+    for bad in ({"a": 1}, [1], "rows"):
+        with pytest.raises(TypeError, match="rows must be a list of dicts"):
+            count_ranges(bad)
+    with pytest.raises(TypeError, match=r"rows\[1\]\['a'\] must be a real count"):
+        count_ranges([{"a": 1}, {"a": "2"}])
+    for bad in (-1, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match=r"rows\[0\]\['a'\] must be a finite count"):
+            count_ranges([{"a": bad}])
+    with pytest.raises(TypeError, match="unit must be a string"):
+        count_ranges(rows, unit=3)

@@ -447,6 +447,30 @@ def test_the_figure_draws_the_plot_and_refuses_another_dict():
             little_figure(plot, label=bad)
 
 
+def test_the_every_sm_full_note_sits_at_the_end_of_its_line_clear_of_every_marker():
+    from lessons.views.decode_loads import little_figure
+
+    plot = dl.little_plot(HAND)
+    fig = little_figure(plot)
+    (ax,) = fig.axes
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    first = plot["lines"][0]
+    (note,) = [t for t in ax.texts if t.get_text().startswith("every SM full")]
+    blocks = SMS * HAND_BLOCKS["paged_decode"]                     # the line ends where every SM is full
+    full = blocks * 512 / plot["round_trip"]                        # the 512 bytes per block of the staging rungs
+    assert note.get_text() == f"every SM full\n({blocks} blocks):\n{full / 1e12:.2f} TB/s"
+    assert note.xy == (blocks, pytest.approx(full / 1e12))
+    box = note.get_window_extent(renderer)
+    end_x, end_y = ax.transData.transform((first["blocks"][-1], first["rates"][-1] / 1e12))
+    # right of the line's end, at its height, and inside the axes (the legend's side is not written on)
+    assert box.x0 > end_x and box.y0 < end_y < box.y1 and box.x1 < ax.get_window_extent(renderer).x1
+    markers = [line for line in ax.get_lines() if line.get_linestyle() == "None"]
+    for line in markers:
+        for x, y in ax.transData.transform(list(zip(line.get_xdata(), line.get_ydata()))):
+            assert not box.expanded(1.0, 1.0).padded(line.get_markersize()).contains(x, y), line.get_label()
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the decode rungs' SASS, with hand values from the kernel sources
 # ---------------------------------------------------------------------------------------------------------------
@@ -866,6 +890,15 @@ def test_the_decode_step_figure_draws_one_bar_per_step_rung():
     for r in table:
         if r["rung"] in SPLIT:
             assert f"{r['step_instructions']:.0f} per step: at most {r['issue_ceiling'] / 1e12:.2f} TB/s" in texts
+    # each class's legend entry gives its instructions per step over the rungs, so that one too thin to see (the
+    # one exponential, the K/V loads) still reads
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    step = [r for r in table if r["rung"] in SPLIT]
+    for name in {name for r in step for name, count in r["step_classes"].items() if count}:
+        counts = [round(r["step_classes"][name]) for r in step if r["step_classes"].get(name)]
+        span = str(counts[0]) if min(counts) == max(counts) else f"{min(counts)}-{max(counts)}"
+        assert f"{name} ({span})" in legend, legend
+    assert len(legend) == len({name for r in step for name, count in r["step_classes"].items() if count})
     fig.savefig(io.BytesIO(), format="png")
     with pytest.raises(ValueError, match="whole step"):
         decode_step_figure([r for r in table if r["rung"] in STAGING])

@@ -1,9 +1,10 @@
 """Little's law on the decode rungs: K/V read rate against the blocks that run at once (one figure)."""
 from __future__ import annotations
 
+from matplotlib.patches import Patch
 from matplotlib.ticker import FixedLocator, ScalarFormatter
 
-from lessons.views.plot import new_figure, tidy
+from lessons.views.plot import count_ranges, new_figure, tidy
 
 __all__ = ["little_figure", "RUNG_STYLES", "decode_step_figure", "DECODE_CLASS_COLOURS"]
 
@@ -17,7 +18,8 @@ _ROOF_COLOURS = ("black", "#1f4e99", "#e6550d", "#636363")
 def little_figure(plot: dict, *, label: str | None = None):
     """K/V bytes read per second (TB/s, log) against thread blocks running at once (log) for the decode rungs: a
     dashed Little's-law line per amount of bytes a block keeps in flight (``blocks x bytes / round trip``), the
-    recorded rates as markers, and the roofs dotted (the copy rate, the issue ceilings). ``plot``: the dict
+    recorded rates as markers, and the roofs dotted (the copy rate, the issue ceilings). The line of the fewest
+    bytes ends where every SM is full; its rate there is written just right of that end. ``plot``: the dict
     :func:`lessons.gpu.decode_loads.little_plot` returns; ``label``, if given, says where the markers were
     measured (e.g. :data:`lessons.gpu.ladder.RECORDED_LABEL`: machine, date, driver, commit) on a second title
     line. Returns a Figure. TypeError for a ``plot`` that is not such a dict, or a ``label`` that is not a
@@ -34,10 +36,10 @@ def little_figure(plot: dict, *, label: str | None = None):
         size = f"{line['bytes'] / 1024:g} KiB" if line["bytes"] >= 1024 else f"{line['bytes']} B"
         ax.plot(line["blocks"], [r / 1e12 for r in line["rates"]], ls="--", lw=1.4, color=colour,
                 label=f"Little's law, {size} in flight per block\n({', '.join(line['rungs'])})")
-        if line is plot["lines"][0]:                   # the fewest bytes: where every SM full still leaves it
-            ax.annotate(f"every SM full ({line['blocks'][-1]} blocks):\n{line['rates'][-1] / 1e12:.2f} TB/s",
-                        (line["blocks"][-1], line["rates"][-1] / 1e12), xytext=(0, 8), textcoords="offset points",
-                        ha="right", va="bottom", fontsize=8, color="#3182bd")
+        if line is plot["lines"][0]:     # the fewest bytes: where every SM full still leaves it, at the line's end
+            ax.annotate(f"every SM full\n({line['blocks'][-1]} blocks):\n{line['rates'][-1] / 1e12:.2f} TB/s",
+                        (line["blocks"][-1], line["rates"][-1] / 1e12), xytext=(5, 0), textcoords="offset points",
+                        ha="left", va="center", fontsize=8, color="#3182bd")
     for name, found in plot["points"].items():
         colour, marker, size = RUNG_STYLES.get(name, ("#636363", "o", 8))
         xs, ys = zip(*found)
@@ -47,6 +49,8 @@ def little_figure(plot: dict, *, label: str | None = None):
         ax.axhline(rate / 1e12, ls=":", lw=1.6, color=colour, label=f"{roof}: {rate / 1e12:.2f} TB/s")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    most = max(max(line["blocks"]) for line in plot["lines"])
+    ax.set_xlim(0.7, most * 5)                    # room right of the lines' ends for the note on the first one
     lowest = min(min(line["rates"]) for line in plot["lines"])
     ax.set_ylim(lowest / 1e12 / 2, max(list(plot["roofs"].values()) + [lowest]) / 1e12 * 2.5)
     ticks = [1, 4, 16, 64, 256, 1024]
@@ -74,7 +78,9 @@ def decode_step_figure(table):
     """One horizontal bar per decode rung whose loop is a whole step (rows of
     :func:`lessons.gpu.decode_loads.decode_loop_table` with an issue ceiling): its instructions per step and warp,
     split by ``step_classes``, each part labelled with its count where it is wide enough, and the issue ceiling the
-    total allows written at the bar's end. Returns a Figure. TypeError naming ``table`` for rows of another kind;
+    total allows written at the bar's end. Each class's legend entry gives its count per step (the fewest-the most
+    where the rungs differ; :func:`lessons.views.plot.count_ranges`), so a part too thin to see still reads.
+    Returns a Figure. TypeError naming ``table`` for rows of another kind;
     ValueError when no row has an issue ceiling."""
     from lessons.gpu.sass import _check_table
 
@@ -88,6 +94,7 @@ def decode_step_figure(table):
     fig.subplots_adjust(left=0.19, right=0.97, top=1 - 0.45 / fig.get_figheight(), bottom=1.35 / fig.get_figheight())
     names = [n for n in DECODE_CLASS_COLOURS if any(r["step_classes"].get(n) for r in rows)]
     names += [n for r in rows for n in r["step_classes"] if n not in names and r["step_classes"][n]]
+    counts = count_ranges([r["step_classes"] for r in rows])     # in the legend: a class too thin to see still reads
     for y, r in enumerate(reversed(rows)):
         left = 0.0
         for n in names:
@@ -95,7 +102,7 @@ def decode_step_figure(table):
             if not width:
                 continue
             ax.barh(y, width, 0.6, left=left, color=DECODE_CLASS_COLOURS.get(n, "#ffffff"), edgecolor="white",
-                    label=n if y == 0 else None)
+                    lw=0.5)
             if width >= 25:
                 dark = n in ("multiply-adds", "integer and address")
                 ax.text(left + width / 2, y, f"{width:.0f}", ha="center", va="center", fontsize=8,
@@ -108,6 +115,7 @@ def decode_step_figure(table):
     ax.set_xlabel("instructions one warp issues per step (4 keys: 4 KiB of K and V)", fontsize=10)
     ax.set_title("What a decode step issues, from its SASS", fontsize=11)
     tidy(ax)
-    fig.legend(*ax.get_legend_handles_labels(), fontsize=8, ncol=5, loc="lower center", bbox_to_anchor=(0.55, 0.0),
-               frameon=False)
+    fig.legend(handles=[Patch(color=DECODE_CLASS_COLOURS.get(n, "#ffffff"), label=f"{n} ({counts[n]})") for n in names],
+               fontsize=8, ncol=3, loc="lower center", bbox_to_anchor=(0.55, 0.0), frameon=False,
+               title="instructions per step by class (where the rungs differ: the fewest-the most)", title_fontsize=8)
     return fig

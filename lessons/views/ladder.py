@@ -17,10 +17,39 @@ RUNG_COLOURS = {"naive": "#c44e52", "scalar": "#1f77b4", "regtile": "#17becf", "
                 "mma_fa2_wide": "#7f7f7f", "mma_fa2_lean": "#dbdb8d", "wgmma": "#e377c2", "sdpa": "#2ca02c"}
 
 
+def _side_by_side(points, *, clash: float = 0.13, step: float = 0.1) -> list[float]:
+    """The x at which to draw each of ``points`` (dicts with name, intensity and tflops, all measured) on the
+    log-log roofline: its intensity, except where markers of different rungs at one intensity (within 1%) lie
+    within ``clash`` decades of TFLOP/s of each other, so that one would hide the other: those rungs are set side
+    by side, ``step`` decades of intensity apart in the order given and centred on their intensity. Only the
+    drawing moves; the values stay what was measured."""
+    shown = [p["intensity"] for p in points]
+    groups: list[list[int]] = []                       # indices of the points at one intensity
+    for i, p in enumerate(points):
+        group = next((g for g in groups if abs(points[g[0]]["intensity"] / p["intensity"] - 1) < 0.01), None)
+        if group is None:
+            groups.append([i])
+        else:
+            group.append(i)
+    for group in groups:
+        names = list(dict.fromkeys(points[i]["name"] for i in group))
+        apart = [n for n in names if any(points[i]["name"] == n != points[j]["name"]
+                                         and abs(np.log10(points[i]["tflops"] / points[j]["tflops"])) < clash
+                                         for i in group for j in group)]
+        for k, name in enumerate(apart):
+            factor = 10 ** (step * (k - (len(apart) - 1) / 2))
+            for i in group:
+                if points[i]["name"] == name:
+                    shown[i] = points[i]["intensity"] * factor
+    return shown
+
+
 def ladder_figure(points, *, label: str, hardware=H200):
     """Two panels: left, each measured rung at (intensity, measured FLOP/s) under the roofs of
     ``hardware`` (filled circle d = 64, open square d = 128, so that a circle inside a square stays
-    visible; a rung's dtype picks its roof); right, measured
+    visible; a rung's dtype picks its roof; where markers of different rungs at one intensity would hide each
+    other, those rungs are drawn side by side around it, a small step apart on the x axis, their TFLOP/s
+    unchanged); right, measured
     TFLOP/s per rung and head dim (log scale), unmeasured rungs marked as such.
 
     ``points``: dicts from :func:`lessons.gpu.ladder.ladder_points`; ``label``: where the numbers
@@ -47,19 +76,19 @@ def ladder_figure(points, *, label: str, hardware=H200):
                 xytext=(0, 4), textcoords="offset points", ha="left", va="bottom", fontsize=8, color="#444444",
                 rotation=np.degrees(np.arctan2(y1 - y0, x1 - x0)), rotation_mode="anchor")   # along the roof
     markers = {64: "o", 128: "s"}
-    for p in points:
-        if p["tflops"] is None:
-            continue
+    measured = [p for p in points if p["tflops"] is not None]
+    for p, x in zip(measured, _side_by_side(measured)):
         colour = RUNG_COLOURS.get(p["name"], "k")
-        ax.loglog([p["intensity"]], [p["tflops"]], ls="none", marker=markers.get(p["d"], "D"),
+        ax.loglog([x], [p["tflops"]], ls="none", marker=markers.get(p["d"], "D"),
                   ms=7 if p["d"] == 64 else 11, color=colour, mew=2,
                   mfc=colour if p["d"] == 64 else "none", zorder=3 if p["d"] == 64 else 2)
     ax.set_xlim(xs[0], xs[-1])
     ax.set_ylim(3, 2000)
     ax.set_xlabel("arithmetic intensity (FLOPs per HBM byte, IO model)", fontsize=9.5)
     ax.set_ylabel("TFLOP/s", fontsize=9.5)
-    ax.set_title("rungs under the roofs (dot d = 64, open square d = 128; colours as on the right)",
-                 fontsize=9.5, loc="left")
+    ax.set_title("rungs under the roofs (dot d = 64, open square d = 128; colours as on the right;\n"
+                 "rungs that would hide each other at one intensity set side by side around it)", fontsize=9.5,
+                 loc="left")
     ax.grid(True, which="major", color="#eeeeee", lw=0.6)
     tidy(ax)
 

@@ -17,7 +17,7 @@ from matplotlib.patches import Patch
 from lessons.core.checks import check_positive_real
 from lessons.cost.register_tiles import RegisterTile
 
-from lessons.views.plot import new_figure, tidy
+from lessons.views.plot import count_ranges, new_figure, tidy
 
 __all__ = ["ownership_figure", "OWNER_COLOURS", "issue_ceiling_figure", "CLASS_COLOURS", "hmma_slots_figure",
            "warpgroup_pipes_figure"]
@@ -286,19 +286,7 @@ def warpgroup_pipes_figure(table):
         seen.add(name)
         return name
 
-    spans = {}                                   # each issue class's clocks over the rows: in its legend entry,
-    for row in order:                            # so that a class too thin to see still says how much it takes
-        for name in names:
-            width = row["classes"].get(name, 0)
-            if width:
-                lo, hi = spans.get(name, (width, width))
-                spans[name] = (min(lo, width), max(hi, width))
-
-    def clocks(name):
-        lo, hi = spans[name]
-        if round(lo) == round(hi):
-            return f"{lo:.0f} clock" + ("" if round(lo) == 1 else "s")
-        return f"{lo:.0f}-{hi:.0f} clocks"
+    clocks = count_ranges([row["classes"] for row in order], unit="clock")   # each issue class's, in its legend entry
 
     for row, yy in zip(order, ys):
         ax.barh(yy, row["tensor_clocks"], bar, color="#08306b", edgecolor="white", lw=0.5, hatch="///",
@@ -310,7 +298,7 @@ def warpgroup_pipes_figure(table):
             width = row["classes"].get(name, 0)
             if width:
                 ax.barh(yy + 2 * bar, width, bar, left=left, color=CLASS_COLOURS.get(name, "#ffffff"),
-                        edgecolor="white", lw=0.3, label=label(f"I, issue slots: {name} ({clocks(name)})"))
+                        edgecolor="white", lw=0.3, label=label(f"I, issue slots: {name} ({clocks[name]})"))
                 left += width
         for k, (what, value) in enumerate((("T", row["tensor_clocks"]), ("M", row["mufu_clocks"]),
                                            ("I", row["issue_clocks"]))):
