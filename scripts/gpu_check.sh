@@ -90,33 +90,7 @@ for arg in "$@"; do     # --dry-run before or after the folder; anything else th
            FOLDER="$arg"; FOLDER_GIVEN=1 ;;
     esac
 done
-ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-# a run never writes over another's files: the default folder is new for each run
-RESULTS="${FOLDER:-${OUT:-$ROOT/gpu_results/$(date -u +%Y%m%dT%H%M%SZ)-$$}}"
-if [ -e "$RESULTS/summary.txt" ]; then
-    echo "gpu_check.sh: $RESULTS already holds a run (summary.txt); give an empty folder" >&2
-    exit 2
-fi
-# (a folder that cannot be made, a file in its place say, ends the run here: its files must not go elsewhere)
-if ! mkdir -p -- "$RESULTS/sanitizer" "$RESULTS/benchmark" || ! FOLDER="$(cd -- "$RESULTS" && pwd)"; then
-    echo "gpu_check.sh: cannot make the results folder $RESULTS (a file in the way, or no permission)" >&2
-    exit 2
-fi
-RESULTS="$FOLDER"
-cd "$ROOT"
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"   # the lessons package from this tree
-export MPLBACKEND=Agg
-
-SUMMARY="$RESULTS/summary.txt"
-: > "$SUMMARY"
-FAILED=0
-START=$(date +%s)
-
-step() {  # step NAME STATUS DETAIL
-    printf '%-52s %-5s %s\n' "$1" "$2" "$3" | tee -a "$SUMMARY"
-    if [ "$2" = "FAIL" ]; then FAILED=1; fi
-}
-
+# the settings are read before the results folder is made: a mistyped one leaves nothing behind to refuse the rerun
 whole_seconds() {  # whole_seconds VAR VALUE MOST: VAR = VALUE, a whole number of seconds from 1 to MOST (all nines),
                    # in decimal even with leading zeros ("08" is 8, not octal); otherwise exit 2 naming GPU_CHECK_VAR
     if ! [[ "$2" =~ ^[0-9]{1,${#3}}$ ]] || [ $((10#$2)) -lt 1 ]; then
@@ -148,6 +122,33 @@ for group in $WANTED; do
         *) echo "gpu_check.sh: GPU_CHECK_STEPS may name only these groups: $STEP_GROUPS; got '$group'" >&2; exit 2 ;;
     esac
 done
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+# a run never writes over another's files: the default folder is new for each run
+RESULTS="${FOLDER:-${OUT:-$ROOT/gpu_results/$(date -u +%Y%m%dT%H%M%SZ)-$$}}"
+if [ -e "$RESULTS/summary.txt" ]; then
+    echo "gpu_check.sh: $RESULTS already holds a run (summary.txt); give an empty folder" >&2
+    exit 2
+fi
+# (a folder that cannot be made, a file in its place say, ends the run here: its files must not go elsewhere)
+if ! mkdir -p -- "$RESULTS/sanitizer" "$RESULTS/benchmark" || ! FOLDER="$(cd -- "$RESULTS" && pwd)"; then
+    echo "gpu_check.sh: cannot make the results folder $RESULTS (a file in the way, or no permission)" >&2
+    exit 2
+fi
+RESULTS="$FOLDER"
+cd "$ROOT"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"   # the lessons package from this tree
+export MPLBACKEND=Agg
+
+SUMMARY="$RESULTS/summary.txt"
+: > "$SUMMARY"
+FAILED=0
+START=$(date +%s)
+
+step() {  # step NAME STATUS DETAIL
+    printf '%-52s %-5s %s\n' "$1" "$2" "$3" | tee -a "$SUMMARY"
+    if [ "$2" = "FAIL" ]; then FAILED=1; fi
+}
+
 wanted() {  # wanted GROUP: true when GROUP is in GPU_CHECK_STEPS
     case " $WANTED " in *" $1 "*) return 0 ;; esac
     return 1
@@ -192,6 +193,7 @@ print(" ".join(name for name in kernel_rungs() if name in left))
 EOF
 )"; then
         echo "gpu_check.sh: $GIVEN_LEFT_OUT" >&2
+        rm -f -- "$SUMMARY"            # still empty: the corrected rerun may name the same folder
         exit 2
     fi
 fi

@@ -642,15 +642,17 @@ def test_a_left_out_given_for_a_second_run_is_checked_spelled_out_and_honoured(t
                           timeout=120, env=env)
     assert proc.returncode == 2 and proc.stderr.startswith("gpu_check.sh: GPU_CHECK_LEFT_OUT must hold names of rungs")
     assert proc.stderr.rstrip().endswith("got ['wgmma_pingpong_fast']") and not (tmp_path / "bad" / "env.txt").exists()
+    assert not (tmp_path / "bad" / "summary.txt").exists()      # the corrected rerun may name the same folder
 
 
 def test_a_step_group_that_does_not_exist_is_refused(tmp_path):
     env = {name: value for name, value in os.environ.items() if not name.startswith("GPU_CHECK_")}
     env["GPU_CHECK_STEPS"] = "forward benchmarks"
-    proc = subprocess.run(["bash", str(SCRIPT), "--dry-run", str(tmp_path)], capture_output=True, text=True,
+    proc = subprocess.run(["bash", str(SCRIPT), "--dry-run", str(tmp_path / "results")], capture_output=True, text=True,
                           timeout=60, env=env)
     assert proc.returncode == 2 and "GPU_CHECK_STEPS may name only these groups: compile smoke forward backward " \
                                    "decode sweeps pytest sanitizer ncu ring; got 'benchmarks'" in proc.stderr
+    assert not (tmp_path / "results").exists()
 
 
 @pytest.mark.parametrize("variable, most, value", [
@@ -659,10 +661,12 @@ def test_a_step_group_that_does_not_exist_is_refused(tmp_path):
 def test_a_time_limit_that_is_not_whole_seconds_is_refused(tmp_path, variable, most, value):
     env = {name: value for name, value in os.environ.items() if not name.startswith("GPU_CHECK_")}
     env[variable] = value
-    proc = subprocess.run(["bash", str(SCRIPT), "--dry-run", str(tmp_path)], capture_output=True, text=True,
+    results = tmp_path / "results"
+    proc = subprocess.run(["bash", str(SCRIPT), "--dry-run", str(results)], capture_output=True, text=True,
                           timeout=60, env=env)
     assert proc.returncode == 2 and f"{variable} must be a whole number of seconds, at least 1 and at most " \
                                    f"{most}; got '{value}'" in proc.stderr
+    assert not results.exists()      # nothing written: the corrected rerun may name the same folder
 
 
 def test_the_tuning_sweep_refuses_a_file_for_out_and_runs_each_head_dim_once(tmp_path, capsys):
