@@ -2,7 +2,8 @@
 
     python benchmarks/gpu_decode.py --out DIR
 
-Decoding attention does about 2 FLOPs per byte of K and V it reads, so its speed limit is the
+Decoding attention does a few FLOPs per byte of K and V it reads (4 here: one multiply-add per query
+head for each 2-byte value, 4 query heads per KV head), so its speed limit is the
 memory system: the question for a decode kernel is what fraction of the device's copy rate it
 reads the cache at. Measured here:
 

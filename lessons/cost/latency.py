@@ -1,7 +1,8 @@
 """Loads in flight: why the decode kernel's prefetch build should read the cache faster.
 
-A decode kernel does about 2 FLOPs per byte it reads, so what matters is how many bytes are on their
-way from HBM at any moment (Little's law: rate = bytes in flight / latency). In ``paged_decode_split.cu``
+A decode kernel does a few FLOPs per byte it reads (4 at 4 query heads per KV head in fp16), so what
+matters is how many bytes are on their way from HBM at any moment (Little's law: rate = bytes in flight /
+latency). In ``paged_decode_split.cu``
 each lane group works in steps of 4 keys: it issues the loads of their K and V rows, waits for them to
 land (the latency ``L``), then absorbs them (dots, softmax, ``o += p v``: ``C``). Without prefetch the
 group has nothing in flight while it computes, and a step costs ``L + C``. With prefetch

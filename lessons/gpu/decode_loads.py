@@ -1,7 +1,8 @@
 """Bytes in flight: the decode rungs' key loops read from SASS, and Little's law on their recorded rates.
 
-Decoding reads each K/V byte once and does 2 FLOPs with it, so a decode kernel is fast only if bytes arrive
-fast. A load takes a round trip (the latency ``L``, from the load's issue until its data can be used), and
+Decoding reads each K/V byte once and does a few FLOPs with it (4 at 4 query heads per KV head in fp16: one
+multiply-add per query head for each 2-byte value), so a decode kernel is fast only if bytes arrive fast. A load
+takes a round trip (the latency ``L``, from the load's issue until its data can be used), and
 *Little's law* says how much must be asked for meanwhile: a GPU that has ``B`` bytes in flight on average
 reads at ``B / L`` bytes per second. To read at the copy rate ``R`` it needs ``R x L`` bytes in flight (Little
 1961; for GPUs: Volkov 2016, "Understanding latency hiding on GPUs", PhD thesis, UC Berkeley).

@@ -192,7 +192,7 @@ RUNGS = (
          "O += P_{j-1} V_{j-1} together, waits only for the first (wgmma.wait_group 1) and computes tile j's "
          "softmax while the second runs; 3 K/V stages instead of 2",
          "the exponentials hide behind the previous tile's P V instead of idling the tensor cores (at d = 128 "
-         "they alone take half as long as the products: FlashAttention-3, Sec. 3.2); 156 registers at d = 64, "
+         "they alone take half as long as the products: FlashAttention-3, Sec. 3.1); 156 registers at d = 64, "
          "157 at d = 128 (S, P and O live at once), 115 804 / 132 188 bytes of dynamic shared memory, no "
          "serialised wgmma; output bitwise the wgmma rung's",
          "wgmma.wait_group.sync.aligned 1", "not yet run on a GPU: built and checked on the CPU emulator only"),
@@ -726,7 +726,8 @@ def overlap_evidence(d: int = 64) -> dict:
 # ---------------------------------------------------------------------------
 # the decode ladder: one query per head against a long paged KV cache
 # ---------------------------------------------------------------------------
-# Decoding does about 2 FLOPs per byte of K/V read, so a decode rung is judged by bytes, not
+# Decoding does a few FLOPs per byte of K/V read (4 at 4 query heads per KV head in fp16: one multiply-add per
+# query head and value), so a decode rung is judged by bytes, not
 # FLOPs: the K/V read rate as a fraction of the device's copy rate (benchmarks/gpu_decode.py).
 
 #: the recorded decode figures of the same H200 run (fp16, 32 query heads on 8 KV heads, d = 128, pages of 16;

@@ -8,7 +8,8 @@
 //     block_tables       (num_seqs, max_blocks_per_seq) int32     logical page -> physical page
 //     seq_lens           (num_seqs,) int32
 // Token t of sequence s lives in page block_tables[s][t / BLOCK_SIZE], slot t % BLOCK_SIZE, and
-// nothing at or past seq_len is ever read. Decoding does 2 FLOPs per byte of K/V read: it is
+// nothing at or past seq_len is ever read. Decoding does a few FLOPs per byte of K/V read (one
+// multiply-add per query head for each value: 4 per byte for 4 heads in fp16): it is
 // bound by how fast the cache streams from HBM, so everything here is about the loads.
 //
 // 1. GQA sharing. One block serves HEADS_PER_BLOCK query heads of one group (all of it when the
