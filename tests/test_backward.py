@@ -469,3 +469,43 @@ def test_a_nan_key_reaches_only_the_rows_that_see_it(fn):
     dq = grads(k)[0]
     assert np.isnan(dq[5]).all()
     assert np.array_equal(dq[:5], clean[0][:5])
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning",
+                            "ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.parametrize("poison", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("where", ["q", "k", "v", "do"])
+@pytest.mark.parametrize("fn", ["textbook", "flash"])
+def test_bad_data_a_row_sees_stays_with_the_keys_it_sees(fn, where, poison):
+    """Row 0 sees only keys 0, 1 and rows 1..3 only keys 2..5: the two groups share no (row, key) pair,
+    so NaN or inf in row 0's q or dO, or in key 0's k or v, leaves dq of rows 1..3 and dk, dv of keys 2..5
+    bitwise as they are without it (a hidden pair's P and dS are 0, never 0 * NaN)."""
+    q, k, v, do = qkv(4, 6, 4, dv=3, seed=23)
+    mask = np.zeros((4, 6), bool)
+    mask[0, :2] = True
+    mask[1:, 2:] = True
+
+    def grads(q, k, v, do):
+        if fn == "textbook":
+            return attention_backward(q, k, v, do, mask=mask)
+        o, lse = forward(q, k, v, mask=mask)
+        return flash_attention_backward(q, k, v, o, lse, do, block_q=2, block_k=3, mask=mask)
+
+    clean = grads(q, k, v, do)
+    args = dict(q=q.copy(), k=k.copy(), v=v.copy(), do=do.copy())
+    args[where][0, 0] = poison
+    dq, dk, dv = grads(**args)
+    assert np.array_equal(dq[1:], clean[0][1:])
+    assert np.array_equal(dk[2:], clean[1][2:]) and np.array_equal(dv[2:], clean[2][2:])
+    if np.isnan(poison):                                  # while a NaN row 0 sees makes its dq NaN
+        assert np.isnan(dq[0]).all()
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+def test_recomputed_p_is_zero_where_masked_even_in_a_nan_row():
+    q, k, _, _ = qkv(3, 5, 4, seed=24)
+    mask = np.ones((3, 5), bool)
+    mask[0, 3:] = False
+    lse = np.array([np.nan, 1.0, 2.0])                     # row 0 saw bad data in the forward
+    p = recomputed_probabilities(q, k, lse, mask=mask)
+    assert np.isnan(p[0, :3]).all() and np.all(p[0, 3:] == 0)

@@ -114,8 +114,11 @@ def attention_backward(q, k, v, do, *, scale=None, causal=False, mask=None):
     p = e / np.where(total > 0, total, 1.0)                  # (Nq, Nk), stored: the cost FlashAttention avoids
     dp = do @ v.T                                            # (Nq, Nk), stored as well
     if visible is not None:
+        p = np.where(visible, p, 0.0)                        # exactly 0 where hidden, even in a NaN row
         dp = np.where(visible, dp, 0.0)                      # a value a row cannot see is no part of its dP
     ds = p * (dp - (p * dp).sum(axis=1, keepdims=True))      # softmax's Jacobian-vector product
+    if visible is not None:
+        ds = np.where(visible, ds, 0.0)                      # 0, not 0 * NaN, where the row's D is NaN or inf
     # dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO, with each operand's NaN/inf rows zeroed: a zero of
     # dS or P times NaN would be NaN. They come back as NaN only in the rows that see them.
     seen = np.ones((nq, nk)) if visible is None else visible.astype(dtype)
@@ -335,6 +338,8 @@ def flash_attention_backward(q, k, v, o, lse, do, *, block_q=64, block_k=64, sca
             if keep is not None:
                 s = np.where(keep, s, -np.inf)
             p = np.exp(s - L[r0:r1, None])                   # P_ij = exp(S_ij - L_i): already normalised
+            if keep is not None:
+                p = np.where(keep, p, 0.0)                   # exactly 0 where hidden, even where L_i is NaN
             dp = do[r0:r1] @ v_j.T
             ds = p * (dp - D[r0:r1, None])
             if keep is not None:
@@ -375,4 +380,6 @@ def recomputed_probabilities(q, k, lse, *, scale=None, causal=False, mask=None):
     if visible is not None:
         s = np.where(visible, s, -np.inf)
     p = np.exp(s - np.where(np.isneginf(lse), 0.0, lse)[:, None])
+    if visible is not None:
+        p = np.where(visible, p, 0.0)                        # 0 where masked, even where lse is NaN
     return p[0] if q_arr.ndim == 1 else p
