@@ -67,6 +67,24 @@ def test_square_closed_form():
         assert c.skipped_fraction == pytest.approx((T - 1) / (2 * T))
 
 
+def test_counting_a_long_sequence_never_builds_the_mask():
+    """N = 32768 in 1024-key tiles: 1024 tiles to count, while the (N, N) mask alone would be 1 GiB."""
+    import tracemalloc
+
+    n = 32768
+    tracemalloc.start()
+    try:
+        c = count_tiles(n, n, 1024, 1024)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert c.visible_scores == n * (n + 1) // 2 and (c.diagonal, c.skipped) == (32, 32 * 31 // 2)
+    assert peak < 16 * 2**20, f"peak {peak / 2**20:.0f} MiB"
+    # more queries than keys: the first Nq - Nk rows see nothing; fewer: every row sees Nk - Nq more
+    assert count_tiles(9, 4, 2, 2).visible_scores == 10 == causal_mask(9, 4).sum()
+    assert count_tiles(4, 9, 2, 2).visible_scores == 6 + 7 + 8 + 9 == causal_mask(4, 9).sum()
+
+
 def test_non_causal_computes_every_tile():
     c = count_tiles(10, 7, 3, 2, causal=False)
     assert (c.full, c.diagonal, c.skipped) == (4 * 4, 0, 0)

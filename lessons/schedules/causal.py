@@ -141,12 +141,24 @@ def count_tiles(nq, nk, block_q, block_k, causal=True):
     """
     visits = tile_schedule(nq, nk, block_q, block_k, causal)
     size = [(t.row_stop - t.row_start) * (t.key_stop - t.key_start) for t in visits]
-    visible = int(causal_mask(nq, nk).sum()) if causal else nq * nk
+    visible = _causal_visible_count(nq, nk) if causal else nq * nk
     return TileCounts(
         full=sum(t.kind == FULL for t in visits), diagonal=sum(t.kind == DIAGONAL for t in visits),
         skipped=sum(t.kind == SKIPPED for t in visits), total=len(visits),
         computed_scores=sum(s for s, t in zip(size, visits) if t.computed), visible_scores=visible,
         nq=nq, nk=nk)
+
+
+def _causal_visible_count(nq: int, nk: int) -> int:
+    """Scores the causal rule lets through, ``causal_mask(nq, nk).sum()``, without the (Nq, Nk) mask.
+
+    Row i sees keys ``0 .. i + Nk - Nq`` (never more than Nk, since i <= Nq - 1), so
+    ``max(i + c, 0)`` keys with ``c = Nk - Nq + 1``: an arithmetic series over the rows that see one.
+    """
+    c = nk - nq + 1
+    first = max(0, 1 - c)                                 # the first row that sees a key
+    rows = nq - first
+    return 0 if rows <= 0 else (first + c + nq - 1 + c) * rows // 2
 
 
 def block_schedule(block_q):
