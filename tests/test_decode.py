@@ -148,6 +148,9 @@ def _good():
     (dict(block_tables=np.array([[0, 1, 2], [100, 0, 0]])), ValueError, ["block_tables[1][0] = 100", "outside"]),
     (dict(block_tables=np.array([[0, -2, 2], [3, 0, 0]])), ValueError, ["block_tables[0][1] = -2"]),
     (dict(block_tables=np.zeros(3, dtype=int)), ValueError, ["block_tables", "2-D"]),
+    # one sequence's blocks each need a page of their own (sharing a page between sequences is fine)
+    (dict(block_tables=np.array([[2, 2, 0], [3, 0, 0]])), ValueError,
+     ["block_tables[0] names page 2 for logical blocks 0 and 1"]),
     (dict(v_cache=np.zeros((6, 4, 1, 3))), ValueError, ["k_cache and v_cache"]),
     (dict(k_cache=np.zeros((6, 4, 4))), ValueError, ["k_cache", "4-D"]),
 ])

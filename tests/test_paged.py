@@ -240,6 +240,7 @@ def test_sequence_pages_lists_used_blocks():
     assert sequence_pages([5, 2, 7, -1], 9, 4, 8) == [(0, 5, 4), (1, 2, 4), (2, 7, 1)]
     assert sequence_pages([5, 2, 99], 8, 4, 8) == [(0, 5, 4), (1, 2, 4)]
     assert sequence_pages([], 0, 4, 8) == []
+    assert sequence_pages([5, 2, 5], 8, 4, 8) == [(0, 5, 4), (1, 2, 4)]     # a repeat past the used blocks: padding
 
 
 # --- bad input -------------------------------------------------------------------------
@@ -254,6 +255,7 @@ def _good(seq_len=6, block_size=4):
     (dict(block_table=np.array([0])), ValueError, ["too short", "needs 2 blocks"]),
     (dict(block_table=np.array([0, 5])), ValueError, ["block_table[1] = 5", "outside the cache"]),
     (dict(block_table=np.array([-1, 0])), ValueError, ["block_table[0] = -1", "outside"]),
+    (dict(block_table=np.array([1, 1])), ValueError, ["block_table names page 1 for logical blocks 0 and 1"]),
     (dict(block_table=np.array([0.0, 1.0])), TypeError, ["block_table", "integers"]),
     (dict(block_table=np.array([[0, 1]])), ValueError, ["block_table", "1-D"]),
     (dict(block_table=np.array([True, False])), TypeError, ["block_table"]),

@@ -79,7 +79,8 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None, ret
     that is not True/False;
     ValueError for wrong ranks, mismatched d, num_seqs or cache shapes, ``num_heads``
     not a multiple of ``num_kv_heads``, a negative length, a block table row too short
-    for its length, or a used entry outside ``[0, num_blocks)``.
+    for its length, a used entry outside ``[0, num_blocks)``, or a page used for two blocks
+    of one sequence (sequences may share a page, as with a common prefix).
 
     Source: Kwon et al. 2023, Sec. 4; Ainslie et al. 2023, Sec. 2; Dao 2023, Alg. 1.
     """

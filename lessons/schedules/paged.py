@@ -95,8 +95,10 @@ def sequence_pages(block_table, seq_len, block_size, num_blocks, *, name="block_
     slots in it (``block_size`` except possibly the last). ``seq_len`` a multiple of
     ``block_size`` uses exactly ``seq_len // block_size`` pages, no extra one.
 
-    Raises ValueError if the table is shorter than the blocks ``seq_len`` needs or a
-    used entry is outside ``[0, num_blocks)``; TypeError for a non-integer table.
+    Raises ValueError if the table is shorter than the blocks ``seq_len`` needs, a
+    used entry is outside ``[0, num_blocks)``, or two used entries name the same page
+    (a page holds the keys of one block of one sequence; sequences may share a page,
+    one sequence's blocks may not); TypeError for a non-integer table.
     """
     table = _check_index_array(block_table, name, 1)
     seq_len = check_int(seq_len, "seq_len", min=0)
@@ -113,6 +115,13 @@ def sequence_pages(block_table, seq_len, block_size, num_blocks, *, name="block_
         raise ValueError(
             f"{name}[{i}] = {int(used[i])} points outside the cache: pages are 0 .. {num_blocks - 1} "
             f"(num_blocks = {num_blocks})")
+    first = {}
+    for j, page in enumerate(used.tolist()):
+        if page in first:
+            raise ValueError(
+                f"{name} names page {page} for logical blocks {first[page]} and {j}: each block of a sequence "
+                f"needs a page of its own (a page holds one block's keys)")
+        first[page] = j
     return [(j, int(used[j]), min(block_size, seq_len - j * block_size)) for j in range(needed)]
 
 
@@ -168,7 +177,7 @@ def paged_flash_attention(q, block_table, k_cache, v_cache, seq_len, block_size,
     Raises TypeError for non-float q or caches, a non-integer table, a non-int
     ``seq_len``/``block_size`` or a ``return_lse``/``return_trace`` that is not True/False;
     ValueError for wrong ranks, mismatched d or cache shapes, ``block_size != k_cache.shape[1]``, a negative ``seq_len``, a table too short for
-    ``seq_len``, or a used entry outside ``[0, num_blocks)``.
+    ``seq_len``, a used entry outside ``[0, num_blocks)``, or a page used for two blocks.
 
     Source: Kwon et al. 2023 (PagedAttention), Sec. 4.1; Dao 2023, Alg. 1.
     """
