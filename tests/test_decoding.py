@@ -276,3 +276,22 @@ def test_flash_decoding_figure_draws_the_weights_of_the_partials():
     assert wide.axes[2].get_title().endswith("(first 8 of 32 dims)")
     with pytest.raises(ValueError, match="o_parts"):
         flash_decoding_figure(o_parts, lse_parts[:2], out)
+
+
+@pytest.mark.parametrize("change, exc, match", [
+    (dict(exact=np.zeros(5)), ValueError, r"exact must have the shape of out \(3,\) \(dv,\), got \(5,\)"),
+    (dict(exact=np.zeros(2)), ValueError, r"exact must have the shape of out \(3,\) \(dv,\), got \(2,\)"),
+    (dict(dims=0), ValueError, "dims must be at least 1, got 0"),
+    (dict(dims=-1), ValueError, "dims must be at least 1, got -1"),
+    (dict(dims=2.5), TypeError, "dims must be an int, got float 2.5"),
+    (dict(dims="a"), TypeError, "dims must be an int, got str 'a'"),
+    (dict(o_parts=np.zeros((4, 3), complex)), TypeError, "o_parts must have a float dtype"),
+])
+def test_flash_decoding_figure_refuses_what_does_not_fit_by_name(change, exc, match):
+    """An exact output of another problem is not drawn beside this one's, even when it is longer."""
+    from lessons.views.split_kv import flash_decoding_figure
+    q, k, v = qkv(None, 20, dv=3, seed=22)
+    out, (o_parts, lse_parts) = flash_decoding(q, k, v, 4, return_partials=True)
+    args = {**dict(o_parts=o_parts, lse_parts=lse_parts, out=out, exact=attention(q, k, v), dims=8), **change}
+    with pytest.raises(exc, match=match):
+        flash_decoding_figure(args.pop("o_parts"), args.pop("lse_parts"), args.pop("out"), **args)

@@ -14,6 +14,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Circle, FancyArrowPatch, Patch, Rectangle
 
+from lessons.core.checks import as_float_array, check_int
 from lessons.views.plot import new_figure
 from lessons.schedules.split_kv import merge_weights, split_ranges
 from lessons.views.flash import EXACT_COLOUR, OUTPUT_COLOUR
@@ -47,16 +48,20 @@ def flash_decoding_figure(o_parts, lse_parts, out, exact=None, *, dims=8, figsiz
     ``dims`` output dimensions of every partial (coloured dots), the merged output
     (dark line) and the exact output (green ticks); its title says when only the first
     ``dims`` of ``dv`` are drawn.
-    Returns the Figure; raises ValueError for mismatched shapes.
+    Returns the Figure; raises TypeError for non-float arrays or a ``dims`` that is not an
+    int, ValueError for mismatched shapes (``exact`` must have the shape of ``out``) or ``dims < 1``.
     """
-    o_parts = np.asarray(o_parts, dtype=float)
-    lse_parts = np.asarray(lse_parts, dtype=float)
-    out = np.asarray(out, dtype=float)
+    o_parts, lse_parts, out = (as_float_array(x, name).astype(float) for x, name in
+                               ((o_parts, "o_parts"), (lse_parts, "lse_parts"), (out, "out")))
     if o_parts.ndim != 2 or lse_parts.shape != o_parts.shape[:1] or out.shape != o_parts.shape[1:]:
         raise ValueError(f"need o_parts (num_splits, dv), lse_parts (num_splits,), out (dv,); got "
                          f"{o_parts.shape}, {lse_parts.shape}, {out.shape}")
+    if exact is not None:
+        exact = as_float_array(exact, "exact").astype(float)
+        if exact.shape != out.shape:
+            raise ValueError(f"exact must have the shape of out {out.shape} (dv,), got {exact.shape}")
     n, dv = o_parts.shape
-    dims = min(int(dims), dv)
+    dims = min(check_int(dims, "dims", min=1), dv)
     w = merge_weights(lse_parts)
     fig = new_figure(figsize, dpi)
     grid = fig.add_gridspec(2, 2, height_ratios=[1.0, 1.3], hspace=0.45, wspace=0.22, left=0.07, right=0.86,
@@ -84,7 +89,6 @@ def flash_decoding_figure(o_parts, lse_parts, out, exact=None, *, dims=8, figsiz
                      alpha=0.85, zorder=2, label=f"worker {i}" if n <= 10 else None)
     ax_o.plot(x, out[:dims], color=OUTPUT_COLOUR, marker="D", markersize=5, linewidth=1.5, label="merged", zorder=3)
     if exact is not None:
-        exact = np.asarray(exact, dtype=float)
         ax_o.scatter(x, exact[:dims], marker="_", s=500, color=EXACT_COLOUR, linewidths=2.5, label="exact", zorder=4)
     ax_o.set_xticks(x)
     ax_o.set_xlabel("output dimension", fontsize=9)
