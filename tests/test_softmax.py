@@ -197,3 +197,24 @@ def test_online_softmax_figure_draws_the_running_max_and_sum():
         online_softmax_figure(X2[:, :5], t)
     with pytest.raises(TypeError, match="OnlineSoftmaxTrace"):
         online_softmax_figure(X2, None)
+
+
+@pytest.mark.parametrize("row, exc, match", [
+    (X2.shape[0], ValueError, rf"row must be in -{X2.shape[0]}..{X2.shape[0] - 1}"),
+    (1.0, TypeError, "row must be an int, got float 1.0"),
+    (True, TypeError, "row must be an int, got bool True"),
+])
+def test_online_softmax_figure_names_a_row_it_cannot_draw(row, exc, match):
+    from lessons.views.softmax import online_softmax_figure
+    _, t = online_softmax(X2, 4, return_trace=True)
+    with pytest.raises(exc, match=match):
+        online_softmax_figure(X2, t, row=row)
+    assert online_softmax_figure(X2, t, row=-1).axes[1].lines[0].get_ydata().tolist() == t.l[:, -1].tolist()
+
+
+def test_online_softmax_figure_refuses_the_trace_of_other_values():
+    """A trace of x drawn over 2 x (same shape): the staircase would not be the max of the bars."""
+    from lessons.views.softmax import online_softmax_figure
+    _, t = online_softmax(X2, 4, return_trace=True)
+    with pytest.raises(ValueError, match="running max ends at"):
+        online_softmax_figure(2 * X2, t)

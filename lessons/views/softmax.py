@@ -13,6 +13,7 @@ import io
 import ipywidgets as widgets
 import numpy as np
 
+from lessons.core.checks import check_int
 from lessons.views.plot import new_figure, tidy
 from lessons.schedules.variants import VARIANTS, VariantTrace
 from lessons.views.flash import EXACT_COLOUR, OUTPUT_COLOUR, TILE_COLOURS
@@ -76,13 +77,22 @@ def online_softmax_figure(x, trace, row=0):
     :func:`lessons.schedules.softmax.online_softmax`; ``trace``: its :class:`OnlineSoftmaxTrace`;
     ``row``: which row to draw. Top: the values with the running max as a staircase,
     tiles where the max moved marked with their ``alpha``. Bottom: ``l`` after each tile.
-    Returns a Figure. Raises TypeError/ValueError for a trace that does not fit ``x``.
+    Returns a Figure. Raises TypeError/ValueError for a trace that does not fit ``x`` (another
+    shape, or other values: its running max must end at the max of each row of ``x``) and for a
+    ``row`` that is not an int in ``-rows..rows-1``.
     """
     if not isinstance(trace, OnlineSoftmaxTrace):
         raise TypeError(f"trace must be an OnlineSoftmaxTrace, got {type(trace).__name__}")
     x2 = np.atleast_2d(np.asarray(x, dtype=float))
     if not len(trace) or trace.key_stop[-1] != x2.shape[1] or trace.m.shape[1] != x2.shape[0]:
         raise ValueError(f"trace does not fit x of shape {np.shape(x)}")
+    rows = x2.shape[0]
+    row = check_int(row, "row")
+    if not -rows <= row < rows:
+        raise ValueError(f"row must be in -{rows}..{rows - 1} (x has {rows} rows), got {row}")
+    if not np.array_equal(trace.m[-1], x2.max(axis=1), equal_nan=True):    # the max is exact, in any dtype
+        raise ValueError(f"trace does not fit x: its running max ends at {trace.m[-1].tolist()}, x's row maxima "
+                         f"are {x2.max(axis=1).tolist()} (a trace of other values?)")
     xs = x2[row]
     n = xs.shape[0]
     fig = new_figure((9.0, 4.6))
