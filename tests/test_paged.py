@@ -236,6 +236,17 @@ def test_page_states_and_the_paged_cache_picture():
         paged_cache_figure(trace.row(0))
 
 
+@pytest.mark.parametrize("pages_per_row, exc, match", [(0, ValueError, "pages_per_row must be at least 1, got 0"),
+                                                       (-2, ValueError, "pages_per_row must be at least 1"),
+                                                       (2.5, TypeError, "pages_per_row must be an int, got float")])
+def test_paged_cache_picture_names_a_bad_pages_per_row(pages_per_row, exc, match):
+    q, k, v = qkv(10, seed=14)
+    table, k_cache, v_cache = write_paged_cache(k, v, 4, num_blocks=6, seed=3)
+    _, trace = paged_flash_attention(q, table, k_cache, v_cache, 10, 4, return_trace=True)
+    with pytest.raises(exc, match=match):
+        paged_cache_figure(trace, pages_per_row=pages_per_row)
+
+
 def test_sequence_pages_lists_used_blocks():
     assert sequence_pages([5, 2, 7, -1], 9, 4, 8) == [(0, 5, 4), (1, 2, 4), (2, 7, 1)]
     assert sequence_pages([5, 2, 99], 8, 4, 8) == [(0, 5, 4), (1, 2, 4)]

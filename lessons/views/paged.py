@@ -16,6 +16,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
 from matplotlib.ticker import FuncFormatter
 
+from lessons.core.checks import check_int
 from lessons.views.plot import new_figure
 from lessons.schedules.gqa_decode import kv_cache_bytes, kv_head_of
 from lessons.views.flash import TILE_COLOURS
@@ -70,6 +71,7 @@ def paged_cache_figure(trace: PagedTrace, step=None, *, row=0, pages_per_row=16,
     """
     if not isinstance(trace, PagedTrace) or trace.block_table is None:
         raise TypeError("trace must be a lessons.schedules.paged.PagedTrace that recorded its block_table")
+    pages_per_row = check_int(pages_per_row, "pages_per_row", min=1)
     rt = trace.row(row)
     step = len(rt) if step is None else step
     states = page_states(trace, step, row)
