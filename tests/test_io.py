@@ -98,6 +98,7 @@ def test_theorem_2_scaling():
     (lambda: roofline_points(precisions=16), TypeError, "precisions"),
     (lambda: roofline_points(precisions=[None]), TypeError, "precisions"),
     (lambda: roofline_points(orders=("fa3",)), ValueError, "orders"),
+    (lambda: roofline_points(hardware="H200"), TypeError, "hardware must be a lessons.cost.traffic.Hardware"),
     (lambda: loglog_slope([1, 1, 1], [1, 2, 3]), ValueError, "xs must hold at least two distinct"),
     (lambda: loglog_slope([1, np.nan, 3], [1, 2, 3]), ValueError, r"xs must hold positive finite .* xs\[1\]"),
     (lambda: loglog_slope([1, 2, 3], [1, np.inf, 3]), ValueError, r"ys must hold positive finite .* ys\[1\]"),

@@ -321,8 +321,12 @@ def roofline_points(n=8192, ds=(64, 128), *, hardware=H200, precisions=("bf16", 
     ``"FA-2 d=64 bf16"``, ``"FA-1 d=64 bf16"``. A single string (``precisions="fp32"``,
     ``orders="fa1"``) is one value. Raises ValueError for an unknown precision or order,
     TypeError naming ``precisions`` when it is neither a string nor an iterable of strings,
+    TypeError naming ``hardware`` unless it is a :class:`Hardware` (such as :data:`H200`),
     and TypeError / ValueError naming ``ds`` unless it is a sequence of ints >= 1.
     """
+    if not isinstance(hardware, Hardware):
+        raise TypeError(f"hardware must be a lessons.cost.traffic.Hardware such as H200, "
+                        f"got {type(hardware).__name__} {hardware!r}")
     orders = (orders,) if isinstance(orders, str) else tuple(orders)
     for order in orders:
         if order not in ("fa1", "fa2"):
