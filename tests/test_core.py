@@ -375,6 +375,20 @@ def test_absorb_refuses_shapes_that_do_not_fit():
         merge(bad, st)
 
 
+@pytest.mark.parametrize("field, value", [("m", [-np.inf, -np.inf]), ("l", np.zeros(2, int)), ("o", np.ones((2, 3), int)),
+                                          ("o", None)])
+def test_a_state_built_by_hand_must_hold_float_arrays(field, value):
+    """Lists were an AttributeError in absorb; int arrays an error naming m_old, or an output
+    finalize truncated to ints."""
+    parts = dict(m=np.full(2, -np.inf), l=np.zeros(2), o=np.zeros((2, 3)))
+    parts[field] = value
+    st = State(**parts)
+    for call in (lambda: absorb(st, np.zeros((2, 4)), np.ones((4, 3))), lambda: finalize(st),
+                 lambda: merge(State.empty(2, 3), st)):
+        with pytest.raises(TypeError, match=rf"\.{field} must be a float NumPy array"):
+            call()
+
+
 def test_correction_factor_takes_plain_floats():
     from lessons import correction_factor
     assert correction_factor(-np.inf, -np.inf) == 0.0

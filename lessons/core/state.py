@@ -85,7 +85,12 @@ def safe_max(m: np.ndarray) -> np.ndarray:
 def _check_state(state, name: str) -> None:
     if not isinstance(state, State):
         raise TypeError(f"{name} must be a lessons.State, got {type(state).__name__}")
-    m, l, o = (np.asarray(x) for x in (state.m, state.l, state.o))
+    for field in ("m", "l", "o"):
+        x = getattr(state, field)
+        if not isinstance(x, np.ndarray) or not np.issubdtype(x.dtype, np.floating):
+            got = f"dtype {x.dtype}" if isinstance(x, np.ndarray) else type(x).__name__
+            raise TypeError(f"{name}.{field} must be a float NumPy array (State.empty(rows, dv) makes one), got {got}")
+    m, l, o = state.m, state.l, state.o
     if m.ndim != 1 or l.shape != m.shape or o.ndim != 2 or o.shape[0] != m.shape[0]:
         raise ValueError(f"{name} must hold m (R,), l (R,), o (R, dv); got m {m.shape}, l {l.shape}, o {o.shape}")
 
