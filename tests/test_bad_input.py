@@ -107,6 +107,14 @@ def _stray_page_batch():
     (lambda: lessons.reduce_states(np.zeros((2, 3, 4)), np.zeros((2, 3)), order=np.array(["left"])), ValueError,
      "order must be one of"),
     (lambda: lessons.run_variant(["textbook"], Q, K, V, 2), ValueError, "variant must be one of"),
+    # the debugger's options: "no" was a causal mask (any truthy value was), a tolerance a NumPy error
+    (lambda: lessons.run_variant("textbook", Q, K, V, 2, causal="no"), TypeError, "causal must be True or False"),
+    (lambda: lessons.run_variant("textbook", Q, K, V, 2, causal=1), TypeError, "causal must be True or False"),
+    (lambda: lessons.run_variant("textbook", Q, K, V, 2, rtol="a"), ValueError,
+     "rtol must be a finite number >= 0, got 'a'"),
+    (lambda: lessons.run_variant("textbook", Q, K, V, 2, atol=-1e-12), ValueError,
+     "atol must be a finite number >= 0, got -1e-12"),
+    (lambda: lessons.run_variant("textbook", Q, K, V, 2, rtol=np.nan), ValueError, "rtol must be a finite number"),
     (lambda: lessons.softmax_traffic(np.array(["safe"]), 8), ValueError, "method must be one of"),
     (lambda: lessons.flash_io(64, 8, m_bytes=1 << 17, order=["fa2"]), ValueError, "order must be 'fa1' or 'fa2'"),
 ])

@@ -22,11 +22,13 @@ Nothing here is used by the real schedules; it exists to be broken on purpose.
 """
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
 
-from lessons.core.checks import causal_visible, check_mask, check_positive_int, check_qkv, check_scale
+from lessons.core.checks import causal_visible, check_flag, check_mask, check_positive_int, check_qkv, check_scale
 from lessons.core.reference import attention
 from lessons.core.state import State, absorb, correction_factor, safe_max
 
@@ -201,13 +203,19 @@ def run_variant(variant, q, k, v, tile, *, scale=None, causal=False, mask=None, 
     :func:`lessons.attention` over keys ``[0, key_stop[t])`` with the same mask
     (0 for a row that has seen no visible key).
 
-    Raises ValueError for an unknown variant, and the errors of
+    Raises ValueError for an unknown variant or a tolerance that is not a finite number
+    >= 0, TypeError for a ``causal`` that is not True/False, and the errors of
     :func:`lessons.attention` for bad q, k, v, scale, mask or tile.
     """
     if not isinstance(variant, str) or variant not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANT_NAMES}, got {variant!r}")
     q2, k, v, single, dtype = check_qkv(q, k, v)
     tile = check_positive_int(tile, "tile")
+    causal = check_flag(causal, "causal")
+    for name, tol in (("rtol", rtol), ("atol", atol)):
+        if tol is not None and (isinstance(tol, (bool, np.bool_)) or not isinstance(tol, numbers.Real)
+                                or not (math.isfinite(tol) and tol >= 0)):
+            raise ValueError(f"{name} must be a finite number >= 0, got {tol!r}")
     scale = dtype.type(check_scale(scale, q2.shape[1]))
     vis = _visible(q2, k, mask, causal, single)
     if rtol is None:
