@@ -192,6 +192,30 @@ def test_block_stepper_table_is_the_trace_of_the_current_block():
         BlockStepper(trace, tile_schedule(12, 12, 4, 4, causal=False))
 
 
+def test_the_grid_picture_draws_the_causal_rule_only_over_a_causal_schedule():
+    """A non-causal schedule drawn with the default causal=True got the red diagonal of a mask it never had;
+    causal="no" was a causal picture (any truthy value was)."""
+    from lessons.views.causal import BlockStepper, schedule_figure
+    plain = tile_schedule(12, 12, 4, 4, causal=False)
+    with pytest.raises(ValueError, match="visits were made with causal=False: pass causal=False"):
+        schedule_figure(plain, 1)
+    with pytest.raises(ValueError, match="visits were made with causal=True: pass causal=True"):
+        schedule_figure(tile_schedule(12, 12, 4, 4), 1, causal=False)
+    with pytest.raises(TypeError, match="causal must be True or False, got str 'no'"):
+        schedule_figure(plain, 1, causal="no")
+    assert not schedule_figure(plain, 1, causal=False).axes[0].lines          # no diagonal drawn
+    rng = np.random.default_rng(5)
+    q, k, v = rng.standard_normal((12, 4)), rng.standard_normal((12, 4)), rng.standard_normal((12, 2))
+    _, trace = flash_attention(q, k, v, 4, block_q=4, return_trace=True)
+    with pytest.raises(ValueError, match="visits were made with causal=False"):
+        BlockStepper(trace, plain)
+    assert BlockStepper(trace, plain, causal=False).slider.max == 9
+    # a schedule with no diagonal or skipped tile is drawn either way: the rule hides nothing in it
+    one_row = tile_schedule(1, 12, 4, 4)
+    assert {t.kind for t in one_row} == {"full"}
+    schedule_figure(one_row, 1), schedule_figure(one_row, 1, causal=False)
+
+
 def test_block_schedule_feeds_the_stepper_a_causal_trace():
     from lessons.schedules.causal import block_schedule
     from lessons.views.stepper import TileStepper

@@ -16,7 +16,8 @@ from matplotlib.collections import PolyCollection
 from matplotlib.patches import Patch, Rectangle
 
 from lessons.views.plot import new_figure
-from lessons.core.causal_rule import last_visible_key
+from lessons.core.causal_rule import FULL, last_visible_key, tile_kind
+from lessons.core.checks import check_flag
 from lessons.schedules.causal import DIAGONAL, SKIPPED, TileVisit, causal_mask
 from lessons.views.flash import TILE_COLOURS
 from lessons.views.softmax import figure_png
@@ -41,6 +42,18 @@ def _check_visits(visits):
     if not visits or not all(isinstance(t, TileVisit) for t in visits):
         raise TypeError("visits must be a non-empty list of TileVisit (lessons.schedules.causal.tile_schedule)")
     return visits
+
+
+def _check_causal(visits, causal) -> bool:
+    """``causal`` as a bool, if it is how ``visits`` were made: every tile the kind the causal rule (or
+    its absence) gives it. A schedule whose tiles are all full under the rule fits either."""
+    causal = check_flag(causal, "causal")
+    nq, nk = visits[-1].row_stop, max(t.key_stop for t in visits)
+    if causal and any(t.kind != tile_kind(t.row_start, t.row_stop, t.key_start, t.key_stop, nq, nk) for t in visits):
+        raise ValueError("visits were made with causal=False: pass causal=False (no tile is skipped or masked)")
+    if not causal and any(t.kind != FULL for t in visits):
+        raise ValueError("visits were made with causal=True: pass causal=True (some tiles are skipped or masked)")
+    return causal
 
 
 def _computed(visits):
@@ -72,7 +85,8 @@ def schedule_figure(visits, step, *, causal=True, figsize=(6.4, 5.6), dpi=90, ti
     visits : list of :class:`lessons.schedules.causal.TileVisit` from :func:`lessons.schedules.causal.tile_schedule`.
     step : int in ``0..number of computed tiles``.
     causal : bool, draw the causal boundary and the masked scores inside diagonal tiles
-        (pass what the schedule was made with).
+        (pass what the schedule was made with; a schedule that the other value would have
+        made differently is a ValueError).
     figsize, dpi : the Figure's size; title : draw a title naming the current tile.
         Blocks and tiles are counted from 1 in the title and the step labels (``TileVisit``
         indices stay 0-based: title "query block 1" is ``q_block == 0``).
@@ -80,9 +94,11 @@ def schedule_figure(visits, step, *, causal=True, figsize=(6.4, 5.6), dpi=90, ti
     Returns a Figure: keys along x, query rows down y, one rectangle per tile in
     the colours of :data:`lessons.views.flash.TILE_COLOURS`; the current query block is
     marked on the left (its rows' ``m, l, o`` live on chip while its key tiles stream by).
-    Raises TypeError for bad visits, ValueError for a step out of range.
+    Raises TypeError for bad visits or a ``causal`` that is not True/False, ValueError for a step
+    out of range or visits made with the other ``causal``.
     """
     visits = _check_visits(visits)
+    causal = _check_causal(visits, causal)
     total = _computed(visits)
     if isinstance(step, bool) or not isinstance(step, (int, np.integer)) or not 0 <= step <= total:
         raise ValueError(f"step must be an int in 0..{total}, got {step!r}")
@@ -190,7 +206,8 @@ class BlockStepper(StepperShell):
     ``readouts`` (dict of widgets.HTML: ``scores_in_sram``, ``textbook_scores``,
     ``skipped``), ``widget`` (the whole box).
 
-    Raises ValueError if the trace's steps are not the schedule's computed tiles.
+    Raises ValueError if the trace's steps are not the schedule's computed tiles, or the
+    visits were made with the other ``causal`` (see :func:`schedule_figure`).
     """
 
     def __init__(self, trace, visits, *, causal=True, step=1, interval=900):
@@ -201,6 +218,7 @@ class BlockStepper(StepperShell):
         if [(s.row_start, s.key_start, s.key_stop) for s in trace.steps] != \
                 [(t.row_start, t.key_start, t.key_stop) for t in computed]:
             raise ValueError("trace steps do not match the schedule's computed tiles (same sizes and causal?)")
+        causal = _check_causal(self.visits, causal)
         self.trace, self.causal = trace, bool(causal)
         self._build_shell(len(computed), step=step, label="tiles computed", interval=interval,
                           readouts=("scores_in_sram", "textbook_scores", "skipped"), table_width="360px")
