@@ -221,6 +221,20 @@ def test_message_bytes_by_hand():
     assert ring_message_bytes("q", 100, 64, 64) == {"per_step": 104000, "last_step": 52800}
     with pytest.raises(ValueError, match="schedule"):
         ring_message_bytes("ring", 1, 1, 1)
+    assert ring_message_bytes("q", np.int64(0), 64, 64, itemsize=2) == {"per_step": 0, "last_step": 0}
+
+
+@pytest.mark.parametrize("args, exc, match", [
+    (("kv", -5, 4, 4), ValueError, "rows must be at least 0, got -5"),      # was -320 bytes
+    (("kv", 2.5, 4, 4), TypeError, "rows must be an int, got float 2.5"),  # was 160.0 bytes
+    (("q", 2, 0, 4), ValueError, "d must be at least 1, got 0"),
+    (("q", 2, 4, -1), ValueError, "dv must be at least 0, got -1"),
+    (("q", 2, 4, 4, 0), ValueError, "itemsize must be at least 1, got 0"),
+    (("q", 2, 4, 4, 4.0), TypeError, "itemsize must be an int"),
+])
+def test_ring_message_bytes_names_a_count_that_is_not_one(args, exc, match):
+    with pytest.raises(exc, match=match):
+        ring_message_bytes(*args)
 
 
 def test_fold_block_skips_tiles_in_the_future():

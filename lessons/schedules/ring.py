@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from lessons.core.causal_rule import DIAGONAL, SKIPPED, causal_visible, tile_kind
-from lessons.core.checks import check_flag, check_positive_int, check_qkv, check_scale
+from lessons.core.checks import check_flag, check_int, check_positive_int, check_qkv, check_scale
 from lessons.core.result import output_dtype, pack_result, shape_result
 from lessons.core.state import State, absorb, finalize
 from lessons.core.trace import TileStep, Trace, record_step
@@ -179,10 +179,14 @@ def ring_message_bytes(schedule: str, rows: int, d: int, dv: int, itemsize: int 
     sent after every step; the last send (``rows * (2 + dv)``, no queries) returns the
     finished state to its owner.
 
-    Returns ``{"per_step": bytes, "last_step": bytes}``; ``itemsize`` is bytes per
-    number (8 for float64). Raises ValueError for an unknown schedule.
+    Returns ``{"per_step": bytes, "last_step": bytes}`` (ints); ``itemsize`` is bytes per
+    number (8 for float64). ``rows`` >= 0, ``d`` >= 1, ``dv`` >= 0 and ``itemsize`` >= 1 are
+    ints. Raises ValueError for an unknown schedule or a count out of range, TypeError for a
+    count that is not an int.
     """
     _check_choice(schedule, "schedule", SCHEDULES)
+    rows, dv = check_int(rows, "rows", min=0), check_int(dv, "dv", min=0)
+    d, itemsize = check_int(d, "d", min=1), check_int(itemsize, "itemsize", min=1)
     if schedule == "kv":
         return {"per_step": rows * (d + dv) * itemsize, "last_step": 0}
     return {"per_step": rows * (d + 2 + dv) * itemsize, "last_step": rows * (2 + dv) * itemsize}
