@@ -237,6 +237,18 @@ def test_ring_message_bytes_names_a_count_that_is_not_one(args, exc, match):
         ring_message_bytes(*args)
 
 
+@pytest.mark.parametrize("change, exc, match", [(dict(block_k=-1), ValueError, "block_k must be at least 1, got -1"),
+                                               (dict(block_k=0), ValueError, "block_k must be at least 1, got 0"),
+                                               (dict(block_k=2.0), TypeError, "block_k must be an int"),
+                                               (dict(causal="no"), TypeError, "causal must be True or False")])
+def test_fold_block_names_options_it_cannot_use(change, exc, match):
+    """block_k = -1 absorbed nothing (an empty range), 0 meant a whole chunk, causal="no" a causal fold."""
+    from lessons.core.state import State
+    q, k, v = qkv(4, 4, d=2, dv=1, seed=1)
+    with pytest.raises(exc, match=match):
+        fold_block(State.empty(4, 1), q, [(0, 4)], k, v, [(0, 4)], nq=4, nk=4, scale=1.0, **change)
+
+
 def test_fold_block_skips_tiles_in_the_future():
     q, k, v = qkv(4, 4, d=2, dv=1, seed=1)
     from lessons.core.state import State

@@ -223,8 +223,12 @@ def fold_block(state: State, q_blk, q_chunks, k_blk, v_blk, kv_chunks, *, nq: in
     on_absorb : optional callback ``(r0, r1, c0, c1, before, after, s)`` after each absorb.
 
     Returns ``(new_state, work)``, ``work`` the number of scores computed. The state is
-    not modified in place.
+    not modified in place. Raises TypeError / ValueError naming ``block_k`` (not an int >= 1)
+    or ``causal`` (not True/False).
     """
+    causal = check_flag(causal, "causal")
+    if block_k is not None:
+        block_k = check_positive_int(block_k, "block_k")
     m, l, o = state.m.copy(), state.l.copy(), state.o.copy()
     work = 0
     q_off = 0
