@@ -245,6 +245,18 @@ def test_traffic_figure_plots_the_counts():
     np.testing.assert_array_equal(axf.lines[0].get_ydata(), axf.lines[2].get_ydata())
 
 
+@pytest.mark.parametrize("ns, exc, match", [
+    ([], ValueError, r"ns must hold at least one int, got \(\)"),             # was an IndexError
+    ([512.7, 1024.0], TypeError, "ns must be an int, got float 512.7"),    # was drawn at N = 512
+    ([8192, 512], ValueError, r"ns must increase, got \(8192, 512\)"),
+    ("512", TypeError, "ns must be a sequence of ints"),
+])
+def test_traffic_figure_names_an_ns_it_cannot_plot(ns, exc, match):
+    from lessons.views.traffic import traffic_figure
+    with pytest.raises(exc, match=match):
+        traffic_figure(ns)
+
+
 def test_peak_memory_figure_labels_the_fitted_slopes():
     from lessons.views.traffic import peak_memory_figure
     from lessons.cost.traffic import PeakMemory

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from lessons.core.checks import check_int_sequence
 from lessons.views.plot import new_figure, tidy
 from lessons.cost.traffic import H200, PeakMemory, RooflinePoint, compare_traffic
 
@@ -27,8 +28,12 @@ def traffic_figure(ns, d=64, *, m_bytes=H200.sram_bytes, element_size=2):
     Left: bytes moved to and from HBM, textbook (Dao et al. 2022, Alg. 0), FA-2 (Dao 2023,
     Alg. 1, the order of this series' kernels; the headline) and FA-1 (Dao et al. 2022,
     Alg. 1, dashed); right: matmul FLOPs, the same for all three. Returns a Figure.
+    Raises TypeError / ValueError naming ``ns`` unless it is a non-empty, increasing sequence
+    of ints >= 1, and what :func:`lessons.cost.traffic.compare_traffic` raises.
     """
-    ns = [int(n) for n in ns]
+    ns = check_int_sequence(ns, "ns", min=1)
+    if any(b <= a for a, b in zip(ns, ns[1:])):
+        raise ValueError(f"ns must increase, got {ns}")
     rows = [compare_traffic(n, d, m_bytes=m_bytes, element_size=element_size) for n in ns]
     text, fa2, fa1 = ([getattr(r, a) for r in rows] for a in ("textbook", "fa2", "fa1"))
     fig = new_figure((10.0, 4.1))
