@@ -257,6 +257,16 @@ def test_traffic_figure_names_an_ns_it_cannot_plot(ns, exc, match):
         traffic_figure(ns)
 
 
+@pytest.mark.parametrize("ns, match", [("512", r"ns must be a sequence of ints, got str '512'"),
+                                       (512, "ns must be a sequence of ints, got int 512")])
+def test_peak_memory_measurements_name_an_ns_that_is_not_a_sequence(ns, match):
+    """A string was read digit by digit: "ns must be an int, got str '5'"."""
+    from lessons.cost.backward import measure_backward_peak_memory
+    for measure in (measure_peak_memory, measure_backward_peak_memory):
+        with pytest.raises(TypeError, match=match):
+            measure(ns)
+
+
 def test_peak_memory_figure_labels_the_fitted_slopes():
     from lessons.views.traffic import peak_memory_figure
     from lessons.cost.traffic import PeakMemory

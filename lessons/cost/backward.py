@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lessons.core.checks import check_positive_int
+from lessons.core.checks import check_int_sequence, check_positive_int
 from lessons.cost.memory import peak_bytes
 from lessons.cost.traffic import ByteCounts, PeakMemory, _Ledger, flash_block_sizes
 from lessons.core.reference import attention
@@ -151,7 +151,7 @@ def measure_backward_peak_memory(ns=(512, 2048, 8192), d=64, *, dtype="float32",
     ``score_bytes``, slopes), its ``tile`` being ``block_k``.
     Raises TypeError/ValueError for bad sizes or a non-float dtype.
     """
-    ns = [check_positive_int(n, "ns") for n in ns]
+    ns = list(check_int_sequence(ns, "ns", min=1))
     d = check_positive_int(d, "d")
     block_q, block_k = check_positive_int(block_q, "block_q"), check_positive_int(block_k, "block_k")
     dt = np.dtype(dtype)

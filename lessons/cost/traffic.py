@@ -452,7 +452,7 @@ def measure_peak_memory(ns=(512, 2048, 8192), d=64, *, dtype="float32", tile=64,
 
     Returns a :class:`PeakMemory`. Raises TypeError/ValueError for bad sizes or dtype.
     """
-    ns = [check_positive_int(n, "ns") for n in ns]
+    ns = list(check_int_sequence(ns, "ns", min=1))
     d = check_positive_int(d, "d")
     dt = np.dtype(dtype)
     if not np.issubdtype(dt, np.floating):
