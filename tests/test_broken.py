@@ -245,3 +245,22 @@ def test_variant_errors_figure_marks_non_finite_results():
     assert [t.get_text() for t in ax.get_xticklabels()] == [str(i) for i in range(1, n + 1)]
     with pytest.raises(TypeError, match="VariantTrace"):
         variant_errors_figure({"x": 1})
+
+
+def test_variant_errors_figure_of_one_row_circles_that_rows_first_divergence():
+    """Padded case: no_guard is NaN in rows 1 and 2 from tile 1, row 0 stays exact. Drawn for row 0, the
+    circle marked tile 1 (rows 1 and 2's divergence) on row 0's exact line."""
+    from lessons.views.softmax import variant_errors_figure
+    traces = run_variants(example_case("padded"), ["textbook", "no_guard"])
+    assert traces["no_guard"].first_divergence == 0 and not traces["no_guard"].diverged[:, 0].any()
+
+    def circles(fig):
+        return [line for line in fig.axes[0].lines if line.get_marker() == "o" and line.get_markersize() == 13]
+    assert len(circles(variant_errors_figure(traces))) == 1               # every row: no_guard at tile 1
+    assert circles(variant_errors_figure(traces, row=0)) == []             # row 0 never leaves the exact result
+    (circle,) = circles(variant_errors_figure(traces, row=1))
+    assert circle.get_xdata()[0] == pytest.approx(0, abs=0.1) and circle.get_ydata()[0] == 1e6
+    for row, exc, match in ((3, ValueError, r"row must be in -3..2 \(the case has 3 query rows\), got 3"),
+                            (1.0, TypeError, "row must be an int, got float 1.0")):
+        with pytest.raises(exc, match=match):
+            variant_errors_figure(traces, row=row)

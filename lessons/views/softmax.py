@@ -147,12 +147,18 @@ def variant_errors_figure(traces, row=None, *, title=None):
     """The error of each variant's running result against the exact one, tile by tile (log scale).
 
     ``traces``: ``{name: VariantTrace}`` from :func:`lessons.schedules.variants.run_variants`;
-    ``row``: one query row, or None for the worst row at each tile. Non-finite
-    results (inf, NaN) are drawn at the top of the axis with an ``x``; the first
-    divergence of each variant is circled. Tiles are labelled from 1 (tile 1 is
-    ``error[0]``). Returns a Figure.
+    ``row``: one query row (an int in ``-rows..rows-1``), or None for the worst row at each
+    tile. Non-finite results (inf, NaN) are drawn at the top of the axis with an ``x``; the
+    first divergence of each variant (of that row, when ``row`` is given) is circled. Tiles
+    are labelled from 1 (tile 1 is ``error[0]``). Returns a Figure; raises TypeError /
+    ValueError for a ``row`` that is not an int in range.
     """
     traces = _check_traces(traces)
+    if row is not None:
+        rows = min(t.error.shape[1] for t in traces.values())
+        row = check_int(row, "row")
+        if not -rows <= row < rows:
+            raise ValueError(f"row must be in -{rows}..{rows - 1} (the case has {rows} query rows), got {row}")
     fig = new_figure((9.0, 4.2))
     ax = fig.add_axes([0.08, 0.13, 0.6, 0.75])
     top = 1e6
@@ -168,8 +174,8 @@ def variant_errors_figure(traces, row=None, *, title=None):
         if bad.any():
             any_nonfinite = True
             ax.plot(tiles[bad], np.full(bad.sum(), top), ls="none", marker="x", ms=9, mew=2, color=colour)
-        if t.first_divergence is not None:
-            f = t.first_divergence
+        f = t.first_divergence if row is None else next(iter(np.flatnonzero(t.diverged[:, row])), None)
+        if f is not None:
             ax.plot([tiles[f]], [shown[f]], ls="none", marker="o", ms=13, mfc="none", mec=colour, mew=1.8)
     ax.set_yscale("log")
     ax.set_ylim(_FLOOR / 3, top * 30)
