@@ -395,6 +395,8 @@ def test_backward_figure_plots_the_trace_errors():
     assert len(trace) == 6                                  # 3 x 3 blocks, 3 above the diagonal skipped
     with pytest.raises(ValueError, match="step must be an int in 1..6"):
         backward_figure(trace, 0, exact)
+    with pytest.raises(TypeError, match="causal"):
+        backward_figure(trace, 3, exact, causal="no")
 
 
 def test_backward_stepper_readouts_follow_the_slider():

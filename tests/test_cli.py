@@ -117,6 +117,12 @@ def test_last_error_is_rounding_level(capsys):
         assert num(rows[0][-1]) > 1e-3                      # after one tile it was far off
 
 
+def test_the_closing_line_counts_tiles_in_words(capsys):
+    assert "after 4 tiles: max |o/l - exact|" in run_trace(capsys, "--row", "3", "--tile", "32")
+    one = run_trace(capsys, "--row", "0", "--tile", "32", "--causal", "--block-q", "1")   # row 0 sees one tile
+    assert len(parse_table(one)) == 1 and "after 1 tile: max |o/l - exact|" in one
+
+
 def test_late_max_shows_the_rescale(capsys):
     # Built so row 0's max is 1.0 until the last tile, where it jumps to 4.0:
     # alpha = exp(1 - 4), by hand.

@@ -254,6 +254,11 @@ def test_merge_weights_by_hand_and_as_the_merge_uses_them():
     np.testing.assert_array_equal(merge_weights(np.full((3, 2), -np.inf)), np.zeros((3, 2)))
     with pytest.raises(ValueError, match="NaN"):
         merge_weights(np.array([0.0, np.nan]))
+    np.testing.assert_allclose(merge_weights(np.log([[1.0, 3.0], [1.0, 1.0]]), axis=-1), [[0.25, 0.75], [0.5, 0.5]],
+                               rtol=0, atol=1e-15)
+    for axis, error in ((0.5, TypeError), (2, ValueError), (-3, ValueError), (True, TypeError)):
+        with pytest.raises(error, match="axis"):
+            merge_weights(np.zeros((2, 2)), axis=axis)
 
 
 def test_flash_decoding_figure_draws_the_weights_of_the_partials():

@@ -252,6 +252,23 @@ def test_sequence_pages_lists_used_blocks():
     assert sequence_pages([5, 2, 99], 8, 4, 8) == [(0, 5, 4), (1, 2, 4)]
     assert sequence_pages([], 0, 4, 8) == []
     assert sequence_pages([5, 2, 5], 8, 4, 8) == [(0, 5, 4), (1, 2, 4)]     # a repeat past the used blocks: padding
+    for bad, error in ((-3, ValueError), (2.5, TypeError), ("8", TypeError)):
+        with pytest.raises(error, match="num_blocks"):
+            sequence_pages([5, 2], 8, 4, bad)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(seed=-1), ValueError, "seed must be at least 0, got -1"),
+    (dict(seed="x"), TypeError, "seed must be an int"),
+    (dict(fill="x"), TypeError, "fill must be a real number"),
+    (dict(fill=True), TypeError, "fill must be a real number"),
+    (dict(fill=[0.0]), TypeError, "fill must be a real number")])
+def test_write_paged_cache_names_a_bad_seed_or_fill(kwargs, error, match):
+    k = np.ones((5, 2))
+    with pytest.raises(error, match=match):
+        write_paged_cache(k, k, 4, **kwargs)
+    _, k_cache, _ = write_paged_cache(k, k, 4, num_blocks=3, fill=np.float32(-1.0))
+    assert (k_cache == -1.0).sum() == 3 * 4 * 2 - 5 * 2          # every slot the 5 keys do not use
 
 
 # --- bad input -------------------------------------------------------------------------

@@ -221,7 +221,7 @@ def _run_trace(args, parser) -> int:
                       Text(f"{r['l']:.6g}"), Text(f"{r['error']:.2e}"))
     console.print(table)
     eps = np.finfo(dtype).eps
-    console.print(Text(f"after {len(rows)} tiles: max |o/l - exact| = {rows[-1]['error']:.2e} "
+    console.print(Text(f"after {len(rows)} tile{'s' * (len(rows) != 1)}: max |o/l - exact| = {rows[-1]['error']:.2e} "
                        f"({dtype.name} eps = {eps:.1e}); rescales: {sum(r['rescaled'] for r in rows)}"))
     return 0
 

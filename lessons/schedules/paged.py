@@ -13,6 +13,7 @@ Dao 2023, FA-2 Alg. 1.
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,6 +104,7 @@ def sequence_pages(block_table, seq_len, block_size, num_blocks, *, name="block_
     table = _check_index_array(block_table, name, 1)
     seq_len = check_int(seq_len, "seq_len", min=0)
     block_size = check_positive_int(block_size, "block_size")
+    num_blocks = check_int(num_blocks, "num_blocks", min=0)
     needed = -(-seq_len // block_size)
     if table.shape[0] < needed:
         raise ValueError(
@@ -244,7 +246,8 @@ def write_paged_cache(k, v, block_size, num_blocks=None, *, seed=0, fill=np.nan)
     ``attention(q, k, v)``.
 
     Raises TypeError / ValueError naming the argument for non-float or mismatched
-    k and v, ``block_size`` < 1 or ``num_blocks`` too small for the sequence.
+    k and v, ``block_size`` < 1, ``num_blocks`` too small for the sequence, a ``seed``
+    that is not an int >= 0 or a ``fill`` that is not a real number.
     """
     k = as_float_array(k, "k", (2,))
     v = as_float_array(v, "v", (2,))
@@ -259,6 +262,9 @@ def write_paged_cache(k, v, block_size, num_blocks=None, *, seed=0, fill=np.nan)
     if num_blocks < needed:
         raise ValueError(f"num_blocks = {num_blocks} is too small: Nk = {nk} keys in pages of {block_size} "
                          f"need {needed} pages")
+    seed = check_int(seed, "seed", min=0)
+    if isinstance(fill, (bool, np.bool_)) or not isinstance(fill, numbers.Real):
+        raise TypeError(f"fill must be a real number (NaN by default), got {type(fill).__name__} {fill!r}")
     rng = np.random.default_rng(seed)
     block_table = rng.choice(num_blocks, size=needed, replace=False).astype(np.int64)
     dtype = np.result_type(k.dtype, v.dtype)

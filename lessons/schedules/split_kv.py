@@ -162,9 +162,11 @@ def merge_weights(lse_parts, axis=0):
     of the softmax mass that worker ``i``'s keys carry. ``lse_parts`` is a float array
     (finite or ``-inf``) with the partials along ``axis``; returns an array of the
     same shape whose entries along ``axis`` sum to 1, or are all 0 where every
-    partial is empty. Raises TypeError for non-float input, ValueError for NaN/+inf.
+    partial is empty. Raises TypeError for non-float input or a non-int ``axis``, ValueError
+    for NaN/+inf or an ``axis`` outside ``-ndim .. ndim - 1``.
     """
     lse_parts = as_float_array(lse_parts, "lse_parts", tuple(range(1, 33)))
+    axis = check_int(axis, "axis", min=-lse_parts.ndim, max=lse_parts.ndim - 1)
     if np.isnan(lse_parts).any() or np.isposinf(lse_parts).any():
         raise ValueError("lse_parts must be finite or -inf (an empty state), got NaN or +inf")
     m = lse_parts.max(axis=axis, keepdims=True)

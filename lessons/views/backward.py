@@ -24,6 +24,7 @@ from matplotlib.collections import PolyCollection
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import NullLocator
 
+from lessons.core.checks import check_flag
 from lessons.schedules.backward import BackwardTrace
 from lessons.views.flash import TILE_COLOURS
 from lessons.views.plot import new_figure, tidy
@@ -97,6 +98,7 @@ def backward_figure(trace, step, exact, *, causal=False, source=None, figsize=(1
     step = _check_step(trace, step)
     errors = trace.errors(exact)
     s = trace.steps[step - 1]
+    causal = check_flag(causal, "causal")
     nq, nk = trace.nq, trace.nk
     fig = new_figure(figsize, dpi)
     ax = fig.add_axes([0.06, 0.2, 0.40, 0.62])
