@@ -404,7 +404,7 @@ def test_flash_attention_gpu_rejects_bad_input(q, k, v, kwargs, error, match):
 def paged_inputs(num_seqs=2, num_heads=4, num_kv_heads=2, d=8, block_size=4, num_blocks=6, max_blocks=3):
     return dict(q=f32(num_seqs, num_heads, d), k_cache=f32(num_blocks, block_size, num_kv_heads, d),
                 v_cache=f32(num_blocks, block_size, num_kv_heads, d),
-                block_tables=np.zeros((num_seqs, max_blocks), np.int32),
+                block_tables=(np.arange(num_seqs * max_blocks) % num_blocks).reshape(num_seqs, max_blocks).astype(np.int32),
                 seq_lens=np.full(num_seqs, 5, np.int32))
 
 
@@ -420,6 +420,8 @@ def paged_inputs(num_seqs=2, num_heads=4, num_kv_heads=2, d=8, block_size=4, num
     (dict(seq_lens=np.array([5, 13], np.int32)), ValueError, r"seq_lens\[1\] = 13 must be in \[0, 12\]"),
     (dict(seq_lens=np.array([-1, 5], np.int32)), ValueError, r"seq_lens\[0\] = -1"),
     (dict(block_tables=np.array([[0, 6, 0], [0, 0, 0]], np.int32)), ValueError, r"block_tables\[0\] points at pages \[6\]"),
+    (dict(block_tables=np.array([[1, 1, 0], [2, 3, 0]], np.int32)), ValueError,
+     r"block_tables\[0\] names pages \[1\] for two or more of its blocks"),
     (dict(q=f32(2, 4, 8).astype(np.float16)), TypeError, "must share one dtype"),
 ])
 def test_paged_launchers_reject_bad_input(change, error, match):

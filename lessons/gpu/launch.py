@@ -1050,6 +1050,10 @@ def _check_paged(q, k_cache, v_cache, block_tables, seq_lens, bfloat16, check_ta
             if bad.size:
                 raise ValueError(f"block_tables[{s}] points at pages {bad.tolist()} outside the cache's "
                                  f"{num_blocks} blocks")
+            pages, uses = np.unique(used, return_counts=True)
+            if (uses > 1).any():
+                raise ValueError(f"block_tables[{s}] names pages {pages[uses > 1].tolist()} for two or more of its "
+                                 f"blocks: each block of a sequence needs a page of its own (sequences may share one)")
     return kind, dtype, num_seqs, num_heads, d, block_size, num_kv_heads, max_blocks
 
 
@@ -1066,7 +1070,8 @@ def paged_decode_gpu(q, k_cache, v_cache, block_tables, seq_lens, *, scale=None,
     seq_lens : int32 (num_seqs,): tokens per sequence; slots at or past it are never read.
     scale : float, default ``1/sqrt(d)``.
     trace_rows : optional ``(seq, head)`` pairs; one record per page absorbed.
-    check_tables : check on the host that seq_lens fit and the used pages exist (copies them back);
+    check_tables : check on the host that seq_lens fit, the used pages exist and no page serves two blocks
+        of one sequence (copies them back);
         False skips it on a device (for timing), never on the emulator, where the tables are on the
         host already and a bad page would be read outside the cache by the CPU process itself.
     backend : ``"cupy"`` or ``"emulator"``.
