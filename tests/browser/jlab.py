@@ -464,8 +464,22 @@ def widget_problems(page, timeout_ms: float = 20_000) -> list[str]:
     return [t[:200] for t in texts if "Error displaying widget" in t or "Loading widget..." in t]
 
 
-def broken_images(page) -> list[str]:
-    """Output images (figures) that did not decode: their alt text or src prefix."""
+_IMAGES_SETTLED_JS = """() => {
+  const panel = [...document.querySelectorAll('.jp-NotebookPanel')].find(p => p.offsetParent !== null);
+  return !!panel && [...panel.querySelectorAll('.jp-RenderedImage img')].every(i => i.complete);
+}"""
+
+
+def broken_images(page, timeout_ms: float = 30_000) -> list[str]:
+    """Output images (figures) that did not decode: their alt text or src prefix.
+
+    An image still loading is waited for (up to TIMEOUT_MS) before it is judged: the last figure of a
+    Run All arrives just before the kernel goes idle, and on a busy machine the browser may not have
+    decoded it yet. An image that failed to decode counts as complete, with no width."""
+    try:
+        page.wait_for_function(_IMAGES_SETTLED_JS, timeout=timeout_ms, polling=100)
+    except Exception:
+        pass                                     # what is still loading then is reported below
     return notebook_panel(page).evaluate("""panel =>
         [...panel.querySelectorAll('.jp-RenderedImage img')]
           .filter(i => !(i.complete && i.naturalWidth > 0))
@@ -497,11 +511,28 @@ def saved_errors(nb: dict) -> list[str]:
             for o in c.get("outputs", []) if o.get("output_type") == "error"]
 
 
-def save(page) -> None:
-    """File ▸ Save Notebook (Ctrl+S) and wait until the tab shows no unsaved changes."""
+def _is_save(request) -> bool:
+    """True for the contents API's PUT, with which JupyterLab writes a file."""
+    return request.method == "PUT" and "/api/contents/" in request.url
+
+
+def save(page, timeout_ms: float = 60_000) -> None:
+    """File ▸ Save Notebook (Ctrl+S); returns once the server has written the file, and the tab shows no
+    unsaved changes.
+
+    The tab's dirty mark alone does not say the save is done: a notebook with no unsaved changes (an
+    autosave came after the last output) shows none before Ctrl+S, yet Ctrl+S still saves it, rewriting
+    the file in place. So this waits for the server's answer to the first PUT sent after the key press;
+    the server answers once the whole file is written."""
     notebook_panel(page).locator(".jp-Notebook").click(position={"x": 5, "y": 5})
-    page.keyboard.press("Control+s")
-    page.wait_for_function("""() => !document.querySelector('.jp-mod-current.jp-mod-dirty')""", timeout=30_000)
+    with page.expect_request(_is_save, timeout=timeout_ms) as put:
+        page.keyboard.press("Control+s")
+    response = put.value.response()
+    if response is None or not response.ok:
+        status = "no answer" if response is None else f"{response.status} {response.status_text}"
+        raise AssertionError(f"saving the notebook failed: {status} for PUT {put.value.url.split('?')[0]}")
+    page.wait_for_function("""() => !document.querySelector('.jp-mod-current.jp-mod-dirty')""",
+                           timeout=timeout_ms)
 
 
 def screenshot_notebook(page, name: str, max_height: int = 16_000) -> Path:

@@ -11,7 +11,6 @@ turned it off.
 """
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
@@ -57,7 +56,7 @@ def test_a_learner_runs_a_notebook_in_make_lab_and_make_test_stays_clean(learner
     finally:
         context.close()
 
-    saved = json.loads((repo / "my_notebooks" / name).read_text())
+    saved = learner_lab.saved_notebook(name)          # read again if a save was still rewriting it
     outputs = sum(len(c.get("outputs", [])) for c in saved["cells"] if c["cell_type"] == "code")
     assert outputs > 0, "the learner's copy should keep the outputs JupyterLab saved"
     assert (repo / "notebooks" / name).read_bytes() == committed, "the committed notebook was modified"
