@@ -46,7 +46,10 @@ def stepper(lab, browser, timings):
         jlab.save(page)                                 # as Run All left it, for the HTML build test
         jlab.EXECUTED[NOTEBOOK] = lab.saved_notebook(NOTEBOOK)
         cells = jlab.stepper_cells(page)
-        assert cells.count() >= 1, f"{NOTEBOOK} shows no tile stepper after Run All"
+        try:                                            # widget views attach a moment after the kernel is idle
+            cells.first.wait_for(state="attached", timeout=60_000)
+        except Exception:
+            raise AssertionError(f"{NOTEBOOK} shows no tile stepper after Run All") from None
         view = jlab.StepperView(page, cells.first, "s0", server=lab)
         view.log_mark = log_mark
         view.wait_idle()

@@ -30,6 +30,8 @@ CELLS = [
 
 @pytest.fixture(scope="module")
 def steppers(lab, browser):
+    from playwright.sync_api import expect
+
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
     nbformat.write(nb, lab.root / "notebooks" / NAME)
@@ -41,7 +43,10 @@ def steppers(lab, browser):
         jlab.run_all(page, timeout_ms=600_000)
         assert not jlab.error_outputs(page), jlab.error_outputs(page)
         cells = jlab.stepper_cells(page)
-        assert cells.count() == 3, f"expected 3 steppers, found {cells.count()}"
+        try:                                         # widget views attach a moment after the kernel is idle
+            expect(cells).to_have_count(3, timeout=60_000)
+        except AssertionError:
+            raise AssertionError(f"expected 3 steppers, found {cells.count()}") from None
         yield page, [jlab.StepperView(page, cells.nth(i), f"l{i}", server=lab) for i in range(3)]
     finally:
         try:
