@@ -5,8 +5,9 @@ kernel each, working directory ``notebooks/``) and written as one HTML page
 under the output folder, with its figures inlined as PNG data; an
 ``index.html`` links the pages in order. The notebooks themselves are not
 modified. Widgets need a live kernel, so a page shows the static figures the
-lessons draw next to them, and each self-test quiz (a widget) gets a static copy:
-question, choices, and the answer behind a collapsible ``<details>``.
+lessons draw next to them, a note where each widget would be, and each self-test quiz (a widget)
+gets a static copy: question, choices, and the answer behind a collapsible ``<details>``.
+Every page links to the index and to the pages before and after it.
 
     python scripts/build_html.py                 # -> _build/html/
     python scripts/build_html.py --out DIR NB... # only some notebooks
@@ -66,6 +67,36 @@ def add_static_quizzes(nb) -> int:
     return added
 
 
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_NOTE = ('<p class="static-widget-note"><i>[Interactive widget: it runs only with a live kernel, in '
+               'JupyterLab. {where}]</i></p>')
+
+
+def label_widgets(nb) -> int:
+    """Put a note before every widget output of NB, which a page read without a kernel would leave blank.
+
+    ``nb``: an executed notebook node (changed in place). The widget output itself is kept. The note
+    points a quiz's reader to its static copy (:func:`add_static_quizzes`) and any other widget's reader
+    to the static pictures and text around it. Returns how many notes were added.
+    """
+    added = 0
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        where = ("Its static version follows." if _QUIZ_CALL.search(cell.source)
+                 else "On this page, the pictures and text around it show what it shows.")
+        outputs = []
+        for out in cell.get("outputs", []):
+            if WIDGET_VIEW in out.get("data", {}):
+                outputs.append(nbformat.v4.new_output(
+                    "display_data", data={"text/html": WIDGET_NOTE.format(where=where),
+                                          "text/plain": "[interactive widget: needs a live kernel]"}))
+                added += 1
+            outputs.append(out)
+        cell.outputs = outputs
+    return added
+
+
 def build_page(path: Path, out_dir: Path, timeout: float = 600, executed=None) -> tuple[Path, object, float]:
     """Execute notebook PATH and write OUT_DIR/<stem>.html.
 
@@ -86,6 +117,7 @@ def build_page(path: Path, out_dir: Path, timeout: float = 600, executed=None) -
         nb = nbformat.read(path, as_version=4)
         ExecutePreprocessor(timeout=timeout, kernel_name="python3").preprocess(
             nb, {"metadata": {"path": str(path.parent)}})
+    label_widgets(nb)
     add_static_quizzes(nb)
     body, _ = HTMLExporter(template_name="lab").from_notebook_node(
         nb, resources={"metadata": {"name": notebook_title(nb, path.stem)}})
@@ -103,6 +135,37 @@ def write_index(pages: list[tuple[Path, str]], out_dir: Path) -> Path:
         "</head>\n<body>\n<h1>Flash Attention, tile by tile</h1>\n<ol>\n" + items + "\n</ol>\n</body></html>\n",
         encoding="utf-8")
     return index
+
+
+_BODY_OPEN = re.compile(r"<body\b[^>]*>")
+
+
+def nav_html(pages: list[tuple[Path, str]], i: int) -> str:
+    """A line of links for page I of PAGES ((html path, title) pairs in order): the index, and the
+    pages before and after it where there are some."""
+    links = ['<a href="index.html">Contents</a>']
+    if i > 0:
+        links.insert(0, f'<a href="{html.escape(pages[i - 1][0].name)}" rel="prev">&larr; {html.escape(pages[i - 1][1])}</a>')
+    if i + 1 < len(pages):
+        links.append(f'<a href="{html.escape(pages[i + 1][0].name)}" rel="next">{html.escape(pages[i + 1][1])} &rarr;</a>')
+    return ('<nav class="course-nav" style="margin: 0.5em 0; font-size: 14px;">'
+            + " &nbsp;|&nbsp; ".join(links) + "</nav>")
+
+
+def add_navigation(pages: list[tuple[Path, str]]) -> None:
+    """Write the links of :func:`nav_html` at the top and the bottom of each page of PAGES (in place).
+
+    Raises ValueError for a page without a ``<body>`` or ``</body>`` tag.
+    """
+    for i, (page, _) in enumerate(pages):
+        text = page.read_text(encoding="utf-8")
+        opening = _BODY_OPEN.search(text)
+        if opening is None or "</body>" not in text:
+            raise ValueError(f"{page.name} has no <body> ... </body> to put the page links in")
+        nav = nav_html(pages, i)
+        end = text.rindex("</body>")
+        text = text[:opening.end()] + "\n" + nav + text[opening.end():end] + nav + "\n" + text[end:]
+        page.write_text(text, encoding="utf-8")
 
 
 def build(out_dir: Path = DEFAULT_OUT, notebooks=None, log=print, executed=None) -> dict:
@@ -123,7 +186,9 @@ def build(out_dir: Path = DEFAULT_OUT, notebooks=None, log=print, executed=None)
         page, nb, seconds = build_page(path, out_dir, executed=(executed or {}).get(path.name))
         built[path] = (page, nb, seconds)
         log(f"{path.name}: {seconds:.1f} s -> {os.path.relpath(page)}")
-    write_index([(page, notebook_title(nb, p.stem)) for p, (page, nb, _) in built.items()], out_dir)
+    pages = [(page, notebook_title(nb, p.stem)) for p, (page, nb, _) in built.items()]
+    add_navigation(pages)
+    write_index(pages, out_dir)
     return built
 
 

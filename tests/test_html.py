@@ -128,3 +128,78 @@ def test_an_executed_notebook_with_an_error_is_refused(tmp_path):
     with pytest.raises(ValueError, match="ZeroDivisionError"):
         build_html.build_page(source, tmp_path, executed=nbformat.reads(_ran_notebook([failed]), as_version=4))
     assert not (tmp_path / "01_x.html").exists()
+
+
+def test_each_page_links_to_the_index_and_to_its_neighbours(site):
+    out, pages = site
+    order = [n[:-6] + ".html" for n in NOTEBOOKS]
+    for i, name in enumerate(order):
+        text = (out / name).read_text(encoding="utf-8")
+        navs = re.findall(r'<nav class="course-nav"[^>]*>(.*?)</nav>', text, re.S)
+        assert len(navs) == 2, f"{name}: {len(navs)} lines of page links, expected one at the top and one at the bottom"
+        expected = ([order[i - 1]] if i else []) + ["index.html"] + ([order[i + 1]] if i + 1 < len(order) else [])
+        for nav in navs:
+            assert re.findall(r'href="([^"]+)"', nav) == expected, name
+        assert text.index(navs[0]) < text.index("<h1"), f"{name}: the page links are not above the title"
+    for target in {t for name in order for t in re.findall(r'href="([^"#:]+\.html)"', (out / name).read_text())}:
+        assert (out / target).is_file(), f"a page links to {target}, which the build did not write"
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_every_widget_on_a_page_is_labelled(site, name):
+    html, nb = site[1][name]
+    widgets = sum(build_html.WIDGET_VIEW in o.get("data", {}) for c in nb.cells if c.cell_type == "code"
+                  for o in c.get("outputs", []))
+    assert widgets, f"{name}: the executed notebook shows no widget (its self-test quiz is one)"
+    assert html.count('class="static-widget-note"') == widgets
+
+
+def _widget_output(model_id="abc"):
+    return nbformat.v4.new_output("display_data", data={
+        build_html.WIDGET_VIEW: {"model_id": model_id, "version_major": 2, "version_minor": 0},
+        "text/plain": "TileStepper(...)"})
+
+
+def test_a_widget_gets_a_note_before_it_and_a_quiz_is_pointed_to_its_static_copy(tmp_path):
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# A lesson"),
+        nbformat.v4.new_code_cell("stepper", outputs=[_widget_output("a")], execution_count=1),
+        nbformat.v4.new_code_cell('quiz_widget("01_online_softmax")', outputs=[_widget_output("b")], execution_count=2),
+        nbformat.v4.new_code_cell("x = 1", outputs=[], execution_count=3)])
+    source = tmp_path / "01_x.ipynb"
+    source.write_text(nbformat.writes(nb))
+    page, done, _ = build_html.build_page(source, tmp_path, executed=nbformat.reads(nbformat.writes(nb), as_version=4))
+    stepper, quiz, plain = (c.outputs for c in done.cells[1:])
+    assert [build_html.WIDGET_VIEW in o.data for o in stepper] == [False, True]     # the note, then the widget
+    assert "pictures and text around it" in stepper[0].data["text/html"]
+    assert "static version follows" in quiz[0].data["text/html"]
+    assert build_html.WIDGET_VIEW in quiz[1].data and "Self-test (static version)" in quiz[2].data["text/html"]
+    assert plain == []
+    text = page.read_text(encoding="utf-8")
+    assert text.count('class="static-widget-note"') == 2
+    assert text.index("static version follows") < text.index("Self-test (static version)")
+
+
+def test_static_quiz_letters_its_choices_as_its_answer_names_them():
+    from lessons.course.quiz import static_quiz_html
+
+    quiz = static_quiz_html("01_online_softmax")
+    # JupyterLab's style sheet letters a list nested in a list A, B, ...: the answer says "(c)"
+    lists = re.findall(r"<ol type='a'([^>]*)>", quiz)
+    assert lists and all("list-style-type: lower-alpha" in attrs for attrs in lists)
+
+
+def test_page_links_for_the_first_middle_and_last_page(tmp_path):
+    pages = [(tmp_path / f"{n}.html", f"Title {n}") for n in ("01_a", "02_b", "03_c")]
+    for p, _ in pages:
+        p.write_text('<html><body class="jp-Notebook">\n<h1>x</h1>\n</body></html>', encoding="utf-8")
+    build_html.add_navigation(pages)
+    hrefs = [re.findall(r'href="([^"]+)"', p.read_text().split("<h1>")[0]) for p, _ in pages]
+    assert hrefs == [["index.html", "02_b.html"], ["01_a.html", "index.html", "03_c.html"], ["02_b.html", "index.html"]]
+    middle = pages[1][0].read_text()
+    assert "&larr; Title 01_a" in middle and "Title 03_c &rarr;" in middle
+    assert middle.count('<nav class="course-nav"') == 2 and middle.rstrip().endswith("</nav>\n</body></html>")
+    bare = tmp_path / "04_d.html"
+    bare.write_text("<p>no body</p>")
+    with pytest.raises(ValueError, match="04_d.html has no <body>"):
+        build_html.add_navigation([(bare, "d")])

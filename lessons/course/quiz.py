@@ -580,7 +580,8 @@ def check_answer(question: Question, choice: int | None) -> tuple[bool | None, s
 def static_quiz_html(key: str) -> str:
     """The quiz of notebook ``key`` as static HTML, for pages read without a kernel.
 
-    One numbered question per item, its choices lettered (a), (b), ..., and the answer
+    One numbered question per item, its choices lettered (a), (b), ... (also where a page's style
+    sheet letters nested lists otherwise, as JupyterLab's does with A, B, ...), and the answer
     with its explanation behind a collapsible ``<details>`` element ("Show the answer"),
     so a reader can still answer first. All text is HTML-escaped. Returns a str.
     Raises ValueError naming the known keys.
@@ -592,7 +593,8 @@ def static_quiz_html(key: str) -> str:
     for q in QUIZZES[key]:
         choices = "".join(f"<li>{html.escape(c)}</li>" for c in q.choices)
         letter = chr(ord("a") + q.answer)
-        parts.append(f"<li><p><b>{html.escape(q.question)}</b></p><ol type='a'>{choices}</ol>"
+        parts.append(f"<li><p><b>{html.escape(q.question)}</b></p>"
+                     f"<ol type='a' style='list-style-type: lower-alpha'>{choices}</ol>"
                      f"<details><summary>Show the answer</summary><p>({letter}) "
                      f"{html.escape(q.choices[q.answer])}. {html.escape(q.explanation)}</p></details></li>")
     parts.append("</ol></div>")
